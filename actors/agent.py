@@ -1,0 +1,295 @@
+"""AgentActor: one per configured agent.
+
+Its mailbox takes wakes, local input and tool calls run on its behalf; each turn runs in its own
+child task, so the mailbox stays live while a model streams or a tool waits. Wakes that arrive
+during a turn are folded into one follow-up turn (the newest conversation wins the reply): the
+context is read from the store, so nothing is lost by folding.
+
+A turn: read the agent's stored messages, keep the newest whole turns within the token budget,
+call the model, run its tool calls (at most ``MAX_TOOL_ROUNDS`` rounds), store everything, then
+publish the final text to the conversation of the newest message that woke it. A wake by pushes
+alone publishes nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import attrs
+
+from store import Append, MessageRecord
+
+from .channel import new_id
+from .config import AgentConfig
+from .context import HostContext
+from .kernel import Actor, Reply
+from .messages import Wake, WakeTarget
+from .models import Model, ModelError, ModelRequest
+from .tools import ToolRuntime
+
+MAX_TOOL_ROUNDS = 8
+TOOL_TIMEOUT_S = 120.0
+
+DEFAULT_PROMPT = (
+    "You are {name}, an agent in live chat communities, connected through the mcplive host. "
+    "Each incoming message is introduced by where it came from and who wrote it. Reply briefly; "
+    "your reply goes to the conversation that woke you. Use the tools when they help."
+)
+
+
+@attrs.frozen(kw_only=True)
+class PostLocal:
+    text: str
+
+
+@attrs.frozen(kw_only=True)
+class ExecuteTool:
+    tool: str
+    arguments: Any
+
+
+@attrs.define
+class _Pending:
+    count: int = 0
+    target: WakeTarget | None = None
+
+
+def estimate_tokens(message: Mapping[str, Any]) -> int:
+    total = 8
+    for b in message.get("blocks", ()):
+        kind = b.get("type")
+        if kind == "text":
+            total += len(str(b.get("text", ""))) // 4 + 1
+        elif kind in ("tool_use", "tool_result"):
+            total += len(json.dumps(b, default=str)) // 4 + 1
+        else:
+            total += 400
+    return total
+
+
+def fit_budget(messages: Sequence[Mapping[str, Any]], budget: int) -> list[Mapping[str, Any]]:
+    """Drop the oldest whole units until the rest fits; an assistant message and the tool
+    results after it form one unit, so a tool call is never separated from its result."""
+    units: list[list[Mapping[str, Any]]] = []
+    for m in messages:
+        if m.get("role") == "tool" and units and units[-1][0].get("role") == "assistant":
+            units[-1].append(m)
+        else:
+            units.append([m])
+    sizes = [sum(estimate_tokens(m) for m in u) for u in units]
+    total = sum(sizes)
+    start = 0
+    while total > budget and start < len(units) - 1:
+        total -= sizes[start]
+        start += 1
+    return [m for u in units[start:] for m in u]
+
+
+def render_for_model(message: Mapping[str, Any]) -> dict[str, Any]:
+    """A stored message as the model sees it: inbound items are introduced by their source."""
+    out = {
+        "role": message["role"],
+        "blocks": list(message.get("blocks", ())),
+        "metadata": message.get("metadata", {}),
+    }
+    meta = message.get("metadata") or {}
+    src = meta.get("inbound_source") if isinstance(meta, Mapping) else None
+    if message["role"] == "user" and isinstance(src, Mapping) and "source_header" not in meta:
+        where = f"{src.get('server')}" + (
+            f" {src.get('label') or src.get('channel')}" if src.get("channel") else " push event"
+        )
+        author = meta.get("author") or {}
+        who = author.get("name") or author.get("id") if isinstance(author, Mapping) else None
+        intro = f"[{where}] {who}:" if who else f"[{where}]"
+        out["blocks"] = [{"type": "text", "text": intro}, *out["blocks"]]
+        out["prefix"] = 1
+    return out
+
+
+class AgentActor(Actor):
+    mailbox_size = 256
+
+    def __init__(self, cfg: AgentConfig, model: Model, ctx: HostContext) -> None:
+        super().__init__(f"agent:{cfg.name}", ctx.work)
+        self.cfg = cfg
+        self.model = model
+        self.ctx = ctx
+        self.servers = tuple(s.id for s in ctx.config.servers if cfg.hears(s.id))
+        self.pending = _Pending()
+        self.turn_running = False
+        self.system = cfg.system_prompt or DEFAULT_PROMPT.format(name=cfg.name)
+
+    def _trace(self, kind: str, target: WakeTarget | None = None, **data: Any) -> None:
+        self.ctx.trace.emit(
+            kind,
+            agent=self.cfg.name,
+            server_id=target.server_id if target else None,
+            channel_id=target.channel_id if target else None,
+            data=data,
+        )
+
+    async def handle(self, msg: Any, reply: Reply) -> None:
+        if isinstance(msg, Wake):
+            self._note_wake(msg)
+            reply.value(None)
+        elif isinstance(msg, PostLocal):
+            record = MessageRecord(
+                id=new_id(),
+                agent=self.cfg.name,
+                role="user",
+                blocks=({"type": "text", "text": msg.text},),
+                metadata={"lane": "local"},
+                created_at=time.time(),
+            )
+            self.spawn(self._store_local, record, reply)
+        elif isinstance(msg, ExecuteTool):
+            self.spawn(self._execute, msg, reply)
+        else:
+            raise TypeError(f"unexpected message {msg!r}")
+
+    def _note_wake(self, wake: Wake) -> None:
+        self.pending.count += 1
+        if wake.lane == "incoming" and wake.server_id and wake.channel_id:
+            self.pending.target = WakeTarget(
+                server_id=wake.server_id,
+                channel_id=wake.channel_id,
+                message_id=wake.message_id,
+                thread_id=wake.thread_id,
+            )
+        self._maybe_start()
+
+    def _maybe_start(self) -> None:
+        if self.turn_running or not self.pending.count:
+            return
+        pending, self.pending = self.pending, _Pending()
+        self.turn_running = True
+        self.spawn(self._turn, pending)
+
+    async def _store_local(self, record: MessageRecord, reply: Reply) -> None:
+        await self.ctx.store.write(Append(records=(record,)))
+        self._trace("local", text=record.blocks[0]["text"])
+        reply.value(record.id)
+        self._note_wake(Wake(lane="local"))
+
+    async def _execute(self, msg: ExecuteTool, reply: Reply) -> None:
+        runtime = ToolRuntime(self.ctx, self.cfg.name, self.servers)
+        reply.value(await runtime.call(msg.tool, msg.arguments))
+
+    async def _store(
+        self, role: str, blocks: Sequence[Mapping[str, Any]], **meta: Any
+    ) -> dict[str, Any]:
+        record = MessageRecord(
+            id=new_id(),
+            agent=self.cfg.name,
+            role=role,
+            blocks=tuple(blocks),
+            metadata=meta,
+            created_at=time.time(),
+        )
+        await self.ctx.store.write(Append(records=(record,)))
+        return {
+            "id": record.id,
+            "agent": record.agent,
+            "role": role,
+            "blocks": list(blocks),
+            "metadata": meta,
+        }
+
+    async def _turn(self, pending: _Pending) -> None:
+        target = pending.target
+        try:
+            await self._run_turn(target, pending.count)
+        except ModelError as exc:
+            self._trace("error", target, error=str(exc), where="model")
+            await self._store(
+                "system",
+                [{"type": "text", "text": f"turn failed: {exc}"}],
+                system=True,
+                kind="turn-failed",
+            )
+        except Exception as exc:
+            self._trace("error", target, error=f"{type(exc).__name__}: {exc}", where="turn")
+            raise
+        finally:
+            self.turn_running = False
+            self._maybe_start()
+
+    async def _run_turn(self, target: WakeTarget | None, wakes: int) -> None:
+        runtime = ToolRuntime(self.ctx, self.cfg.name, self.servers, route=target)
+        self._trace("turn-start", target, wakes=wakes, model=self.model.name)
+        history = await self.ctx.store.read(self.ctx.store.reader.history, self.cfg.name)
+        context = fit_budget(history, self.cfg.context_tokens)
+        tools = await runtime.specs()
+        text = ""
+        for round_no in range(MAX_TOOL_ROUNDS + 1):
+            request = ModelRequest(
+                agent=self.cfg.name,
+                system=self.system,
+                messages=[render_for_model(m) for m in context],
+                tools=tools,
+            )
+            reply = await self.model.complete(request)
+            if not reply.blocks:
+                break
+            context.append(
+                await self._store(
+                    "assistant", reply.blocks, model=reply.model, stop_reason=reply.stop_reason
+                )
+            )
+            uses = reply.tool_uses
+            if not uses:
+                text = reply.text
+                break
+            if round_no == MAX_TOOL_ROUNDS:
+                self._trace(
+                    "error",
+                    target,
+                    error=f"stopped after {MAX_TOOL_ROUNDS} tool rounds",
+                    where="turn",
+                )
+                break
+            results = []
+            for use in uses:
+                self._trace("tool-call", target, tool=use.get("name"), arguments=use.get("input"))
+                outcome = await runtime.call(str(use.get("name")), use.get("input", {}))
+                self._trace(
+                    "tool-result",
+                    target,
+                    tool=use.get("name"),
+                    is_error=outcome["is_error"],
+                    content=outcome["content"],
+                )
+                results.append(
+                    {
+                        "type": "tool_result",
+                        "tool_use_id": use.get("id"),
+                        "content": outcome["content"],
+                        "is_error": outcome["is_error"],
+                    }
+                )
+            context.append(await self._store("tool", results))
+        route = runtime.route
+        if text.strip():
+            if route is None:
+                self._trace(
+                    "speech-held",
+                    text=text,
+                    reason="no conversation to answer (woken by pushes or local input)",
+                )
+            else:
+                try:
+                    result = await runtime.publish(route, text, route.thread_id)
+                    self._trace(
+                        "published",
+                        route,
+                        text=text,
+                        receipt=dict(result) if isinstance(result, Mapping) else {},
+                    )
+                except Exception as exc:
+                    self._trace(
+                        "error", route, error=f"publish failed: {exc}", where="publish", text=text
+                    )
+        self._trace("turn-end", target)

@@ -1,0 +1,603 @@
+"""The Anthropic model provider: the Messages API, streamed, under trio.
+
+:class:`AnthropicModel` implements :class:`actors.models.Model` with the official ``anthropic``
+SDK's async client (httpx/anyio based, so it runs under trio). The SDK's own retries are off; this
+module retries by itself so that the backoff sleeps are ``trio.sleep`` calls (a trio ``MockClock``
+drives them) and each retry is announced through ``notice``.
+
+Retry policy: HTTP 408, 409, 429, 5xx (529 "overloaded" included), connection errors, a stream
+that stops before ``message_stop``, and mid-stream ``error`` events of a transient type
+(``overloaded_error``, ``rate_limit_error``, ``api_error``, ``timeout_error``) are retried up to
+``max_retries`` times; anything else (400, 401, 403, 404, ...) fails at once. The wait before
+retry *n* is :func:`backoff_delay` (exponential, jittered, capped), raised to the server's
+``retry-after`` when it asks for longer (still capped). A failure that is final raises
+:class:`~actors.models.ModelError` with one readable line.
+
+Text deltas reach ``on_delta`` as they arrive. When an attempt fails mid-stream after some text
+was delivered, the retry streams its reply from the start again; the ``notice`` line announcing
+the retry comes between the two.
+
+The stored conversation is turned into Messages API turns by the pure function
+:func:`to_messages_api`.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import math
+import os
+import random
+import re
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, cast
+
+import anthropic
+import attrs
+import trio
+from anthropic.types import (
+    InputJSONDelta,
+    RawContentBlockDeltaEvent,
+    RawContentBlockStartEvent,
+    RawContentBlockStopEvent,
+    RawMessageDeltaEvent,
+    RawMessageStartEvent,
+    RawMessageStopEvent,
+    TextBlock,
+    TextDelta,
+    ToolUseBlock,
+)
+
+from actors.models import Block, DeltaSink, ModelError, ModelReply, ModelRequest
+
+__all__ = [
+    "NOTICE_PREFIX",
+    "START_PLACEHOLDER",
+    "AnthropicModel",
+    "backoff_delay",
+    "to_messages_api",
+]
+
+#: Prefix of the user text that carries a stored ``system`` message (a host notice).
+NOTICE_PREFIX = "[host notice] "
+#: The user text put first when the stored context does not start with a user message.
+START_PLACEHOLDER = "[earlier conversation omitted]"
+#: The text of a ``tool_result`` whose stored content is empty.
+EMPTY_RESULT = "(no output)"
+#: The text of the ``tool_result`` made up for a ``tool_use`` that has no stored result.
+MISSING_RESULT = "[no result was recorded for this tool call]"
+
+_IMAGE_TYPES = frozenset({"image/jpeg", "image/png", "image/gif", "image/webp"})
+_TRANSIENT_STREAM_ERRORS = frozenset(
+    {"overloaded_error", "rate_limit_error", "api_error", "timeout_error"}
+)
+_MAX_LINE = 300
+
+
+# --- backoff -------------------------------------------------------------------------------------
+
+
+def backoff_delay(attempt: int, base: float, cap: float, rng: random.Random) -> float:
+    """Seconds to wait before retry number ``attempt`` (1 for the first retry).
+
+    The ceiling doubles per attempt, ``min(cap, base * 2**(attempt-1))``, and the delay is drawn
+    uniformly from ``[ceiling/2, ceiling]`` ("equal jitter"): never above ``cap``, never below
+    half the ceiling.
+    """
+    if attempt < 1:
+        raise ValueError("attempt counts from 1")
+    ceiling = min(cap, base * 2.0 ** min(attempt - 1, 64))
+    return ceiling / 2 + rng.random() * ceiling / 2
+
+
+def _fmt_seconds(s: float) -> str:
+    return f"{s:.0f}s" if s >= 10 else f"{s:.2g}s"
+
+
+# --- the provider --------------------------------------------------------------------------------
+
+
+class AnthropicModel:
+    """A :class:`actors.models.Model` backed by the Anthropic Messages API (streaming)."""
+
+    def __init__(
+        self,
+        model: str,
+        *,
+        api_key: str | None = None,
+        base_url: str | None = None,
+        max_retries: int = 4,
+        backoff_base_s: float = 1.0,
+        backoff_cap_s: float = 30.0,
+        notice: Callable[[str], None] | None = None,
+        rng: random.Random | None = None,
+    ) -> None:
+        if max_retries < 0:
+            raise ValueError("max_retries must be >= 0")
+        self.model = model
+        self.name = f"anthropic:{model}"
+        self._api_key = api_key
+        self._base_url = base_url
+        self._max_retries = max_retries
+        self._backoff_base_s = backoff_base_s
+        self._backoff_cap_s = backoff_cap_s
+        self._notice = notice
+        self._rng = rng if rng is not None else random.Random()
+
+    async def complete(
+        self, request: ModelRequest, on_delta: DeltaSink | None = None
+    ) -> ModelReply:
+        key = self._api_key if self._api_key is not None else os.environ.get("ANTHROPIC_API_KEY")
+        if not key:
+            raise ModelError("ANTHROPIC_API_KEY is not set")
+        client = anthropic.AsyncAnthropic(api_key=key, base_url=self._base_url, max_retries=0)
+        try:
+            return await self._complete_with_retries(client, request, on_delta)
+        finally:
+            # Closing only drops pooled sockets; shielded so a cancelled turn still releases them.
+            with trio.move_on_after(5) as scope:
+                scope.shield = True
+                await client.close()
+
+    async def _complete_with_retries(
+        self,
+        client: anthropic.AsyncAnthropic,
+        request: ModelRequest,
+        on_delta: DeltaSink | None,
+    ) -> ModelReply:
+        messages = to_messages_api(request.messages)
+        tools = [
+            {
+                "name": t.name,
+                "description": t.description,
+                "input_schema": {"type": "object", **dict(t.input_schema)},
+            }
+            for t in request.tools
+        ]
+        retry = 0
+        while True:
+            try:
+                return await self._attempt(client, request, messages, tools, on_delta)
+            except Exception as exc:
+                failure = _classify(exc)
+                if failure is None:
+                    raise
+                if not failure.retryable:
+                    raise ModelError(_one_line(f"anthropic: {failure.detail}")) from exc
+                if retry >= self._max_retries:
+                    attempts = retry + 1
+                    raise ModelError(
+                        _one_line(
+                            f"anthropic: {failure.detail} (gave up after {attempts} "
+                            f"attempt{'s' if attempts != 1 else ''})"
+                        )
+                    ) from exc
+            retry += 1
+            delay = backoff_delay(retry, self._backoff_base_s, self._backoff_cap_s, self._rng)
+            if failure.retry_after is not None:
+                delay = max(delay, min(failure.retry_after, self._backoff_cap_s))
+            if self._notice is not None:
+                self._notice(
+                    f"anthropic: {failure.label}, retry {retry}/{self._max_retries} "
+                    f"in {_fmt_seconds(delay)}"
+                )
+            await trio.sleep(delay)
+
+    async def _attempt(
+        self,
+        client: anthropic.AsyncAnthropic,
+        request: ModelRequest,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]],
+        on_delta: DeltaSink | None,
+    ) -> ModelReply:
+        stream = await client.messages.create(
+            model=self.model,
+            max_tokens=request.max_tokens,
+            messages=cast(Any, messages),
+            system=request.system if request.system else anthropic.omit,
+            tools=cast(Any, tools) if tools else anthropic.omit,
+            stream=True,
+        )
+        builder = _ReplyBuilder()
+        async with stream:
+            async for event in stream:
+                text = builder.feed(event)
+                if text and on_delta is not None:
+                    await on_delta(text)
+        if not builder.stopped:
+            raise _StreamEndedEarly("the stream ended before message_stop")
+        return builder.reply()
+
+
+# --- assembling a streamed reply -----------------------------------------------------------------
+
+
+@attrs.define
+class _Part:
+    kind: str  # "text" | "tool_use" | "other"
+    text: str = ""
+    id: str = ""
+    name: str = ""
+    start_input: Any = None
+    json: str = ""
+    input: dict[str, Any] | None = None
+
+
+class _ReplyBuilder:
+    def __init__(self) -> None:
+        self.parts: dict[int, _Part] = {}
+        self.model = ""
+        self.stop_reason: str | None = None
+        self.usage = {"input_tokens": 0, "output_tokens": 0}
+        self.stopped = False
+
+    def feed(self, event: object) -> str:
+        """Take one stream event; returns the text it adds (possibly empty)."""
+        if isinstance(event, RawMessageStartEvent):
+            self.model = event.message.model
+            self.usage["input_tokens"] = event.message.usage.input_tokens
+            self.usage["output_tokens"] = event.message.usage.output_tokens
+        elif isinstance(event, RawContentBlockStartEvent):
+            block = event.content_block
+            if isinstance(block, TextBlock):
+                self.parts[event.index] = _Part("text", text=block.text)
+                return block.text
+            if isinstance(block, ToolUseBlock):
+                self.parts[event.index] = _Part(
+                    "tool_use", id=block.id, name=block.name, start_input=block.input
+                )
+            else:
+                self.parts[event.index] = _Part("other")
+        elif isinstance(event, RawContentBlockDeltaEvent):
+            part = self.parts.get(event.index)
+            if part is None:
+                raise ModelError(f"anthropic: stream delta for unknown block {event.index}")
+            if isinstance(event.delta, TextDelta) and part.kind == "text":
+                part.text += event.delta.text
+                return event.delta.text
+            if isinstance(event.delta, InputJSONDelta) and part.kind == "tool_use":
+                part.json += event.delta.partial_json
+        elif isinstance(event, RawContentBlockStopEvent):
+            part = self.parts.get(event.index)
+            if part is not None and part.kind == "tool_use":
+                part.input = _tool_input(part)
+        elif isinstance(event, RawMessageDeltaEvent):
+            if event.delta.stop_reason is not None:
+                self.stop_reason = event.delta.stop_reason
+            self.usage["output_tokens"] = event.usage.output_tokens
+            if event.usage.input_tokens is not None:
+                self.usage["input_tokens"] = event.usage.input_tokens
+        elif isinstance(event, RawMessageStopEvent):
+            self.stopped = True
+        return ""
+
+    def reply(self) -> ModelReply:
+        blocks: list[Block] = []
+        for index in sorted(self.parts):
+            part = self.parts[index]
+            if part.kind == "text" and part.text:
+                blocks.append({"type": "text", "text": part.text})
+            elif part.kind == "tool_use":
+                tool_input = part.input if part.input is not None else _tool_input(part)
+                blocks.append(
+                    {"type": "tool_use", "id": part.id, "name": part.name, "input": tool_input}
+                )
+        return ModelReply(
+            blocks=tuple(blocks),
+            stop_reason=self.stop_reason or "end_turn",
+            model=self.model,
+            usage=dict(self.usage),
+        )
+
+
+def _tool_input(part: _Part) -> dict[str, Any]:
+    if part.json.strip():
+        try:
+            value = json.loads(part.json)
+        except ValueError as exc:
+            raise ModelError(
+                _one_line(f"anthropic: tool call {part.name} has malformed input JSON: {exc}")
+            ) from exc
+    else:
+        value = part.start_input if part.start_input is not None else {}
+    if not isinstance(value, dict):
+        raise ModelError(f"anthropic: tool call {part.name} input is not a JSON object")
+    return value
+
+
+# --- failures ------------------------------------------------------------------------------------
+
+
+class _StreamEndedEarly(Exception):
+    pass
+
+
+@attrs.frozen
+class _Failure:
+    retryable: bool
+    label: str  # for the retry notice, e.g. "overloaded (529)"
+    detail: str  # for the final error, e.g. "HTTP 529 overloaded_error: Overloaded"
+    retry_after: float | None = None
+
+
+def _transport_error_types() -> tuple[type[BaseException], ...]:
+    # The SDK's HTTP layer is httpx2 in current releases and httpx in older ones; errors raised
+    # while a response body streams come through unwrapped.
+    found: list[type[BaseException]] = []
+    for module_name in ("httpx2", "httpx"):
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError:
+            continue
+        found.append(module.TransportError)
+    return tuple(found)
+
+
+_TRANSPORT_ERRORS = _transport_error_types()
+
+
+def _status_label(status: int) -> str:
+    if status == 529:
+        return "overloaded"
+    if status == 429:
+        return "rate limited"
+    if status == 408:
+        return "request timeout"
+    if status == 409:
+        return "conflict"
+    return "server error"
+
+
+def _classify(exc: Exception) -> _Failure | None:
+    """How to treat an exception from one attempt; None for one that is not the API's."""
+    if isinstance(exc, anthropic.APIStatusError):
+        status = exc.status_code
+        etype = exc.type or "error"
+        message = exc.api_message or str(exc)
+        if 200 <= status < 300:  # an ``error`` event inside a 200 stream
+            label = "overloaded" if etype == "overloaded_error" else "stream error"
+            return _Failure(
+                retryable=etype in _TRANSIENT_STREAM_ERRORS,
+                label=f"{label} (mid-stream {etype})",
+                detail=f"mid-stream {etype}: {message}",
+            )
+        retryable = status in (408, 409, 429) or status >= 500
+        return _Failure(
+            retryable=retryable,
+            label=f"{_status_label(status)} ({status})",
+            detail=f"HTTP {status} {etype}: {message}",
+            retry_after=_retry_after(exc.response.headers) if retryable else None,
+        )
+    if isinstance(exc, anthropic.APITimeoutError):
+        return _Failure(True, "timeout", "request timed out")
+    if isinstance(exc, anthropic.APIConnectionError):
+        cause = exc.__cause__
+        reason = f"{exc.message} {cause}" if cause is not None else exc.message
+        return _Failure(True, "connection error", f"connection error: {reason}")
+    if isinstance(exc, _TRANSPORT_ERRORS):
+        return _Failure(True, "connection error", f"connection error: {exc}")
+    if isinstance(exc, _StreamEndedEarly):
+        return _Failure(True, "stream cut short", str(exc))
+    if isinstance(exc, anthropic.AnthropicError):
+        return _Failure(False, type(exc).__name__, f"{type(exc).__name__}: {exc}")
+    return None
+
+
+def _retry_after(headers: Mapping[str, str]) -> float | None:
+    for name, scale in (("retry-after-ms", 0.001), ("retry-after", 1.0)):
+        raw = headers.get(name)
+        if raw is None:
+            continue
+        try:
+            value = float(raw) * scale
+        except ValueError:
+            continue
+        if math.isfinite(value) and value >= 0:
+            return value
+    return None
+
+
+def _one_line(text: str) -> str:
+    line = re.sub(r"\s+", " ", text).strip()
+    return line if len(line) <= _MAX_LINE else line[: _MAX_LINE - 1] + "…"
+
+
+# --- stored messages → Messages API --------------------------------------------------------------
+
+
+def to_messages_api(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Turn stored messages (oldest first) into Messages API ``messages``.
+
+    * ``user`` → user, ``assistant`` → assistant (text and ``tool_use``), ``tool`` → user with
+      ``tool_result`` blocks, ``system`` (host notices) → user text prefixed ``[host notice] ``.
+    * Base64 images (``data`` + ``mimeType``) become image blocks where the API takes them (user
+      turns, tool results); uri-form media and ``resource``/``resource_link`` blocks become the
+      text ``[resource: <uri>]``; other blocks become a short bracketed placeholder.
+    * Empty (whitespace-only) text blocks and messages left empty are dropped; consecutive turns
+      of one role are merged; a user placeholder goes first when needed.
+    * Each user turn starts with the ``tool_result`` blocks answering the assistant turn before
+      it. A result that answers no ``tool_use`` of that turn (or answers one twice) becomes text;
+      a ``tool_use`` with no stored result gets an error result saying so.
+    * A final assistant turn loses trailing whitespace (the API rejects it).
+
+    The result is never empty, starts with a user turn and alternates roles.
+    """
+    turns: list[dict[str, Any]] = []
+    for message in messages:
+        stored_role = str(message.get("role", "user"))
+        role = "assistant" if stored_role == "assistant" else "user"
+        content: list[dict[str, Any]] = []
+        for block in message.get("blocks") or ():
+            if isinstance(block, Mapping):
+                content.extend(_convert_block(block, stored_role))
+        if not content:
+            continue
+        if turns and turns[-1]["role"] == role:
+            turns[-1]["content"].extend(content)
+        else:
+            turns.append({"role": role, "content": content})
+
+    if not turns or turns[0]["role"] != "user":
+        turns.insert(0, {"role": "user", "content": [_text(START_PLACEHOLDER)]})
+
+    for i, turn in enumerate(turns):
+        if turn["role"] == "user":
+            asked = _tool_use_ids(turns[i - 1]) if i > 0 else []
+            turn["content"] = _pair_results(turn["content"], asked)
+    last = turns[-1]
+    if last["role"] == "assistant":
+        asked = _tool_use_ids(last)
+        if asked:
+            turns.append({"role": "user", "content": _pair_results([], asked)})
+        else:
+            _strip_trailing_whitespace(turns)
+    return turns
+
+
+def _text(text: str) -> dict[str, Any]:
+    return {"type": "text", "text": text}
+
+
+def _uri_placeholder(uri: Any) -> dict[str, Any]:
+    return _text(f"[resource: {uri}]")
+
+
+def _convert_block(block: Mapping[str, Any], stored_role: str) -> list[dict[str, Any]]:
+    btype = block.get("type")
+    if btype == "text":
+        text = str(block.get("text") or "")
+        if not text.strip():
+            return []
+        return [_text(NOTICE_PREFIX + text if stored_role == "system" else text)]
+    if btype == "tool_use":
+        if stored_role == "assistant":
+            raw_input = block.get("input")
+            return [
+                {
+                    "type": "tool_use",
+                    "id": str(block.get("id", "")),
+                    "name": str(block.get("name", "")),
+                    "input": dict(raw_input) if isinstance(raw_input, Mapping) else {},
+                }
+            ]
+        return [_text(f"[tool call {block.get('name', '')} ({block.get('id', '')})]")]
+    if btype == "tool_result":
+        result = _convert_tool_result(block)
+        if stored_role == "assistant":
+            return _result_as_text(result, allow_images=False)
+        return [result]
+    return _convert_media(block, allow_images=stored_role != "assistant")
+
+
+def _convert_media(block: Mapping[str, Any], *, allow_images: bool) -> list[dict[str, Any]]:
+    """Image, audio, resource and unknown blocks (also inside tool results)."""
+    btype = block.get("type")
+    if btype in ("image", "audio"):
+        mime = str(block.get("mimeType") or "")
+        data = block.get("data")
+        if btype == "image" and isinstance(data, str) and data:
+            if allow_images and mime in _IMAGE_TYPES:
+                return [
+                    {
+                        "type": "image",
+                        "source": {"type": "base64", "media_type": mime, "data": data},
+                    }
+                ]
+            return [_text(f"[image ({mime or 'unknown type'}) omitted]")]
+        if block.get("uri"):
+            return [_uri_placeholder(block["uri"])]
+        return [_text(f"[{btype} ({mime or 'unknown type'}) omitted]")]
+    if btype == "resource":
+        resource = block.get("resource")
+        uri = resource.get("uri") if isinstance(resource, Mapping) else None
+        return [_uri_placeholder(uri if uri else block.get("uri", "?"))]
+    if btype == "resource_link":
+        return [_uri_placeholder(block.get("uri", "?"))]
+    return [_text(f"[{btype} block omitted]")]
+
+
+def _convert_tool_result(block: Mapping[str, Any]) -> dict[str, Any]:
+    raw = block.get("content")
+    items: list[Any]
+    if isinstance(raw, str):
+        items = [{"type": "text", "text": raw}]
+    elif isinstance(raw, Sequence):
+        items = list(raw)
+    else:
+        items = []
+    content: list[dict[str, Any]] = []
+    for item in items:
+        if not isinstance(item, Mapping):
+            continue
+        if item.get("type") == "text":
+            text = str(item.get("text") or "")
+            if text.strip():
+                content.append(_text(text))
+        elif item.get("type") in ("tool_use", "tool_result"):
+            content.append(_text(f"[{item.get('type')} block omitted]"))
+        else:
+            content.extend(_convert_media(item, allow_images=True))
+    return {
+        "type": "tool_result",
+        "tool_use_id": str(block.get("tool_use_id", "")),
+        "content": content or [_text(EMPTY_RESULT)],
+        "is_error": bool(block.get("is_error", False)),
+    }
+
+
+def _result_as_text(
+    result: Mapping[str, Any], *, allow_images: bool = True
+) -> list[dict[str, Any]]:
+    """A converted ``tool_result`` that cannot stand as one, as plain content."""
+    error = " (error)" if result.get("is_error") else ""
+    head = f"[result of tool call {result.get('tool_use_id', '')}{error}]"
+    texts: list[str] = [head]
+    images: list[dict[str, Any]] = []
+    for block in result["content"]:
+        if block["type"] == "text":
+            texts.append(block["text"])
+        elif allow_images:
+            images.append(block)
+        else:
+            texts.append(f"[image ({block['source']['media_type']}) omitted]")
+    return [_text("\n".join(texts)), *images]
+
+
+def _tool_use_ids(turn: Mapping[str, Any]) -> list[str]:
+    if turn["role"] != "assistant":
+        return []
+    return [b["id"] for b in turn["content"] if b["type"] == "tool_use"]
+
+
+def _pair_results(content: list[dict[str, Any]], asked: list[str]) -> list[dict[str, Any]]:
+    results: list[dict[str, Any]] = []
+    others: list[dict[str, Any]] = []
+    answered: set[str] = set()
+    for block in content:
+        if block["type"] != "tool_result":
+            others.append(block)
+        elif block["tool_use_id"] in asked and block["tool_use_id"] not in answered:
+            answered.add(block["tool_use_id"])
+            results.append(block)
+        else:
+            others.extend(_result_as_text(block))
+    for tool_use_id in asked:
+        if tool_use_id not in answered:
+            answered.add(tool_use_id)
+            results.append(
+                {
+                    "type": "tool_result",
+                    "tool_use_id": tool_use_id,
+                    "content": [_text(MISSING_RESULT)],
+                    "is_error": True,
+                }
+            )
+    return results + others
+
+
+def _strip_trailing_whitespace(turns: list[dict[str, Any]]) -> None:
+    content = turns[-1]["content"]
+    if content[-1]["type"] == "text":
+        content[-1] = _text(content[-1]["text"].rstrip())
+        # Text blocks are never whitespace-only here, so the stripped text is not empty.

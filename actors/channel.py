@@ -1,0 +1,324 @@
+"""ChannelActor: one per (server, channel id); ``channel_id=None`` is the server's unscoped lane.
+
+It owns the descriptor and label, each agent's open/closed state (persisted), the conversion and
+storage of what arrives on the channel, the wake decision, and publishing into the channel.
+
+Ingest is split so nothing waits on a commit inside the loop: ``IngestIncoming``/``IngestPush``
+convert the item, hand it to the store and answer at once with the pending write; the caller
+awaits durability, answers the server, then sends ``Committed`` and gets the wakes back.
+
+Echoes: a message whose id matches one of our publish receipts, or tagged ``chat:from-self``,
+never wakes anyone, and it is not stored again for the agent that wrote it. While a publish to
+this channel is still waiting for its receipt, incoming items wait too (a server may echo a post
+before it answers the publish), at most ``MAX_DEFERRED`` of them; past that they are taken at
+once.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections import OrderedDict
+from collections.abc import Mapping
+from typing import Any
+
+import attrs
+
+from protocol.content import ContentError, convert_blocks
+from protocol.errors import INVALID_PARAMS, RpcError
+from protocol.lanes import ChannelDescriptor
+from protocol.tags import expand_tags, is_addressed
+from store import Append, MessageRecord, PutState
+
+from .context import HostContext
+from .kernel import Actor, Reply
+from .messages import (
+    Call,
+    ChannelInfo,
+    Committed,
+    Describe,
+    IngestIncoming,
+    IngestPush,
+    Prepared,
+    Publish,
+    Register,
+    SetOpen,
+    Unregister,
+    Wake,
+)
+
+OPEN_STATE_NS = "channel_open"
+MAX_PENDING_ITEMS = 4096  # items handed to the store, not yet committed; past it: -32603 retry
+MAX_RECEIPTS = 1024  # publish receipts kept for echo detection; oldest forgotten first
+MAX_DEFERRED = 1024  # wake decisions waiting for a publish receipt; past it: decided at once
+MAX_LABELS = 32  # label history; oldest forgotten first
+
+
+@attrs.frozen(kw_only=True)
+class _Item:
+    lane: str
+    message_id: str | None
+    thread_id: str | None
+    tags: tuple[str, ...]
+    hearers: tuple[str, ...]
+    from_self: bool
+
+
+def new_id() -> str:
+    return "m_" + secrets.token_hex(8)
+
+
+class ChannelActor(Actor):
+    mailbox_size = 256
+
+    def __init__(self, server_id: str, channel_id: str | None, ctx: HostContext) -> None:
+        super().__init__(f"channel:{server_id}/{channel_id or '-'}", ctx.work)
+        self.ctx = ctx
+        self.sid = server_id
+        self.cid = channel_id
+        self.descriptor: ChannelDescriptor | None = None
+        self.labels: list[str] = []
+        self.registered = False
+        self.open_for: dict[str, bool] = {}
+        self._items: dict[str, _Item] = {}
+        self._receipts: OrderedDict[str, str] = OrderedDict()  # message id -> agent
+        self._publishing = 0
+        self._flushing = False
+        self._deferred: list[tuple[IngestIncoming, Reply]] = []
+
+    @property
+    def label(self) -> str:
+        return self.labels[-1] if self.labels else ""
+
+    def _state_key(self, agent: str) -> str:
+        return f"{agent}\x1f{self.sid}\x1f{self.cid}"
+
+    async def on_start(self) -> None:
+        if self.cid is None:
+            return
+        saved = await self.ctx.store.read(self.ctx.store.reader.state, OPEN_STATE_NS)
+        for agent in self.ctx.agents_hearing(self.sid):
+            value = saved.get(self._state_key(agent))
+            if isinstance(value, bool):
+                self.open_for[agent] = value
+
+    def is_open(self, agent: str) -> bool:
+        if self.cid is None:
+            return True
+        if agent in self.open_for:
+            return self.open_for[agent]
+        return not (self.descriptor is not None and self.descriptor.initially_open is False)
+
+    async def handle(self, msg: Any, reply: Reply) -> None:
+        if isinstance(msg, IngestIncoming) and (self._publishing or self._flushing):
+            if len(self._deferred) < MAX_DEFERRED:
+                self._deferred.append((msg, reply))
+                return
+        if isinstance(msg, IngestIncoming | IngestPush):
+            reply.value(await self._ingest(msg))
+        elif isinstance(msg, Committed):
+            item = self._items.pop(msg.key, None)
+            if item is None or not msg.stored:
+                reply.value(())
+            else:
+                reply.value(self._wakes(item))
+        elif isinstance(msg, Register):
+            self._register(msg.descriptor)
+            reply.value(None)
+        elif isinstance(msg, Unregister):
+            self.registered = False
+            reply.value(None)
+        elif isinstance(msg, SetOpen):
+            self.open_for[msg.agent] = msg.open
+            await self.ctx.store.write(
+                PutState(namespace=OPEN_STATE_NS, key=self._state_key(msg.agent), value=msg.open)
+            )
+            reply.value(None)
+        elif isinstance(msg, Describe):
+            reply.value(self._info())
+        elif isinstance(msg, Publish):
+            self._publishing += 1
+            self.spawn(self._publish, msg, reply)
+        else:
+            raise TypeError(f"unexpected message {msg!r}")
+
+    def _register(self, desc: ChannelDescriptor) -> None:
+        self.descriptor = desc
+        self.registered = True
+        if desc.label and (not self.labels or self.labels[-1] != desc.label):
+            self.labels.append(desc.label)
+            del self.labels[:-MAX_LABELS]
+
+    def _info(self) -> ChannelInfo:
+        desc = self.descriptor
+        wire: dict[str, Any] = {"id": self.cid}
+        if desc is not None:
+            wire.update({"type": desc.type, "label": desc.label, "direction": desc.direction})
+            if desc.address is not None:
+                wire["address"] = desc.address
+        return ChannelInfo(
+            server_id=self.sid,
+            channel_id=self.cid,
+            label=self.label,
+            type=desc.type if desc else "",
+            registered=self.registered,
+            open_for={a: self.is_open(a) for a in self.ctx.agents_hearing(self.sid)},
+            descriptor=wire,
+        )
+
+    # -- ingest -----------------------------------------------------------------------------
+    async def _ingest(self, msg: IngestIncoming | IngestPush) -> Prepared:
+        if len(self._items) >= MAX_PENDING_ITEMS:
+            raise RpcError(code=-32603, message="too many items waiting to be stored; retry later")
+        hearers = tuple(self.ctx.agents_hearing(self.sid))
+        if isinstance(msg, IngestIncoming):
+            m = msg.message
+            content, provenance = m.content, "incoming"
+            tags, _ = expand_tags(m.tags)
+            author_agent = self._receipts.get(m.message_id)
+            from_self = author_agent is not None or "chat:from-self" in tags
+            item = _Item(
+                lane="incoming",
+                message_id=m.message_id,
+                thread_id=m.thread_id,
+                tags=tags,
+                hearers=hearers,
+                from_self=from_self,
+            )
+            meta: dict[str, Any] = {
+                "server_id": self.sid,
+                "channel_id": self.cid,
+                "thread_id": m.thread_id,
+                "message_id": m.message_id,
+                "author": {"id": m.author.id, "name": m.author.name},
+                "timestamp": m.timestamp,
+                "tags": list(tags),
+            }
+            if m.metadata:
+                meta["adapter_metadata"] = dict(m.metadata)
+            dedupe = ("incoming", self.sid, f"{self.cid}\x00{m.message_id}")
+            author = m.author.name or m.author.id
+            source_message: str | None = m.message_id
+        else:
+            e = msg.event
+            content, provenance = e.payload_content, "push"
+            tags, _ = expand_tags(e.tags)
+            author_agent = None
+            item = _Item(
+                lane="push",
+                message_id=None,
+                thread_id=None,
+                tags=tags,
+                hearers=hearers,
+                from_self=False,
+            )
+            meta = {
+                "server_id": self.sid,
+                "channel_id": self.cid,
+                "event_id": e.event_id,
+                "timestamp": e.timestamp,
+                "feature_set": e.feature_set,
+                "tags": list(tags),
+            }
+            if e.origin:
+                meta["adapter_origin"] = dict(e.origin)
+            dedupe = ("event", self.sid, e.event_id)
+            author = ""
+            source_message = None
+        try:
+            blocks = convert_blocks(list(content), self.sid, provenance)
+        except ContentError as exc:
+            raise RpcError(code=INVALID_PARAMS, message=f"Invalid params: {exc}") from None
+        meta["inbound_source"] = {
+            "lane": item.lane,
+            "server": self.sid,
+            "channel": self.cid,
+            "thread": item.thread_id,
+            "message": source_message,
+            "label": self.label or None,
+            "reply_to": None,
+            "accepted_at": msg.accepted_at,
+        }
+        records = tuple(
+            MessageRecord(
+                id=new_id(),
+                agent=agent,
+                role="user",
+                blocks=tuple(blocks),
+                metadata=meta,
+                created_at=_wall(),
+            )
+            for agent in hearers
+            if agent != author_agent
+        )
+        key = new_id()
+        future = await self.ctx.store.submit(Append(records=records, dedupe=dedupe))
+        self._items[key] = item
+        return Prepared(key=key, future=future, blocks=tuple(blocks), author=author)
+
+    def _wakes(self, item: _Item) -> tuple[tuple[str, Wake], ...]:
+        if item.from_self or (item.message_id is not None and item.message_id in self._receipts):
+            return ()
+        addressed = is_addressed(item.tags)
+        wake = Wake(
+            lane=item.lane,
+            server_id=self.sid,
+            channel_id=self.cid,
+            message_id=item.message_id,
+            thread_id=item.thread_id,
+        )
+        return tuple((agent, wake) for agent in item.hearers if self.is_open(agent) or addressed)
+
+    # -- publish ----------------------------------------------------------------------------
+    async def _publish(self, msg: Publish, reply: Reply) -> None:
+        try:
+            conn = self.ctx.connections.get(self.sid)
+            if conn is None or self.cid is None:
+                raise RpcError(code=-32023, message=f"no channel {self.cid!r} on {self.sid}")
+            params: dict[str, Any] = {
+                "conversationId": msg.agent,
+                "channelId": self.cid,
+                "content": [dict(b) for b in msg.blocks],
+            }
+            if msg.thread_id is not None:
+                params["threadId"] = msg.thread_id
+            timeout = self._timeout() + 5
+            result = await conn.ask(
+                Call(method="channels/publish", params=params, notify_fallback=True),
+                timeout=timeout,
+            )
+            mid = result.get("messageId") if isinstance(result, Mapping) else None
+            if isinstance(mid, str | int) and not isinstance(mid, bool):
+                self._receipts[str(mid)] = msg.agent
+                while len(self._receipts) > MAX_RECEIPTS:
+                    self._receipts.popitem(last=False)
+            reply.value(result)
+        except Exception as exc:
+            reply.error(exc)
+        finally:
+            self._publishing -= 1
+            if not self._publishing and not self._flushing:
+                await self._flush_deferred()
+
+    async def _flush_deferred(self) -> None:
+        self._flushing = True
+        try:
+            while self._deferred and not self._publishing:
+                msg, waiting = self._deferred.pop(0)
+                try:
+                    waiting.value(await self._ingest(msg))
+                except Exception as exc:
+                    waiting.error(exc)
+        finally:
+            self._flushing = False
+
+    def _timeout(self) -> float:
+        for s in self.ctx.config.servers:
+            if s.id == self.sid:
+                return s.request_timeout_s
+        return 60.0
+
+
+def _wall() -> float:
+    import time
+
+    return time.time()

@@ -1,0 +1,300 @@
+"""Configuration: TOML (or the dict ``tomllib`` returns) → frozen, validated records.
+
+Every problem is one line naming the key and the fix; ``load_config`` reports them all at once.
+Relative paths resolve from the config file's folder.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from .errors import ConfigError
+
+PROSE_MODES = ("locus", "explicit", "hybrid", "disabled")
+_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}")
+
+
+@attrs.frozen(kw_only=True)
+class ServerConfig:
+    id: str
+    command: tuple[str, ...] | None = None
+    url: str | None = None
+    env: Mapping[str, str] = attrs.field(factory=dict)
+    token: str | None = attrs.field(default=None, repr=False)
+    request_timeout_s: float = 60.0
+    max_line_bytes: int = 4_194_304
+    enabled_capabilities: tuple[str, ...] | None = None
+    disabled_capabilities: tuple[str, ...] = ()
+    enabled_feature_sets: tuple[str, ...] | None = None
+    disabled_feature_sets: tuple[str, ...] = ()
+    eager_limit_bytes: int = 262_144
+    fetch_ceiling_bytes: int = 268_435_456
+    fetch_budget_bytes: int = 1_073_741_824
+    cwd: Path | None = None
+
+
+@attrs.frozen(kw_only=True)
+class AgentConfig:
+    name: str
+    model: str
+    system_prompt: str | None = None
+    servers: tuple[str, ...] | None = None
+    prose_mode: str = "locus"
+    gate: Path | None = None
+    context_tokens: int = 60_000
+
+    def hears(self, server_id: str) -> bool:
+        return self.servers is None or server_id in self.servers
+
+
+@attrs.frozen(kw_only=True)
+class HostConfig:
+    data_dir: Path
+    servers: tuple[ServerConfig, ...]
+    agents: tuple[AgentConfig, ...]
+    base_dir: Path
+
+
+class ConfigErrors(ConfigError):
+    def __init__(self, problems: list[str]) -> None:
+        super().__init__("; ".join(problems))
+        self.problems = problems
+
+
+def read_config_source(
+    source: str | os.PathLike[str] | Mapping[str, Any],
+) -> tuple[dict[str, Any], Path]:
+    if isinstance(source, Mapping):
+        return dict(source), Path.cwd()
+    path = Path(source)
+    try:
+        with path.open("rb") as fh:
+            return tomllib.load(fh), path.resolve().parent
+    except FileNotFoundError:
+        raise ConfigErrors([f"{path}: no such file; give the path of a TOML config"]) from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigErrors([f"{path}: not valid TOML ({exc}); fix the syntax"]) from None
+
+
+def load_config(source: str | os.PathLike[str] | Mapping[str, Any]) -> HostConfig:
+    raw, base = read_config_source(source)
+    problems: list[str] = []
+    host = raw.get("host", {})
+    if not isinstance(host, Mapping):
+        problems.append("host: must be a table ([host])")
+        host = {}
+    data_dir = host.get("data_dir", "./mcplive-data")
+    if not isinstance(data_dir, str) or not data_dir:
+        problems.append("host.data_dir: must be a path string")
+        data_dir = "./mcplive-data"
+    for key in raw:
+        if key not in ("host", "servers", "agents"):
+            problems.append(f"{key}: unknown top-level key; use [host], [[servers]] or [[agents]]")
+    servers = [
+        _server(i, s, base, problems) for i, s in enumerate(_tables(raw, "servers", problems))
+    ]
+    agents = [_agent(i, a, base, problems) for i, a in enumerate(_tables(raw, "agents", problems))]
+    seen: set[str] = set()
+    for s in servers:
+        if s is not None and s.id in seen:
+            problems.append(f"servers.id: {s.id!r} is used twice; give each server its own id")
+        if s is not None:
+            seen.add(s.id)
+    names: set[str] = set()
+    for a in agents:
+        if a is None:
+            continue
+        if a.name in names:
+            problems.append(f"agents.name: {a.name!r} is used twice; give each agent its own name")
+        names.add(a.name)
+        for sid in a.servers or ():
+            if sid not in seen:
+                problems.append(f"agents[{a.name}].servers: no server has id {sid!r}")
+    if not agents and not problems:
+        problems.append("agents: no [[agents]] configured; add at least one agent")
+    if problems:
+        raise ConfigErrors(problems)
+    return HostConfig(
+        data_dir=(base / data_dir).resolve(),
+        servers=tuple(s for s in servers if s is not None),
+        agents=tuple(a for a in agents if a is not None),
+        base_dir=base,
+    )
+
+
+def _tables(raw: Mapping[str, Any], key: str, problems: list[str]) -> list[Mapping[str, Any]]:
+    value = raw.get(key, [])
+    if not isinstance(value, list) or not all(isinstance(v, Mapping) for v in value):
+        problems.append(f"{key}: must be an array of tables ([[{key}]])")
+        return []
+    return value
+
+
+def _str_list(where: str, value: Any, problems: list[str]) -> tuple[str, ...] | None:
+    if value is None:
+        return None
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        problems.append(f"{where}: must be a list of strings")
+        return None
+    return tuple(value)
+
+
+def _number(
+    where: str, value: Any, default: float, problems: list[str], *, integer: bool = False
+) -> Any:
+    if value is None:
+        return default
+    ok = isinstance(value, int) if integer else isinstance(value, int | float)
+    if not ok or isinstance(value, bool) or value <= 0:
+        kind = "a positive integer" if integer else "a positive number"
+        problems.append(f"{where}: must be {kind}")
+        return default
+    return value
+
+
+_SERVER_KEYS = {f.name for f in attrs.fields(ServerConfig)} | {"token_env"}
+
+
+def _server(i: int, s: Mapping[str, Any], base: Path, problems: list[str]) -> ServerConfig | None:
+    sid = s.get("id")
+    where = f"servers[{sid or i}]"
+    if not isinstance(sid, str) or not _ID.fullmatch(sid) or "--" in sid:
+        problems.append(
+            f"{where}.id: required; letters, digits, '_', '.', '-' (no '--'), at most 64 characters"
+        )
+        return None
+    for key in s:
+        if key not in _SERVER_KEYS:
+            problems.append(f"{where}.{key}: unknown key; see the README for server keys")
+    command = s.get("command")
+    url = s.get("url")
+    if (command is None) == (url is None):
+        problems.append(f"{where}: set exactly one of command (a list) or url (ws:// or wss://)")
+    if command is not None and (
+        not isinstance(command, list) or not command or not all(isinstance(c, str) for c in command)
+    ):
+        problems.append(f"{where}.command: must be a non-empty list of strings (argv)")
+        command = None
+    if url is not None and (not isinstance(url, str) or not re.match(r"wss?://[^\s/]+", url)):
+        problems.append(f"{where}.url: must be a ws:// or wss:// address")
+        url = None
+    env = s.get("env", {})
+    if not isinstance(env, Mapping) or not all(isinstance(v, str) for v in env.values()):
+        problems.append(f"{where}.env: must be a table of strings")
+        env = {}
+    token = s.get("token")
+    token_env = s.get("token_env")
+    if token is not None and not isinstance(token, str):
+        problems.append(f"{where}.token: must be a string")
+        token = None
+    if token_env is not None:
+        if not isinstance(token_env, str):
+            problems.append(f"{where}.token_env: must be the name of an environment variable")
+        elif token is None:
+            token = os.environ.get(token_env)
+            if token is None:
+                problems.append(f"{where}.token_env: environment variable {token_env} is not set")
+    caps = {
+        k: _str_list(f"{where}.{k}", s.get(k), problems)
+        for k in (
+            "enabled_capabilities",
+            "disabled_capabilities",
+            "enabled_feature_sets",
+            "disabled_feature_sets",
+        )
+    }
+    return ServerConfig(
+        id=sid,
+        command=tuple(command) if command else None,
+        url=url,
+        env=dict(env),
+        token=token,
+        request_timeout_s=float(
+            _number(f"{where}.request_timeout_s", s.get("request_timeout_s"), 60.0, problems)
+        ),
+        max_line_bytes=_number(
+            f"{where}.max_line_bytes", s.get("max_line_bytes"), 4_194_304, problems, integer=True
+        ),
+        enabled_capabilities=caps["enabled_capabilities"],
+        disabled_capabilities=caps["disabled_capabilities"] or (),
+        enabled_feature_sets=caps["enabled_feature_sets"],
+        disabled_feature_sets=caps["disabled_feature_sets"] or (),
+        eager_limit_bytes=_number(
+            f"{where}.eager_limit_bytes",
+            s.get("eager_limit_bytes"),
+            262_144,
+            problems,
+            integer=True,
+        ),
+        fetch_ceiling_bytes=_number(
+            f"{where}.fetch_ceiling_bytes",
+            s.get("fetch_ceiling_bytes"),
+            268_435_456,
+            problems,
+            integer=True,
+        ),
+        fetch_budget_bytes=_number(
+            f"{where}.fetch_budget_bytes",
+            s.get("fetch_budget_bytes"),
+            1_073_741_824,
+            problems,
+            integer=True,
+        ),
+        cwd=base,
+    )
+
+
+_AGENT_KEYS = {"name", "model", "system_prompt", "servers", "prose_mode", "gate", "context_tokens"}
+
+
+def _agent(i: int, a: Mapping[str, Any], base: Path, problems: list[str]) -> AgentConfig | None:
+    name = a.get("name")
+    where = f"agents[{name or i}]"
+    if not isinstance(name, str) or not _ID.fullmatch(name):
+        problems.append(f"{where}.name: required; letters, digits, '_', '.', '-'")
+        return None
+    for key in a:
+        if key not in _AGENT_KEYS:
+            problems.append(f"{where}.{key}: unknown key; see the README for agent keys")
+    model = a.get("model")
+    if not isinstance(model, str) or not re.fullmatch(r"(scripted|anthropic):.+", model):
+        problems.append(f"{where}.model: required; 'scripted:PATH' or 'anthropic:MODEL'")
+        return None
+    if model.startswith("scripted:"):
+        path = (base / model.removeprefix("scripted:")).resolve()
+        if not path.is_file():
+            problems.append(f"{where}.model: scripted model file {path} does not exist")
+        model = f"scripted:{path}"
+    prompt = a.get("system_prompt")
+    if prompt is not None and not isinstance(prompt, str):
+        problems.append(f"{where}.system_prompt: must be a string")
+        prompt = None
+    mode = a.get("prose_mode", "locus")
+    if mode not in PROSE_MODES:
+        problems.append(f"{where}.prose_mode: must be one of {', '.join(PROSE_MODES)}")
+        mode = "locus"
+    gate = a.get("gate")
+    gate_path = None
+    if gate is not None:
+        if not isinstance(gate, str):
+            problems.append(f"{where}.gate: must be a path string")
+        else:
+            gate_path = (base / gate).resolve()
+    return AgentConfig(
+        name=name,
+        model=model,
+        system_prompt=prompt,
+        servers=_str_list(f"{where}.servers", a.get("servers"), problems),
+        prose_mode=mode,
+        gate=gate_path,
+        context_tokens=_number(
+            f"{where}.context_tokens", a.get("context_tokens"), 60_000, problems, integer=True
+        ),
+    )

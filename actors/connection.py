@@ -1,0 +1,728 @@
+"""ConnectionActor: one per configured MCPL server.
+
+It owns the transport, the protocol session, our pending requests, the grant, the declared
+feature sets, the channels this server registered on the current link, and reconnection.
+
+Tasks of one link: a reader that only decodes and dispatches, a writer that owns the transport's
+send side (fed by a bounded outbox), and one handler task per inbound request (bounded by the
+session's ``max_inbound``). The actor's own mailbox serves ``Call``/``Status`` asks from agents
+and channels; a ``Call`` runs in a child task, so a server that never answers stalls only the
+asker, and only until the request deadline.
+
+Supervision: a link that ends (EOF, crash, garbage that kills the transport, a failed handshake)
+is reopened after an exponential backoff with jitter (5 s base, 5 min cap), with a fresh
+handshake. Nothing that happens on a link escapes into the host.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from collections.abc import Awaitable, Callable, Mapping
+from datetime import UTC, datetime
+from importlib import metadata
+from typing import Any
+
+import attrs
+import outcome
+import trio
+
+from protocol import jsonrpc as rpc
+from protocol import mcpl
+from protocol.errors import (
+    CAPABILITY_DENIED,
+    FEATURE_SET_NOT_ENABLED,
+    INTERNAL_ERROR,
+    INVALID_PARAMS,
+    METHOD_NOT_FOUND,
+    UNKNOWN_CHANNEL,
+    UNKNOWN_FEATURE_SET,
+    RpcError,
+)
+from protocol.framing import Oversize, Undecodable
+from protocol.lanes import (
+    ChannelDescriptor,
+    ChannelsChanged,
+    IncomingMessage,
+    parse_descriptors,
+    parse_incoming_batch,
+    parse_push,
+    structure,
+)
+
+from .config import ServerConfig
+from .context import ChannelLimit, HostContext
+from .errors import NotConnected
+from .kernel import Actor, Reply
+from .messages import (
+    Call,
+    Committed,
+    ConnStatus,
+    IngestIncoming,
+    IngestPush,
+    Prepared,
+    Register,
+    Status,
+    Unregister,
+    Wake,
+)
+from .transport import Transport, open_transport
+
+log = logging.getLogger("mcplive.connection")
+
+PRE_READY_CAP = 1000
+OUTBOX_CAP = 1024
+MAX_TOOLS = 1000
+BACKOFF_BASE_S = 5.0
+BACKOFF_CAP_S = 300.0
+HEALTHY_AFTER_S = 60.0
+WS_PING_EVERY_S = 30.0
+
+REMOVED_METHODS = frozenset(
+    {
+        "context/afterInference",
+        "featureSets/changed",
+        "scope/elevate",
+        "canEnable",
+        "tags/describe",
+    }
+)
+
+#: Inbound MCPL methods and the capability each needs (admission).
+INBOUND_CAPABILITY: dict[str, str] = {
+    "push/event": "pushEvents",
+    "channels/register": "channels.register",
+    "channels/changed": "channels.register",
+    "channels/list": "channels.register",
+    "channels/incoming": "channels.incoming",
+}
+
+
+def backoff_delay(attempt: int, base: float, cap: float, u: float) -> float:
+    """Exponential backoff with full jitter in [delay/2, delay]; ``u`` is uniform in [0, 1)."""
+    delay = min(cap, base * (2 ** min(attempt, 30)))
+    return delay / 2 + (delay / 2) * u
+
+
+def utc_now() -> str:
+    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+class RequestTimeout(TimeoutError):
+    pass
+
+
+@attrs.define
+class Link:
+    """One live transport and everything that dies with it."""
+
+    transport: Transport
+    session: rpc.RpcSession
+    outbox_send: trio.MemorySendChannel[str]
+    outbox_recv: trio.MemoryReceiveChannel[str]
+    waiters: dict[rpc.Id, trio.MemorySendChannel[outcome.Outcome[Any]]] = attrs.field(factory=dict)
+    ready: bool = False
+    mcp_only: bool = False
+    grant: frozenset[str] = frozenset()
+    feature_sets: Mapping[str, mcpl.FeatureSet] = attrs.field(factory=dict)
+    enabled_sets: frozenset[str] = frozenset()
+    tools: tuple[Mapping[str, Any], ...] = ()
+    channels: set[str] = attrs.field(factory=set)
+    pre_ready: deque[rpc.Request] = attrs.field(factory=lambda: deque())
+    closed: trio.Event = attrs.field(factory=trio.Event)
+    nursery: trio.Nursery | None = None
+
+
+class ConnectionActor(Actor):
+    mailbox_size = 64
+
+    def __init__(self, cfg: ServerConfig, ctx: HostContext) -> None:
+        super().__init__(f"connection:{cfg.id}", ctx.work)
+        self.cfg = cfg
+        self.ctx = ctx
+        self.sid = cfg.id
+        self.link: Link | None = None
+        self.connects = 0
+        try:
+            self.version = metadata.version("mcplive")
+        except metadata.PackageNotFoundError:
+            self.version = "0"
+
+    # -- tracing ----------------------------------------------------------------------------
+    def _trace(self, kind: str, channel_id: str | None = None, **data: Any) -> None:
+        self.ctx.trace.emit(kind, server_id=self.sid, channel_id=channel_id, data=data)
+
+    def diagnostic(self, text: str) -> None:
+        self._trace("diagnostic", text=text)
+
+    # -- mailbox ----------------------------------------------------------------------------
+    async def on_start(self) -> None:
+        self.spawn(self._supervise, counted=False)
+
+    async def handle(self, msg: Any, reply: Reply) -> None:
+        if isinstance(msg, Status):
+            reply.value(self.status())
+        elif isinstance(msg, Call):
+            link = self.link
+            if link is None or not link.ready:
+                reply.error(NotConnected(f"server {self.sid} is not connected"))
+                return
+            self.spawn(self._do_call, link, msg, reply)
+        else:
+            raise TypeError(f"unexpected message {msg!r}")
+
+    def status(self) -> ConnStatus:
+        link = self.link
+        return ConnStatus(
+            server_id=self.sid,
+            connected=link is not None,
+            ready=bool(link and link.ready),
+            mcp_only=bool(link and link.mcp_only),
+            grant=link.grant if link else frozenset(),
+            tools=link.tools if link else (),
+            channels=tuple(sorted(link.channels)) if link else (),
+        )
+
+    async def _do_call(self, link: Link, msg: Call, reply: Reply) -> None:
+        try:
+            result = await self.request(link, msg.method, dict(msg.params))
+        except RpcError as exc:
+            if msg.notify_fallback and exc.code == METHOD_NOT_FOUND:
+                await self.notify(link, msg.method, dict(msg.params))
+                reply.value({"outcome": "unknown"})
+                return
+            reply.error(exc)
+        except Exception as exc:
+            reply.error(exc)
+        else:
+            reply.value(result)
+
+    # -- requests of ours -------------------------------------------------------------------
+    async def request(
+        self, link: Link, method: str, params: Any, timeout: float | None = None
+    ) -> Any:
+        t = timeout if timeout is not None else self.cfg.request_timeout_s
+        try:
+            rid, line = link.session.send_request(
+                method, params, now=trio.current_time(), timeout=t
+            )
+        except rpc.PendingFull as exc:
+            raise RpcError(
+                code=INTERNAL_ERROR, message=f"too many pending requests: {exc}"
+            ) from None
+        except rpc.LocalProtocolError:
+            raise NotConnected(f"server {self.sid} is not connected") from None
+        send, recv = trio.open_memory_channel[outcome.Outcome[Any]](1)
+        link.waiters[rid] = send
+        try:
+            with trio.fail_after(t):
+                await link.outbox_send.send(line)
+                result = await recv.receive()
+        except trio.TooSlowError:
+            self._trace("request-timeout", method=method, timeout_s=t)
+            raise RequestTimeout(f"{self.sid}: {method} got no answer in {t:g}s") from None
+        except (trio.EndOfChannel, trio.BrokenResourceError, trio.ClosedResourceError):
+            raise NotConnected(f"server {self.sid} disconnected during {method}") from None
+        finally:
+            link.waiters.pop(rid, None)
+            link.session.cancel(rid)
+            recv.close()
+        return result.unwrap()
+
+    async def notify(self, link: Link, method: str, params: Any) -> None:
+        try:
+            await link.outbox_send.send(link.session.send_notification(method, params))
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            raise NotConnected(f"server {self.sid} is not connected") from None
+
+    # -- supervision ------------------------------------------------------------------------
+    async def _supervise(self) -> None:
+        attempt = 0
+        while not self.ctx.closing:
+            started = trio.current_time()
+            try:
+                reason = await self._run_link()
+            except Exception as exc:
+                reason = _describe(exc)
+            finally:
+                self.link = None
+            if trio.current_time() - started >= HEALTHY_AFTER_S:
+                attempt = 0
+            delay = backoff_delay(attempt, BACKOFF_BASE_S, BACKOFF_CAP_S, self.ctx.rng.random())
+            attempt += 1
+            self._trace("disconnected", reason=reason, retry_in_s=round(delay, 1), attempt=attempt)
+            await trio.sleep(delay)
+
+    def _on_stderr(self, line: str) -> None:
+        self._trace("server-log", line=line[:2000])
+
+    async def _run_link(self) -> str:
+        self.connects += 1
+        self.work.inc()  # the handshake is work in flight
+        handshaking = True
+        try:
+            async with open_transport(self.cfg, self._on_stderr) as transport:
+                out_send, out_recv = trio.open_memory_channel[str](OUTBOX_CAP)
+                link = Link(
+                    transport=transport,
+                    session=rpc.RpcSession(max_pending=256, max_inbound=256),
+                    outbox_send=out_send,
+                    outbox_recv=out_recv,
+                )
+                self.link = link
+                self._trace("connecting", transport=transport.description, attempt=self.connects)
+                async with trio.open_nursery() as nursery:
+                    link.nursery = nursery
+                    nursery.start_soon(self._writer, link)
+                    nursery.start_soon(self._reader, link)
+                    if self.cfg.url is not None:
+                        nursery.start_soon(self._pinger, transport)
+                    try:
+                        await self._handshake(link)
+                    finally:
+                        handshaking = False
+                        self.work.dec()
+                    await link.closed.wait()
+                    nursery.cancel_scope.cancel()
+                return "server closed the connection"
+        finally:
+            if handshaking:
+                self.work.dec()
+
+    async def _pinger(self, transport: Transport) -> None:
+        ws = getattr(transport, "ws", None)
+        while ws is not None:
+            await trio.sleep(WS_PING_EVERY_S)
+            with trio.move_on_after(2 * WS_PING_EVERY_S) as scope:
+                await ws.ping()
+            if scope.cancelled_caught:
+                self.diagnostic("no pong in 60 s; closing the link")
+                await ws.aclose()
+                return
+
+    async def _writer(self, link: Link) -> None:
+        async for line in link.outbox_recv:
+            try:
+                await link.transport.send(line)
+            except Exception as exc:  # the link is gone; the reader sees EOF
+                self.diagnostic(f"write failed: {_describe(exc)}")
+                link.closed.set()
+                return
+
+    async def _reader(self, link: Link) -> None:
+        try:
+            while True:
+                item = await link.transport.receive()
+                if item is None:
+                    return
+                if isinstance(item, Oversize):
+                    size = "a frame" if item.size < 0 else f"{item.size} bytes"
+                    self.diagnostic(
+                        f"line over max_line_bytes ({self.cfg.max_line_bytes}) refused: {size}"
+                    )
+                    if item.size < 0:
+                        return
+                    continue
+                if isinstance(item, Undecodable):
+                    self.diagnostic(f"undecodable line ({item.size} bytes) skipped")
+                    continue
+                self.work.inc()
+                try:
+                    for event in link.session.receive_line(item):
+                        self._dispatch_event(link, event)
+                finally:
+                    self.work.dec()
+        except Exception as exc:
+            self.diagnostic(f"read failed: {_describe(exc)}")
+        finally:
+            for rid, waiter in list(link.waiters.items()):
+                waiter.close()
+                link.waiters.pop(rid, None)
+            link.session.close()
+            link.closed.set()
+
+    def _send_nowait(self, link: Link, line: str) -> None:
+        try:
+            link.outbox_send.send_nowait(line)
+        except trio.WouldBlock:
+            self.diagnostic("outbox full; a diagnostic reply was dropped")
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
+
+    def _dispatch_event(self, link: Link, event: rpc.Event) -> None:
+        if isinstance(event, rpc.ResponseReceived):
+            self._resolve(link, event.id, outcome.Value(event.result))
+        elif isinstance(event, rpc.ErrorReceived):
+            self._resolve(link, event.id, outcome.Error(event.error))
+        elif isinstance(event, rpc.RequestReceived):
+            req = event.request
+            if not link.ready:
+                if len(link.pre_ready) >= PRE_READY_CAP:
+                    err = RpcError(
+                        code=CAPABILITY_DENIED,
+                        message="connection not ready; retry later",
+                        data={"capability": INBOUND_CAPABILITY.get(req.method)},
+                    )
+                    self._send_nowait(link, link.session.send_error(req.id, err))
+                    self.diagnostic(f"pre-readiness buffer full; {req.method} refused")
+                else:
+                    link.pre_ready.append(req)
+                return
+            self._start_serving(link, req)
+        elif isinstance(event, rpc.NotificationReceived):
+            self._on_notification(link, event.notification)
+        elif isinstance(event, rpc.Diagnostic):
+            self.diagnostic(event.text)
+            if event.reply is not None:
+                self._send_nowait(link, event.reply)
+
+    def _resolve(self, link: Link, rid: rpc.Id, result: outcome.Outcome[Any]) -> None:
+        waiter = link.waiters.get(rid)
+        if waiter is not None:
+            try:
+                waiter.send_nowait(result)
+            except (trio.WouldBlock, trio.BrokenResourceError, trio.ClosedResourceError):
+                pass
+
+    def _start_serving(self, link: Link, req: rpc.Request) -> None:
+        assert link.nursery is not None
+        self.work.inc()
+        link.nursery.start_soon(self._serve, link, req)
+
+    # -- handshake --------------------------------------------------------------------------
+    async def _handshake(self, link: Link) -> None:
+        init = await self.request(link, "initialize", mcpl.initialize_params(self.version))
+        # notifications/initialized is always the very next message we send.
+        await self.notify(link, "notifications/initialized", None)
+        caps = init.get("capabilities") if isinstance(init, Mapping) else None
+        caps = caps if isinstance(caps, Mapping) else {}
+        experimental = caps.get("experimental")
+        manifest = experimental.get("mcpl") if isinstance(experimental, Mapping) else None
+        info = init.get("serverInfo") if isinstance(init, Mapping) else None
+        if isinstance(manifest, Mapping):
+            await self._negotiate(link, manifest, caps)
+        else:
+            link.mcp_only = True
+            self._trace("mcp-only", reason="the server sent no experimental.mcpl")
+        if caps.get("tools") is not None:
+            await self._list_tools(link)
+        link.ready = True
+        self._trace(
+            "ready",
+            mcp_only=link.mcp_only,
+            grant=sorted(link.grant),
+            feature_sets=sorted(link.enabled_sets),
+            tools=[t.get("name") for t in link.tools],
+            server_info=dict(info) if isinstance(info, Mapping) else {},
+        )
+        while link.pre_ready:
+            self._start_serving(link, link.pre_ready.popleft())
+
+    async def _negotiate(
+        self, link: Link, manifest: Mapping[str, Any], caps: Mapping[str, Any]
+    ) -> None:
+        advertised = mcpl.advertised_paths(manifest, caps)
+        declared = mcpl.declared_feature_sets(manifest)
+        for note in declared.diagnostics:
+            self.diagnostic(note)
+        grant = mcpl.default_grant(advertised)
+        params = mcpl.feature_sets_update_params(grant, declared.sets)
+        link.feature_sets = declared.sets
+        try:
+            result = await self.request(link, "featureSets/update", params)
+        except RpcError as exc:
+            if exc.code == METHOD_NOT_FOUND:
+                await self.notify(link, "featureSets/update", params)
+                self.diagnostic(
+                    "featureSets/update request refused (-32601); sent the notification form"
+                )
+                receipt = mcpl.Receipt(ready=True)
+            else:
+                receipt = mcpl.Receipt(
+                    ready=True, mcp_only=True, note=f"featureSets/update failed: {exc}"
+                )
+        except RequestTimeout:
+            receipt = mcpl.Receipt(
+                ready=True, mcp_only=True, note="featureSets/update never answered"
+            )
+        else:
+            receipt = mcpl.read_receipt(result)
+        if receipt.note:
+            self.diagnostic(receipt.note)
+        if receipt.close:
+            link.closed.set()
+            raise NotConnected(receipt.note)
+        if receipt.mcp_only:
+            link.mcp_only = True
+            self._trace("mcp-only", reason=receipt.note)
+            return
+        link.grant = grant
+        link.enabled_sets = mcpl.usable_feature_sets(declared.sets, grant)
+
+    async def _list_tools(self, link: Link) -> None:
+        tools: list[Mapping[str, Any]] = []
+        cursor: Any = None
+        for _ in range(20):
+            try:
+                result = await self.request(
+                    link, "tools/list", {"cursor": cursor} if cursor else {}
+                )
+            except (RpcError, RequestTimeout) as exc:
+                self.diagnostic(f"tools/list failed: {exc}")
+                break
+            page = result.get("tools") if isinstance(result, Mapping) else None
+            for tool in page if isinstance(page, list) else []:
+                if (
+                    isinstance(tool, Mapping)
+                    and isinstance(tool.get("name"), str)
+                    and len(tools) < MAX_TOOLS
+                ):
+                    tools.append(tool)
+            cursor = result.get("nextCursor") if isinstance(result, Mapping) else None
+            if not cursor:
+                break
+        link.tools = tuple(tools)
+
+    # -- notifications ----------------------------------------------------------------------
+    def _on_notification(self, link: Link, note: rpc.Notification) -> None:
+        method = note.method
+        if method == "notifications/tools/list_changed":
+            if link.ready and link.nursery is not None:
+                link.nursery.start_soon(self._list_tools, link)
+        elif method == "channels/changed":
+            if not self._admitted(link, method):
+                self.diagnostic("channels/changed dropped: channels.register not granted")
+                return
+            assert link.nursery is not None
+            self.work.inc()
+            link.nursery.start_soon(self._changed_note, link, note.params)
+        elif method.startswith("notifications/"):
+            pass  # MCP housekeeping (progress, logging, …) is tolerated and ignored
+        else:
+            self.diagnostic(f"notification {method} ignored")
+
+    async def _changed_note(self, link: Link, params: Any) -> None:
+        try:
+            result = await self._channels_changed(link, params)
+            refused = [r for r in result["results"] if not r.get("accepted")]
+            if refused:
+                self.diagnostic(f"channels/changed notification: refused {refused}")
+        except RpcError as exc:
+            self.diagnostic(f"channels/changed notification refused: {exc}")
+        finally:
+            self.work.dec()
+
+    # -- inbound requests -------------------------------------------------------------------
+    def _admitted(self, link: Link, method: str) -> bool:
+        cap = INBOUND_CAPABILITY.get(method)
+        return cap is None or cap in link.grant
+
+    async def _serve(self, link: Link, req: rpc.Request) -> None:
+        after: Callable[[], Awaitable[None]] | None = None
+        try:
+            result, after = await self._answer(link, req)
+            line = link.session.send_response(req.id, result)
+        except RpcError as exc:
+            line = link.session.send_error(req.id, exc)
+        except Exception as exc:
+            log.exception("%s: %s failed", self.sid, req.method)
+            err = RpcError(code=INTERNAL_ERROR, message=f"internal error handling {req.method}")
+            line = link.session.send_error(req.id, err)
+            self._trace("error", method=req.method, error=_describe(exc))
+        try:
+            try:
+                await link.outbox_send.send(line)
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                pass
+            if after is not None:
+                await after()
+        finally:
+            self.work.dec()
+
+    async def _answer(
+        self, link: Link, req: rpc.Request
+    ) -> tuple[Any, Callable[[], Awaitable[None]] | None]:
+        method = req.method
+        if method == "ping":
+            return {}, None
+        if method in REMOVED_METHODS:
+            raise RpcError(code=METHOD_NOT_FOUND, message=f"{method} was removed in MCPL 0.5")
+        if method not in INBOUND_CAPABILITY:
+            raise rpc.method_not_found(method)
+        if link.mcp_only:
+            raise RpcError(
+                code=METHOD_NOT_FOUND, message=f"{method}: this connection runs MCP-only"
+            )
+        cap = INBOUND_CAPABILITY[method]
+        if cap not in link.grant:
+            raise RpcError(code=CAPABILITY_DENIED, data={"capability": cap})
+        if method == "push/event":
+            return await self._push(link, req.params)
+        if method == "channels/incoming":
+            return await self._incoming(link, req.params)
+        if method == "channels/register":
+            return await self._register(link, req.params), None
+        if method == "channels/changed":
+            return await self._channels_changed(link, req.params), None
+        if method == "channels/list":
+            return await self._list_channels(link), None
+        raise rpc.method_not_found(method)
+
+    # push/event ----------------------------------------------------------------------------
+    async def _push(self, link: Link, params: Any) -> tuple[Any, Callable[[], Awaitable[None]]]:
+        event = parse_push(params)
+        if event.feature_set not in link.feature_sets:
+            raise RpcError(
+                code=UNKNOWN_FEATURE_SET,
+                message=f"Unknown feature set: {event.feature_set}",
+                data={"featureSet": event.feature_set},
+            )
+        if event.feature_set not in link.enabled_sets:
+            raise RpcError(code=FEATURE_SET_NOT_ENABLED, data={"featureSet": event.feature_set})
+        scoped = None
+        origin = event.origin or {}
+        claimed = origin.get("mcplChannelId")
+        if isinstance(claimed, str) and claimed in link.channels:
+            scoped = claimed
+        chan = await self.ctx.channel(self.sid, scoped)
+        prepared: Prepared = await chan.ask(
+            IngestPush(event=event, accepted_at=utc_now()), timeout=self.cfg.request_timeout_s
+        )
+        stored = await prepared.future.wait()
+        stored = bool(getattr(stored, "stored", stored))
+
+        async def after() -> None:
+            if stored:
+                self._trace(
+                    "push", channel_id=scoped, event_id=event.event_id, text=_text(prepared.blocks)
+                )
+            await self._wake(chan, prepared, stored)
+
+        return {"accepted": True}, after
+
+    async def _wake(self, chan: Any, prepared: Prepared, stored: bool) -> None:
+        wakes: tuple[tuple[str, Wake], ...] = await chan.ask(
+            Committed(key=prepared.key, stored=stored), timeout=self.cfg.request_timeout_s + 5
+        )
+        for agent, wake in wakes:
+            ref = self.ctx.agents.get(agent)
+            if ref is not None:
+                await ref.tell(wake)
+
+    # channels/incoming ---------------------------------------------------------------------
+    async def _incoming(self, link: Link, params: Any) -> tuple[Any, Callable[[], Awaitable[None]]]:
+        raw = parse_incoming_batch(params)
+        results: list[dict[str, Any]] = []
+        done: list[tuple[Any, Prepared, Any]] = []
+        for item in raw:
+            mid = item.get("messageId") if isinstance(item, Mapping) else None
+            try:
+                msg = structure(item, IncomingMessage)
+            except RpcError as exc:
+                results.append({"messageId": mid, "accepted": False, "reason": exc.message})
+                continue
+            if msg.channel_id not in link.channels:
+                results.append(
+                    {"messageId": msg.message_id, "accepted": False, "reason": "unknown_channel"}
+                )
+                self.diagnostic(
+                    f"incoming message {msg.message_id} for unregistered channel {msg.channel_id!r} refused"
+                )
+                continue
+            chan = await self.ctx.channel(self.sid, msg.channel_id)
+            try:
+                prepared = await chan.ask(
+                    IngestIncoming(message=msg, accepted_at=utc_now()),
+                    timeout=self.cfg.request_timeout_s,
+                )
+            except RpcError as exc:
+                results.append(
+                    {"messageId": msg.message_id, "accepted": False, "reason": exc.message}
+                )
+                continue
+            results.append({"messageId": msg.message_id, "accepted": True})
+            done.append((chan, prepared, msg))
+        stored_flags = []
+        for _chan, prepared, _msg in done:
+            res = await prepared.future.wait()
+            stored_flags.append(bool(getattr(res, "stored", res)))
+
+        async def after() -> None:
+            for (chan, prepared, msg), stored in zip(done, stored_flags, strict=True):
+                if stored:
+                    self._trace(
+                        "incoming",
+                        channel_id=msg.channel_id,
+                        message_id=msg.message_id,
+                        author=msg.author.name or msg.author.id,
+                        text=_text(prepared.blocks),
+                    )
+                await self._wake(chan, prepared, stored)
+
+        return {"results": results}, after
+
+    # channels/register, channels/changed, channels/list ------------------------------------
+    async def _register(self, link: Link, params: Any) -> dict[str, Any]:
+        return {"results": [await self._add_channel(link, d) for d in parse_descriptors(params)]}
+
+    async def _add_channel(self, link: Link, raw: Any) -> dict[str, Any]:
+        cid = raw.get("id") if isinstance(raw, Mapping) else None
+        try:
+            desc = structure(raw, ChannelDescriptor)
+        except RpcError as exc:
+            return {"id": cid, "accepted": False, "reason": exc.message}
+        if not desc.id:
+            return {"id": cid, "accepted": False, "reason": "empty channel id"}
+        try:
+            chan = await self.ctx.channel(self.sid, desc.id)
+        except ChannelLimit as exc:
+            return {"id": desc.id, "accepted": False, "reason": str(exc)}
+        await chan.ask(Register(descriptor=desc), timeout=self.cfg.request_timeout_s)
+        link.channels.add(desc.id)
+        self._trace("channel-registered", channel_id=desc.id, label=desc.label)
+        return {"id": desc.id, "accepted": True}
+
+    async def _channels_changed(self, link: Link, params: Any) -> dict[str, Any]:
+        if not isinstance(params, Mapping):
+            raise RpcError(code=INVALID_PARAMS, message="Invalid params: params must be an object")
+        changed = structure({k: params[k] for k in ("removed",) if k in params}, ChannelsChanged)
+        results: list[dict[str, Any]] = []
+        for key in ("added", "updated"):
+            if key in params:
+                results.extend(
+                    [await self._add_channel(link, d) for d in parse_descriptors(params, key)]
+                )
+        for cid in changed.removed:
+            if cid in link.channels:
+                link.channels.discard(cid)
+                chan = await self.ctx.channel(self.sid, cid)
+                await chan.tell(Unregister())
+                self._trace("channel-removed", channel_id=cid)
+                results.append({"id": cid, "accepted": True})
+            else:
+                results.append({"id": cid, "accepted": False, "reason": "unknown_channel"})
+        return {"results": results}
+
+    async def _list_channels(self, link: Link) -> dict[str, Any]:
+        from .messages import ChannelInfo, Describe
+
+        out = []
+        for cid in sorted(link.channels):
+            chan = await self.ctx.channel(self.sid, cid)
+            info: ChannelInfo = await chan.ask(Describe(), timeout=self.cfg.request_timeout_s)
+            out.append(dict(info.descriptor))
+        return {"channels": out}
+
+
+def _text(blocks: Any) -> str:
+    return "\n".join(str(b.get("text", "")) for b in blocks if b.get("type") == "text")
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, BaseExceptionGroup):
+        return "; ".join(_describe(e) for e in exc.exceptions)
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+__all__ = ["UNKNOWN_CHANNEL", "ConnectionActor", "backoff_delay"]

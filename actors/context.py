@@ -1,0 +1,62 @@
+"""What every actor of one host shares: the work counter, the trace bus, the store and the
+directory of actor refs. The directory is written only by the Host and by a ConnectionActor when a
+server registers a channel (channel actors live in the host's channel nursery, so they outlive a
+reconnect).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from typing import Any
+
+import trio
+
+from .config import HostConfig
+from .kernel import ActorRef, Work
+from .storage import StoreClient
+from .trace import TraceBus
+
+MAX_CHANNELS_PER_SERVER = 1000
+
+
+class ChannelLimit(Exception):
+    pass
+
+
+class HostContext:
+    def __init__(self, config: HostConfig, store: StoreClient, trace: TraceBus, work: Work) -> None:
+        self.config = config
+        self.store = store
+        self.trace = trace
+        self.work = work
+        self.rng = random.Random()
+        self.agents: dict[str, ActorRef[Any]] = {}
+        self.connections: dict[str, ActorRef[Any]] = {}
+        self.channels: dict[tuple[str, str | None], ActorRef[Any]] = {}
+        self.channel_nursery: trio.Nursery | None = None
+        self.channel_factory: Callable[[str, str | None], Any] | None = None
+        self._create_lock = trio.Lock()
+        self.closing = False
+
+    def agents_hearing(self, server_id: str) -> list[str]:
+        return [a.name for a in self.config.agents if a.hears(server_id)]
+
+    async def channel(self, server_id: str, channel_id: str | None) -> ActorRef[Any]:
+        """The channel actor of (server, channel), started on first use."""
+        key = (server_id, channel_id)
+        ref = self.channels.get(key)
+        if ref is not None:
+            return ref
+        async with self._create_lock:
+            ref = self.channels.get(key)
+            if ref is not None:
+                return ref
+            count = sum(1 for s, _ in self.channels if s == server_id)
+            if count >= MAX_CHANNELS_PER_SERVER:
+                raise ChannelLimit(f"{server_id} already has {count} channels")
+            assert self.channel_nursery is not None and self.channel_factory is not None
+            actor = self.channel_factory(server_id, channel_id)
+            ref = await self.channel_nursery.start(actor.run)
+            self.channels[key] = ref
+            return ref

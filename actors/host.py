@@ -1,0 +1,139 @@
+"""The Host: config, the supervisor nursery, the actor directory, and the Python API."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from .agent import AgentActor, ExecuteTool, PostLocal
+from .channel import ChannelActor
+from .config import AgentConfig, HostConfig, load_config
+from .connection import ConnectionActor
+from .context import HostContext
+from .errors import ConfigError
+from .kernel import Work
+from .models import Model
+from .scripted import ScriptedModel
+from .storage import StoreClient
+from .trace import TraceBus, TraceEvent
+
+SHUTDOWN_GRACE_S = 5.0
+
+
+def make_model(cfg: AgentConfig) -> Model:
+    kind, _, rest = cfg.model.partition(":")
+    if kind == "scripted":
+        return ScriptedModel(Path(rest))
+    if kind == "anthropic":
+        from .anthropic_model import AnthropicModel
+
+        base_url = os.environ.get("ANTHROPIC_BASE_URL")
+        return AnthropicModel(rest, base_url=base_url)
+    raise ConfigError(f"agents[{cfg.name}].model: unknown provider {kind!r}")
+
+
+class Host:
+    def __init__(self, ctx: HostContext) -> None:
+        self.ctx = ctx
+
+    @property
+    def config(self) -> HostConfig:
+        return self.ctx.config
+
+    @classmethod
+    @asynccontextmanager
+    async def open(cls, config: str | os.PathLike[str] | Mapping[str, Any]) -> AsyncIterator[Host]:
+        cfg = config if isinstance(config, HostConfig) else load_config(config)
+        models = {a.name: make_model(a) for a in cfg.agents}
+        work = Work()
+        trace = TraceBus()
+        store = StoreClient(cfg.data_dir, work)
+        store.start()
+        ctx = HostContext(cfg, store, trace, work)
+        host = cls(ctx)
+        body_error: Exception | None = None
+        try:
+            async with trio.open_nursery() as nursery:
+                ctx.channel_nursery = nursery
+                ctx.channel_factory = lambda sid, cid: ChannelActor(sid, cid, ctx)
+                for a in cfg.agents:
+                    ctx.agents[a.name] = await nursery.start(AgentActor(a, models[a.name], ctx).run)
+                for s in cfg.servers:
+                    ctx.connections[s.id] = await nursery.start(ConnectionActor(s, ctx).run)
+                trace.emit(
+                    "host-started",
+                    data={
+                        "servers": [s.id for s in cfg.servers],
+                        "agents": [a.name for a in cfg.agents],
+                        "data_dir": str(cfg.data_dir),
+                    },
+                )
+                try:
+                    yield host
+                except Exception as exc:  # re-raised below, outside the nursery
+                    body_error = exc
+                finally:
+                    ctx.closing = True
+                    trace.emit("host-stopping")
+                    nursery.cancel_scope.cancel()
+        finally:
+            await store.aclose()
+            trace.close()
+        if body_error is not None:
+            raise body_error
+
+    async def run_until_idle(self) -> None:
+        """Return when no mailbox holds work, no inbound request is being handled, no write is
+        uncommitted and no turn is running."""
+        await self.ctx.work.wait_idle()
+
+    async def execute_tool_call(
+        self, agent: str, tool: str, arguments: Mapping[str, Any]
+    ) -> dict[str, Any]:
+        ref = self._agent(agent)
+        result: dict[str, Any] = await ref.ask(
+            ExecuteTool(tool=tool, arguments=dict(arguments)), timeout=300
+        )
+        return result
+
+    def history(self, agent: str) -> list[dict[str, Any]]:
+        self._agent(agent)
+        return self.ctx.store.reader.history(agent)
+
+    async def post_local(self, agent: str, text: str) -> None:
+        await self._agent(agent).ask(PostLocal(text=text), timeout=60)
+
+    def trace(self) -> TraceStream:
+        return TraceStream(self.ctx.trace)
+
+    def _agent(self, name: str) -> Any:
+        ref = self.ctx.agents.get(name)
+        if ref is None:
+            raise KeyError(f"no agent named {name!r}")
+        return ref
+
+
+class TraceStream:
+    """An async iterator of trace events, subscribed from the moment it is created; it first
+    replays the bus's recent events (so a caller that subscribes right after ``open`` misses
+    nothing that happened since)."""
+
+    def __init__(self, bus: TraceBus) -> None:
+        self._recv = bus.subscribe_nowait(replay=True)
+
+    def __aiter__(self) -> TraceStream:
+        return self
+
+    async def __anext__(self) -> TraceEvent:
+        try:
+            return await self._recv.receive()
+        except (trio.EndOfChannel, trio.ClosedResourceError):
+            raise StopAsyncIteration from None
+
+    async def aclose(self) -> None:
+        self._recv.close()

@@ -1,0 +1,235 @@
+"""A small actor kernel on trio.
+
+Each actor owns one bounded mailbox and one loop task; its state is touched only by its own tasks.
+Others send it immutable messages: ``tell`` (fire and forget, waits when the mailbox is full),
+``tell_nowait`` (raises ``MailboxFull``) and ``ask`` (a one-shot reply channel travels in the
+envelope; the asker waits under a deadline). A handler answers through its ``Reply``; it may keep
+the reply and answer later from a child task (a deferred reply), so the loop never waits on
+another actor's slow work.
+
+``Work`` counts the work in flight across the host (queued messages, requests being served,
+running turns, writes not yet committed) so ``Host.run_until_idle`` can wait for zero.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any, Generic, TypeVar
+
+import attrs
+import outcome
+import trio
+
+from .errors import ActorDied, AskTimeout, MailboxFull
+
+log = logging.getLogger("mcplive")
+
+M = TypeVar("M")
+
+
+class Work:
+    """A counter of work in flight, with a wait for zero."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._idle = trio.Event()
+        self._idle.set()
+
+    def inc(self, n: int = 1) -> None:
+        if self.count == 0:
+            self._idle = trio.Event()
+        self.count += n
+
+    def dec(self, n: int = 1) -> None:
+        self.count -= n
+        if self.count <= 0:
+            self.count = 0
+            self._idle.set()
+
+    async def wait_idle(self) -> None:
+        # Zero must hold across a few scheduling rounds: callbacks from threads land through
+        # ``run_sync_soon`` and may start new work.
+        stable = 0
+        while stable < 3:
+            await self._idle.wait()
+            await trio.lowlevel.checkpoint()
+            stable = stable + 1 if self.count == 0 else 0
+
+
+class Reply:
+    """The answer slot of one message. A ``tell`` carries a reply that discards everything."""
+
+    __slots__ = ("_done", "_send")
+
+    def __init__(self, send: trio.MemorySendChannel[outcome.Outcome[Any]] | None) -> None:
+        self._send = send
+        self._done = send is None
+
+    @property
+    def done(self) -> bool:
+        return self._done
+
+    def value(self, value: Any = None) -> None:
+        self._finish(outcome.Value(value))
+
+    def error(self, exc: BaseException) -> None:
+        self._finish(outcome.Error(exc))
+
+    def _finish(self, result: outcome.Outcome[Any]) -> None:
+        if self._done:
+            return
+        self._done = True
+        assert self._send is not None
+        try:
+            self._send.send_nowait(result)  # size-1 channel, one answer: never blocks
+        except (trio.BrokenResourceError, trio.ClosedResourceError, trio.WouldBlock):
+            pass  # the asker gave up
+        self._send.close()
+
+    def abandon(self) -> None:
+        """Close without an answer: the asker gets ``ActorDied``."""
+        if not self._done and self._send is not None:
+            self._done = True
+            self._send.close()
+
+
+@attrs.frozen
+class Envelope:
+    msg: Any
+    reply: Reply
+
+
+@attrs.frozen(eq=False)
+class ActorRef(Generic[M]):
+    name: str
+    _send: trio.MemorySendChannel[Envelope]
+    _work: Work
+
+    async def tell(self, msg: M) -> None:
+        self._work.inc()
+        try:
+            await self._send.send(Envelope(msg, Reply(None)))
+        except BaseException:
+            self._work.dec()
+            raise
+
+    def tell_nowait(self, msg: M) -> None:
+        self._work.inc()
+        try:
+            self._send.send_nowait(Envelope(msg, Reply(None)))
+        except trio.WouldBlock:
+            self._work.dec()
+            raise MailboxFull(self.name) from None
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            self._work.dec()
+            raise ActorDied(self.name) from None
+
+    async def ask(self, msg: M, *, timeout: float) -> Any:
+        send, recv = trio.open_memory_channel[outcome.Outcome[Any]](1)
+        reply = Reply(send)
+        self._work.inc()
+        try:
+            with trio.fail_after(timeout):
+                try:
+                    await self._send.send(Envelope(msg, reply))
+                except (trio.BrokenResourceError, trio.ClosedResourceError):
+                    self._work.dec()
+                    raise ActorDied(self.name) from None
+                try:
+                    result = await recv.receive()
+                except trio.EndOfChannel:
+                    raise ActorDied(self.name) from None
+        except trio.TooSlowError:
+            raise AskTimeout(
+                f"{self.name} did not answer {type(msg).__name__} in {timeout}s"
+            ) from None
+        finally:
+            recv.close()
+        return result.unwrap()
+
+    @property
+    def queued(self) -> int:
+        return self._send.statistics().current_buffer_used
+
+
+class Stop:
+    """Ask an actor to stop after the messages queued before it."""
+
+
+class Actor:
+    """Base class: subclasses implement ``handle(msg, reply)`` and may override ``on_start``.
+
+    ``handle`` must return quickly: slow work goes to ``self.spawn`` (a child task in the actor's
+    own nursery) with the reply kept for later.
+    """
+
+    mailbox_size = 64
+
+    def __init__(self, name: str, work: Work) -> None:
+        self.name = name
+        self.work = work
+        self._nursery: trio.Nursery | None = None
+        self.ref: ActorRef[Any] | None = None
+
+    async def on_start(self) -> None:
+        """Runs before the first message (the nursery is already open)."""
+
+    async def handle(self, msg: Any, reply: Reply) -> None:
+        raise NotImplementedError
+
+    def spawn(self, fn: Callable[..., Awaitable[Any]], *args: Any, counted: bool = True) -> None:
+        """Run ``fn(*args)`` in the actor's nursery; a counted task is work in flight."""
+        assert self._nursery is not None, "actor not started"
+        if counted:
+            self.work.inc()
+        self._nursery.start_soon(self._guarded, fn, args, counted)
+
+    async def _guarded(
+        self, fn: Callable[..., Awaitable[Any]], args: tuple[Any, ...], counted: bool
+    ) -> None:
+        try:
+            await fn(*args)
+        except Exception:
+            log.exception("%s: task %s failed", self.name, getattr(fn, "__name__", fn))
+        finally:
+            if counted:
+                self.work.dec()
+
+    async def run(
+        self, *, task_status: trio.TaskStatus[ActorRef[Any]] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        send, recv = trio.open_memory_channel[Envelope](self.mailbox_size)
+        self.ref = ActorRef(self.name, send, self.work)
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            await self.on_start()
+            task_status.started(self.ref)
+            try:
+                async for env in recv:
+                    try:
+                        if isinstance(env.msg, Stop):
+                            env.reply.value(None)
+                            break
+                        try:
+                            await self.handle(env.msg, env.reply)
+                        except Exception as exc:
+                            if env.reply.done:
+                                log.exception("%s: handling %r failed", self.name, env.msg)
+                            env.reply.error(exc)
+                    finally:
+                        self.work.dec()
+            finally:
+                # Anything still queued will never be handled: release its counts and askers.
+                self._drain(recv)
+                recv.close()
+                nursery.cancel_scope.cancel()
+
+    def _drain(self, recv: trio.MemoryReceiveChannel[Envelope]) -> None:
+        while True:
+            try:
+                env = recv.receive_nowait()
+            except (trio.WouldBlock, trio.EndOfChannel, trio.ClosedResourceError):
+                return
+            env.reply.abandon()
+            self.work.dec()

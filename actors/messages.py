@@ -1,0 +1,135 @@
+"""Immutable messages exchanged between actors."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import attrs
+
+from protocol.lanes import ChannelDescriptor, IncomingMessage, PushEvent
+
+# --- to a ConnectionActor ------------------------------------------------------------------
+
+
+@attrs.frozen(kw_only=True)
+class Call:
+    """Send one request to the server; the answer is its result (or the ``RpcError``).
+
+    With ``notify_fallback``, a -32601 answer makes the host send the notification form and
+    answer ``{"outcome": "unknown"}``: the server took it, but said nothing of delivery.
+    """
+
+    method: str
+    params: Mapping[str, Any]
+    notify_fallback: bool = False
+
+
+@attrs.frozen(kw_only=True)
+class Status:
+    pass
+
+
+@attrs.frozen(kw_only=True)
+class ConnStatus:
+    server_id: str
+    connected: bool
+    ready: bool
+    mcp_only: bool
+    grant: frozenset[str]
+    tools: tuple[Mapping[str, Any], ...]
+    channels: tuple[str, ...]
+
+
+# --- to a ChannelActor ---------------------------------------------------------------------
+
+
+@attrs.frozen(kw_only=True)
+class Register:
+    descriptor: ChannelDescriptor
+
+
+@attrs.frozen(kw_only=True)
+class Unregister:
+    pass
+
+
+@attrs.frozen(kw_only=True)
+class IngestIncoming:
+    message: IncomingMessage
+    accepted_at: str
+
+
+@attrs.frozen(kw_only=True)
+class IngestPush:
+    event: PushEvent
+    accepted_at: str
+
+
+@attrs.frozen(kw_only=True)
+class Prepared:
+    """An item handed to the store. ``future`` resolves when it is durable."""
+
+    key: str
+    future: Any
+    blocks: tuple[Mapping[str, Any], ...]
+    author: str = ""
+
+
+@attrs.frozen(kw_only=True)
+class Committed:
+    """The item is durable (``stored`` is False for a duplicate); the answer is the wakes."""
+
+    key: str
+    stored: bool
+
+
+@attrs.frozen(kw_only=True)
+class Publish:
+    agent: str
+    blocks: tuple[Mapping[str, Any], ...]
+    thread_id: str | None = None
+
+
+@attrs.frozen(kw_only=True)
+class SetOpen:
+    agent: str
+    open: bool
+
+
+@attrs.frozen(kw_only=True)
+class Describe:
+    pass
+
+
+@attrs.frozen(kw_only=True)
+class ChannelInfo:
+    server_id: str
+    channel_id: str | None
+    label: str
+    type: str
+    registered: bool
+    open_for: Mapping[str, bool]
+    descriptor: Mapping[str, Any]
+
+
+# --- to an AgentActor ----------------------------------------------------------------------
+
+
+@attrs.frozen(kw_only=True)
+class Wake:
+    """Something the agent should attend to was stored."""
+
+    lane: str  # "incoming" | "push" | "local"
+    server_id: str | None = None
+    channel_id: str | None = None
+    message_id: str | None = None
+    thread_id: str | None = None
+
+
+@attrs.frozen(kw_only=True)
+class WakeTarget:
+    server_id: str
+    channel_id: str
+    message_id: str | None
+    thread_id: str | None

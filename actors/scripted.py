@@ -1,0 +1,142 @@
+"""The scripted model (``scripted:PATH``): deterministic rules in a TOML file.
+
+On each wake the first rule whose ``when`` matches the newest incoming body (header excluded)
+fires once: its ``calls`` run, then its ``say`` is spoken, and the turn ends. No match: silence.
+An empty file is a valid model that never speaks. ``{0}`` is the whole match and ``{1}``, ``{2}``…
+its groups, in ``say`` and in any string inside ``calls`` arguments.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from .errors import ConfigError
+from .models import DeltaSink, ModelReply, ModelRequest
+
+_FIELD = re.compile(r"\{(\d+)\}")
+
+
+@attrs.frozen(kw_only=True)
+class Rule:
+    when: re.Pattern[str]
+    say: str = ""
+    calls: tuple[Mapping[str, Any], ...] = ()
+
+
+def load_rules(path: Path) -> tuple[Rule, ...]:
+    try:
+        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read the scripted model ({exc.strerror})") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: not valid TOML ({exc})") from None
+    rules = raw.get("rules", [])
+    if not isinstance(rules, list):
+        raise ConfigError(f"{path}: rules must be an array of tables ([[rules]])")
+    out = []
+    for i, r in enumerate(rules, 1):
+        where = f"{path}: rules[{i}]"
+        if not isinstance(r, Mapping):
+            raise ConfigError(f"{where}: must be a table")
+        when = r.get("when")
+        if not isinstance(when, str):
+            raise ConfigError(f"{where}.when: required, a regular expression string")
+        try:
+            pattern = re.compile(when)
+        except re.error as exc:
+            raise ConfigError(f"{where}.when: not a valid regular expression ({exc})") from None
+        say = r.get("say", "")
+        if not isinstance(say, str):
+            raise ConfigError(f"{where}.say: must be a string")
+        calls = r.get("calls", [])
+        if not isinstance(calls, list) or not all(
+            isinstance(c, Mapping)
+            and isinstance(c.get("tool"), str)
+            and isinstance(c.get("arguments", {}), Mapping)
+            for c in calls
+        ):
+            raise ConfigError(
+                f"{where}.calls: must be a list of {{ tool = NAME, arguments = {{...}} }}"
+            )
+        out.append(Rule(when=pattern, say=say, calls=tuple(calls)))
+    return tuple(out)
+
+
+def fill(template: Any, match: re.Match[str]) -> Any:
+    """Substitute ``{n}`` with group n (empty when the group did not take part)."""
+    if isinstance(template, str):
+        return _FIELD.sub(lambda m: _group(match, int(m.group(1))), template)
+    if isinstance(template, Mapping):
+        return {k: fill(v, match) for k, v in template.items()}
+    if isinstance(template, list):
+        return [fill(v, match) for v in template]
+    return template
+
+
+def _group(match: re.Match[str], n: int) -> str:
+    if n > (match.re.groups or 0):
+        return ""
+    return match.group(n) or ""
+
+
+def body_of(message: Mapping[str, Any]) -> str:
+    """The body of a stored message as the sender wrote it: no header, no context prefix."""
+    blocks = list(message.get("blocks", ()))
+    skip = int(message.get("prefix", 0) or 0)
+    meta = message.get("metadata") or {}
+    header = meta.get("source_header") if isinstance(meta, Mapping) else None
+    blocks = blocks[skip:]
+    if header is not None and blocks and blocks[0].get("text") == header:
+        blocks = blocks[1:]
+    return "\n".join(str(b.get("text", "")) for b in blocks if b.get("type") == "text")
+
+
+class ScriptedModel:
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.name = f"scripted:{path.name}"
+        self.rules = load_rules(path)
+
+    def _match(self, messages: Sequence[Mapping[str, Any]]) -> tuple[Rule, re.Match[str]] | None:
+        newest = next((m for m in reversed(messages) if m.get("role") == "user"), None)
+        if newest is None:
+            return None
+        body = body_of(newest)
+        for rule in self.rules:
+            found = rule.when.search(body)
+            if found is not None:
+                return rule, found
+        return None
+
+    async def complete(
+        self, request: ModelRequest, on_delta: DeltaSink | None = None
+    ) -> ModelReply:
+        messages = list(request.messages)
+        last = messages[-1].get("role") if messages else None
+        if last == "assistant":
+            return ModelReply(blocks=(), model=self.name)  # it already spoke on this wake
+        hit = self._match(messages)
+        if hit is None:
+            return ModelReply(blocks=(), model=self.name)
+        rule, found = hit
+        if rule.calls and last != "tool":
+            uses = tuple(
+                {
+                    "type": "tool_use",
+                    "id": f"call_{i}",
+                    "name": fill(c["tool"], found),
+                    "input": fill(dict(c.get("arguments", {})), found),
+                }
+                for i, c in enumerate(rule.calls, 1)
+            )
+            return ModelReply(blocks=uses, stop_reason="tool_use", model=self.name)
+        text = fill(rule.say, found)
+        if text and on_delta is not None:
+            await on_delta(text)
+        return ModelReply(blocks=({"type": "text", "text": text},) if text else (), model=self.name)

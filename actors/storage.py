@@ -1,0 +1,93 @@
+"""The trio side of the store: one writer thread with group commit, reads in worker threads.
+
+``submit(op)`` waits only for an in-flight slot (backpressure at ``MAX_IN_FLIGHT`` writes not yet
+committed) and returns a ``StoreFuture`` at once, so an actor can hand a write over without
+waiting for the commit; whoever must not answer before the write is durable awaits the future.
+Writes are committed in submission order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import trio
+
+from store import GroupCommitWriter, Reader
+
+from .kernel import Work
+
+T = TypeVar("T")
+
+MAX_IN_FLIGHT = 4096
+DB_NAME = "store.sqlite3"
+
+
+class StoreFuture:
+    __slots__ = ("_done", "_result")
+
+    def __init__(self) -> None:
+        self._done = trio.Event()
+        self._result: Any = None
+
+    def _set(self, result: Any) -> None:
+        self._result = result
+        self._done.set()
+
+    async def wait(self) -> Any:
+        """The op's result once it is committed; a failed op raises its ``StoreError``."""
+        await self._done.wait()
+        if isinstance(self._result, BaseException):
+            raise self._result
+        return self._result
+
+
+class StoreClient:
+    def __init__(self, data_dir: Path, work: Work) -> None:
+        data_dir.mkdir(parents=True, exist_ok=True)
+        self.path = data_dir / DB_NAME
+        self.work = work
+        self.writer = GroupCommitWriter(self.path)
+        self.reader = Reader(self.path)
+        self._slots = trio.Semaphore(MAX_IN_FLIGHT)
+        self._token = trio.lowlevel.current_trio_token()
+        self._read_limiter = trio.CapacityLimiter(1)
+
+    def start(self) -> None:
+        self.writer.start()
+
+    async def submit(self, op: Any) -> StoreFuture:
+        await self._slots.acquire()
+        fut = StoreFuture()
+        self.work.inc()
+
+        def finish(result: Any) -> None:
+            fut._set(result)
+            self._slots.release()
+            self.work.dec()
+
+        def done(result: object) -> None:  # runs in the writer thread
+            try:
+                self._token.run_sync_soon(finish, result)
+            except trio.RunFinishedError:
+                pass
+
+        try:
+            self.writer.submit(op, done)
+        except BaseException:
+            self._slots.release()
+            self.work.dec()
+            raise
+        return fut
+
+    async def write(self, op: Any) -> Any:
+        return await (await self.submit(op)).wait()
+
+    async def read(self, fn: Callable[..., T], *args: Any) -> T:
+        return await trio.to_thread.run_sync(fn, *args, limiter=self._read_limiter)
+
+    async def aclose(self) -> None:
+        with trio.move_on_after(10) as scope:
+            scope.shield = True
+            await trio.to_thread.run_sync(self.writer.close, 10.0)

@@ -1,0 +1,104 @@
+"""Trace events: what the host did, for the CLI transcript and for tests.
+
+``TraceBus.emit`` never blocks: each subscriber has a bounded buffer (``SUBSCRIBER_CAP``); when a
+subscriber falls behind, new events for it are counted and dropped, and it receives one
+``trace-dropped`` event with the count as soon as it has room again.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
+from typing import Any
+
+import attrs
+import trio
+
+log = logging.getLogger("mcplive.trace")
+
+SUBSCRIBER_CAP = 4096
+MAX_SUBSCRIBERS = 64
+REPLAY_CAP = 1024  # recent events replayed to a new subscriber; oldest forgotten first
+
+
+@attrs.frozen(kw_only=True)
+class TraceEvent:
+    kind: str
+    agent: str | None = None
+    server_id: str | None = None
+    channel_id: str | None = attrs.field(default=None)
+    data: Mapping[str, Any] = attrs.field(factory=dict)
+
+    @channel_id.validator
+    def _plain(self, _: Any, value: Any) -> None:
+        if value is not None and not isinstance(value, str):
+            raise TypeError("channel_id must be a string or None")
+
+
+class _Subscriber:
+    def __init__(self) -> None:
+        self.send, self.recv = trio.open_memory_channel[TraceEvent](SUBSCRIBER_CAP)
+        self.dropped = 0
+
+    @property
+    def closed(self) -> bool:
+        return self.recv._closed  # the reader went away
+
+
+class TraceBus:
+    def __init__(self) -> None:
+        self._subs: list[_Subscriber] = []
+        self._recent: deque[TraceEvent] = deque(maxlen=REPLAY_CAP)
+
+    def emit(self, kind: str, **fields: Any) -> TraceEvent:
+        event = TraceEvent(kind=kind, **fields)
+        self._recent.append(event)
+        self._subs = [s for s in self._subs if not s.closed]
+        if kind in ("diagnostic", "error"):
+            log.info("%s %s %s", event.server_id or event.agent or "", kind, dict(event.data))
+        for sub in self._subs:
+            if sub.dropped:
+                note = TraceEvent(kind="trace-dropped", data={"count": sub.dropped})
+                try:
+                    sub.send.send_nowait(note)
+                    sub.dropped = 0
+                except trio.WouldBlock:
+                    sub.dropped += 1
+                    continue
+            try:
+                sub.send.send_nowait(event)
+            except trio.WouldBlock:
+                sub.dropped += 1
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                pass
+        return event
+
+    def subscribe_nowait(self, *, replay: bool = False) -> trio.MemoryReceiveChannel[TraceEvent]:
+        """Subscribe now; close the returned channel to unsubscribe."""
+        self._subs = [s for s in self._subs if not s.closed]
+        if len(self._subs) >= MAX_SUBSCRIBERS:
+            raise RuntimeError(f"at most {MAX_SUBSCRIBERS} trace subscribers")
+        sub = _Subscriber()
+        if replay:
+            for event in list(self._recent)[-SUBSCRIBER_CAP // 2 :]:
+                sub.send.send_nowait(event)
+        self._subs.append(sub)
+        return sub.recv
+
+    @asynccontextmanager
+    async def subscribe(self) -> AsyncIterator[trio.MemoryReceiveChannel[TraceEvent]]:
+        if len(self._subs) >= MAX_SUBSCRIBERS:
+            raise RuntimeError(f"at most {MAX_SUBSCRIBERS} trace subscribers")
+        sub = _Subscriber()
+        self._subs.append(sub)
+        try:
+            yield sub.recv
+        finally:
+            self._subs.remove(sub)
+            sub.send.close()
+
+    def close(self) -> None:
+        for sub in self._subs:
+            sub.send.close()

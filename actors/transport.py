@@ -1,0 +1,196 @@
+"""Transports: a stdio subprocess (newline-delimited JSON) and a websocket (one message per text
+frame). Both yield a ``Transport`` whose ``receive()`` returns a text message, an ``Oversize`` or
+``Undecodable`` marker, or ``None`` at end of stream.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+from collections import deque
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Protocol
+
+import trio
+import trio_websocket
+
+from protocol.framing import Framed, LineBuffer, Oversize, Undecodable, encode_line
+
+from .config import ServerConfig
+
+log = logging.getLogger("mcplive.transport")
+
+#: Environment variables a stdio server inherits; the config's ``env`` adds to them.
+ENV_ALLOW = (
+    "PATH",
+    "HOME",
+    "USER",
+    "LOGNAME",
+    "LANG",
+    "LC_ALL",
+    "LC_CTYPE",
+    "TERM",
+    "TMPDIR",
+    "TZ",
+    "SYSTEMROOT",
+    "PYTHONPATH",
+    "VIRTUAL_ENV",
+)
+STDERR_LINE_CAP = 8192
+READ_CHUNK = 65536
+
+
+class Transport(Protocol):
+    description: str
+
+    async def send(self, text: str) -> None: ...
+
+    async def receive(self) -> Framed | None: ...
+
+
+class StdioTransport:
+    def __init__(self, proc: trio.Process, max_line_bytes: int, description: str) -> None:
+        self.proc = proc
+        self.description = description
+        self._lines = LineBuffer(max_line_bytes)
+        self._ready: deque[Framed] = deque()
+        self._eof = False
+
+    async def send(self, text: str) -> None:
+        assert self.proc.stdin is not None
+        await self.proc.stdin.send_all(encode_line(text))
+
+    async def receive(self) -> Framed | None:
+        assert self.proc.stdout is not None
+        while not self._ready:
+            if self._eof:
+                return None
+            try:
+                data = await self.proc.stdout.receive_some(READ_CHUNK)
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                data = b""
+            if not data:
+                self._eof = True
+            self._ready.extend(self._lines.receive_data(data))
+        return self._ready.popleft()
+
+
+def server_argv(cfg: ServerConfig) -> list[str]:
+    assert cfg.command is not None
+    argv = list(cfg.command)
+    # "python" in a command means the interpreter running the host, so a bundled or project
+    # server runs with the same packages installed.
+    if argv[0] in ("python", "python3"):
+        argv[0] = sys.executable
+    return argv
+
+
+def server_env(cfg: ServerConfig) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k in ENV_ALLOW}
+    env.update(cfg.env)
+    return env
+
+
+async def _drain_stderr(stream: trio.abc.ReceiveStream, on_line: Callable[[str], None]) -> None:
+    lines = LineBuffer(STDERR_LINE_CAP)
+    while True:
+        try:
+            data = await stream.receive_some(READ_CHUNK)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            data = b""
+        for item in lines.receive_data(data):
+            if isinstance(item, str):
+                on_line(item)
+            else:
+                on_line(f"<stderr line dropped: {item.size} bytes>")
+        if not data:
+            return
+
+
+@asynccontextmanager
+async def open_stdio(
+    cfg: ServerConfig, on_stderr: Callable[[str], None]
+) -> AsyncIterator[StdioTransport]:
+    argv = server_argv(cfg)
+    proc = await trio.lowlevel.open_process(
+        argv,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=server_env(cfg),
+        cwd=str(cfg.cwd) if cfg.cwd else None,
+        start_new_session=True,
+    )
+    try:
+        async with trio.open_nursery() as nursery:
+            assert proc.stderr is not None
+            nursery.start_soon(_drain_stderr, proc.stderr, on_stderr)
+            try:
+                yield StdioTransport(proc, cfg.max_line_bytes, f"pid {proc.pid}")
+            finally:
+                nursery.cancel_scope.cancel()
+    finally:
+        with trio.move_on_after(3) as scope:
+            scope.shield = True
+            if proc.stdin is not None:
+                try:
+                    await proc.stdin.aclose()  # EOF ends a well-behaved stdio server
+                except (trio.BrokenResourceError, trio.ClosedResourceError):
+                    pass
+            with trio.move_on_after(2):
+                await proc.wait()
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
+
+
+class WebsocketTransport:
+    def __init__(self, ws: trio_websocket.WebSocketConnection, description: str) -> None:
+        self.ws = ws
+        self.description = description
+
+    async def send(self, text: str) -> None:
+        await self.ws.send_message(text)
+
+    async def receive(self) -> Framed | None:
+        while True:
+            try:
+                msg = await self.ws.get_message()
+            except trio_websocket.ConnectionClosed as exc:
+                reason = exc.reason
+                if reason is not None and reason.code == 1009:
+                    return Oversize(-1)  # the frame was over max_line_bytes; the link is closed
+                return None
+            if isinstance(msg, str):
+                return msg
+            log.info("%s: binary frame of %d bytes ignored", self.description, len(msg))
+            return Undecodable(len(msg))
+
+
+@asynccontextmanager
+async def open_websocket(cfg: ServerConfig) -> AsyncIterator[WebsocketTransport]:
+    assert cfg.url is not None
+    headers = [("Authorization", f"Bearer {cfg.token}")] if cfg.token else []
+    async with trio_websocket.open_websocket_url(
+        cfg.url,
+        extra_headers=headers,
+        max_message_size=cfg.max_line_bytes,
+        connect_timeout=cfg.request_timeout_s,
+        disconnect_timeout=2,
+    ) as ws:
+        yield WebsocketTransport(ws, cfg.url)
+
+
+@asynccontextmanager
+async def open_transport(
+    cfg: ServerConfig, on_stderr: Callable[[str], None]
+) -> AsyncIterator[Transport]:
+    if cfg.command is not None:
+        async with open_stdio(cfg, on_stderr) as t:
+            yield t
+    else:
+        async with open_websocket(cfg) as w:
+            yield w

@@ -1,0 +1,1439 @@
+"""A small MCPL server: a chat lobby with two channels, scripted people and push events.
+
+Run it with ``python -m examples.lobby_server [options]`` (``--help`` lists the options).
+
+The lobby is an independent peer for mcplive: it speaks JSON-RPC 2.0 on its own, using only the
+standard library, trio and trio_websocket, so that it catches the host's mistakes instead of
+sharing them.
+
+* stdio (default): newline-delimited JSON-RPC on stdin/stdout, logs on stderr, exits on stdin EOF.
+* ``--ws HOST:PORT``: a websocket server, one JSON-RPC object per text frame; every connection is
+  an independent session. ``LISTENING ws://HOST:PORT`` is the first stdout line.
+* ``--control-connect HOST:PORT``: every session dials a test-side control socket and exchanges
+  JSON lines with it: events about what the lobby saw, commands telling it what to send
+  (see ``examples/lobby_control.py`` for the test side).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import hmac
+import itertools
+import json
+import math
+import os
+import random
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import trio
+import trio_websocket
+
+SERVER_NAME = "lobby"
+SERVER_VERSION = "0.1.0"
+PROTOCOL_VERSION = "2024-11-05"
+
+# JSON-RPC and MCPL error codes used here.
+INVALID_REQUEST = -32600
+METHOD_NOT_FOUND = -32601
+INVALID_PARAMS = -32602
+NOT_READY = -32002
+UNKNOWN_CHANNEL = -32023
+CHANNEL_OPEN_FAILED = -32024
+
+# Requests of ours that are retried when the host answers -32002 (not ready yet).
+RETRIED_METHODS = frozenset({"push/event", "channels/incoming", "channels/register"})
+MAX_RETRIES = 5
+RETRY_DELAY = 0.5
+
+MAX_LINE_BYTES = 16 * 1024 * 1024
+MODES = ("request", "notification-only", "never")
+
+FEATURE_SETS: dict[str, dict[str, Any]] = {
+    "lobby.chat": {
+        "description": "Chat in the lobby channels #general and #random.",
+        "uses": [
+            "channels.register",
+            "channels.publish",
+            "channels.incoming",
+            "channels.lifecycle",
+        ],
+    },
+    "lobby.events": {
+        "description": "Ambient lobby events, such as the clock chiming.",
+        "uses": ["pushEvents"],
+    },
+}
+
+# Methods that only an MCPL server knows; an --mcp-only lobby answers them with -32601.
+MCPL_METHODS = frozenset(
+    {
+        "featureSets/update",
+        "mcpl/manifest",
+        "channels/publish",
+        "channels/open",
+        "channels/close",
+        "channels/list",
+    }
+)
+
+PEOPLE = ({"id": "alice", "name": "Alice"}, {"id": "bob", "name": "Bob"})
+HOST_AUTHOR = {"id": "host", "name": "mcplive"}
+SCRIPT_LINES: tuple[tuple[str, list[str]], ...] = (
+    ("hello everyone!", []),
+    ("what's the weather in Paris?", []),
+    ("anyone here?", []),
+    ("@Ada are you around?", ["chat:mention"]),
+    ("I just rolled a 20!", []),
+    ("brb, coffee", []),
+    ("@Ada can you roll a die for me?", ["chat:mention"]),
+)
+CHIME = "The lobby clock chimes."
+
+
+# --------------------------------------------------------------------------------------------
+# options
+
+
+@dataclass
+class LobbyOptions:
+    """Everything the command line can set; also usable in-process with :func:`serve_ws`."""
+
+    ws: str | None = None
+    token: str | None = None
+    feature_sets_form: str = "object"
+    mcp_only: bool = False
+    stray_stdout: bool = False
+    fsu_mode: str = "request"
+    publish_mode: str = "request"
+    no_echo: bool = False
+    script: str | None = None  # None: "default", or "none" when control_connect is set
+    interval: float = 3.0
+    control_connect: str | None = None
+    request_timeout: float = 30.0
+
+    @property
+    def effective_script(self) -> str:
+        if self.script is not None:
+            return self.script
+        return "none" if self.control_connect else "default"
+
+
+def split_host_port(text: str) -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit():
+        raise ValueError(f"expected HOST:PORT, got {text!r}")
+    host = host.strip("[]") or "127.0.0.1"
+    return host, int(port)
+
+
+def _host_port_arg(text: str) -> str:
+    try:
+        split_host_port(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not value > 0 or math.isinf(value):
+        raise argparse.ArgumentTypeError(f"must be a positive number: {text!r}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m examples.lobby_server",
+        description="A chat lobby MCPL server (stdio by default).",
+    )
+    p.add_argument("--ws", metavar="HOST:PORT", type=_host_port_arg, help="serve websockets")
+    p.add_argument("--token", metavar="T", help="websocket clients must send 'Bearer T'")
+    p.add_argument(
+        "--feature-sets-form",
+        choices=("object", "array"),
+        default="object",
+        help="'array' sends the 0.4 array form with version 0.4",
+    )
+    p.add_argument("--mcp-only", action="store_true", help="advertise no MCPL at all")
+    p.add_argument(
+        "--stray-stdout",
+        action="store_true",
+        help="print a non-JSON line on stdout after initialized (stdio only)",
+    )
+    p.add_argument("--fsu-mode", choices=MODES, default="request", help="featureSets/update")
+    p.add_argument("--publish-mode", choices=MODES, default="request", help="channels/publish")
+    p.add_argument("--no-echo", action="store_true", help="do not echo published messages")
+    p.add_argument(
+        "--script",
+        choices=("default", "none"),
+        default=None,
+        help="scripted people (default: 'default', or 'none' with --control-connect)",
+    )
+    p.add_argument(
+        "--interval", type=_positive_float, default=3.0, help="seconds between script ticks"
+    )
+    p.add_argument(
+        "--control-connect",
+        metavar="HOST:PORT",
+        type=_host_port_arg,
+        help="connect to a test control socket (JSON lines)",
+    )
+    p.add_argument(
+        "--request-timeout",
+        type=_positive_float,
+        default=30.0,
+        help="seconds to wait for the host's answer to one of our requests",
+    )
+    return p
+
+
+def parse_args(argv: list[str] | None = None) -> LobbyOptions:
+    ns = build_parser().parse_args(argv)
+    return LobbyOptions(
+        ws=ns.ws,
+        token=ns.token,
+        feature_sets_form=ns.feature_sets_form,
+        mcp_only=ns.mcp_only,
+        stray_stdout=ns.stray_stdout,
+        fsu_mode=ns.fsu_mode,
+        publish_mode=ns.publish_mode,
+        no_echo=ns.no_echo,
+        script=ns.script,
+        interval=ns.interval,
+        control_connect=ns.control_connect,
+        request_timeout=ns.request_timeout,
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# small helpers
+
+
+def log(text: str) -> None:
+    try:
+        print(f"[lobby] {text}", file=sys.stderr, flush=True)
+    except (OSError, ValueError):
+        pass
+
+
+def now_iso() -> str:
+    stamp = dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds")
+    return stamp.replace("+00:00", "Z")
+
+
+def dumps(obj: Any) -> str:
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
+
+
+def short(obj: Any, limit: int = 200) -> str:
+    text = obj if isinstance(obj, str) else dumps(obj)
+    return text if len(text) <= limit else text[:limit] + "…"
+
+
+def text_of(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        return short(content)
+    parts = []
+    for block in content:
+        if isinstance(block, dict) and block.get("type") == "text":
+            parts.append(str(block.get("text", "")))
+        elif isinstance(block, dict):
+            parts.append(f"[{block.get('type', '?')}]")
+        else:
+            parts.append(short(block))
+    return " ".join(parts)
+
+
+def channel_descriptor(name: str) -> dict[str, Any]:
+    return {
+        "id": f"lobby:#{name}",
+        "type": "chat",
+        "label": name,
+        "direction": "bidirectional",
+        "capabilities": {"publish": {"target": "root"}},
+    }
+
+
+def channel_label(channel_id: Any) -> str:
+    text = str(channel_id)
+    return text.removeprefix("lobby:")
+
+
+def manifest(options: LobbyOptions) -> dict[str, Any]:
+    feature_sets: Any
+    if options.feature_sets_form == "array":
+        feature_sets = [{"name": name, **decl} for name, decl in FEATURE_SETS.items()]
+        version = "0.4"
+    else:
+        feature_sets = {name: dict(decl) for name, decl in FEATURE_SETS.items()}
+        version = "0.5"
+    return {
+        "version": version,
+        "pushEvents": True,
+        "channels": {"register": True, "publish": True, "incoming": True, "lifecycle": True},
+        "featureSets": feature_sets,
+    }
+
+
+def path_matches(pattern: str, path: str) -> bool:
+    """A granted pattern covers a path: equal segment counts, ``*`` is one whole segment."""
+    pat, segs = pattern.split("."), path.split(".")
+    return len(pat) == len(segs) and all(p in ("*", s) for p, s in zip(pat, segs, strict=True))
+
+
+def is_granted(granted: list[str], path: str) -> bool:
+    return any(path_matches(p, path) for p in granted)
+
+
+def valid_id(value: Any) -> bool:
+    return (type(value) is int) or isinstance(value, str)
+
+
+class RpcError(Exception):
+    def __init__(self, code: int, message: str, data: Any = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.data = data
+
+    def to_json(self) -> dict[str, Any]:
+        err: dict[str, Any] = {"code": self.code, "message": self.message}
+        if self.data is not None:
+            err["data"] = self.data
+        return err
+
+
+NO_REPLY = object()  # a handler result meaning "deliberately never answer"
+
+
+class InputError(Exception):
+    """A line or frame from the host that could not be read; logged and skipped."""
+
+
+class TransportClosed(Exception):
+    pass
+
+
+# --------------------------------------------------------------------------------------------
+# transports
+
+
+class StdioTransport:
+    """Newline-delimited JSON-RPC on a pair of trio streams (stdin/stdout in production)."""
+
+    kind = "stdio"
+
+    def __init__(self, receive_stream: trio.abc.ReceiveStream, send_stream: trio.abc.SendStream):
+        self._in = receive_stream
+        self._out = send_stream
+        self._buf = bytearray()
+        self._scan_from = 0
+        self._discarding = False
+        self._eof = False
+
+    async def receive(self) -> str | None:
+        """The next non-blank line, None at EOF; raises InputError for an unreadable one."""
+        while True:
+            nl = self._buf.find(b"\n", self._scan_from)
+            if nl >= 0:
+                raw = bytes(self._buf[:nl])
+                del self._buf[: nl + 1]
+                self._scan_from = 0
+                if self._discarding:
+                    self._discarding = False
+                    continue
+                line = self._decode(raw)
+                if line.strip():
+                    return line
+                continue
+            if self._eof:
+                if self._buf and not self._discarding:
+                    raw = bytes(self._buf)
+                    self._buf.clear()
+                    line = self._decode(raw)
+                    if line.strip():
+                        return line
+                return None
+            self._scan_from = len(self._buf)
+            if len(self._buf) > MAX_LINE_BYTES:
+                size = len(self._buf)
+                self._buf.clear()
+                self._scan_from = 0
+                if not self._discarding:
+                    self._discarding = True
+                    raise InputError(f"line longer than {MAX_LINE_BYTES} bytes ({size}+), skipped")
+            try:
+                data = await self._in.receive_some(65536)
+            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+                data = b""
+            if not data:
+                self._eof = True
+            else:
+                self._buf += data
+
+    @staticmethod
+    def _decode(raw: bytes) -> str:
+        try:
+            return raw.decode("utf-8").rstrip("\r")
+        except UnicodeDecodeError as exc:
+            raise InputError(f"line is not UTF-8 ({exc}): {short(repr(raw))}") from None
+
+    async def send(self, text: str) -> None:
+        try:
+            await self._out.send_all((text + "\n").encode("utf-8"))
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+            raise TransportClosed(str(exc)) from exc
+
+
+class WsTransport:
+    """One JSON-RPC object per websocket text frame; binary frames are ignored."""
+
+    kind = "ws"
+
+    def __init__(self, ws: trio_websocket.WebSocketConnection) -> None:
+        self._ws = ws
+
+    async def receive(self) -> str | None:
+        while True:
+            try:
+                message = await self._ws.get_message()
+            except trio_websocket.ConnectionClosed:
+                return None
+            if isinstance(message, str):
+                if message.strip():
+                    return message
+                continue
+            log(f"ignoring a binary frame of {len(message)} bytes")
+
+    async def send(self, text: str) -> None:
+        try:
+            await self._ws.send_message(text)
+        except trio_websocket.ConnectionClosed as exc:
+            raise TransportClosed(repr(exc)) from exc
+
+
+# --------------------------------------------------------------------------------------------
+# control link (tests only)
+
+
+class ControlLink:
+    """JSON lines to and from a test's control socket. Events are queued and never block."""
+
+    def __init__(self, stream: trio.SocketStream) -> None:
+        self._stream = stream
+        self._send, self._recv = trio.open_memory_channel[str](math.inf)
+        self._broken = False
+
+    def emit(self, event: dict[str, Any]) -> None:
+        if self._broken:
+            return
+        try:
+            line = dumps(event)
+        except (TypeError, ValueError) as exc:
+            line = dumps({"event": "error", "text": f"unserializable event: {exc}"})
+        try:
+            self._send.send_nowait(line + "\n")
+        except (trio.ClosedResourceError, trio.BrokenResourceError):
+            pass
+
+    async def run_writer(self) -> None:
+        async for line in self._recv:
+            try:
+                await self._stream.send_all(line.encode("utf-8"))
+            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+                self._broken = True
+                log("control connection lost (writing)")
+                return
+
+    async def commands(self) -> Any:
+        """Yield parsed command objects (or InputError instances for unreadable lines)."""
+        buf = bytearray()
+        while True:
+            try:
+                data = await self._stream.receive_some(65536)
+            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+                data = b""
+            if not data:
+                return
+            buf += data
+            while (nl := buf.find(b"\n")) >= 0:
+                raw = bytes(buf[:nl])
+                del buf[: nl + 1]
+                if not raw.strip():
+                    continue
+                try:
+                    yield json.loads(raw.decode("utf-8"))
+                except (UnicodeDecodeError, ValueError) as exc:
+                    yield InputError(f"unreadable control line ({exc}): {short(repr(raw))}")
+
+    async def aclose(self) -> None:
+        self._send.close()
+        with trio.move_on_after(1) as scope:
+            scope.shield = True
+            await self._stream.aclose()
+
+
+class _NoControl:
+    def emit(self, event: dict[str, Any]) -> None:
+        pass
+
+
+# --------------------------------------------------------------------------------------------
+# the session
+
+
+class _Pending:
+    __slots__ = ("done", "response")
+
+    def __init__(self) -> None:
+        self.done = trio.Event()
+        self.response: dict[str, Any] | None = None
+
+
+class Session:
+    """One connection to a host: the lobby's whole conversation with it."""
+
+    def __init__(
+        self,
+        transport: StdioTransport | WsTransport,
+        options: LobbyOptions,
+        control: ControlLink | None = None,
+        label: str = "",
+    ) -> None:
+        self.transport = transport
+        self.options = options
+        self.control: ControlLink | _NoControl = control or _NoControl()
+        self._control_link = control
+        self.label = label
+        self.initialized = False  # the initialize request was answered
+        self.got_initialized = False  # notifications/initialized arrived
+        self.ready = False
+        self.hung = False
+        self._awaiting_initialized = False
+        self.granted: list[str] | None = None  # effectiveCapabilities of the last update
+        self.channels: dict[str, dict[str, Any]] = {
+            d["id"]: d for d in (channel_descriptor("general"), channel_descriptor("random"))
+        }
+        self.open_channels: set[str] = set(self.channels)
+        self._pending: dict[int | str, _Pending] = {}
+        self._next_id = 1
+        self._out_counter = itertools.count(1)
+        self._msg_counter = itertools.count(1)
+        self._event_counter = itertools.count(1)
+        self._out_send, self._out_recv = trio.open_memory_channel[str](math.inf)
+        self._followups: list[Callable[[], None]] = []  # run right after the current reply
+        self._tasks: trio.Nursery | None = None
+        self._work_scope: trio.CancelScope | None = None
+
+    # ---- logging -----------------------------------------------------------------------------
+
+    def log(self, text: str) -> None:
+        log(f"{self.label}: {text}" if self.label else text)
+
+    def problem(self, text: str) -> None:
+        """Something the host did wrong (or that went wrong here): stderr plus a control event."""
+        self.log(f"ERROR: {text}")
+        self.control.emit({"event": "error", "text": text})
+
+    # ---- structure ---------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        async with trio.open_nursery() as outer:
+            if self._control_link is not None:
+                outer.start_soon(self._control_writer)
+                outer.start_soon(self._control_reader)
+            await self._work()
+            if self.hung:
+                await trio.sleep_forever()
+            outer.cancel_scope.cancel()
+
+    async def _control_writer(self) -> None:
+        assert self._control_link is not None
+        await self._control_link.run_writer()
+
+    async def _work(self) -> None:
+        async with trio.open_nursery() as work:
+            self._work_scope = work.cancel_scope
+            work.start_soon(self._writer)
+            async with trio.open_nursery() as tasks:
+                self._tasks = tasks
+                await self._reader()
+                tasks.cancel_scope.cancel()
+            self._tasks = None
+            # The host closed its side: let whatever is queued reach it, briefly.
+            self._out_send.close()
+            work.cancel_scope.deadline = trio.current_time() + 2.0
+
+    def spawn(self, fn: Callable[..., Any], *args: Any) -> None:
+        if self._tasks is not None:
+            self._tasks.start_soon(fn, *args)
+
+    async def _writer(self) -> None:
+        async for text in self._out_recv:
+            try:
+                await self.transport.send(text)
+            except TransportClosed as exc:
+                self.log(f"transport closed while writing: {exc}")
+                if self._work_scope is not None:
+                    self._work_scope.cancel()
+                return
+
+    async def _reader(self) -> None:
+        while True:
+            try:
+                text = await self.transport.receive()
+            except InputError as exc:
+                self.problem(str(exc))
+                continue
+            if text is None:
+                self.log("the host closed the connection")
+                return
+            try:
+                message = json.loads(text)
+            except ValueError as exc:
+                self.problem(f"malformed JSON from the host ({exc}): {short(text)}")
+                continue
+            try:
+                self.on_message(message)
+            except Exception as exc:  # never die on bad input
+                self.problem(f"internal error handling {short(message)}: {exc!r}")
+            # Let the writer and the request tasks run between lines of a burst.
+            await trio.lowlevel.checkpoint()
+
+    # ---- output ------------------------------------------------------------------------------
+
+    def send_line(self, text: str) -> None:
+        try:
+            self._out_send.send_nowait(text)
+        except (trio.ClosedResourceError, trio.BrokenResourceError):
+            pass
+
+    def send(self, message: Any) -> None:
+        self.send_line(dumps(message))
+
+    def reply(self, rid: Any, result: Any) -> None:
+        self.send({"jsonrpc": "2.0", "id": rid, "result": result})
+
+    def reply_error(self, rid: Any, error: RpcError) -> None:
+        self.send({"jsonrpc": "2.0", "id": rid, "error": error.to_json()})
+
+    # ---- dispatch ----------------------------------------------------------------------------
+
+    def on_message(self, msg: Any) -> None:
+        self.control.emit({"event": "received", "message": msg})
+        if self._awaiting_initialized:
+            self._awaiting_initialized = False
+            is_initialized = (
+                isinstance(msg, dict)
+                and msg.get("method") == "notifications/initialized"
+                and "id" not in msg
+            )
+            if not is_initialized:
+                self.problem(
+                    "expected notifications/initialized right after initialize, got " + short(msg)
+                )
+        if isinstance(msg, list):
+            self.problem("JSON-RPC batches are not supported: " + short(msg))
+            self.reply_error(None, RpcError(INVALID_REQUEST, "Batches are not supported"))
+            return
+        if not isinstance(msg, dict):
+            self.problem("not a JSON-RPC object: " + short(msg))
+            self.reply_error(None, RpcError(INVALID_REQUEST, "Invalid Request"))
+            return
+        has_id = "id" in msg
+        if msg.get("jsonrpc") != "2.0":
+            self.problem('message without "jsonrpc": "2.0": ' + short(msg))
+            if has_id and "method" in msg:
+                rid = msg["id"] if valid_id(msg["id"]) else None
+                self.reply_error(rid, RpcError(INVALID_REQUEST, 'jsonrpc must be "2.0"'))
+            return
+        if "method" in msg:
+            method = msg["method"]
+            if not isinstance(method, str):
+                self.problem("method is not a string: " + short(msg))
+                if has_id:
+                    rid = msg["id"] if valid_id(msg["id"]) else None
+                    self.reply_error(rid, RpcError(INVALID_REQUEST, "method must be a string"))
+                return
+            if has_id:
+                if not valid_id(msg["id"]):
+                    self.problem("request id must be a string or an integer: " + short(msg))
+                    self.reply_error(None, RpcError(INVALID_REQUEST, "Invalid request id"))
+                    return
+                self.on_request(msg)
+            else:
+                self.on_notification(msg)
+        elif has_id and ("result" in msg or "error" in msg):
+            self.on_response(msg)
+        else:
+            self.problem("neither a request, a notification nor a response: " + short(msg))
+            if has_id and valid_id(msg["id"]):
+                self.reply_error(msg["id"], RpcError(INVALID_REQUEST, "Invalid Request"))
+
+    def on_request(self, msg: dict[str, Any]) -> None:
+        method: str = msg["method"]
+        rid = msg["id"]
+        params = msg.get("params", {})
+        if not self.initialized and method not in ("initialize", "ping"):
+            self.problem(f"{method} request before initialize")
+        try:
+            if self.options.mcp_only and method in MCPL_METHODS:
+                raise RpcError(METHOD_NOT_FOUND, f"Method not found: {method}")
+            handler = self.REQUEST_HANDLERS.get(method)
+            if handler is None:
+                self.log(f"unknown method {method!r} -> -32601")
+                raise RpcError(METHOD_NOT_FOUND, f"Method not found: {method}")
+            if params is None:
+                params = {}
+            if not isinstance(params, dict):
+                raise RpcError(INVALID_PARAMS, "params must be an object")
+            result = handler(self, params)
+        except RpcError as err:
+            self._followups.clear()
+            self.reply_error(rid, err)
+            return
+        if result is not NO_REPLY:
+            self.reply(rid, result)
+        self._run_followups()
+
+    def _run_followups(self) -> None:
+        followups, self._followups = self._followups, []
+        for followup in followups:
+            followup()
+
+    def on_notification(self, msg: dict[str, Any]) -> None:
+        method: str = msg["method"]
+        params = msg.get("params") or {}
+        if not isinstance(params, dict):
+            self.problem(f"{method} notification with non-object params: {short(msg)}")
+            return
+        if method == "notifications/initialized":
+            self._on_initialized()
+        elif method == "notifications/cancelled":
+            self.log(f"host cancelled request {params.get('requestId')!r}")
+        elif self.options.mcp_only and method in MCPL_METHODS:
+            self.log(f"ignoring MCPL notification {method} (--mcp-only)")
+        elif method == "featureSets/update":
+            self._on_fsu_notification(params)
+        elif method == "channels/publish":
+            self._on_publish_notification(params)
+        else:
+            self.log(f"ignoring notification {method}")
+
+    def on_response(self, msg: dict[str, Any]) -> None:
+        rid = msg["id"]
+        slot = self._pending.pop(rid, None) if valid_id(rid) else None
+        if slot is None:
+            self.problem("response to an unknown request id: " + short(msg))
+            return
+        if "result" in msg and "error" in msg:
+            self.problem("response with both result and error: " + short(msg))
+        err = msg.get("error")
+        if "error" in msg and not (
+            isinstance(err, dict) and type(err.get("code")) is int and "message" in err
+        ):
+            self.problem("malformed error object: " + short(msg))
+        slot.response = msg
+        slot.done.set()
+
+    # ---- handshake ---------------------------------------------------------------------------
+
+    def _initialize(self, params: dict[str, Any]) -> Any:
+        if self.initialized:
+            self.problem("initialize received twice")
+            raise RpcError(INVALID_REQUEST, "Already initialized")
+        if not isinstance(params.get("protocolVersion"), str):
+            self.problem("initialize without a protocolVersion: " + short(params))
+        client = params.get("clientInfo")
+        caps = params.get("capabilities")
+        host_mcpl = None
+        if isinstance(caps, dict) and isinstance(caps.get("experimental"), dict):
+            host_mcpl = caps["experimental"].get("mcpl")
+        self.log(f"initialize from {short(client)}; host manifest: {short(host_mcpl)}")
+        self.initialized = True
+        self._awaiting_initialized = True
+        capabilities: dict[str, Any] = {"tools": {}}
+        if not self.options.mcp_only:
+            capabilities["experimental"] = {"mcpl": manifest(self.options)}
+        return {
+            "protocolVersion": PROTOCOL_VERSION,
+            "capabilities": capabilities,
+            "serverInfo": {"name": SERVER_NAME, "version": SERVER_VERSION},
+        }
+
+    def _on_initialized(self) -> None:
+        if self.got_initialized:
+            self.problem("notifications/initialized received twice")
+            return
+        self.got_initialized = True
+        self.log("client initialized")
+        if self.options.stray_stdout:
+            if self.transport.kind == "stdio":
+                self.send_line("[lobby] client initialized")
+            else:
+                self.log("--stray-stdout only applies to stdio")
+        if self.options.mcp_only:
+            self._become_ready()
+
+    def _check_update(self, params: dict[str, Any]) -> None:
+        for key in ("effectiveCapabilities", "deniedCapabilities", "enabled", "disabled"):
+            value = params.get(key)
+            if value is not None and not (
+                isinstance(value, list) and all(isinstance(v, str) for v in value)
+            ):
+                raise RpcError(INVALID_PARAMS, f"{key} must be an array of strings")
+        both = set(params.get("effectiveCapabilities") or ()) & set(
+            params.get("deniedCapabilities") or ()
+        )
+        if both:
+            raise RpcError(INVALID_PARAMS, f"paths both granted and denied: {sorted(both)}")
+
+    def _receipt(self, params: dict[str, Any]) -> dict[str, Any]:
+        granted = list(params.get("effectiveCapabilities") or [])
+        enabled = params.get("enabled")
+        disabled = set(params.get("disabled") or ())
+        unavailable = []
+        for name, decl in FEATURE_SETS.items():
+            if name in disabled or (enabled is not None and name not in enabled):
+                continue  # the host chose that; not a degradation
+            missing = [u for u in decl["uses"] if not is_granted(granted, u)]
+            if missing:
+                unavailable.append(
+                    {"featureSet": name, "missingCapabilities": missing, "effect": "disabled"}
+                )
+        receipt: dict[str, Any] = {"accepted": True}
+        if unavailable:
+            receipt["mode"] = "degraded"
+            receipt["unavailableFeatures"] = unavailable
+        return receipt
+
+    def _feature_sets_update(self, params: dict[str, Any]) -> Any:
+        mode = self.options.fsu_mode
+        if mode == "notification-only":
+            self.log("featureSets/update request refused (--fsu-mode notification-only)")
+            raise RpcError(METHOD_NOT_FOUND, "Method not found: featureSets/update")
+        try:
+            self._check_update(params)
+        except RpcError as err:
+            self.problem(f"malformed featureSets/update: {err.message}")
+            raise
+        self.granted = list(params.get("effectiveCapabilities") or [])
+        self.log(f"featureSets/update request: granted {self.granted}")
+        self._followups.append(self._become_ready)
+        if mode == "never":
+            self.log("not answering featureSets/update (--fsu-mode never)")
+            return NO_REPLY
+        return self._receipt(params)
+
+    def _on_fsu_notification(self, params: dict[str, Any]) -> None:
+        try:
+            self._check_update(params)
+        except RpcError as err:
+            self.problem(f"malformed featureSets/update notification: {err.message}")
+            return
+        if "effectiveCapabilities" in params:
+            self.granted = list(params["effectiveCapabilities"])
+        self.log(f"featureSets/update notification: {short(params)}")
+        self._become_ready()
+
+    def _become_ready(self) -> None:
+        if self.ready:
+            return
+        self.ready = True
+        self.log("ready")
+        self.control.emit({"event": "ready"})
+        lobby = [channel_descriptor("general"), channel_descriptor("random")]
+        self.request("channels/register", {"channels": lobby})
+        if self.options.effective_script == "default":
+            self.spawn(self._script)
+
+    def allows(self, path: str) -> bool:
+        return self.granted is None or is_granted(self.granted, path)
+
+    # ---- requests from the host --------------------------------------------------------------
+
+    def _ping(self, params: dict[str, Any]) -> Any:
+        return {}
+
+    def _mcpl_manifest(self, params: dict[str, Any]) -> Any:
+        return manifest(self.options)
+
+    def _tools_list(self, params: dict[str, Any]) -> Any:
+        return {"tools": TOOLS}
+
+    def _tools_call(self, params: dict[str, Any]) -> Any:
+        name = params.get("name")
+        args = params.get("arguments")
+        if args is None:
+            args = {}
+        if not isinstance(args, dict):
+            raise RpcError(INVALID_PARAMS, "arguments must be an object")
+        if name == "forecast":
+            city = args.get("city")
+            if not isinstance(city, str) or not city.strip():
+                raise RpcError(INVALID_PARAMS, "forecast needs a city (string)")
+            text = f"Forecast for {city}: sunny, 21°C"
+        elif name == "roll":
+            sides = args.get("sides", 6)
+            if type(sides) is not int or not 1 <= sides <= 1_000_000:
+                raise RpcError(INVALID_PARAMS, "roll needs sides: an integer from 1 to 1000000")
+            text = str(random.randint(1, sides))
+        elif name == "stall":
+            self.log("stall called: never answering")
+            return NO_REPLY
+        else:
+            raise RpcError(INVALID_PARAMS, f"Unknown tool: {name!r}")
+        self.log(f"tool {name}({short(args)}) -> {text}")
+        return {"content": [{"type": "text", "text": text}], "isError": False}
+
+    def _known_channel(self, params: dict[str, Any]) -> str:
+        cid = params.get("channelId")
+        if not isinstance(cid, str):
+            raise RpcError(INVALID_PARAMS, "channelId must be a string")
+        if cid not in self.channels:
+            raise RpcError(UNKNOWN_CHANNEL, "Unknown channel", {"channelId": cid})
+        return cid
+
+    def _deliver(self, params: dict[str, Any]) -> str:
+        """Log a message the host published and queue its echo (sent after the reply)."""
+        cid = self._known_channel(params)
+        content = params.get("content")
+        if not isinstance(content, list):
+            raise RpcError(INVALID_PARAMS, "content must be an array of content blocks")
+        message_id = f"out-{next(self._out_counter)}"
+        self.log(f"{channel_label(cid)} <- {text_of(content)}")
+        if not self.options.no_echo:
+            message: dict[str, Any] = {
+                "channelId": cid,
+                "messageId": message_id,
+                "author": dict(HOST_AUTHOR),
+                "timestamp": now_iso(),
+                "content": content,
+                "tags": [],
+            }
+            if params.get("threadId") is not None:
+                message["threadId"] = params["threadId"]
+            echo = {"messages": [message]}
+            self._followups.append(lambda: self.request("channels/incoming", echo))
+        return message_id
+
+    def _channels_publish(self, params: dict[str, Any]) -> Any:
+        mode = self.options.publish_mode
+        if mode == "notification-only":
+            self.log("channels/publish request refused (--publish-mode notification-only)")
+            raise RpcError(METHOD_NOT_FOUND, "Method not found: channels/publish")
+        if mode == "never":
+            self.log(f"not answering channels/publish (--publish-mode never): {short(params)}")
+            return NO_REPLY
+        message_id = self._deliver(params)
+        return {"delivered": True, "messageId": message_id}
+
+    def _on_publish_notification(self, params: dict[str, Any]) -> None:
+        if self.options.publish_mode == "never":
+            self.log(f"ignoring channels/publish (--publish-mode never): {short(params)}")
+            return
+        try:
+            self._deliver(params)
+        except RpcError as err:
+            self._followups.clear()
+            self.problem(f"bad channels/publish notification: {err.message}")
+            return
+        self._run_followups()
+
+    def _channels_open(self, params: dict[str, Any]) -> Any:
+        cid = params.get("channelId")
+        if isinstance(cid, str) and cid in self.channels:
+            desc = self.channels[cid]
+        else:
+            wanted = params.get("address")
+            desc = None
+            if isinstance(wanted, str):
+                name = wanted.removeprefix("lobby:").removeprefix("#")
+                desc = self.channels.get(f"lobby:#{name}")
+            if desc is None:
+                raise RpcError(
+                    CHANNEL_OPEN_FAILED,
+                    "Channel open failed",
+                    {"channelId": cid, "address": wanted, "reason": "no such lobby channel"},
+                )
+        self.open_channels.add(desc["id"])
+        self.log(f"channel {desc['id']} opened")
+        return {"channel": desc}
+
+    def _channels_close(self, params: dict[str, Any]) -> Any:
+        cid = self._known_channel(params)
+        self.open_channels.discard(cid)
+        self.log(f"channel {cid} closed")
+        return {"closed": True}
+
+    def _channels_list(self, params: dict[str, Any]) -> Any:
+        return {"channels": list(self.channels.values())}
+
+    REQUEST_HANDLERS: ClassVar[dict[str, Callable[[Session, dict[str, Any]], Any]]] = {
+        "initialize": _initialize,
+        "ping": _ping,
+        "tools/list": _tools_list,
+        "tools/call": _tools_call,
+        "featureSets/update": _feature_sets_update,
+        "mcpl/manifest": _mcpl_manifest,
+        "channels/publish": _channels_publish,
+        "channels/open": _channels_open,
+        "channels/close": _channels_close,
+        "channels/list": _channels_list,
+    }
+
+    # ---- requests to the host ----------------------------------------------------------------
+
+    def _allocate_id(self) -> int:
+        while self._next_id in self._pending:
+            self._next_id += 1
+        rid = self._next_id
+        self._next_id += 1
+        return rid
+
+    def _send_request(
+        self, method: str, params: Any, raw: dict[str, Any] | None
+    ) -> tuple[dict[str, Any], _Pending]:
+        if raw is not None:
+            request, rid = raw, raw["id"]
+        else:
+            rid = self._allocate_id()
+            request = {"jsonrpc": "2.0", "id": rid, "method": method, "params": params}
+        slot = _Pending()
+        self._pending[rid] = slot
+        self.send(request)
+        return request, slot
+
+    def request(
+        self,
+        method: str,
+        params: Any,
+        *,
+        raw: dict[str, Any] | None = None,
+        on_answer: Callable[[dict[str, Any] | None], None] | None = None,
+    ) -> None:
+        """Send one of our requests right now; its answer (and any retry) is awaited in a task.
+
+        Sending synchronously keeps the wire order equal to the order of decisions, e.g. the
+        ``channels/register`` request goes out right after the featureSets/update receipt.
+        """
+        if self._tasks is None:
+            self.log(f"not sending {method}: the session is over")
+            return
+        first = self._send_request(method, params, raw)
+        self._tasks.start_soon(self._complete, method, params, raw, first, on_answer)
+
+    async def _complete(
+        self,
+        method: str,
+        params: Any,
+        raw: dict[str, Any] | None,
+        first: tuple[dict[str, Any], _Pending],
+        on_answer: Callable[[dict[str, Any] | None], None] | None = None,
+    ) -> dict[str, Any] | None:
+        """Wait for the host's answer to a sent request, retrying -32002; report it."""
+        attempts = 1
+        request, slot = first
+        while True:
+            rid = request["id"]
+            with trio.move_on_after(self.options.request_timeout):
+                await slot.done.wait()
+            if self._pending.get(rid) is slot:
+                del self._pending[rid]
+            response = slot.response
+            if response is None:
+                self.log(f"{method} #{rid}: no answer after {self.options.request_timeout} s")
+                self.control.emit(
+                    {
+                        "event": "response",
+                        "request": request,
+                        "response": None,
+                        "timedOut": True,
+                        "attempts": attempts,
+                    }
+                )
+                if on_answer is not None:
+                    on_answer(None)
+                return None
+            error = response.get("error")
+            code = error.get("code") if isinstance(error, dict) else None
+            if (
+                raw is None
+                and method in RETRIED_METHODS
+                and code == NOT_READY
+                and attempts <= MAX_RETRIES
+            ):
+                self.log(f"{method} #{rid}: host not ready (-32002), retrying")
+                await trio.sleep(RETRY_DELAY)
+                attempts += 1
+                request, slot = self._send_request(method, params, None)
+                continue
+            self.control.emit(
+                {
+                    "event": "response",
+                    "request": request,
+                    "response": response,
+                    "attempts": attempts,
+                }
+            )
+            self._check_answer(method, request, response)
+            if on_answer is not None:
+                on_answer(response)
+            return response
+
+    def _check_answer(self, method: str, request: dict[str, Any], response: dict[str, Any]) -> None:
+        params = request.get("params") or {}
+        if "error" in response:
+            self.log(f"{method} #{request.get('id')}: error {short(response['error'])}")
+            return
+        result = response.get("result")
+        if method == "push/event":
+            if not (isinstance(result, dict) and isinstance(result.get("accepted"), bool)):
+                self.problem("push/event answer lacks a boolean 'accepted': " + short(result))
+                return
+            verdict = "accepted" if result["accepted"] else f"declined ({result.get('reason')})"
+            self.log(f"push/event {params.get('eventId')}: {verdict}")
+        elif method in ("channels/register", "channels/incoming"):
+            key, items = (
+                ("id", params.get("channels"))
+                if method == "channels/register"
+                else ("messageId", params.get("messages"))
+            )
+            results = result.get("results") if isinstance(result, dict) else None
+            if not isinstance(results, list) or not all(
+                isinstance(r, dict) and key in r and isinstance(r.get("accepted"), bool)
+                for r in results
+            ):
+                self.problem(f"{method} answer is not itemized: {short(result)}")
+                return
+            if isinstance(items, list) and len(results) != len(items):
+                self.problem(
+                    f"{method} answer has {len(results)} results for {len(items)} items: "
+                    + short(result)
+                )
+            verdicts = ", ".join(
+                f"{r[key]}={'ok' if r['accepted'] else r.get('reason', 'refused')}" for r in results
+            )
+            self.log(f"{method}: {verdicts}")
+
+    def _event_params(
+        self,
+        event_id: str,
+        text: str,
+        *,
+        tags: list[Any] | None = None,
+        origin: Any = None,
+        feature_set: str = "lobby.events",
+    ) -> dict[str, Any]:
+        params: dict[str, Any] = {
+            "featureSet": feature_set,
+            "eventId": event_id,
+            "timestamp": now_iso(),
+            "payload": {"content": [{"type": "text", "text": text}]},
+            "tags": list(tags) if tags is not None else [],
+        }
+        if origin is not None:
+            params["origin"] = origin
+        return params
+
+    def _chat_message(
+        self,
+        channel_id: str,
+        message_id: str,
+        text: str,
+        author: Any = None,
+        tags: list[Any] | None = None,
+        thread_id: Any = None,
+    ) -> dict[str, Any]:
+        message: dict[str, Any] = {
+            "channelId": channel_id,
+            "messageId": message_id,
+            "author": author if author is not None else dict(PEOPLE[0]),
+            "timestamp": now_iso(),
+            "content": [{"type": "text", "text": text}],
+            "tags": list(tags) if tags is not None else [],
+        }
+        if thread_id is not None:
+            message["threadId"] = thread_id
+        return message
+
+    # ---- scripted people ---------------------------------------------------------------------
+
+    async def _script(self) -> None:
+        channel_ids = ("lobby:#general", "lobby:#random")
+        for tick in itertools.count(1):
+            await trio.sleep(self.options.interval)
+            person = PEOPLE[(tick - 1) % 2]
+            cid = channel_ids[((tick - 1) // 2) % 2]
+            text, tags = SCRIPT_LINES[(tick - 1) % len(SCRIPT_LINES)]
+            if self.allows("channels.incoming"):
+                message = self._chat_message(
+                    cid, f"m{next(self._msg_counter)}", text, dict(person), tags
+                )
+                self.log(f"{channel_label(cid)} {person['name']}: {text}")
+                self.request("channels/incoming", {"messages": [message]})
+            else:
+                self.log("channels.incoming not granted; the people keep quiet")
+            if tick % 3 == 0:
+                if self.allows("pushEvents"):
+                    n = next(self._event_counter)
+                    origin = {"mcplChannelId": "lobby:#general"} if n % 2 == 0 else None
+                    params = self._event_params(f"e{n}", CHIME, origin=origin)
+                    self.log(f"push/event e{n}: {CHIME}")
+                    self.request("push/event", params)
+                else:
+                    self.log("pushEvents not granted; the clock stays silent")
+
+    # ---- control commands --------------------------------------------------------------------
+
+    async def _control_reader(self) -> None:
+        assert self._control_link is not None
+        async for cmd in self._control_link.commands():
+            if isinstance(cmd, InputError):
+                self.problem(str(cmd))
+                continue
+            try:
+                self.on_command(cmd)
+            except (KeyError, TypeError, ValueError) as exc:
+                self.problem(f"bad control command {short(cmd)}: {exc!r}")
+        self.log("control connection closed")
+
+    def on_command(self, cmd: Any) -> None:
+        if not isinstance(cmd, dict) or not isinstance(cmd.get("cmd"), str):
+            raise ValueError("a command is an object with a string 'cmd'")
+        name = cmd["cmd"]
+        if name == "crash":
+            log("crash requested: exiting with code 1")
+            os._exit(1)
+        if name == "ping":
+            self.control.emit({"event": "pong", "id": cmd.get("id")})
+            return
+        if self.hung or self._tasks is None:
+            self.log(f"ignoring control command {name!r}: not serving")
+            return
+        if name == "hang":
+            self.log("hang requested: no more reading or answering")
+            self.hung = True
+            self.control.emit({"event": "hung"})
+            if self._work_scope is not None:
+                self._work_scope.cancel()
+        elif name == "incoming":
+            message = self._chat_message(
+                cmd["channelId"],
+                cmd["messageId"],
+                cmd["text"],
+                cmd.get("author"),
+                cmd.get("tags"),
+                cmd.get("threadId"),
+            )
+            self.request("channels/incoming", {"messages": [message]})
+        elif name == "incoming_batch":
+            messages = cmd["messages"]
+            if not isinstance(messages, list):
+                raise TypeError("messages must be a list")
+            self.request("channels/incoming", {"messages": messages})
+        elif name == "push":
+            params = self._event_params(
+                cmd["eventId"],
+                cmd["text"],
+                tags=cmd.get("tags"),
+                origin=cmd.get("origin"),
+                feature_set=cmd.get("featureSet", "lobby.events"),
+            )
+            self.request("push/event", params)
+        elif name == "register":
+            descriptors = cmd["channels"]
+            if not isinstance(descriptors, list):
+                raise TypeError("channels must be a list")
+            for desc in descriptors:
+                if isinstance(desc, dict) and isinstance(desc.get("id"), str):
+                    self.channels[desc["id"]] = desc
+            self.request("channels/register", {"channels": descriptors})
+        elif name == "raw":
+            message = cmd["message"]
+            if (
+                isinstance(message, dict)
+                and isinstance(message.get("method"), str)
+                and valid_id(message.get("id"))
+                and message["id"] not in self._pending
+            ):
+                self.request(message["method"], message.get("params"), raw=message)
+            else:
+                self.send(message)
+        elif name == "line":
+            text = cmd["text"]
+            if not isinstance(text, str):
+                raise TypeError("text must be a string")
+            self.send_line(text)
+        elif name == "flood":
+            count = cmd["count"]
+            if type(count) is not int or not 0 <= count <= 100_000:
+                raise ValueError("count must be an integer from 0 to 100000")
+            self.spawn(self._flood, count, str(cmd.get("text", "flood")))
+        else:
+            raise ValueError(f"unknown command {name!r}")
+
+    async def _flood(self, count: int, text: str) -> None:
+        accepted = 0
+
+        def tally(response: dict[str, Any] | None) -> None:
+            nonlocal accepted
+            result = response.get("result") if response else None
+            if isinstance(result, dict) and result.get("accepted") is True:
+                accepted += 1
+
+        async with trio.open_nursery() as nursery:
+            for i in range(1, count + 1):
+                params = self._event_params(f"f{i}", text)
+                first = self._send_request("push/event", params, None)
+                nursery.start_soon(self._complete, "push/event", params, None, first, tally)
+        self.log(f"flood of {count}: {accepted} accepted")
+        self.control.emit({"event": "flood_done", "accepted": accepted, "count": count})
+
+
+TOOLS = [
+    {
+        "name": "forecast",
+        "description": "The weather forecast for a city.",
+        "inputSchema": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}},
+            "required": ["city"],
+        },
+    },
+    {
+        "name": "roll",
+        "description": "Roll a die with the given number of sides.",
+        "inputSchema": {
+            "type": "object",
+            "properties": {"sides": {"type": "integer", "minimum": 1}},
+            "required": ["sides"],
+        },
+    },
+    {
+        "name": "stall",
+        "description": "Never answers (for testing deadlines).",
+        "inputSchema": {"type": "object", "properties": {}},
+    },
+]
+
+
+# --------------------------------------------------------------------------------------------
+# entry points
+
+
+async def _open_control(options: LobbyOptions, label: str) -> ControlLink | None:
+    if not options.control_connect:
+        return None
+    host, port = split_host_port(options.control_connect)
+    try:
+        stream = await trio.open_tcp_stream(host, port)
+    except OSError as exc:
+        log(f"{label + ': ' if label else ''}ERROR: cannot reach control {host}:{port}: {exc}")
+        return None
+    return ControlLink(stream)
+
+
+async def run_session(
+    transport: StdioTransport | WsTransport, options: LobbyOptions, label: str = ""
+) -> None:
+    control = await _open_control(options, label)
+    if control is not None:
+        control.emit({"event": "hello", "pid": os.getpid(), "transport": transport.kind})
+    try:
+        await Session(transport, options, control, label).run()
+    finally:
+        if control is not None:
+            await control.aclose()
+
+
+async def serve_stdio(options: LobbyOptions) -> None:
+    stdin = trio.lowlevel.FdStream(os.dup(0))
+    stdout = trio.lowlevel.FdStream(os.dup(1))
+    try:
+        await run_session(StdioTransport(stdin, stdout), options)
+    finally:
+        with trio.CancelScope(shield=True):
+            await stdin.aclose()
+            await stdout.aclose()
+
+
+def _authorized(request: trio_websocket.WebSocketRequest, token: str) -> bool:
+    expected = f"Bearer {token}".encode()
+    for name, value in request.headers:
+        if name.lower() == b"authorization" and hmac.compare_digest(value.strip(), expected):
+            return True
+    return False
+
+
+async def serve_ws(
+    host: str,
+    port: int,
+    options: LobbyOptions | None = None,
+    *,
+    task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve lobby sessions over websockets until cancelled; ``task_status.started(port)``."""
+    opts = options or LobbyOptions()
+    counter = itertools.count(1)
+
+    async def handler(request: trio_websocket.WebSocketRequest) -> None:
+        label = f"ws#{next(counter)}"
+        if opts.token is not None and not _authorized(request, opts.token):
+            log(f"{label}: rejecting a websocket client without the right bearer token")
+            await request.reject(
+                401, extra_headers=[(b"WWW-Authenticate", b"Bearer")], body=b"unauthorized\n"
+            )
+            return
+        try:
+            ws = await request.accept()
+        except trio_websocket.ConnectionClosed:
+            return
+        log(f"{label}: connected from {request.remote}")
+        await run_session(WsTransport(ws), opts, label)
+        log(f"{label}: session over")
+
+    async def serve(*, task_status: trio.TaskStatus[Any]) -> None:
+        await trio_websocket.serve_websocket(
+            handler, host, port, None, max_message_size=MAX_LINE_BYTES, task_status=task_status
+        )
+
+    async with trio.open_nursery() as nursery:
+        ws_server = await nursery.start(serve)
+        task_status.started(ws_server.port)
+
+
+async def _amain(options: LobbyOptions) -> None:
+    if options.ws:
+        host, port = split_host_port(options.ws)
+        async with trio.open_nursery() as nursery:
+            bound = await nursery.start(serve_ws, host, port, options)
+            shown = "127.0.0.1" if host in ("0.0.0.0", "", "localhost") else host
+            print(f"LISTENING ws://{shown}:{bound}", flush=True)
+            log(f"serving websockets on {host}:{bound}")
+    else:
+        if options.token:
+            log("--token only applies to --ws; ignored")
+        await serve_stdio(options)
+
+
+def main(argv: list[str] | None = None) -> int:
+    options = parse_args(argv)
+    try:
+        trio.run(_amain, options)
+    except KeyboardInterrupt:
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,186 @@
+"""Typed params of the inbound MCPL lanes, structured from wire JSON with cattrs.
+
+Unknown members are tolerated (MCPL is an extension protocol). A shape error becomes
+``RpcError(-32602)`` whose message names the path of the bad member.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any, TypeVar
+
+import attrs
+import cattrs
+from cattrs.gen import make_dict_structure_fn, override
+
+from .errors import INVALID_PARAMS, RpcError
+
+T = TypeVar("T")
+
+MAX_BATCH = 100
+
+
+@attrs.frozen(kw_only=True)
+class Author:
+    id: str
+    name: str = ""
+
+
+@attrs.frozen(kw_only=True)
+class Origin:
+    mcpl_channel_id: str | None = None
+
+
+@attrs.frozen(kw_only=True)
+class PushEvent:
+    feature_set: str
+    event_id: str
+    timestamp: str
+    payload_content: tuple[Any, ...]
+    origin: Mapping[str, Any] | None = None
+    tags: tuple[Any, ...] = ()
+
+
+@attrs.frozen(kw_only=True)
+class ChannelDescriptor:
+    id: str
+    type: str = ""
+    label: str = ""
+    direction: str = "bidirectional"
+    address: Any = None
+    metadata: Mapping[str, Any] | None = None
+    initially_open: bool | None = None
+    capabilities: Mapping[str, Any] | None = None
+
+
+@attrs.frozen(kw_only=True)
+class IncomingMessage:
+    channel_id: str
+    message_id: str
+    author: Author
+    content: tuple[Any, ...]
+    timestamp: str = ""
+    thread_id: str | None = None
+    metadata: Mapping[str, Any] | None = None
+    tags: tuple[Any, ...] = ()
+
+
+@attrs.frozen(kw_only=True)
+class ChannelsChanged:
+    added: tuple[ChannelDescriptor, ...] = ()
+    removed: tuple[str, ...] = ()
+    updated: tuple[ChannelDescriptor, ...] = ()
+
+
+def _camel(name: str) -> str:
+    head, *rest = name.split("_")
+    return head + "".join(p.title() for p in rest)
+
+
+def _strict_str(value: Any, _: type) -> str:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value)  # ids sent as numbers are common; they are kept as their decimal text
+    raise TypeError(f"expected a string, got {type(value).__name__}")
+
+
+def _strict_bool(value: Any, _: type) -> bool:
+    if isinstance(value, bool):
+        return value
+    raise TypeError(f"expected a boolean, got {type(value).__name__}")
+
+
+def _tuple_of_any(value: Any, _: type) -> tuple[Any, ...]:
+    if isinstance(value, list):
+        return tuple(value)
+    raise TypeError(f"expected an array, got {type(value).__name__}")
+
+
+def _mapping(value: Any, _: type) -> Mapping[str, Any]:
+    if isinstance(value, dict):
+        return value
+    raise TypeError(f"expected an object, got {type(value).__name__}")
+
+
+def make_converter() -> cattrs.Converter:
+    conv = cattrs.Converter(detailed_validation=True)
+    conv.register_structure_hook(str, _strict_str)
+    conv.register_structure_hook(bool, _strict_bool)
+    conv.register_structure_hook_func(lambda t: t == tuple[Any, ...], _tuple_of_any)
+    conv.register_structure_hook_func(lambda t: t == Mapping[str, Any], _mapping)
+
+    def _list_then_tuple(value: Any, cls: Any) -> Any:
+        if not isinstance(value, list):
+            raise TypeError(f"expected an array, got {type(value).__name__}")
+        (item,) = {a for a in cls.__args__ if a is not Ellipsis}
+        return tuple(conv.structure(v, item) for v in value)
+
+    conv.register_structure_hook_func(
+        lambda t: getattr(t, "__origin__", None) is tuple and t != tuple[Any, ...],
+        _list_then_tuple,
+    )
+
+    def factory(cls: type[Any]) -> Any:
+        overrides = {f.name: override(rename=_camel(f.name)) for f in attrs.fields(cls)}
+        return make_dict_structure_fn(cls, conv, **overrides)  # type: ignore[arg-type]
+
+    conv.register_structure_hook_factory(attrs.has, factory)
+    return conv
+
+
+_CONVERTER = make_converter()
+
+
+def structure(value: Any, cls: type[T]) -> T:
+    """Structure wire JSON into ``cls`` or raise ``RpcError(-32602)`` naming the bad members."""
+    try:
+        return _CONVERTER.structure(value, cls)
+    except cattrs.ClassValidationError as exc:
+        problems = "; ".join(cattrs.transform_error(exc, path="params"))
+        raise RpcError(code=INVALID_PARAMS, message=f"Invalid params: {problems}") from None
+    except (TypeError, ValueError, AttributeError) as exc:
+        raise RpcError(code=INVALID_PARAMS, message=f"Invalid params: {exc}") from None
+
+
+def _require_object(params: Any) -> Mapping[str, Any]:
+    if not isinstance(params, Mapping):
+        raise RpcError(code=INVALID_PARAMS, message="Invalid params: params must be an object")
+    return params
+
+
+_ISO = re.compile(r"\d{4}-\d{2}-\d{2}([T ][\d:.]+)?(Z|[+-]\d{2}:?\d{2})?")
+
+
+def parse_push(params: Any) -> PushEvent:
+    p = _require_object(params)
+    payload = p.get("payload")
+    if not isinstance(payload, Mapping) or "content" not in payload:
+        raise RpcError(code=INVALID_PARAMS, message="Invalid params: payload.content is required")
+    flat = {k: v for k, v in p.items() if k != "payload"}
+    flat["payloadContent"] = payload["content"]
+    event = structure(flat, PushEvent)
+    if not event.event_id:
+        raise RpcError(code=INVALID_PARAMS, message="Invalid params: eventId must not be empty")
+    if not _ISO.fullmatch(event.timestamp):
+        raise RpcError(
+            code=INVALID_PARAMS, message="Invalid params: timestamp must be an ISO 8601 string"
+        )
+    return event
+
+
+def parse_descriptors(params: Any, key: str = "channels") -> list[Any]:
+    p = _require_object(params)
+    items = p.get(key)
+    if not isinstance(items, list):
+        raise RpcError(code=INVALID_PARAMS, message=f"Invalid params: {key} must be an array")
+    if len(items) > MAX_BATCH:
+        raise RpcError(
+            code=INVALID_PARAMS, message=f"Invalid params: more than {MAX_BATCH} {key} at once"
+        )
+    return items
+
+
+def parse_incoming_batch(params: Any) -> list[Any]:
+    return parse_descriptors(params, "messages")

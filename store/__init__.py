@@ -1,0 +1,51 @@
+"""Persistence: the embedded SQLite + CBOR store.
+
+Writes go through one :class:`GroupCommitWriter` thread (group commit, durable when acknowledged);
+reads use a :class:`Reader`. This package does not depend on any async framework.
+"""
+
+from store.bodytext import body_text, text_matcher
+from store.codec import decode_body, decode_value, encode_body, encode_value
+from store.errors import CorruptRecord, StoreClosed, StoreError, StoreFull
+from store.records import (
+    ROLES,
+    Append,
+    AppendResult,
+    MessageRecord,
+    Op,
+    OpResult,
+    Outcome,
+    PutState,
+)
+from store.sqlite import DB_FILENAME, SCHEMA_VERSION, Database, Reader, connect, db_path
+from store.writer import Done, GroupCommitWriter, WriterStats
+
+__all__ = [
+    "DB_FILENAME",
+    "ROLES",
+    "SCHEMA_VERSION",
+    "Append",
+    "AppendResult",
+    "CorruptRecord",
+    "Database",
+    "Done",
+    "GroupCommitWriter",
+    "MessageRecord",
+    "Op",
+    "OpResult",
+    "Outcome",
+    "PutState",
+    "Reader",
+    "StoreClosed",
+    "StoreError",
+    "StoreFull",
+    "WriterStats",
+    "body_text",
+    "connect",
+    "db_path",
+    "decode_body",
+    "decode_value",
+    "encode_body",
+    "encode_value",
+    "text_matcher",
+]

@@ -1,0 +1,118 @@
+"""Immutable records and write operations handled by the store.
+
+A write is one *op*: :class:`Append` (messages, optionally guarded by a dedupe key) or
+:class:`PutState` (small key-value state for host actors). Each op is applied atomically and yields
+one result: :class:`AppendResult` for an append, ``None`` for a state write, or a
+:class:`~store.errors.StoreError` instance when that op alone failed.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any, TypeAlias
+
+import attrs
+
+from store.errors import StoreError
+
+#: The roles a stored message may have.
+ROLES = frozenset({"user", "assistant", "tool", "system"})
+
+
+def _non_empty_str(_inst: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"{attribute.name} must be a non-empty string, got {value!r}")
+
+
+def _finite_number(_inst: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise ValueError(f"{attribute.name} must be a finite number, got {value!r}")
+
+
+def _mapping(_inst: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    if not isinstance(value, Mapping):
+        raise TypeError(f"{attribute.name} must be a mapping, got {type(value).__name__}")
+
+
+def _role(_inst: object, _attribute: attrs.Attribute[Any], value: object) -> None:
+    if value not in ROLES:
+        raise ValueError(f"role must be one of {sorted(ROLES)}, got {value!r}")
+
+
+@attrs.frozen(kw_only=True)
+class MessageRecord:
+    """One stored message (DESIGN section 5) as it is written."""
+
+    id: str = attrs.field(validator=_non_empty_str)
+    agent: str = attrs.field(validator=_non_empty_str)
+    role: str = attrs.field(validator=_role)
+    blocks: tuple[Mapping[str, Any], ...] = attrs.field(
+        validator=attrs.validators.deep_iterable(
+            member_validator=_mapping,
+            iterable_validator=attrs.validators.instance_of(tuple),
+        )
+    )
+    metadata: Mapping[str, Any] = attrs.field(validator=_mapping)
+    created_at: float = attrs.field(validator=_finite_number)
+
+    def as_message(self) -> dict[str, Any]:
+        """The stored-message dict a reader would return for this record."""
+        return {
+            "id": self.id,
+            "agent": self.agent,
+            "role": self.role,
+            "blocks": [dict(b) for b in self.blocks],
+            "metadata": dict(self.metadata),
+        }
+
+
+def _dedupe_key(_inst: object, _attribute: attrs.Attribute[Any], value: object) -> None:
+    if value is None:
+        return
+    if not (
+        isinstance(value, tuple) and len(value) == 3 and all(isinstance(p, str) for p in value)
+    ):
+        raise ValueError(f"dedupe must be None or (kind, server_id, key) strings, got {value!r}")
+
+
+@attrs.frozen(kw_only=True)
+class Append:
+    """Store ``records`` in one transaction.
+
+    With ``dedupe = (kind, server_id, key)`` the key is recorded in the same transaction, and an
+    op whose key is already present writes nothing (result ``AppendResult(stored=False)``). A
+    record whose ``id`` is already stored fails the op, and only that op.
+    """
+
+    records: tuple[MessageRecord, ...] = attrs.field(
+        validator=attrs.validators.deep_iterable(
+            member_validator=attrs.validators.instance_of(MessageRecord),
+            iterable_validator=attrs.validators.instance_of(tuple),
+        )
+    )
+    dedupe: tuple[str, str, str] | None = attrs.field(default=None, validator=_dedupe_key)
+
+
+@attrs.frozen(kw_only=True)
+class AppendResult:
+    """``stored`` is False when the op's dedupe key was already present (nothing written)."""
+
+    stored: bool
+
+
+@attrs.frozen(kw_only=True)
+class PutState:
+    """Set ``namespace/key`` to ``value`` (any CBOR-encodable value); ``None`` deletes the key."""
+
+    namespace: str = attrs.field(validator=attrs.validators.instance_of(str))
+    key: str = attrs.field(validator=attrs.validators.instance_of(str))
+    value: Any
+
+
+#: A write operation.
+Op: TypeAlias = Append | PutState
+#: What a successful op yields.
+OpResult: TypeAlias = AppendResult | None
+#: What an op yields in a batch: its result, or the error that failed it alone.
+Outcome: TypeAlias = AppendResult | StoreError | None

@@ -1,0 +1,345 @@
+"""The SQLite store: schema, the batch-applying write side and the reader.
+
+One file, ``<data_dir>/store.sqlite3``, in WAL mode with ``synchronous=FULL``: a committed
+transaction is on disk when the commit returns. Only the writer thread (see
+:mod:`store.writer`) uses :class:`Database`; :class:`Reader` has its own connection and may be
+used from any thread.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import threading
+from collections import deque
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from store.bodytext import body_text, text_matcher
+from store.codec import decode_body, decode_value, encode_body, encode_value
+from store.errors import CorruptRecord, StoreClosed, StoreError
+from store.records import Append, AppendResult, Op, OpResult, Outcome, PutState
+
+#: File name of the store inside the data directory.
+DB_FILENAME = "store.sqlite3"
+#: Version of the schema below, kept in the ``meta`` table.
+SCHEMA_VERSION = 1
+#: How long a connection waits for another connection's lock, in seconds.
+BUSY_TIMEOUT = 30.0
+
+_SCHEMA = (
+    "CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
+    "CREATE TABLE IF NOT EXISTS messages ("
+    " seq INTEGER PRIMARY KEY AUTOINCREMENT, id TEXT NOT NULL UNIQUE, agent TEXT NOT NULL,"
+    " role TEXT NOT NULL, created_at REAL NOT NULL, body BLOB NOT NULL)",
+    "CREATE INDEX IF NOT EXISTS messages_agent_seq ON messages (agent, seq)",
+    "CREATE TABLE IF NOT EXISTS dedupe ("
+    " kind TEXT NOT NULL, server TEXT NOT NULL, key TEXT NOT NULL,"
+    " PRIMARY KEY (kind, server, key)) WITHOUT ROWID",
+    "CREATE TABLE IF NOT EXISTS state ("
+    " namespace TEXT NOT NULL, key TEXT NOT NULL, value BLOB NOT NULL,"
+    " PRIMARY KEY (namespace, key)) WITHOUT ROWID",
+)
+
+
+def db_path(data_dir: str | os.PathLike[str]) -> Path:
+    """Where the store lives inside ``data_dir``."""
+    return Path(data_dir) / DB_FILENAME
+
+
+def _schema_version(conn: sqlite3.Connection) -> int | None:
+    has_meta = conn.execute(
+        "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'meta'"
+    ).fetchone()
+    if has_meta is None:
+        return None
+    row = conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+    return None if row is None else int(row[0])
+
+
+def _ensure_schema(conn: sqlite3.Connection) -> None:
+    version = _schema_version(conn)
+    if version is None:
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            for statement in _SCHEMA:
+                conn.execute(statement)
+            conn.execute(
+                "INSERT OR IGNORE INTO meta (key, value) VALUES ('schema_version', ?)",
+                (str(SCHEMA_VERSION),),
+            )
+            conn.execute("COMMIT")
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
+        version = _schema_version(conn)
+    if version != SCHEMA_VERSION:
+        raise StoreError(f"store schema version {version}, this program reads {SCHEMA_VERSION}")
+
+
+def connect(
+    path: str | os.PathLike[str], *, busy_timeout: float = BUSY_TIMEOUT
+) -> sqlite3.Connection:
+    """Open (creating folder, file and schema when missing) a connection to the store at ``path``.
+
+    ``busy_timeout`` is how long, in seconds, a statement waits for another connection's lock.
+
+    The connection is in autocommit mode; callers issue ``BEGIN``/``COMMIT`` themselves. It is
+    not bound to the opening thread: its owner must serialize its use.
+    """
+    target = Path(path)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        conn = sqlite3.connect(
+            target, timeout=busy_timeout, isolation_level=None, check_same_thread=False
+        )
+    except (OSError, sqlite3.Error) as exc:
+        raise StoreError(f"cannot open store at {target}: {exc}") from exc
+    try:
+        mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+        if str(mode).lower() != "wal":
+            raise StoreError(f"store at {target} cannot use WAL (journal mode {mode})")
+        conn.execute("PRAGMA synchronous=FULL")
+        _ensure_schema(conn)
+    except sqlite3.Error as exc:
+        conn.close()
+        raise StoreError(f"cannot open store at {target}: {exc}") from exc
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
+class Database:
+    """The write side. Not thread-safe: one thread (the writer's) uses it."""
+
+    def __init__(self, path: str | os.PathLike[str], *, busy_timeout: float = BUSY_TIMEOUT) -> None:
+        self.path = Path(path)
+        self._conn: sqlite3.Connection | None = connect(self.path, busy_timeout=busy_timeout)
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+    def __enter__(self) -> Database:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
+    def _connection(self) -> sqlite3.Connection:
+        if self._conn is None:
+            raise StoreClosed("database is closed")
+        return self._conn
+
+    def apply(self, ops: Sequence[Op]) -> list[Outcome]:
+        """Apply ``ops`` in order in one transaction and commit; one outcome per op.
+
+        Each op runs inside a savepoint, so an op that fails (a duplicate message id, a value
+        that cannot be encoded) is undone alone and its outcome is the :class:`StoreError`. If
+        the transaction itself fails, it is rolled back and the ops are applied one transaction
+        each, so a bad op never fails the others. Never raises for an op's failure.
+        """
+        if not ops:
+            return []
+        conn = self._connection()
+        try:
+            return self._apply_batch(conn, ops)
+        except Exception:
+            _rollback(conn)
+        return [self._apply_alone(conn, op) for op in ops]
+
+    def _apply_batch(self, conn: sqlite3.Connection, ops: Sequence[Op]) -> list[Outcome]:
+        outcomes: list[Outcome] = []
+        conn.execute("BEGIN IMMEDIATE")
+        for op in ops:
+            conn.execute("SAVEPOINT op")
+            try:
+                outcome: Outcome = _apply_op(conn, op)
+            except StoreError as exc:
+                conn.execute("ROLLBACK TO op")
+                outcome = exc
+            conn.execute("RELEASE op")
+            outcomes.append(outcome)
+        conn.execute("COMMIT")
+        return outcomes
+
+    def _apply_alone(self, conn: sqlite3.Connection, op: Op) -> Outcome:
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            result = _apply_op(conn, op)
+            conn.execute("COMMIT")
+            return result
+        except StoreError as exc:
+            _rollback(conn)
+            return exc
+        except Exception as exc:
+            _rollback(conn)
+            return StoreError(f"write failed: {exc}")
+
+
+def _rollback(conn: sqlite3.Connection) -> None:
+    if conn.in_transaction:
+        try:
+            conn.execute("ROLLBACK")
+        except sqlite3.Error:
+            pass
+
+
+def _apply_op(conn: sqlite3.Connection, op: Op) -> OpResult:
+    """Apply one op inside the current transaction; op-level failures raise :class:`StoreError`."""
+    if isinstance(op, Append):
+        return _append(conn, op)
+    if isinstance(op, PutState):
+        _put_state(conn, op)
+        return None
+    raise StoreError(f"not a store op: {op!r}")
+
+
+def _append(conn: sqlite3.Connection, op: Append) -> AppendResult:
+    if op.dedupe is not None:
+        cur = conn.execute(
+            "INSERT OR IGNORE INTO dedupe (kind, server, key) VALUES (?, ?, ?)", op.dedupe
+        )
+        if cur.rowcount == 0:
+            return AppendResult(stored=False)
+    for record in op.records:
+        body = encode_body(record.blocks, record.metadata)
+        try:
+            conn.execute(
+                "INSERT INTO messages (id, agent, role, created_at, body) VALUES (?, ?, ?, ?, ?)",
+                (record.id, record.agent, record.role, float(record.created_at), body),
+            )
+        except sqlite3.IntegrityError as exc:
+            raise StoreError(f"message id {record.id!r} is already stored") from exc
+    return AppendResult(stored=True)
+
+
+def _put_state(conn: sqlite3.Connection, op: PutState) -> None:
+    if op.value is None:
+        conn.execute("DELETE FROM state WHERE namespace = ? AND key = ?", (op.namespace, op.key))
+        return
+    conn.execute(
+        "INSERT OR REPLACE INTO state (namespace, key, value) VALUES (?, ?, ?)",
+        (op.namespace, op.key, encode_value(op.value)),
+    )
+
+
+_MESSAGE_COLUMNS = "seq, id, agent, role, body"
+
+
+def _message(row: tuple[Any, ...]) -> dict[str, Any]:
+    seq, message_id, agent, role, body = row
+    try:
+        blocks, metadata = decode_body(body)
+    except CorruptRecord as exc:
+        raise CorruptRecord(f"message {message_id!r} (seq {seq}): {exc}") from exc
+    return {"id": message_id, "agent": agent, "role": role, "blocks": blocks, "metadata": metadata}
+
+
+class Reader:
+    """Read access to the store; safe to share between threads (calls are serialized)."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+        self._lock = threading.Lock()
+        self._conn: sqlite3.Connection | None = connect(self.path)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
+
+    def __enter__(self) -> Reader:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
+    def _query(self, sql: str, params: Iterable[Any] = ()) -> list[tuple[Any, ...]]:
+        with self._lock:
+            if self._conn is None:
+                raise StoreClosed("reader is closed")
+            try:
+                return self._conn.execute(sql, tuple(params)).fetchall()
+            except sqlite3.Error as exc:
+                raise StoreError(f"store read failed: {exc}") from exc
+
+    def history(self, agent: str | None = None, limit: int | None = None) -> list[dict[str, Any]]:
+        """Stored messages, oldest first; ``limit`` keeps the newest N; ``agent=None``: all."""
+        if limit is not None and limit < 0:
+            raise ValueError(f"limit must be >= 0, got {limit}")
+        params: list[Any] = []
+        where = ""
+        if agent is not None:
+            where = "WHERE agent = ?"
+            params.append(agent)
+        sql = f"SELECT {_MESSAGE_COLUMNS} FROM messages {where} ORDER BY seq DESC"
+        if limit is not None:
+            sql += " LIMIT ?"
+            params.append(limit)
+        rows = self._query(sql, params)
+        rows.reverse()
+        return [_message(row) for row in rows]
+
+    def agents(self) -> list[str]:
+        """Every agent with at least one stored message, sorted by name."""
+        return [row[0] for row in self._query("SELECT DISTINCT agent FROM messages ORDER BY agent")]
+
+    def search(
+        self,
+        text: str,
+        *,
+        agent: str | None = None,
+        regex: bool = False,
+        limit: int | None = None,
+    ) -> list[dict[str, Any]]:
+        """Messages whose body text (:func:`~store.bodytext.body_text`) matches, oldest first.
+
+        Substring matching is case-insensitive; ``regex=True`` is a :mod:`re` search where ``^``
+        anchors at the body's start (a bad pattern raises :class:`re.error`). ``limit`` keeps the
+        newest N matches.
+        """
+        if limit is not None and limit < 0:
+            raise ValueError(f"limit must be >= 0, got {limit}")
+        matches = text_matcher(text, regex=regex)
+        where, params = ("WHERE agent = ?", (agent,)) if agent is not None else ("", ())
+        sql = f"SELECT {_MESSAGE_COLUMNS} FROM messages {where} ORDER BY seq"
+        # With a limit only the newest matches are kept while scanning.
+        found: deque[dict[str, Any]] = deque(maxlen=limit)
+        with self._lock:
+            if self._conn is None:
+                raise StoreClosed("reader is closed")
+            cursor = self._conn.cursor()
+            try:
+                for row in cursor.execute(sql, params):
+                    message = _message(row)
+                    if matches(body_text(message)):
+                        found.append(message)
+            except sqlite3.Error as exc:
+                raise StoreError(f"store read failed: {exc}") from exc
+            finally:
+                # Ends the read transaction even when a corrupt row stops the scan early.
+                cursor.close()
+        return list(found)
+
+    def state(self, namespace: str) -> dict[str, Any]:
+        """Every key of ``namespace`` with its value."""
+        rows = self._query(
+            "SELECT key, value FROM state WHERE namespace = ? ORDER BY key", (namespace,)
+        )
+        return {key: decode_value(value) for key, value in rows}
+
+    def has_dedupe(self, kind: str, server: str, key: str) -> bool:
+        rows = self._query(
+            "SELECT 1 FROM dedupe WHERE kind = ? AND server = ? AND key = ?", (kind, server, key)
+        )
+        return bool(rows)
+
+    def count(self) -> int:
+        """Number of stored messages."""
+        return int(self._query("SELECT COUNT(*) FROM messages")[0][0])

@@ -1,0 +1,190 @@
+"""The group-commit writer: one dedicated thread owns the only write connection.
+
+Callers :meth:`~GroupCommitWriter.submit` ops with a ``done`` callback. The thread takes the
+oldest waiting op plus every other op already waiting (up to ``max_batch``), applies them in one
+transaction, commits once, and only then calls each ``done(outcome)`` in submission order. An op
+is therefore durable when its callback runs, and ops reach the database in submission order.
+
+Bound: at most ``max_queue`` ops wait for the thread; :meth:`~GroupCommitWriter.submit` raises
+:class:`~store.errors.StoreFull` at that cap and the caller applies backpressure. Ops the thread
+has taken (at most ``max_batch``) no longer count as waiting.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections import deque
+from collections.abc import Callable
+from pathlib import Path
+
+import attrs
+
+from store.errors import StoreClosed, StoreError, StoreFull
+from store.records import Append, Op, Outcome, PutState
+from store.sqlite import Database
+
+log = logging.getLogger(__name__)
+
+#: Called from the writer thread with an op's result or the :class:`StoreError` that failed it.
+#: It runs on the writer thread, so it must be quick and must not wait for other ops.
+Done = Callable[[object], None]
+
+
+@attrs.frozen(kw_only=True)
+class WriterStats:
+    """Counters of a writer: ops applied, batches committed, and the largest batch."""
+
+    ops: int
+    batches: int
+    largest_batch: int
+
+
+class GroupCommitWriter:
+    """Serializes every write to the store through one thread, committing in groups.
+
+    Ops may be submitted before :meth:`start`; they wait (within ``max_queue``) and are applied
+    once the thread runs. The writer is also a context manager (start on enter, close on exit).
+    """
+
+    def __init__(
+        self, path: str | os.PathLike[str], *, max_queue: int = 4096, max_batch: int = 512
+    ) -> None:
+        if max_queue < 1 or max_batch < 1:
+            raise ValueError("max_queue and max_batch must be at least 1")
+        self.path = Path(path)
+        self.max_queue = max_queue
+        self.max_batch = max_batch
+        self._cond = threading.Condition()
+        self._queue: deque[tuple[Op, Done]] = deque()
+        self._closing = False
+        self._thread: threading.Thread | None = None
+        self._ops = 0
+        self._batches = 0
+        self._largest = 0
+
+    def __enter__(self) -> GroupCommitWriter:
+        self.start()
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
+    def start(self) -> None:
+        """Open the database and start the writer thread. Raises :class:`StoreError` on failure."""
+        with self._cond:
+            if self._closing:
+                raise StoreClosed("writer is closed")
+            if self._thread is not None:
+                raise RuntimeError("writer already started")
+            self._launch_locked()
+
+    def _launch_locked(self) -> None:
+        database = Database(self.path)
+        thread = threading.Thread(
+            target=self._run, args=(database,), name="mcplive-store-writer", daemon=True
+        )
+        self._thread = thread
+        thread.start()
+
+    def submit(self, op: Op, done: Done) -> None:
+        """Queue ``op``; ``done(outcome)`` is called once it is committed (or has failed).
+
+        Raises :class:`StoreFull` when ``max_queue`` ops are waiting and :class:`StoreClosed`
+        after :meth:`close`; in both cases ``done`` will not be called.
+        """
+        if not isinstance(op, Append | PutState):
+            raise TypeError(f"not a store op: {op!r}")
+        with self._cond:
+            if self._closing:
+                raise StoreClosed("writer is closed")
+            if len(self._queue) >= self.max_queue:
+                raise StoreFull(f"{self.max_queue} store ops are already waiting")
+            self._queue.append((op, done))
+            self._cond.notify()
+
+    def close(self, timeout: float | None = None) -> bool:
+        """Stop accepting ops, apply and commit every queued op, and join the thread.
+
+        Returns False if the thread is still draining after ``timeout`` seconds (or when called
+        from a ``done`` callback, which runs on the writer thread itself). A writer that was never
+        started is started here if ops are waiting, so they are committed too.
+        """
+        failed: list[tuple[Op, Done]] = []
+        error = StoreError("writer could not start")
+        with self._cond:
+            self._closing = True
+            self._cond.notify_all()
+            if self._thread is None and self._queue:
+                try:
+                    self._launch_locked()
+                except StoreError as exc:
+                    failed, error = self._take_all_locked(), exc
+            thread = self._thread
+        if failed:
+            _fail(failed, error)
+            raise error
+        if thread is None:
+            return True
+        if thread is threading.current_thread():
+            return False
+        thread.join(timeout)
+        return not thread.is_alive()
+
+    def stats(self) -> WriterStats:
+        with self._cond:
+            return WriterStats(ops=self._ops, batches=self._batches, largest_batch=self._largest)
+
+    def _take(self) -> list[tuple[Op, Done]] | None:
+        with self._cond:
+            while not self._queue and not self._closing:
+                self._cond.wait()
+            if not self._queue:
+                return None
+            count = min(len(self._queue), self.max_batch)
+            return [self._queue.popleft() for _ in range(count)]
+
+    def _run(self, database: Database) -> None:
+        try:
+            while (batch := self._take()) is not None:
+                self._commit(database, batch)
+        finally:
+            database.close()
+            with self._cond:
+                # Only finds ops if the loop itself broke; nothing may wait forever.
+                self._closing = True
+                leftover = self._take_all_locked()
+            _fail(leftover, StoreClosed("writer thread stopped"))
+
+    def _commit(self, database: Database, batch: list[tuple[Op, Done]]) -> None:
+        ops = [op for op, _ in batch]
+        outcomes: list[Outcome]
+        try:
+            outcomes = database.apply(ops)
+        except Exception as exc:
+            log.exception("store batch failed")
+            outcomes = [StoreError(f"store write failed: {exc}") for _ in ops]
+        with self._cond:
+            self._ops += len(batch)
+            self._batches += 1
+            self._largest = max(self._largest, len(batch))
+        for (_, done), outcome in zip(batch, outcomes, strict=True):
+            _call_done(done, outcome)
+
+    def _take_all_locked(self) -> list[tuple[Op, Done]]:
+        waiting = list(self._queue)
+        self._queue.clear()
+        return waiting
+
+
+def _fail(entries: list[tuple[Op, Done]], error: StoreError) -> None:
+    for _, done in entries:
+        _call_done(done, error)
+
+
+def _call_done(done: Done, outcome: object) -> None:
+    try:
+        done(outcome)
+    except Exception:
+        log.exception("store done callback failed")

@@ -1,0 +1,115 @@
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from store import (
+    Append,
+    CorruptRecord,
+    MessageRecord,
+    PutState,
+    StoreError,
+    decode_body,
+    decode_value,
+    encode_body,
+    encode_value,
+)
+
+from .conftest import record
+
+json_scalars = st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text()
+json_values = st.recursive(
+    json_scalars,
+    lambda children: (
+        st.lists(children, max_size=5) | st.dictionaries(st.text(), children, max_size=5)
+    ),
+    max_leaves=30,
+)
+
+
+@settings(deadline=None)
+@given(json_values)
+def test_value_round_trip(value: Any) -> None:
+    assert decode_value(encode_value(value)) == value
+
+
+@settings(deadline=None)
+@given(
+    st.lists(st.dictionaries(st.text(), json_values, max_size=4), max_size=4),
+    st.dictionaries(st.text(), json_values, max_size=4),
+)
+def test_body_round_trip(blocks: list[dict[str, Any]], metadata: dict[str, Any]) -> None:
+    assert decode_body(encode_body(blocks, metadata)) == (blocks, metadata)
+
+
+def test_tuples_and_mappings_become_plain() -> None:
+    from types import MappingProxyType
+
+    value = {"a": (1, 2, MappingProxyType({"b": ("c",)}))}
+    assert decode_value(encode_value(value)) == {"a": [1, 2, {"b": ["c"]}]}
+
+
+def test_infinite_float_round_trips() -> None:
+    assert math.isinf(decode_value(encode_value(float("inf"))))
+
+
+@pytest.mark.parametrize("data", [b"", b"\xff\x00", b"\x62\xff\xfe"])
+def test_garbage_is_corrupt(data: bytes) -> None:
+    with pytest.raises(CorruptRecord):
+        decode_value(data)
+
+
+@pytest.mark.parametrize(
+    "value",
+    [1, [], {"blocks": [], "metadata": []}, {"blocks": [1], "metadata": {}}, {"metadata": {}}],
+)
+def test_badly_shaped_body_is_corrupt(value: Any) -> None:
+    with pytest.raises(CorruptRecord):
+        decode_body(encode_value(value))
+
+
+def test_unencodable_value_is_store_error() -> None:
+    with pytest.raises(StoreError):
+        encode_value({"x": object()})
+
+
+def test_message_record_validates() -> None:
+    good = record("x")
+    assert good.as_message()["blocks"] == [{"type": "text", "text": "x"}]
+    for role in ("user", "assistant", "tool", "system"):
+        MessageRecord(id="a", agent="b", role=role, blocks=(), metadata={}, created_at=0)
+    bad: list[dict[str, Any]] = [
+        {"role": "robot"},
+        {"id": ""},
+        {"agent": 3},
+        {"blocks": [{"type": "text"}]},
+        {"blocks": ("not a mapping",)},
+        {"metadata": []},
+        {"created_at": math.nan},
+        {"created_at": True},
+    ]
+    base: dict[str, Any] = {
+        "id": "a",
+        "agent": "b",
+        "role": "user",
+        "blocks": (),
+        "metadata": {},
+        "created_at": 0.0,
+    }
+    for change in bad:
+        with pytest.raises((TypeError, ValueError)):
+            MessageRecord(**(base | change))
+
+
+def test_op_validation() -> None:
+    Append(records=(record(),), dedupe=("event", "lobby", "e1"))
+    with pytest.raises((TypeError, ValueError)):
+        Append(records=[record()])  # type: ignore[arg-type]
+    with pytest.raises(ValueError):
+        Append(records=(), dedupe=("event", "lobby"))  # type: ignore[arg-type]
+    with pytest.raises(TypeError):
+        PutState(namespace=1, key="k", value=1)  # type: ignore[arg-type]

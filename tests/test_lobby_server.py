@@ -1,0 +1,727 @@
+"""The example lobby server, driven as a real subprocess speaking raw JSON-RPC."""
+
+from __future__ import annotations
+
+import collections
+import json
+import subprocess
+import sys
+import tempfile
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+import trio_websocket
+
+from examples.lobby_control import LobbyControl, open_control_listener
+from examples.lobby_server import LobbyOptions, serve_ws
+
+ROOT = Path(__file__).resolve().parents[1]
+TIMEOUT = 20
+
+ALL_CAPS = [
+    "pushEvents",
+    "channels.register",
+    "channels.publish",
+    "channels.incoming",
+    "channels.lifecycle",
+]
+INIT_PARAMS = {
+    "protocolVersion": "2024-11-05",
+    "capabilities": {"experimental": {"mcpl": {"version": "0.5", "pushEvents": True}}},
+    "clientInfo": {"name": "lobby-test", "version": "0"},
+}
+GENERAL = {
+    "id": "lobby:#general",
+    "type": "chat",
+    "label": "general",
+    "direction": "bidirectional",
+    "capabilities": {"publish": {"target": "root"}},
+}
+RANDOM = {**GENERAL, "id": "lobby:#random", "label": "random"}
+CHAT_USES = ["channels.register", "channels.publish", "channels.incoming", "channels.lifecycle"]
+
+Message = dict[str, Any]
+
+
+class Peer:
+    """A raw JSON-RPC host side: requests numbered from 1, unmatched messages kept in order."""
+
+    def __init__(self) -> None:
+        self.inbox: collections.deque[Message] = collections.deque()
+        self.stray: list[str] = []
+        self._ids = iter(range(1, 1_000_000))
+
+    async def _send_text(self, text: str) -> None:
+        raise NotImplementedError
+
+    async def _receive_text(self) -> str:
+        raise NotImplementedError
+
+    async def send(self, message: Any) -> None:
+        await self._send_text(json.dumps(message))
+
+    async def notify(self, method: str, params: Any = None) -> None:
+        message: Message = {"jsonrpc": "2.0", "method": method}
+        if params is not None:
+            message["params"] = params
+        await self.send(message)
+
+    async def send_request(self, method: str, params: Any = None) -> int:
+        rid = next(self._ids)
+        await self.send({"jsonrpc": "2.0", "id": rid, "method": method, "params": params or {}})
+        return rid
+
+    async def request(self, method: str, params: Any = None) -> Message:
+        rid = await self.send_request(method, params)
+        return await self.response_to(rid)
+
+    async def response_to(self, rid: int) -> Message:
+        return await self.wait_for(
+            lambda m: m.get("id") == rid and "method" not in m, f"response to #{rid}"
+        )
+
+    async def answer(self, request: Message, result: Any) -> None:
+        await self.send({"jsonrpc": "2.0", "id": request["id"], "result": result})
+
+    async def answer_error(self, request: Message, code: int, message: str) -> None:
+        error = {"code": code, "message": message}
+        await self.send({"jsonrpc": "2.0", "id": request["id"], "error": error})
+
+    async def wait_for(self, pred: Callable[[Message], bool], what: str) -> Message:
+        """Take the first message (oldest first) matching ``pred``; others stay in the inbox."""
+        while True:
+            for message in self.inbox:
+                if pred(message):
+                    self.inbox.remove(message)
+                    return message
+            text = await self._receive_text()
+            try:
+                message = json.loads(text)
+            except ValueError:
+                self.stray.append(text)
+                continue
+            assert isinstance(message, dict), f"not an object while waiting for {what}: {text}"
+            assert message.get("jsonrpc") == "2.0", text
+            self.inbox.append(message)
+
+    async def server_request(self, method: str) -> Message:
+        return await self.wait_for(
+            lambda m: m.get("method") == method and "id" in m, f"{method} request"
+        )
+
+    async def handshake(self, update: Any = None) -> Message:
+        """initialize, initialized, featureSets/update; answers channels/register. The init result."""
+        init = await self.request("initialize", INIT_PARAMS)
+        await self.notify("notifications/initialized")
+        receipt = await self.request(
+            "featureSets/update", update or {"effectiveCapabilities": ALL_CAPS}
+        )
+        assert receipt["result"]["accepted"] is True
+        register = await self.server_request("channels/register")
+        await self.answer(register, registered(register))
+        return init["result"]
+
+
+def registered(register: Message) -> Message:
+    return {"results": [{"id": d["id"], "accepted": True} for d in register["params"]["channels"]]}
+
+
+class Lobby(Peer):
+    """The lobby as a stdio subprocess."""
+
+    def __init__(self, proc: trio.Process, stderr: Any) -> None:
+        super().__init__()
+        self.proc = proc
+        self._stderr = stderr
+        self._buf = bytearray()
+        assert proc.stdin is not None and proc.stdout is not None
+        self._stdin = proc.stdin
+        self._stdout = proc.stdout
+
+    async def _send_text(self, text: str) -> None:
+        await self.send_raw((text + "\n").encode())
+
+    async def send_raw(self, data: bytes) -> None:
+        await self._stdin.send_all(data)
+
+    async def _receive_text(self) -> str:
+        line = await self.read_line()
+        assert line is not None, "the lobby closed stdout; stderr:\n" + self.stderr_text()
+        return line
+
+    async def read_line(self) -> str | None:
+        while (nl := self._buf.find(b"\n")) < 0:
+            data = await self._stdout.receive_some(65536)
+            if not data:
+                return None
+            self._buf += data
+        line = bytes(self._buf[:nl]).decode()
+        del self._buf[: nl + 1]
+        return line
+
+    async def close_stdin_and_wait(self) -> int:
+        await self._stdin.aclose()
+        while await self.read_line() is not None:
+            pass
+        return await self.proc.wait()
+
+    def stderr_text(self) -> str:
+        self._stderr.seek(0)
+        return self._stderr.read().decode(errors="replace")
+
+
+@asynccontextmanager
+async def lobby_process(*args: str) -> AsyncIterator[Lobby]:
+    with tempfile.TemporaryFile() as stderr:
+        proc = await trio.lowlevel.open_process(
+            [sys.executable, "-m", "examples.lobby_server", *args],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            cwd=ROOT,
+        )
+        try:
+            yield Lobby(proc, stderr)
+        finally:
+            if proc.returncode is None:
+                proc.kill()
+            with trio.CancelScope(shield=True):
+                await proc.wait()
+                await proc.stdin.aclose()  # type: ignore[union-attr]
+                await proc.stdout.aclose()  # type: ignore[union-attr]
+
+
+class WsPeer(Peer):
+    def __init__(self, ws: trio_websocket.WebSocketConnection) -> None:
+        super().__init__()
+        self.ws = ws
+        self.frames: list[str] = []
+
+    async def _send_text(self, text: str) -> None:
+        await self.ws.send_message(text)
+
+    async def _receive_text(self) -> str:
+        frame = await self.ws.get_message()
+        assert isinstance(frame, str)
+        self.frames.append(frame)
+        return frame
+
+
+# ---- handshake --------------------------------------------------------------------------------
+
+
+async def test_handshake_object_form_registration_and_clean_exit() -> None:
+    with trio.fail_after(TIMEOUT):
+        async with lobby_process("--script", "none") as lobby:
+            init = await lobby.request("initialize", INIT_PARAMS)
+            assert init["id"] == 1
+            result = init["result"]
+            assert result["protocolVersion"] == "2024-11-05"
+            assert result["serverInfo"]["name"] == "lobby"
+            assert result["capabilities"]["tools"] == {}
+            mcpl = result["capabilities"]["experimental"]["mcpl"]
+            assert mcpl["version"] == "0.5"
+            assert mcpl["pushEvents"] is True
+            assert mcpl["channels"] == {
+                "register": True,
+                "publish": True,
+                "incoming": True,
+                "lifecycle": True,
+            }
+            assert set(mcpl["featureSets"]) == {"lobby.chat", "lobby.events"}
+            assert mcpl["featureSets"]["lobby.chat"]["uses"] == CHAT_USES
+            assert mcpl["featureSets"]["lobby.events"]["uses"] == ["pushEvents"]
+            assert all(fs["description"] for fs in mcpl["featureSets"].values())
+
+            await lobby.notify("notifications/initialized")
+            receipt = await lobby.request(
+                "featureSets/update", {"effectiveCapabilities": ALL_CAPS}
+            )
+            assert receipt["result"] == {"accepted": True}
+
+            register = await lobby.server_request("channels/register")
+            assert register["id"] == 1  # the lobby numbers its own requests from 1 too
+            assert register["params"] == {"channels": [GENERAL, RANDOM]}
+            await lobby.answer(register, registered(register))
+
+            assert await lobby.close_stdin_and_wait() == 0
+            assert lobby.stray == []
+            assert "ERROR" not in lobby.stderr_text()
+
+
+async def test_handshake_array_form_and_degradation_receipts() -> None:
+    with trio.fail_after(TIMEOUT):
+        async with lobby_process("--script", "none", "--feature-sets-form", "array") as lobby:
+            init = await lobby.request("initialize", INIT_PARAMS)
+            mcpl = init["result"]["capabilities"]["experimental"]["mcpl"]
+            assert mcpl["version"] == "0.4"
+            assert [fs["name"] for fs in mcpl["featureSets"]] == ["lobby.chat", "lobby.events"]
+            assert mcpl["featureSets"][0]["uses"] == CHAT_USES
+
+            await lobby.notify("notifications/initialized")
+            # One-segment wildcards cover the channel leaves.
+            receipt = await lobby.request(
+                "featureSets/update", {"effectiveCapabilities": ["pushEvents", "channels.*"]}
+            )
+            assert receipt["result"] == {"accepted": True}
+            # An update without effectiveCapabilities grants nothing: both sets degrade.
+            receipt = await lobby.request("featureSets/update", {})
+            assert receipt["result"]["accepted"] is True
+            assert receipt["result"]["mode"] == "degraded"
+            unavailable = {u["featureSet"]: u for u in receipt["result"]["unavailableFeatures"]}
+            assert unavailable["lobby.events"] == {
+                "featureSet": "lobby.events",
+                "missingCapabilities": ["pushEvents"],
+                "effect": "disabled",
+            }
+            assert unavailable["lobby.chat"]["missingCapabilities"] == CHAT_USES
+            # A path both granted and denied is malformed.
+            bad = await lobby.request(
+                "featureSets/update",
+                {"effectiveCapabilities": ["pushEvents"], "deniedCapabilities": ["pushEvents"]},
+            )
+            assert bad["error"]["code"] == -32602
+
+            register = await lobby.server_request("channels/register")
+            await lobby.answer(register, registered(register))
+            assert await lobby.close_stdin_and_wait() == 0
+
+
+async def test_mcp_only_has_no_mcpl_but_still_registers() -> None:
+    with trio.fail_after(TIMEOUT):
+        async with lobby_process("--script", "none", "--mcp-only") as lobby:
+            init = await lobby.request("initialize", INIT_PARAMS)
+            assert init["result"]["capabilities"] == {"tools": {}}
+            await lobby.notify("notifications/initialized")
+            # Ready right after initialized: the registration comes unasked.
+            register = await lobby.server_request("channels/register")
+            fsu = await lobby.request("featureSets/update", {"effectiveCapabilities": ALL_CAPS})
+            assert fsu["error"]["code"] == -32601
+            listing = await lobby.request("tools/list")
+            assert {t["name"] for t in listing["result"]["tools"]} == {"forecast", "roll", "stall"}
+            # -32601 is not "not ready": no retry follows, the lobby just carries on.
+            await lobby.answer_error(register, -32601, "Method not found")
+            pong = await lobby.request("ping")
+            assert pong["result"] == {}
+            assert not any(m.get("method") == "channels/register" for m in lobby.inbox)
+            assert await lobby.close_stdin_and_wait() == 0
+
+
+async def test_fsu_notification_only() -> None:
+    with trio.fail_after(TIMEOUT):
+        async with lobby_process("--script", "none", "--fsu-mode", "notification-only") as lobby:
+            await lobby.request("initialize", INIT_PARAMS)
+            await lobby.notify("notifications/initialized")
+            refused = await lobby.request(
+                "featureSets/update", {"effectiveCapabilities": ALL_CAPS}
+            )
+            assert refused["error"]["code"] == -32601
+            # Not ready yet: the ping answer comes with no registration before it.
+            await lobby.request("ping")
+            assert lobby.inbox == collections.deque()
+            await lobby.notify("featureSets/update", {"effectiveCapabilities": ALL_CAPS})
+            register = await lobby.server_request("channels/register")
+            assert register["params"]["channels"] == [GENERAL, RANDOM]
+            await lobby.answer(register, registered(register))
+            assert await lobby.close_stdin_and_wait() == 0
+
+
+async def test_fsu_never_answered_but_lobby_serves_on() -> None:
+    with trio.fail_after(TIMEOUT):
+        async with lobby_process("--script", "none", "--fsu-mode", "never") as lobby:
+            await lobby.request("initialize", INIT_PARAMS)
+            await lobby.notify("notifications/initialized")
+            fsu_id = await lobby.send_request(
+                "featureSets/update", {"effectiveCapabilities": ALL_CAPS}
+            )
+            register = await lobby.server_request("channels/register")
+            await lobby.request("ping")
+            # Answers go out in processing order, so a receipt would have come before the pong.
+            assert not any(m.get("id") == fsu_id and "method" not in m for m in lobby.inbox)
+            await lobby.answer(register, registered(register))
+            assert await lobby.close_stdin_and_wait() == 0
+
+
+async def test_stray_stdout_line_after_initialized() -> None:
+    with trio.fail_after(TIMEOUT):
+        async with lobby_process("--script", "none", "--stray-stdout") as lobby:
+            await lobby.handshake()
+            assert lobby.stray == ["[lobby] client initialized"]
+            assert (await lobby.request("ping"))["result"] == {}
+            assert await lobby.close_stdin_and_wait() == 0
+
+
+async def test_not_ready_answers_are_retried_with_fresh_ids() -> None:
+    with trio.fail_after(TIMEOUT):
+        async with lobby_process("--script", "none") as lobby:
+            await lobby.request("initialize", INIT_PARAMS)
+            await lobby.notify("notifications/initialized")
+            await lobby.request("featureSets/update", {"effectiveCapabilities": ALL_CAPS})
+            first = await lobby.server_request("channels/register")
+            await lobby.answer_error(first, -32002, "not ready")
+            second = await lobby.server_request("channels/register")
+            assert second["params"] == first["params"]
+            assert second["id"] != first["id"]
+            await lobby.answer(second, registered(second))
+            assert await lobby.close_stdin_and_wait() == 0
+            assert "ERROR" not in lobby.stderr_text()
+
+
+# ---- tools, channels, bad input ---------------------------------------------------------------
+
+
+async def test_tools() -> None:
+    with trio.fail_after(TIMEOUT):
+        async with lobby_process("--script", "none") as lobby:
+            await lobby.handshake()
+            listing = await lobby.request("tools/list")
+            tools = {t["name"]: t for t in listing["result"]["tools"]}
+            assert set(tools) == {"forecast", "roll", "stall"}
+            assert all(t["inputSchema"]["type"] == "object" for t in tools.values())
+
+            forecast = await lobby.request(
+                "tools/call", {"name": "forecast", "arguments": {"city": "Paris"}}
+            )
+            assert forecast["result"]["content"] == [
+                {"type": "text", "text": "Forecast for Paris: sunny, 21°C"}
+            ]
+            roll = await lobby.request("tools/call", {"name": "roll", "arguments": {"sides": 6}})
+            assert 1 <= int(roll["result"]["content"][0]["text"]) <= 6
+            bad_roll = await lobby.request(
+                "tools/call", {"name": "roll", "arguments": {"sides": "six"}}
+            )
+            assert bad_roll["error"]["code"] == -32602
+            unknown = await lobby.request("tools/call", {"name": "teleport", "arguments": {}})
+            assert unknown["error"]["code"] == -32602
+
+            stall_id = await lobby.send_request("tools/call", {"name": "stall", "arguments": {}})
+            unknown_method = await lobby.request("resources/list")
+            assert unknown_method["error"]["code"] == -32601
+            assert not any(m.get("id") == stall_id for m in lobby.inbox)
+            assert await lobby.close_stdin_and_wait() == 0
+
+
+async def test_channel_lifecycle_requests() -> None:
+    with trio.fail_after(TIMEOUT):
+        async with lobby_process("--script", "none") as lobby:
+            await lobby.handshake()
+            opened = await lobby.request("channels/open", {"channelId": "lobby:#random"})
+            assert opened["result"] == {"channel": RANDOM}
+            by_address = await lobby.request("channels/open", {"type": "chat", "address": "#general"})
+            assert by_address["result"] == {"channel": GENERAL}
+            failed = await lobby.request("channels/open", {"type": "chat", "address": "#nowhere"})
+            assert failed["error"]["code"] == -32024
+            closed = await lobby.request("channels/close", {"channelId": "lobby:#random"})
+            assert closed["result"] == {"closed": True}
+            listing = await lobby.request("channels/list")
+            assert listing["result"] == {"channels": [GENERAL, RANDOM]}
+            removed = await lobby.request("context/afterInference", {})
+            assert removed["error"]["code"] == -32601
+            assert await lobby.close_stdin_and_wait() == 0
+
+
+async def test_bad_input_is_logged_and_survived() -> None:
+    with trio.fail_after(TIMEOUT):
+        async with lobby_process("--script", "none") as lobby:
+            await lobby.handshake()
+            await lobby.send_raw(b"this is not json\n\n")
+            await lobby.send_raw(b"\xff\xfe not utf-8\n")
+            await lobby.send_raw(b"[1, 2]\n")
+            await lobby.send({"id": 77, "method": "ping"})  # no "jsonrpc"
+            await lobby.send({"jsonrpc": "2.0", "id": 4242, "result": {}})  # nobody asked
+            await lobby.send({"jsonrpc": "2.0", "id": {"x": 1}, "method": "ping"})
+
+            batch = await lobby.wait_for(lambda m: m.get("id") is None, "batch refusal")
+            assert batch["error"]["code"] == -32600
+            no_version = await lobby.response_to(77)
+            assert no_version["error"]["code"] == -32600
+            bad_id = await lobby.wait_for(lambda m: m.get("id") is None, "bad id refusal")
+            assert bad_id["error"]["code"] == -32600
+            assert (await lobby.request("ping"))["result"] == {}
+            assert await lobby.close_stdin_and_wait() == 0
+            stderr = lobby.stderr_text()
+            assert "malformed JSON" in stderr
+            assert "not UTF-8" in stderr
+            assert "unknown request id" in stderr
+
+
+# ---- publish ----------------------------------------------------------------------------------
+
+
+async def test_publish_reply_then_echo() -> None:
+    with trio.fail_after(TIMEOUT):
+        async with lobby_process("--script", "none") as lobby:
+            await lobby.handshake()
+            content = [{"type": "text", "text": "hello lobby"}]
+            reply = await lobby.request(
+                "channels/publish",
+                {
+                    "conversationId": "c1",
+                    "channelId": "lobby:#general",
+                    "content": content,
+                    "threadId": "t9",
+                },
+            )
+            assert reply["result"] == {"delivered": True, "messageId": "out-1"}
+            echo = await lobby.server_request("channels/incoming")
+            [message] = echo["params"]["messages"]
+            assert message["messageId"] == "out-1"
+            assert message["channelId"] == "lobby:#general"
+            assert message["author"] == {"id": "host", "name": "mcplive"}
+            assert message["content"] == content
+            assert message["threadId"] == "t9"
+            assert isinstance(message["timestamp"], str)
+            results = [{"messageId": "out-1", "accepted": True, "conversationId": "c1"}]
+            await lobby.answer(echo, {"results": results})
+
+            unknown = await lobby.request(
+                "channels/publish", {"channelId": "lobby:#nowhere", "content": content}
+            )
+            assert unknown["error"]["code"] == -32023
+            assert await lobby.close_stdin_and_wait() == 0
+            assert "[lobby] #general <- hello lobby" in lobby.stderr_text()
+
+
+async def test_publish_notification_only_and_no_echo() -> None:
+    with trio.fail_after(TIMEOUT):
+        async with lobby_process("--script", "none", "--publish-mode", "notification-only") as lobby:
+            await lobby.handshake()
+            params = {"channelId": "lobby:#random", "content": [{"type": "text", "text": "yo"}]}
+            refused = await lobby.request("channels/publish", params)
+            assert refused["error"]["code"] == -32601
+            await lobby.notify("channels/publish", params)
+            echo = await lobby.server_request("channels/incoming")
+            assert echo["params"]["messages"][0]["messageId"] == "out-1"
+            assert echo["params"]["messages"][0]["channelId"] == "lobby:#random"
+            await lobby.answer(echo, {"results": [{"messageId": "out-1", "accepted": True}]})
+            assert await lobby.close_stdin_and_wait() == 0
+
+        async with lobby_process("--script", "none", "--no-echo") as lobby:
+            await lobby.handshake()
+            reply = await lobby.request("channels/publish", params)
+            assert reply["result"]["delivered"] is True
+            assert (await lobby.request("ping"))["result"] == {}
+            assert lobby.inbox == collections.deque()  # no echo before the pong
+            assert await lobby.close_stdin_and_wait() == 0
+
+
+# ---- scripted people --------------------------------------------------------------------------
+
+
+async def test_scripted_people_talk_and_the_clock_chimes() -> None:
+    with trio.fail_after(TIMEOUT):
+        async with lobby_process("--interval", "0.05") as lobby:
+            await lobby.handshake()
+            messages = []
+            for _ in range(3):
+                incoming = await lobby.server_request("channels/incoming")
+                [message] = incoming["params"]["messages"]
+                messages.append(message)
+                results = [{"messageId": message["messageId"], "accepted": True}]
+                await lobby.answer(incoming, {"results": results})
+            assert [m["messageId"] for m in messages] == ["m1", "m2", "m3"]
+            assert [m["author"]["id"] for m in messages] == ["alice", "bob", "alice"]
+            assert {m["channelId"] for m in messages} == {"lobby:#general", "lobby:#random"}
+            assert all(m["content"][0]["type"] == "text" for m in messages)
+
+            push = await lobby.server_request("push/event")
+            params = push["params"]
+            assert params["featureSet"] == "lobby.events"
+            assert params["eventId"] == "e1"
+            assert params["payload"] == {
+                "content": [{"type": "text", "text": "The lobby clock chimes."}]
+            }
+            assert params["tags"] == []
+            assert isinstance(params["timestamp"], str)
+            await lobby.answer(push, {"accepted": True})
+            assert await lobby.close_stdin_and_wait() == 0
+
+
+# ---- control ----------------------------------------------------------------------------------
+
+
+def is_response_to(method: str, key: str, value: Any) -> Callable[[Message], bool]:
+    return lambda e: (
+        e["event"] == "response"
+        and e["request"]["method"] == method
+        and e["request"]["params"][key] == value
+    )
+
+
+async def test_control_commands_and_crash() -> None:
+    with trio.fail_after(TIMEOUT):
+        async with (
+            open_control_listener() as listener,
+            lobby_process("--control-connect", listener.address) as lobby,
+        ):
+            ctl = await listener.accept()
+            hello = await ctl.wait_for(lambda e: e["event"] == "hello", "hello")
+            assert hello["transport"] == "stdio"
+            await lobby.handshake()
+            await ctl.wait_for(lambda e: e["event"] == "ready", "ready")
+            received = await ctl.wait_for(
+                lambda e: e["event"] == "received" and e["message"]["method"] == "initialize",
+                "initialize seen",
+            )
+            assert received["message"]["params"] == INIT_PARAMS
+            await ctl.wait_for(is_response_to("channels/register", "channels", [GENERAL, RANDOM]), "")
+
+            ctl.send(
+                {
+                    "cmd": "incoming",
+                    "channelId": "lobby:#general",
+                    "messageId": "x1",
+                    "text": "@Ada ping",
+                    "tags": ["chat:mention"],
+                    "threadId": "t1",
+                }
+            )
+            incoming = await lobby.server_request("channels/incoming")
+            [message] = incoming["params"]["messages"]
+            assert message["messageId"] == "x1"
+            assert message["content"] == [{"type": "text", "text": "@Ada ping"}]
+            assert message["tags"] == ["chat:mention"]
+            assert message["threadId"] == "t1"
+            assert message["author"]["id"] == "alice"
+            answer = {"results": [{"messageId": "x1", "accepted": True}]}
+            await lobby.answer(incoming, answer)
+            event = await ctl.wait_for(
+                lambda e: e["event"] == "response" and e["request"]["id"] == incoming["id"],
+                "answer to incoming x1",
+            )
+            assert event["response"]["result"] == answer
+
+            ctl.send({"cmd": "push", "eventId": "p1", "text": "ding", "origin": {"k": 1}})
+            push = await lobby.server_request("push/event")
+            assert push["params"]["eventId"] == "p1"
+            assert push["params"]["origin"] == {"k": 1}
+            await lobby.answer_error(push, -32002, "not ready")
+            retried = await lobby.server_request("push/event")
+            assert retried["params"]["eventId"] == "p1"
+            await lobby.answer(retried, {"accepted": True})
+            event = await ctl.wait_for(is_response_to("push/event", "eventId", "p1"), "p1")
+            assert event["response"]["result"] == {"accepted": True}
+            assert event["attempts"] == 2
+
+            raw = {"jsonrpc": "2.0", "method": "notifications/tools/list_changed"}
+            ctl.send({"cmd": "raw", "message": raw})
+            assert await lobby.wait_for(lambda m: m == raw, "raw notification") == raw
+            ctl.send({"cmd": "line", "text": "<<garbage>>"})
+            ctl.send({"cmd": "flood", "count": 4, "text": "drip"})
+            for _ in range(4):
+                flood = await lobby.server_request("push/event")
+                await lobby.answer(flood, {"accepted": flood["params"]["eventId"] != "f4"})
+            assert lobby.stray == ["<<garbage>>"]
+            done = await ctl.wait_for(lambda e: e["event"] == "flood_done", "flood done")
+            assert done == {"event": "flood_done", "accepted": 3, "count": 4}
+
+            await lobby.send({"jsonrpc": "2.0", "id": 999, "result": {}})
+            error = await ctl.wait_for(lambda e: e["event"] == "error", "unknown id error")
+            assert "unknown request id" in error["text"]
+
+            ctl.send({"cmd": "crash"})
+            await ctl.wait_closed()
+            assert await lobby.proc.wait() == 1
+            await ctl.aclose()
+
+
+async def test_control_reports_initialized_not_next_and_hang() -> None:
+    with trio.fail_after(TIMEOUT):
+        async with (
+            open_control_listener() as listener,
+            lobby_process("--control-connect", listener.address) as lobby,
+        ):
+            ctl: LobbyControl = await listener.accept()
+            await lobby.request("initialize", INIT_PARAMS)
+            listing = await lobby.request("tools/list")  # too early: initialized must be next
+            assert "result" in listing
+            error = await ctl.wait_for(lambda e: e["event"] == "error", "handshake error")
+            assert "notifications/initialized" in error["text"]
+
+            await ctl.send({"cmd": "hang"})
+            await ctl.wait_for(lambda e: e["event"] == "hung", "hung")
+            assert lobby.proc.returncode is None
+            ctl.send({"cmd": "ping", "id": 7})
+            assert await ctl.wait_for(lambda e: e["event"] == "pong", "pong") == {
+                "event": "pong",
+                "id": 7,
+            }
+            await ctl.aclose()
+
+
+# ---- websockets -------------------------------------------------------------------------------
+
+
+@asynccontextmanager
+async def ws_lobby(*args: str) -> AsyncIterator[str]:
+    async with lobby_process("--ws", "127.0.0.1:0", "--script", "none", *args) as lobby:
+        line = await lobby.read_line()
+        assert line is not None and line.startswith("LISTENING ws://127.0.0.1:"), line
+        yield line.removeprefix("LISTENING ")
+
+
+@asynccontextmanager
+async def ws_peer(url: str, token: str | None = None) -> AsyncIterator[WsPeer]:
+    headers = [(b"Authorization", f"Bearer {token}".encode())] if token else None
+    async with trio_websocket.open_websocket_url(url, extra_headers=headers) as ws:
+        yield WsPeer(ws)
+
+
+async def test_websocket_sessions_are_independent() -> None:
+    with trio.fail_after(TIMEOUT):
+        async with ws_lobby() as url, ws_peer(url) as one, ws_peer(url) as two:
+            await one.handshake()
+            await two.handshake()
+            params = {"channelId": "lobby:#general", "content": [{"type": "text", "text": "hi"}]}
+            reply = await one.request("channels/publish", params)
+            assert reply["result"] == {"delivered": True, "messageId": "out-1"}
+            echo = await one.server_request("channels/incoming")
+            assert echo["params"]["messages"][0]["messageId"] == "out-1"
+            # The second session has its own counters.
+            reply = await two.request("channels/publish", params)
+            assert reply["result"]["messageId"] == "out-1"
+            forecast = await two.request(
+                "tools/call", {"name": "forecast", "arguments": {"city": "Oslo"}}
+            )
+            assert forecast["result"]["content"][0]["text"] == "Forecast for Oslo: sunny, 21°C"
+            for frame in one.frames + two.frames:
+                assert not frame.endswith("\n")
+                json.loads(frame)
+
+
+async def _rejected_status(url: str, token: str | None) -> int:
+    try:
+        async with ws_peer(url, token):
+            pass
+    except trio_websocket.ConnectionRejected as exc:
+        return exc.status_code
+    except BaseExceptionGroup as group:
+        matched, _ = group.split(trio_websocket.ConnectionRejected)
+        assert matched is not None, group
+        return matched.exceptions[0].status_code  # type: ignore[union-attr]
+    pytest.fail("the connection was accepted")
+
+
+async def test_websocket_bearer_token() -> None:
+    with trio.fail_after(TIMEOUT):
+        async with ws_lobby("--token", "s3cret") as url:
+            assert await _rejected_status(url, None) == 401
+            assert await _rejected_status(url, "wrong") == 401
+            async with ws_peer(url, "s3cret") as peer:
+                init = await peer.handshake()
+                assert init["serverInfo"]["name"] == "lobby"
+
+
+async def test_serve_ws_in_process() -> None:
+    with trio.fail_after(TIMEOUT):
+        async with trio.open_nursery() as nursery:
+            port = await nursery.start(serve_ws, "127.0.0.1", 0, LobbyOptions(script="none"))
+            async with ws_peer(f"ws://127.0.0.1:{port}") as peer:
+                await peer.handshake()
+                roll = await peer.request("tools/call", {"name": "roll", "arguments": {"sides": 1}})
+                assert roll["result"]["content"][0]["text"] == "1"
+            nursery.cancel_scope.cancel()
