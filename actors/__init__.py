@@ -1,0 +1,5 @@
+"""The trio runtime of mcplive."""
+
+from .host import Host
+
+__all__ = ["Host"]

@@ -167,8 +167,19 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="print a non-JSON line on stdout after initialized (stdio only)",
     )
-    p.add_argument("--fsu-mode", choices=MODES, default="request", help="featureSets/update")
-    p.add_argument("--publish-mode", choices=MODES, default="request", help="channels/publish")
+    p.add_argument(
+        "--fsu-mode",
+        choices=MODES,
+        default="request",
+        help="featureSets/update: answer the request (request), refuse the request form with "
+        "-32601 and take the notification (notification-only), or never answer (never)",
+    )
+    p.add_argument(
+        "--publish-mode",
+        choices=MODES,
+        default="request",
+        help="channels/publish, with the same three behaviours as --fsu-mode",
+    )
     p.add_argument("--no-echo", action="store_true", help="do not echo published messages")
     p.add_argument(
         "--script",
@@ -428,10 +439,11 @@ class WsTransport:
 class ControlLink:
     """JSON lines to and from a test's control socket. Events are queued and never block."""
 
-    def __init__(self, stream: trio.SocketStream) -> None:
+    def __init__(self, stream: trio.SocketStream, label: str = "") -> None:
         self._stream = stream
         self._send, self._recv = trio.open_memory_channel[str](math.inf)
         self._broken = False
+        self._prefix = f"{label}: " if label else ""
 
     def emit(self, event: dict[str, Any]) -> None:
         if self._broken:
@@ -451,7 +463,7 @@ class ControlLink:
                 await self._stream.send_all(line.encode("utf-8"))
             except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
                 self._broken = True
-                log("control connection lost (writing)")
+                log(f"{self._prefix}control connection lost (writing)")
                 return
 
     async def commands(self) -> Any:
@@ -472,8 +484,12 @@ class ControlLink:
                     continue
                 try:
                     yield json.loads(raw.decode("utf-8"))
-                except (UnicodeDecodeError, ValueError) as exc:
+                except (ValueError, RecursionError) as exc:
                     yield InputError(f"unreadable control line ({exc}): {short(repr(raw))}")
+
+    def finish(self) -> None:
+        """No more events: the writer drains what is queued, then stops."""
+        self._send.close()
 
     async def aclose(self) -> None:
         self._send.close()
@@ -548,13 +564,17 @@ class Session:
 
     async def run(self) -> None:
         async with trio.open_nursery() as outer:
+            commands = trio.CancelScope()
             if self._control_link is not None:
                 outer.start_soon(self._control_writer)
-                outer.start_soon(self._control_reader)
+                outer.start_soon(self._control_reader, commands)
             await self._work()
             if self.hung:
                 await trio.sleep_forever()
-            outer.cancel_scope.cancel()
+            commands.cancel()
+            if self._control_link is not None:
+                self._control_link.finish()  # the last events still go out
+            outer.cancel_scope.deadline = trio.current_time() + 1.0
 
     async def _control_writer(self) -> None:
         assert self._control_link is not None
@@ -599,8 +619,8 @@ class Session:
                 return
             try:
                 message = json.loads(text)
-            except ValueError as exc:
-                self.problem(f"malformed JSON from the host ({exc}): {short(text)}")
+            except (ValueError, RecursionError) as exc:
+                self.problem(f"malformed JSON from the host ({exc!r}): {short(text)}")
                 continue
             try:
                 self.on_message(message)
@@ -1195,17 +1215,18 @@ class Session:
 
     # ---- control commands --------------------------------------------------------------------
 
-    async def _control_reader(self) -> None:
+    async def _control_reader(self, scope: trio.CancelScope) -> None:
         assert self._control_link is not None
-        async for cmd in self._control_link.commands():
-            if isinstance(cmd, InputError):
-                self.problem(str(cmd))
-                continue
-            try:
-                self.on_command(cmd)
-            except (KeyError, TypeError, ValueError) as exc:
-                self.problem(f"bad control command {short(cmd)}: {exc!r}")
-        self.log("control connection closed")
+        with scope:
+            async for cmd in self._control_link.commands():
+                if isinstance(cmd, InputError):
+                    self.problem(str(cmd))
+                    continue
+                try:
+                    self.on_command(cmd)
+                except (KeyError, TypeError, ValueError) as exc:
+                    self.problem(f"bad control command {short(cmd)}: {exc!r}")
+            self.log("control connection closed")
 
     def on_command(self, cmd: Any) -> None:
         if not isinstance(cmd, dict) or not isinstance(cmd.get("cmd"), str):
@@ -1340,7 +1361,7 @@ async def _open_control(options: LobbyOptions, label: str) -> ControlLink | None
     except OSError as exc:
         log(f"{label + ': ' if label else ''}ERROR: cannot reach control {host}:{port}: {exc}")
         return None
-    return ControlLink(stream)
+    return ControlLink(stream, label)
 
 
 async def run_session(

@@ -447,6 +447,7 @@ class FixedRandom(random.Random):
         return self.value
 
 
+@settings(deadline=None)
 @given(
     attempt=st.integers(1, 200),
     base=st.floats(0.001, 10.0),
@@ -461,6 +462,7 @@ def test_backoff_delay_is_capped_and_jittered_within_bounds(
     assert ceiling / 2 <= delay <= ceiling <= cap
 
 
+@settings(deadline=None)
 @given(
     attempt=st.integers(1, 30),
     base=st.floats(0.001, 10.0),
@@ -694,7 +696,7 @@ def assert_valid_for_the_api(turns: list[dict[str, Any]]) -> None:
         assert text == text.rstrip()
 
 
-@settings(max_examples=300)
+@settings(max_examples=300, deadline=None)
 @given(conversations())
 def test_to_messages_api_output_is_valid_and_keeps_pairs(messages: list[dict[str, Any]]) -> None:
     turns = to_messages_api(messages)

@@ -114,7 +114,10 @@ class Peer:
         )
 
     async def handshake(self, update: Any = None) -> Message:
-        """initialize, initialized, featureSets/update; answers channels/register. The init result."""
+        """initialize, initialized, featureSets/update, then answer channels/register.
+
+        Returns the initialize result.
+        """
         init = await self.request("initialize", INIT_PARAMS)
         await self.notify("notifications/initialized")
         receipt = await self.request(
@@ -238,9 +241,7 @@ async def test_handshake_object_form_registration_and_clean_exit() -> None:
             assert all(fs["description"] for fs in mcpl["featureSets"].values())
 
             await lobby.notify("notifications/initialized")
-            receipt = await lobby.request(
-                "featureSets/update", {"effectiveCapabilities": ALL_CAPS}
-            )
+            receipt = await lobby.request("featureSets/update", {"effectiveCapabilities": ALL_CAPS})
             assert receipt["result"] == {"accepted": True}
 
             register = await lobby.server_request("channels/register")
@@ -293,22 +294,31 @@ async def test_handshake_array_form_and_degradation_receipts() -> None:
 
 async def test_mcp_only_has_no_mcpl_but_still_registers() -> None:
     with trio.fail_after(TIMEOUT):
-        async with lobby_process("--script", "none", "--mcp-only") as lobby:
+        async with (
+            open_control_listener() as listener,
+            lobby_process("--mcp-only", "--control-connect", listener.address) as lobby,
+        ):
+            ctl = await listener.accept()
             init = await lobby.request("initialize", INIT_PARAMS)
             assert init["result"]["capabilities"] == {"tools": {}}
             await lobby.notify("notifications/initialized")
             # Ready right after initialized: the registration comes unasked.
             register = await lobby.server_request("channels/register")
+            await ctl.wait_for(lambda e: e["event"] == "ready", "ready")
             fsu = await lobby.request("featureSets/update", {"effectiveCapabilities": ALL_CAPS})
             assert fsu["error"]["code"] == -32601
             listing = await lobby.request("tools/list")
             assert {t["name"] for t in listing["result"]["tools"]} == {"forecast", "roll", "stall"}
-            # -32601 is not "not ready": no retry follows, the lobby just carries on.
+            # -32601 is final (only -32002 is retried): reported after a single attempt.
             await lobby.answer_error(register, -32601, "Method not found")
-            pong = await lobby.request("ping")
-            assert pong["result"] == {}
-            assert not any(m.get("method") == "channels/register" for m in lobby.inbox)
+            event = await ctl.wait_for(
+                lambda e: e["event"] == "response" and e["request"]["id"] == register["id"],
+                "the registration's outcome",
+            )
+            assert event["attempts"] == 1
+            assert event["response"]["error"]["code"] == -32601
             assert await lobby.close_stdin_and_wait() == 0
+            await ctl.aclose()
 
 
 async def test_fsu_notification_only() -> None:
@@ -316,9 +326,7 @@ async def test_fsu_notification_only() -> None:
         async with lobby_process("--script", "none", "--fsu-mode", "notification-only") as lobby:
             await lobby.request("initialize", INIT_PARAMS)
             await lobby.notify("notifications/initialized")
-            refused = await lobby.request(
-                "featureSets/update", {"effectiveCapabilities": ALL_CAPS}
-            )
+            refused = await lobby.request("featureSets/update", {"effectiveCapabilities": ALL_CAPS})
             assert refused["error"]["code"] == -32601
             # Not ready yet: the ping answer comes with no registration before it.
             await lobby.request("ping")
@@ -411,7 +419,9 @@ async def test_channel_lifecycle_requests() -> None:
             await lobby.handshake()
             opened = await lobby.request("channels/open", {"channelId": "lobby:#random"})
             assert opened["result"] == {"channel": RANDOM}
-            by_address = await lobby.request("channels/open", {"type": "chat", "address": "#general"})
+            by_address = await lobby.request(
+                "channels/open", {"type": "chat", "address": "#general"}
+            )
             assert by_address["result"] == {"channel": GENERAL}
             failed = await lobby.request("channels/open", {"type": "chat", "address": "#nowhere"})
             assert failed["error"]["code"] == -32024
@@ -430,6 +440,7 @@ async def test_bad_input_is_logged_and_survived() -> None:
             await lobby.handshake()
             await lobby.send_raw(b"this is not json\n\n")
             await lobby.send_raw(b"\xff\xfe not utf-8\n")
+            await lobby.send_raw(b"[" * 100_000 + b"\n")  # too deep to parse
             await lobby.send_raw(b"[1, 2]\n")
             await lobby.send({"id": 77, "method": "ping"})  # no "jsonrpc"
             await lobby.send({"jsonrpc": "2.0", "id": 4242, "result": {}})  # nobody asked
@@ -488,7 +499,9 @@ async def test_publish_reply_then_echo() -> None:
 
 async def test_publish_notification_only_and_no_echo() -> None:
     with trio.fail_after(TIMEOUT):
-        async with lobby_process("--script", "none", "--publish-mode", "notification-only") as lobby:
+        async with lobby_process(
+            "--script", "none", "--publish-mode", "notification-only"
+        ) as lobby:
             await lobby.handshake()
             params = {"channelId": "lobby:#random", "content": [{"type": "text", "text": "yo"}]}
             refused = await lobby.request("channels/publish", params)
@@ -568,7 +581,10 @@ async def test_control_commands_and_crash() -> None:
                 "initialize seen",
             )
             assert received["message"]["params"] == INIT_PARAMS
-            await ctl.wait_for(is_response_to("channels/register", "channels", [GENERAL, RANDOM]), "")
+            await ctl.wait_for(
+                is_response_to("channels/register", "channels", [GENERAL, RANDOM]),
+                "answer to the registration",
+            )
 
             ctl.send(
                 {

@@ -1,0 +1,194 @@
+"""Servers that crash, stall, send garbage or flood; a host killed with SIGKILL."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import trio
+
+from actors import Host
+from examples.lobby_control import open_control_listener
+from store import Reader
+from tests.helpers import config, lobby, publishes, ready, received, scripted, texts, wait_trace
+
+pytestmark = pytest.mark.slow
+
+
+def answered(method: str, key: str, value: str):
+    return lambda e: (
+        e["event"] == "response"
+        and e["request"]["method"] == method
+        and e["request"]["params"][key] == value
+    )
+
+
+async def test_crashed_server_is_reconnected_with_a_fresh_handshake(tmp_path: Path) -> None:
+    with trio.fail_after(90):
+        async with open_control_listener() as listener:
+            cfg = config(tmp_path, [lobby(listener.address)], [{"name": "Ada", "model": scripted(tmp_path, "a", "")}])
+            async with Host.open(cfg) as host:
+                stream = host.trace()
+                first = await listener.accept()
+                await ready(first)
+                first.send({"cmd": "crash"})
+                gone = await wait_trace(stream, lambda e: e.kind == "disconnected", "disconnect")
+                assert gone.data["retry_in_s"] >= 2.5
+                second = await listener.accept(timeout=60)
+                await ready(second)
+                assert received(second, "initialize")  # a fresh handshake on the new process
+                second.send({"cmd": "push", "eventId": "after", "text": "back again"})
+                await second.wait_for(answered("push/event", "eventId", "after"), "push after restart")
+                await host.run_until_idle()
+                assert texts(host.history("Ada")) == ["back again"]
+
+
+async def test_unanswered_request_hits_its_deadline_while_other_agents_work(tmp_path: Path) -> None:
+    stall = '[[rules]]\nwhen = "stall"\ncalls = [{ tool = "lobby--stall", arguments = {} }]\nsay = "gave up waiting"\n'
+    ping = '[[rules]]\nwhen = "ping"\nsay = "pong"\n'
+    agents = [
+        {"name": "Slow", "model": scripted(tmp_path, "s", stall)},
+        {"name": "Quick", "model": scripted(tmp_path, "q", ping)},
+    ]
+    with trio.fail_after(90):
+        async with open_control_listener() as listener:
+            cfg = config(tmp_path, [lobby(listener.address, request_timeout_s=4)], agents)
+            async with Host.open(cfg) as host:
+                stream = host.trace()
+                ctl = await listener.accept()
+                await ready(ctl)
+                ctl.send({"cmd": "incoming", "channelId": "lobby:#general", "messageId": "s1", "text": "please stall"})
+                seen: list = []
+                await wait_trace(stream, lambda e: e.kind == "tool-call" and e.agent == "Slow", "stall call", seen)
+                ctl.send({"cmd": "incoming", "channelId": "lobby:#random", "messageId": "p1", "text": "ping"})
+                await wait_trace(
+                    stream, lambda e: e.kind == "tool-result" and e.agent == "Slow", "stall deadline", seen
+                )
+                kinds = [(e.kind, e.agent) for e in seen]
+                # Quick answered while Slow's tool call was still pending
+                assert kinds.index(("published", "Quick")) < kinds.index(("tool-result", "Slow"))
+                await host.run_until_idle()
+                result = [m for m in host.history("Slow") if m["role"] == "tool"][0]["blocks"][0]
+                assert result["is_error"] is True
+                assert "no answer" in result["content"][0]["text"]
+                await ctl.wait_for(
+                    lambda e: e["event"] == "received"
+                    and e["message"].get("method") == "channels/publish"
+                    and e["message"]["params"]["content"][0]["text"] == "gave up waiting",
+                    "Slow's reply",
+                )
+                assert ("lobby:#random", "pong") in publishes(ctl)
+
+
+async def test_garbage_and_oversized_lines_leave_the_connection_alive(tmp_path: Path) -> None:
+    with trio.fail_after(60):
+        async with open_control_listener() as listener:
+            server = lobby(listener.address, max_line_bytes=2000)
+            cfg = config(tmp_path, [server], [{"name": "Ada", "model": scripted(tmp_path, "a", "")}])
+            async with Host.open(cfg) as host:
+                stream = host.trace()
+                ctl = await listener.accept()
+                await ready(ctl)
+                ctl.send({"cmd": "line", "text": "[lobby] this is a log line, not JSON"})
+                ctl.send({"cmd": "line", "text": '{"id": 77, "method": "push/event", "params": {}}'})
+                ctl.send({"cmd": "line", "text": '{"jsonrpc": "2.0", "id": 78, "method": "push/event", "params": "x"'})
+                ctl.send({"cmd": "line", "text": "x" * 5000})
+                ctl.send({"cmd": "push", "eventId": "ok1", "text": "still fine"})
+                await ctl.wait_for(answered("push/event", "eventId", "ok1"), "push after garbage")
+                await host.run_until_idle()
+                seen: list = []
+                notes = []
+                async for e in stream:
+                    seen.append(e)
+                    if e.kind == "diagnostic":
+                        notes.append(e.data["text"])
+                    if e.kind == "push":
+                        break
+                assert any("not JSON" in n for n in notes)
+                assert any('"jsonrpc": "2.0"' in n for n in notes)
+                assert any("max_line_bytes" in n for n in notes)
+                assert not any(e.kind == "disconnected" for e in seen)
+                assert texts(host.history("Ada")) == ["still fine"]
+                refusal = [
+                    e for e in ctl.events if e["event"] == "received" and e["message"].get("id") == 77
+                ]
+                assert refusal and refusal[0]["message"]["error"]["code"] == -32600
+
+
+async def test_a_flood_of_pushes_is_stored_once_each(tmp_path: Path) -> None:
+    with trio.fail_after(120):
+        async with open_control_listener() as listener:
+            cfg = config(tmp_path, [lobby(listener.address)], [{"name": "Ada", "model": scripted(tmp_path, "a", "")}])
+            async with Host.open(cfg) as host:
+                ctl = await listener.accept()
+                await ready(ctl)
+                ctl.send({"cmd": "flood", "count": 1500, "text": "flood"})
+                done = await ctl.wait_for(lambda e: e["event"] == "flood_done", "flood done", timeout=100)
+                await host.run_until_idle()
+                ids = [m["metadata"]["event_id"] for m in host.history("Ada")]
+                assert len(ids) == len(set(ids)) == done["accepted"]
+                assert done["accepted"] >= 1  # refused ones were answered with an error, not lost
+
+
+def _write_config(tmp_path: Path, address: str) -> Path:
+    model = scripted(tmp_path, "a", "")
+    path = tmp_path / "host.toml"
+    cmd = ", ".join(f'"{c}"' for c in [sys.executable, "-m", "examples.lobby_server", "--control-connect", address])
+    path.write_text(
+        f'[host]\ndata_dir = "data"\n\n[[servers]]\nid = "lobby"\ncommand = [{cmd}]\n\n'
+        f'[[agents]]\nname = "Ada"\nmodel = "{model}"\n',
+        encoding="utf-8",
+    )
+    return path
+
+
+async def _push_all(ctl, ids: list[str]) -> None:
+    for i in ids:
+        ctl.send({"cmd": "push", "eventId": i, "text": f"event {i}"})
+    for i in ids:
+        answer = await ctl.wait_for(answered("push/event", "eventId", i), f"answer to {i}", since=0)
+        assert answer["response"]["result"] == {"accepted": True}
+
+
+async def test_acknowledged_items_survive_sigkill_and_retries_are_not_stored_twice(tmp_path: Path) -> None:
+    ids = [f"k{i}" for i in range(40)]
+    with trio.fail_after(120):
+        async with open_control_listener() as listener:
+            path = _write_config(tmp_path, listener.address)
+            argv = [sys.executable, "-m", "actors.cli", "run", str(path)]
+            env = dict(os.environ)
+            proc = await trio.lowlevel.open_process(argv, env=env, stdout=subprocess.DEVNULL)
+            try:
+                ctl = await listener.accept(timeout=60)
+                await ready(ctl)
+                await _push_all(ctl, ids)
+                proc.send_signal(signal.SIGKILL)
+                await proc.wait()
+            finally:
+                if proc.returncode is None:
+                    proc.kill()
+            reader = Reader(tmp_path / "data" / "store.sqlite3")
+            before = [m["metadata"]["event_id"] for m in reader.history("Ada")]
+            assert sorted(before) == sorted(ids)  # every acknowledged item is durable
+            # the server restarts with the host and retries the same events
+            proc = await trio.lowlevel.open_process(argv, env=env, stdout=subprocess.DEVNULL)
+            try:
+                ctl = await listener.accept(timeout=60)
+                await ready(ctl)
+                await _push_all(ctl, ids)
+                ctl.send({"cmd": "push", "eventId": "fresh", "text": "new"})
+                await ctl.wait_for(answered("push/event", "eventId", "fresh"), "fresh event")
+            finally:
+                proc.send_signal(signal.SIGINT)
+                with trio.move_on_after(20):
+                    await proc.wait()
+                if proc.returncode is None:
+                    proc.kill()
+                    await proc.wait()
+            after = [m["metadata"]["event_id"] for m in reader.history("Ada")]
+            assert sorted(after) == sorted([*ids, "fresh"])
+            reader.close()

@@ -1,0 +1,135 @@
+"""Websocket servers, an MCP-only server from PyPI, and a model over real loopback HTTP."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import pytest
+import trio
+
+from actors import Host
+from examples.lobby_control import open_control_listener
+from tests.fake_anthropic import FakeScript, Reply, serve_fake_anthropic, text_block, tool_use_block
+from tests.helpers import LOBBY, config, publishes, ready, received, scripted, texts, wait_trace
+
+pytestmark = pytest.mark.slow
+
+
+@asynccontextmanager
+async def ws_lobby(*extra: str) -> AsyncIterator[str]:
+    """A lobby serving websockets as a subprocess; yields its ws:// address."""
+    proc = await trio.lowlevel.open_process(
+        [*LOBBY, "--ws", "127.0.0.1:0", *extra], stdout=subprocess.PIPE
+    )
+    try:
+        assert proc.stdout is not None
+        buf = b""
+        while b"\n" not in buf:
+            chunk = await proc.stdout.receive_some(4096)
+            assert chunk, "the lobby exited before listening"
+            buf += chunk
+        line = buf.split(b"\n", 1)[0].decode()
+        assert line.startswith("LISTENING ")
+        yield line.split(" ", 1)[1]
+    finally:
+        proc.kill()
+        with trio.CancelScope(shield=True):
+            await proc.wait()
+
+
+async def test_websocket_server_with_token(tmp_path: Path) -> None:
+    rules = '[[rules]]\nwhen = "(?i)hello"\nsay = "Hello over websockets."\n'
+    with trio.fail_after(60):
+        async with open_control_listener() as listener:
+            async with ws_lobby("--token", "s3cret", "--control-connect", listener.address) as url:
+                server = {"id": "lobby", "url": url, "token": "s3cret"}
+                cfg = config(tmp_path, [server], [{"name": "Ada", "model": scripted(tmp_path, "a", rules)}])
+                async with Host.open(cfg) as host:
+                    ctl = await listener.accept()
+                    await ready(ctl)
+                    ctl.send({"cmd": "incoming", "channelId": "lobby:#general", "messageId": "w1", "text": "hello ws"})
+                    await ctl.wait_for(
+                        lambda e: e["event"] == "received"
+                        and e["message"].get("method") == "channels/publish",
+                        "reply over websocket",
+                    )
+                    await host.run_until_idle()
+                    assert publishes(ctl) == [("lobby:#general", "Hello over websockets.")]
+                    assert texts(host.history("Ada")) == ["hello ws", "Hello over websockets."]
+
+
+async def test_websocket_wrong_token_is_refused_and_the_host_keeps_going(tmp_path: Path) -> None:
+    with trio.fail_after(60):
+        async with ws_lobby("--token", "right") as url:
+            server = {"id": "lobby", "url": url, "token": "wrong"}
+            cfg = config(tmp_path, [server], [{"name": "Ada", "model": scripted(tmp_path, "a", "")}])
+            async with Host.open(cfg) as host:
+                stream = host.trace()
+                event = await wait_trace(stream, lambda e: e.kind == "disconnected", "refusal")
+                assert "wrong" not in str(event.data)  # the token is never logged
+                await host.post_local("Ada", "still here")
+                await host.run_until_idle()
+                assert texts(host.history("Ada")) == ["still here"]
+
+
+async def test_mcp_only_server_from_pypi(tmp_path: Path) -> None:
+    rules = """
+[[rules]]
+when = "what time"
+calls = [{ tool = "time--get_current_time", arguments = { timezone = "UTC" } }]
+say = "Checked the clock."
+"""
+    with trio.fail_after(60):
+        server = {"id": "time", "command": [sys.executable, "-m", "mcp_server_time"]}
+        cfg = config(tmp_path, [server], [{"name": "Ada", "model": scripted(tmp_path, "a", rules)}])
+        async with Host.open(cfg) as host:
+            stream = host.trace()
+            event = await wait_trace(stream, lambda e: e.kind == "ready", "ready")
+            assert event.data["mcp_only"] is True
+            assert "get_current_time" in event.data["tools"]
+            await host.post_local("Ada", "what time is it?")
+            await host.run_until_idle()
+            history = host.history("Ada")
+            assert [m["role"] for m in history] == ["user", "assistant", "tool", "assistant"]
+            result = history[2]["blocks"][0]
+            assert result["is_error"] is False
+            assert "UTC" in result["content"][0]["text"]
+
+
+async def test_agent_on_the_anthropic_provider(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    script = FakeScript(
+        [
+            Reply(blocks=[tool_use_block("tu_1", "lobby--forecast", {"city": "Lima"})], stop_reason="tool_use"),
+            Reply(blocks=[text_block("Lima looks sunny.")]),
+        ]
+    )
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            base_url = await nursery.start(serve_fake_anthropic, script)
+            monkeypatch.setenv("ANTHROPIC_BASE_URL", base_url)
+            monkeypatch.setenv("ANTHROPIC_API_KEY", "test-key")
+            async with open_control_listener() as listener:
+                from tests.helpers import lobby
+
+                cfg = config(tmp_path, [lobby(listener.address)], [{"name": "Ada", "model": "anthropic:claude-test"}])
+                async with Host.open(cfg) as host:
+                    ctl = await listener.accept()
+                    await ready(ctl)
+                    ctl.send({"cmd": "incoming", "channelId": "lobby:#general", "messageId": "a1", "text": "weather in Lima?"})
+                    await ctl.wait_for(
+                        lambda e: e["event"] == "received"
+                        and e["message"].get("method") == "channels/publish",
+                        "reply",
+                    )
+                    await host.run_until_idle()
+                    assert publishes(ctl) == [("lobby:#general", "Lima looks sunny.")]
+                    assert received(ctl, "tools/call")[0]["params"]["arguments"] == {"city": "Lima"}
+                    first = script.requests[0].body
+                    assert first["model"] == "claude-test" and first["stream"] is True
+                    assert any(t["name"] == "lobby--forecast" for t in first["tools"])
+                    assert "weather in Lima?" in str(first["messages"])
+            nursery.cancel_scope.cancel()
