@@ -57,8 +57,15 @@ class _Pending:
     target: WakeTarget | None = None
 
 
+MIN_MESSAGE_TOKENS = 8
+
+
 def estimate_tokens(message: Mapping[str, Any]) -> int:
-    total = 8
+    """A rough token count; a rendered message carries its own under ``tokens``."""
+    cached = message.get("tokens")
+    if isinstance(cached, int):
+        return cached
+    total = MIN_MESSAGE_TOKENS
     for b in message.get("blocks", ()):
         kind = b.get("type")
         if kind == "text":
@@ -121,6 +128,8 @@ class AgentActor(Actor):
         self.pending = _Pending()
         self.turn_running = False
         self.system = cfg.system_prompt or DEFAULT_PROMPT.format(name=cfg.name)
+        self._tail: list[Mapping[str, Any]] = []  # the context as of the last turn, in budget
+        self._seen_seq = 0
 
     def _trace(self, kind: str, target: WakeTarget | None = None, **data: Any) -> None:
         self.ctx.trace.emit(
@@ -151,7 +160,7 @@ class AgentActor(Actor):
             raise TypeError(f"unexpected message {msg!r}")
 
     def _note_wake(self, wake: Wake) -> None:
-        self.pending.count += 1
+        self.pending.count += wake.count
         if wake.lane == "incoming" and wake.server_id and wake.channel_id:
             self.pending.target = WakeTarget(
                 server_id=wake.server_id,
@@ -217,28 +226,40 @@ class AgentActor(Actor):
             self.turn_running = False
             self._maybe_start()
 
+    async def _context(self) -> list[Mapping[str, Any]]:
+        """The agent's context from the store: only what was stored since the last turn is read
+        and decoded; the kept tail is trimmed to the token budget (oldest whole units first)."""
+        # No message costs less than MIN_MESSAGE_TOKENS, so older ones could never fit.
+        newest = self.cfg.context_tokens // MIN_MESSAGE_TOKENS + 1
+        fresh, self._seen_seq = await self.ctx.store.read(
+            self.ctx.store.reader.history_after, self.cfg.name, self._seen_seq, newest
+        )
+        rendered = [render_for_model(m) for m in fresh]
+        for m in rendered:
+            m["tokens"] = estimate_tokens(m)
+        self._tail = fit_budget([*self._tail, *rendered], self.cfg.context_tokens)
+        return list(self._tail)
+
     async def _run_turn(self, target: WakeTarget | None, wakes: int) -> None:
         runtime = ToolRuntime(self.ctx, self.cfg.name, self.servers, route=target)
         self._trace("turn-start", target, wakes=wakes, model=self.model.name)
-        history = await self.ctx.store.read(self.ctx.store.reader.history, self.cfg.name)
-        context = fit_budget(history, self.cfg.context_tokens)
+        context = await self._context()
         tools = await runtime.specs()
         text = ""
         for round_no in range(MAX_TOOL_ROUNDS + 1):
             request = ModelRequest(
                 agent=self.cfg.name,
                 system=self.system,
-                messages=[render_for_model(m) for m in context],
+                messages=context,
                 tools=tools,
             )
             reply = await self.model.complete(request)
             if not reply.blocks:
                 break
-            context.append(
-                await self._store(
-                    "assistant", reply.blocks, model=reply.model, stop_reason=reply.stop_reason
-                )
+            said = await self._store(
+                "assistant", reply.blocks, model=reply.model, stop_reason=reply.stop_reason
             )
+            context.append(render_for_model(said))
             uses = reply.tool_uses
             if not uses:
                 text = reply.text
@@ -270,7 +291,7 @@ class AgentActor(Actor):
                         "is_error": outcome["is_error"],
                     }
                 )
-            context.append(await self._store("tool", results))
+            context.append(render_for_model(await self._store("tool", results)))
         route = runtime.route
         if text.strip():
             if route is None:

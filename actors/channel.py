@@ -3,19 +3,20 @@
 It owns the descriptor and label, each agent's open/closed state (persisted), the conversion and
 storage of what arrives on the channel, the wake decision, and publishing into the channel.
 
-Ingest is split so nothing waits on a commit inside the loop: ``IngestIncoming``/``IngestPush``
-convert the item, hand it to the store and answer at once with the pending write; the caller
-awaits durability, answers the server, then sends ``Committed`` and gets the wakes back.
+Ingest never waits on a commit inside the loop: ``IngestIncoming``/``IngestPush`` convert the
+item, decide who it wakes, hand it to the store and answer at once with the pending write; the
+caller awaits durability, answers the server, and only then sends the wakes.
 
 Echoes: a message whose id matches one of our publish receipts, or tagged ``chat:from-self``,
 never wakes anyone, and it is not stored again for the agent that wrote it. While a publish to
 this channel is still waiting for its receipt, incoming items wait too (a server may echo a post
-before it answers the publish), at most ``MAX_DEFERRED`` of them; past that they are taken at
+before it answers the publish), at most ``MAX_DEFERRED`` batches; past that they are taken at
 once.
 """
 
 from __future__ import annotations
 
+import itertools
 import secrets
 from collections import OrderedDict
 from collections.abc import Mapping
@@ -34,8 +35,8 @@ from .kernel import Actor, Reply
 from .messages import (
     Call,
     ChannelInfo,
-    Committed,
     Describe,
+    IngestBatch,
     IngestIncoming,
     IngestPush,
     Prepared,
@@ -47,9 +48,8 @@ from .messages import (
 )
 
 OPEN_STATE_NS = "channel_open"
-MAX_PENDING_ITEMS = 4096  # items handed to the store, not yet committed; past it: -32603 retry
 MAX_RECEIPTS = 1024  # publish receipts kept for echo detection; oldest forgotten first
-MAX_DEFERRED = 1024  # wake decisions waiting for a publish receipt; past it: decided at once
+MAX_DEFERRED = 64  # ingest batches waiting for a publish receipt; past it: taken at once
 MAX_LABELS = 32  # label history; oldest forgotten first
 
 
@@ -63,8 +63,13 @@ class _Item:
     from_self: bool
 
 
+_ID_PREFIX = secrets.token_hex(4)  # per process, so ids never repeat across restarts
+_id_counter = itertools.count(1)
+
+
 def new_id() -> str:
-    return "m_" + secrets.token_hex(8)
+    """A unique id for a stored message: a random per-process prefix and a counter."""
+    return f"m_{_ID_PREFIX}{next(_id_counter):08x}"
 
 
 class ChannelActor(Actor):
@@ -79,11 +84,10 @@ class ChannelActor(Actor):
         self.labels: list[str] = []
         self.registered = False
         self.open_for: dict[str, bool] = {}
-        self._items: dict[str, _Item] = {}
         self._receipts: OrderedDict[str, str] = OrderedDict()  # message id -> agent
         self._publishing = 0
         self._flushing = False
-        self._deferred: list[tuple[IngestIncoming, Reply]] = []
+        self._deferred: list[tuple[IngestBatch, Reply]] = []
 
     @property
     def label(self) -> str:
@@ -109,18 +113,12 @@ class ChannelActor(Actor):
         return not (self.descriptor is not None and self.descriptor.initially_open is False)
 
     async def handle(self, msg: Any, reply: Reply) -> None:
-        if isinstance(msg, IngestIncoming) and (self._publishing or self._flushing):
+        if isinstance(msg, IngestBatch) and msg.incoming and (self._publishing or self._flushing):
             if len(self._deferred) < MAX_DEFERRED:
                 self._deferred.append((msg, reply))
                 return
-        if isinstance(msg, IngestIncoming | IngestPush):
-            reply.value(await self._ingest(msg))
-        elif isinstance(msg, Committed):
-            item = self._items.pop(msg.key, None)
-            if item is None or not msg.stored:
-                reply.value(())
-            else:
-                reply.value(self._wakes(item))
+        if isinstance(msg, IngestBatch):
+            reply.value(await self._ingest_batch(msg.items))
         elif isinstance(msg, Register):
             self._register(msg.descriptor)
             reply.value(None)
@@ -166,9 +164,24 @@ class ChannelActor(Actor):
         )
 
     # -- ingest -----------------------------------------------------------------------------
-    async def _ingest(self, msg: IngestIncoming | IngestPush) -> Prepared:
-        if len(self._items) >= MAX_PENDING_ITEMS:
-            raise RpcError(code=-32603, message="too many items waiting to be stored; retry later")
+    async def _ingest_batch(self, items: tuple[Any, ...]) -> list[Prepared | RpcError]:
+        """Convert every item, then hand all the writes to the store at once."""
+        out: list[Prepared | RpcError] = []
+        ops: list[Append] = []
+        for msg in items:
+            try:
+                op, prepared = self._ingest(msg)
+            except RpcError as exc:
+                out.append(exc)
+                continue
+            ops.append(op)
+            out.append(prepared)
+        futures = iter(await self.ctx.store.submit_many(ops))
+        return [
+            attrs.evolve(p, future=next(futures)) if isinstance(p, Prepared) else p for p in out
+        ]
+
+    def _ingest(self, msg: IngestIncoming | IngestPush) -> tuple[Append, Prepared]:
         hearers = tuple(self.ctx.agents_hearing(self.sid))
         if isinstance(msg, IngestIncoming):
             m = msg.message
@@ -250,10 +263,10 @@ class ChannelActor(Actor):
             for agent in hearers
             if agent != author_agent
         )
-        key = new_id()
-        future = await self.ctx.store.submit(Append(records=records, dedupe=dedupe))
-        self._items[key] = item
-        return Prepared(key=key, future=future, blocks=tuple(blocks), author=author)
+        prepared = Prepared(
+            future=None, blocks=tuple(blocks), wakes=self._wakes(item), author=author
+        )
+        return Append(records=records, dedupe=dedupe), prepared
 
     def _wakes(self, item: _Item) -> tuple[tuple[str, Wake], ...]:
         if item.from_self or (item.message_id is not None and item.message_id in self._receipts):
@@ -305,7 +318,7 @@ class ChannelActor(Actor):
             while self._deferred and not self._publishing:
                 msg, waiting = self._deferred.pop(0)
                 try:
-                    waiting.value(await self._ingest(msg))
+                    waiting.value(await self._ingest_batch(msg.items))
                 except Exception as exc:
                     waiting.error(exc)
         finally:

@@ -6,6 +6,7 @@ Relative paths resolve from the config file's folder.
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import tomllib
@@ -90,6 +91,9 @@ def load_config(source: str | os.PathLike[str] | Mapping[str, Any]) -> HostConfi
     if not isinstance(host, Mapping):
         problems.append("host: must be a table ([host])")
         host = {}
+    for key in host:
+        if key != "data_dir":
+            problems.append(f"host.{key}: unknown key; [host] takes data_dir")
     data_dir = host.get("data_dir", "./mcplive-data")
     if not isinstance(data_dir, str) or not data_dir:
         problems.append("host.data_dir: must be a path string")
@@ -100,7 +104,8 @@ def load_config(source: str | os.PathLike[str] | Mapping[str, Any]) -> HostConfi
     servers = [
         _server(i, s, base, problems) for i, s in enumerate(_tables(raw, "servers", problems))
     ]
-    agents = [_agent(i, a, base, problems) for i, a in enumerate(_tables(raw, "agents", problems))]
+    agent_tables = _tables(raw, "agents", problems)
+    agents = [_agent(i, a, base, problems) for i, a in enumerate(agent_tables)]
     seen: set[str] = set()
     for s in servers:
         if s is not None and s.id in seen:
@@ -114,9 +119,14 @@ def load_config(source: str | os.PathLike[str] | Mapping[str, Any]) -> HostConfi
         if a.name in names:
             problems.append(f"agents.name: {a.name!r} is used twice; give each agent its own name")
         names.add(a.name)
-        for sid in a.servers or ():
-            if sid not in seen:
-                problems.append(f"agents[{a.name}].servers: no server has id {sid!r}")
+    # From the tables, so an agent with other problems still has its server names checked.
+    for i, table in enumerate(agent_tables):
+        refs = table.get("servers")
+        if isinstance(refs, list):
+            for sid in refs:
+                if isinstance(sid, str) and sid not in seen:
+                    where = _where("agents", table.get("name"), i)
+                    problems.append(f"{where}.servers: no server has id {sid!r}")
     if not agents and not problems:
         problems.append("agents: no [[agents]] configured; add at least one agent")
     if problems:
@@ -127,6 +137,10 @@ def load_config(source: str | os.PathLike[str] | Mapping[str, Any]) -> HostConfi
         agents=tuple(a for a in agents if a is not None),
         base_dir=base,
     )
+
+
+def _where(kind: str, key: Any, i: int) -> str:
+    return f"{kind}[{key if isinstance(key, str) and key else i}]"
 
 
 def _tables(raw: Mapping[str, Any], key: str, problems: list[str]) -> list[Mapping[str, Any]]:
@@ -152,24 +166,26 @@ def _number(
     if value is None:
         return default
     ok = isinstance(value, int) if integer else isinstance(value, int | float)
-    if not ok or isinstance(value, bool) or value <= 0:
+    if not ok or isinstance(value, bool) or math.isnan(value) or value <= 0:
         kind = "a positive integer" if integer else "a positive number"
         problems.append(f"{where}: must be {kind}")
         return default
     return value
 
 
-_SERVER_KEYS = {f.name for f in attrs.fields(ServerConfig)} | {"token_env"}
+# ``cwd`` is set by the host (the config file's folder), not by the config.
+_SERVER_KEYS = ({f.name for f in attrs.fields(ServerConfig)} - {"cwd"}) | {"token_env"}
+_URL = re.compile(r"wss?://[^\s/?#]+(?:[/?#]\S*)?")
 
 
 def _server(i: int, s: Mapping[str, Any], base: Path, problems: list[str]) -> ServerConfig | None:
     sid = s.get("id")
-    where = f"servers[{sid or i}]"
-    if not isinstance(sid, str) or not _ID.fullmatch(sid) or "--" in sid:
+    where = _where("servers", sid, i)
+    valid = isinstance(sid, str) and bool(_ID.fullmatch(sid)) and "--" not in sid
+    if not valid:
         problems.append(
             f"{where}.id: required; letters, digits, '_', '.', '-' (no '--'), at most 64 characters"
         )
-        return None
     for key in s:
         if key not in _SERVER_KEYS:
             problems.append(f"{where}.{key}: unknown key; see the README for server keys")
@@ -182,7 +198,7 @@ def _server(i: int, s: Mapping[str, Any], base: Path, problems: list[str]) -> Se
     ):
         problems.append(f"{where}.command: must be a non-empty list of strings (argv)")
         command = None
-    if url is not None and (not isinstance(url, str) or not re.match(r"wss?://[^\s/]+", url)):
+    if url is not None and (not isinstance(url, str) or not _URL.fullmatch(url)):
         problems.append(f"{where}.url: must be a ws:// or wss:// address")
         url = None
     env = s.get("env", {})
@@ -210,43 +226,36 @@ def _server(i: int, s: Mapping[str, Any], base: Path, problems: list[str]) -> Se
             "disabled_feature_sets",
         )
     }
+    numbers = {
+        key: _number(
+            f"{where}.{key}", s.get(key), default, problems, integer=key != "request_timeout_s"
+        )
+        for key, default in (
+            ("request_timeout_s", 60.0),
+            ("max_line_bytes", 4_194_304),
+            ("eager_limit_bytes", 262_144),
+            ("fetch_ceiling_bytes", 268_435_456),
+            ("fetch_budget_bytes", 1_073_741_824),
+        )
+    }
+    if not valid:
+        return None
+    assert isinstance(sid, str)
     return ServerConfig(
         id=sid,
         command=tuple(command) if command else None,
         url=url,
         env=dict(env),
         token=token,
-        request_timeout_s=float(
-            _number(f"{where}.request_timeout_s", s.get("request_timeout_s"), 60.0, problems)
-        ),
-        max_line_bytes=_number(
-            f"{where}.max_line_bytes", s.get("max_line_bytes"), 4_194_304, problems, integer=True
-        ),
+        request_timeout_s=float(numbers["request_timeout_s"]),
+        max_line_bytes=numbers["max_line_bytes"],
         enabled_capabilities=caps["enabled_capabilities"],
         disabled_capabilities=caps["disabled_capabilities"] or (),
         enabled_feature_sets=caps["enabled_feature_sets"],
         disabled_feature_sets=caps["disabled_feature_sets"] or (),
-        eager_limit_bytes=_number(
-            f"{where}.eager_limit_bytes",
-            s.get("eager_limit_bytes"),
-            262_144,
-            problems,
-            integer=True,
-        ),
-        fetch_ceiling_bytes=_number(
-            f"{where}.fetch_ceiling_bytes",
-            s.get("fetch_ceiling_bytes"),
-            268_435_456,
-            problems,
-            integer=True,
-        ),
-        fetch_budget_bytes=_number(
-            f"{where}.fetch_budget_bytes",
-            s.get("fetch_budget_bytes"),
-            1_073_741_824,
-            problems,
-            integer=True,
-        ),
+        eager_limit_bytes=numbers["eager_limit_bytes"],
+        fetch_ceiling_bytes=numbers["fetch_ceiling_bytes"],
+        fetch_budget_bytes=numbers["fetch_budget_bytes"],
         cwd=base,
     )
 
@@ -256,18 +265,18 @@ _AGENT_KEYS = {"name", "model", "system_prompt", "servers", "prose_mode", "gate"
 
 def _agent(i: int, a: Mapping[str, Any], base: Path, problems: list[str]) -> AgentConfig | None:
     name = a.get("name")
-    where = f"agents[{name or i}]"
-    if not isinstance(name, str) or not _ID.fullmatch(name):
+    where = _where("agents", name, i)
+    valid = isinstance(name, str) and bool(_ID.fullmatch(name))
+    if not valid:
         problems.append(f"{where}.name: required; letters, digits, '_', '.', '-'")
-        return None
     for key in a:
         if key not in _AGENT_KEYS:
             problems.append(f"{where}.{key}: unknown key; see the README for agent keys")
     model = a.get("model")
     if not isinstance(model, str) or not re.fullmatch(r"(scripted|anthropic):.+", model):
         problems.append(f"{where}.model: required; 'scripted:PATH' or 'anthropic:MODEL'")
-        return None
-    if model.startswith("scripted:"):
+        valid = False
+    elif model.startswith("scripted:"):
         path = (base / model.removeprefix("scripted:")).resolve()
         if not path.is_file():
             problems.append(f"{where}.model: scripted model file {path} does not exist")
@@ -287,14 +296,19 @@ def _agent(i: int, a: Mapping[str, Any], base: Path, problems: list[str]) -> Age
             problems.append(f"{where}.gate: must be a path string")
         else:
             gate_path = (base / gate).resolve()
+    servers = _str_list(f"{where}.servers", a.get("servers"), problems)
+    context_tokens = _number(
+        f"{where}.context_tokens", a.get("context_tokens"), 60_000, problems, integer=True
+    )
+    if not valid:
+        return None
+    assert isinstance(name, str) and isinstance(model, str)
     return AgentConfig(
         name=name,
         model=model,
         system_prompt=prompt,
-        servers=_str_list(f"{where}.servers", a.get("servers"), problems),
+        servers=servers,
         prose_mode=mode,
         gate=gate_path,
-        context_tokens=_number(
-            f"{where}.context_tokens", a.get("context_tokens"), 60_000, problems, integer=True
-        ),
+        context_tokens=context_tokens,
     )

@@ -4,8 +4,11 @@ It owns the transport, the protocol session, our pending requests, the grant, th
 feature sets, the channels this server registered on the current link, and reconnection.
 
 Tasks of one link: a reader that only decodes and dispatches, a writer that owns the transport's
-send side (fed by a bounded outbox), and one handler task per inbound request (bounded by the
-session's ``max_inbound``). The actor's own mailbox serves ``Call``/``Status`` asks from agents
+send side (fed by a bounded outbox), a dispatcher that takes the server's requests from a bounded
+queue, and at most ``MAX_HANDLERS`` handler tasks. When the queue is full the reader stops
+reading, so a flooding server is slowed down by its own transport (backpressure), nothing it sent
+is refused for being too many, and memory stays bounded. Replies wait for room in the outbox the
+same way; no answer is ever dropped. The actor's own mailbox serves ``Call``/``Status`` asks from agents
 and channels; a ``Call`` runs in a child task, so a server that never answers stalls only the
 asker, and only until the request deadline.
 
@@ -18,7 +21,7 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from importlib import metadata
 from typing import Any
@@ -49,6 +52,7 @@ from protocol.lanes import (
     parse_push,
     structure,
 )
+from store import StoreError
 
 from .config import ServerConfig
 from .context import ChannelLimit, HostContext
@@ -56,8 +60,8 @@ from .errors import NotConnected
 from .kernel import Actor, Reply
 from .messages import (
     Call,
-    Committed,
     ConnStatus,
+    IngestBatch,
     IngestIncoming,
     IngestPush,
     Prepared,
@@ -72,6 +76,13 @@ log = logging.getLogger("mcplive.connection")
 
 PRE_READY_CAP = 1000
 OUTBOX_CAP = 1024
+READ_BATCH = 256  # requests read together are queued together, up to this many
+QUEUED_BATCHES = 4  # batches waiting for the dispatcher, and again for the responder
+REQUEST_QUEUE_CAP = READ_BATCH * QUEUED_BATCHES
+ANSWER_QUEUE_CAP = READ_BATCH * QUEUED_BATCHES
+HOT_LANES = frozenset({"push/event", "channels/incoming"})
+WRITE_BATCH = 256
+MAX_HANDLERS = 128
 MAX_TOOLS = 1000
 BACKOFF_BASE_S = 5.0
 BACKOFF_CAP_S = 300.0
@@ -113,13 +124,27 @@ class RequestTimeout(TimeoutError):
 
 
 @attrs.define
+class Pending:
+    """A hot-lane request whose items were handed to the store: (prepared item, trace fields)."""
+
+    items: list[tuple[Prepared, dict[str, Any]]]
+    refused: list[dict[str, Any]] = attrs.field(factory=list)
+    push: bool = False
+    error: RpcError | None = None
+
+
+@attrs.define
 class Link:
     """One live transport and everything that dies with it."""
 
     transport: Transport
     session: rpc.RpcSession
-    outbox_send: trio.MemorySendChannel[str]
-    outbox_recv: trio.MemoryReceiveChannel[str]
+    outbox_send: trio.MemorySendChannel[list[str]]
+    outbox_recv: trio.MemoryReceiveChannel[list[str]]
+    requests_send: trio.MemorySendChannel[list[rpc.Request]]
+    requests_recv: trio.MemoryReceiveChannel[list[rpc.Request]]
+    answers_send: trio.MemorySendChannel[list[tuple[rpc.Request, Pending]]]
+    answers_recv: trio.MemoryReceiveChannel[list[tuple[rpc.Request, Pending]]]
     waiters: dict[rpc.Id, trio.MemorySendChannel[outcome.Outcome[Any]]] = attrs.field(factory=dict)
     ready: bool = False
     mcp_only: bool = False
@@ -216,7 +241,7 @@ class ConnectionActor(Actor):
         link.waiters[rid] = send
         try:
             with trio.fail_after(t):
-                await link.outbox_send.send(line)
+                await link.outbox_send.send([line])
                 result = await recv.receive()
         except trio.TooSlowError:
             self._trace("request-timeout", method=method, timeout_s=t)
@@ -231,7 +256,7 @@ class ConnectionActor(Actor):
 
     async def notify(self, link: Link, method: str, params: Any) -> None:
         try:
-            await link.outbox_send.send(link.session.send_notification(method, params))
+            await link.outbox_send.send([link.session.send_notification(method, params)])
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             raise NotConnected(f"server {self.sid} is not connected") from None
 
@@ -262,12 +287,27 @@ class ConnectionActor(Actor):
         handshaking = True
         try:
             async with open_transport(self.cfg, self._on_stderr) as transport:
-                out_send, out_recv = trio.open_memory_channel[str](OUTBOX_CAP)
+                out_send, out_recv = trio.open_memory_channel[list[str]](OUTBOX_CAP)
+                req_send, req_recv = trio.open_memory_channel[list[rpc.Request]](QUEUED_BATCHES)
+                ans_send, ans_recv = trio.open_memory_channel[list[tuple[rpc.Request, Pending]]](
+                    QUEUED_BATCHES
+                )
                 link = Link(
                     transport=transport,
-                    session=rpc.RpcSession(max_pending=256, max_inbound=256),
+                    session=rpc.RpcSession(
+                        max_pending=256,
+                        max_inbound=REQUEST_QUEUE_CAP
+                        + ANSWER_QUEUE_CAP
+                        + MAX_HANDLERS
+                        + PRE_READY_CAP
+                        + 1,
+                    ),
                     outbox_send=out_send,
                     outbox_recv=out_recv,
+                    requests_send=req_send,
+                    requests_recv=req_recv,
+                    answers_send=ans_send,
+                    answers_recv=ans_recv,
                 )
                 self.link = link
                 self._trace("connecting", transport=transport.description, attempt=self.connects)
@@ -275,6 +315,8 @@ class ConnectionActor(Actor):
                     link.nursery = nursery
                     nursery.start_soon(self._writer, link)
                     nursery.start_soon(self._reader, link)
+                    nursery.start_soon(self._dispatcher, link)
+                    nursery.start_soon(self._responder, link)
                     if self.cfg.url is not None:
                         nursery.start_soon(self._pinger, transport)
                     try:
@@ -301,17 +343,28 @@ class ConnectionActor(Actor):
                 return
 
     async def _writer(self, link: Link) -> None:
-        async for line in link.outbox_recv:
+        async for lines in link.outbox_recv:
+            while len(lines) < WRITE_BATCH:  # whatever else is waiting goes in the same write
+                try:
+                    lines = lines + link.outbox_recv.receive_nowait()
+                except trio.WouldBlock:
+                    break
             try:
-                await link.transport.send(line)
+                await link.transport.send_many(lines)
             except Exception as exc:  # the link is gone; the reader sees EOF
                 self.diagnostic(f"write failed: {_describe(exc)}")
                 link.closed.set()
                 return
 
     async def _reader(self, link: Link) -> None:
+        """Decode what the server sends. Requests are passed on in batches: every request
+        already read is queued together before the reader waits for more input."""
+        batch: list[rpc.Request] = []
         try:
             while True:
+                if batch and (len(batch) >= READ_BATCH or not link.transport.buffered()):
+                    await self._queue_requests(link, batch)
+                    batch = []
                 item = await link.transport.receive()
                 if item is None:
                     return
@@ -326,30 +379,51 @@ class ConnectionActor(Actor):
                 if isinstance(item, Undecodable):
                     self.diagnostic(f"undecodable line ({item.size} bytes) skipped")
                     continue
-                self.work.inc()
-                try:
-                    for event in link.session.receive_line(item):
-                        self._dispatch_event(link, event)
-                finally:
-                    self.work.dec()
+                for event in link.session.receive_line(item):
+                    if isinstance(event, rpc.RequestReceived) and link.ready:
+                        self.work.inc()  # released once the request is answered
+                        batch.append(event.request)
+                    else:
+                        await self._dispatch_event(link, event)
         except Exception as exc:
             self.diagnostic(f"read failed: {_describe(exc)}")
         finally:
+            self.work.dec(len(batch))  # read but never queued: the link is gone
             for rid, waiter in list(link.waiters.items()):
                 waiter.close()
                 link.waiters.pop(rid, None)
             link.session.close()
             link.closed.set()
 
-    def _send_nowait(self, link: Link, line: str) -> None:
+    async def _send(self, link: Link, line: str) -> None:
+        await self._send_lines(link, [line])
+
+    async def _send_lines(self, link: Link, lines: list[str]) -> None:
+        if not lines:
+            return
         try:
-            link.outbox_send.send_nowait(line)
-        except trio.WouldBlock:
-            self.diagnostic("outbox full; a diagnostic reply was dropped")
+            await link.outbox_send.send(lines)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             pass
 
-    def _dispatch_event(self, link: Link, event: rpc.Event) -> None:
+    async def _dispatcher(self, link: Link) -> None:
+        """Take queued requests in order. Items of the hot lanes are handed to their channels
+        here, one ask per channel per batch, and answered by the responder after their commit;
+        any other request gets a handler task, at most ``MAX_HANDLERS`` at a time."""
+        slots = trio.Semaphore(MAX_HANDLERS)
+        assert link.nursery is not None
+        async for batch in link.requests_recv:
+            hot = []
+            for req in batch:
+                if req.method in HOT_LANES:
+                    hot.append(req)
+                else:
+                    await slots.acquire()
+                    link.nursery.start_soon(self._serve, link, req, slots)
+            if hot:
+                await link.answers_send.send(await self._prepare(link, hot))
+
+    async def _dispatch_event(self, link: Link, event: rpc.Event) -> None:
         if isinstance(event, rpc.ResponseReceived):
             self._resolve(link, event.id, outcome.Value(event.result))
         elif isinstance(event, rpc.ErrorReceived):
@@ -363,18 +437,19 @@ class ConnectionActor(Actor):
                         message="connection not ready; retry later",
                         data={"capability": INBOUND_CAPABILITY.get(req.method)},
                     )
-                    self._send_nowait(link, link.session.send_error(req.id, err))
+                    await self._reply(link, req.id, error=err)
                     self.diagnostic(f"pre-readiness buffer full; {req.method} refused")
                 else:
                     link.pre_ready.append(req)
                 return
-            self._start_serving(link, req)
+            self.work.inc()
+            await self._queue_requests(link, [req])
         elif isinstance(event, rpc.NotificationReceived):
             self._on_notification(link, event.notification)
         elif isinstance(event, rpc.Diagnostic):
             self.diagnostic(event.text)
             if event.reply is not None:
-                self._send_nowait(link, event.reply)
+                await self._send(link, event.reply)
 
     def _resolve(self, link: Link, rid: rpc.Id, result: outcome.Outcome[Any]) -> None:
         waiter = link.waiters.get(rid)
@@ -384,10 +459,12 @@ class ConnectionActor(Actor):
             except (trio.WouldBlock, trio.BrokenResourceError, trio.ClosedResourceError):
                 pass
 
-    def _start_serving(self, link: Link, req: rpc.Request) -> None:
-        assert link.nursery is not None
-        self.work.inc()
-        link.nursery.start_soon(self._serve, link, req)
+    async def _queue_requests(self, link: Link, batch: list[rpc.Request]) -> None:
+        try:
+            await link.requests_send.send(batch)
+        except BaseException:
+            self.work.dec(len(batch))
+            raise
 
     # -- handshake --------------------------------------------------------------------------
     async def _handshake(self, link: Link) -> None:
@@ -406,6 +483,14 @@ class ConnectionActor(Actor):
             self._trace("mcp-only", reason="the server sent no experimental.mcpl")
         if caps.get("tools") is not None:
             await self._list_tools(link)
+        # What waited for readiness goes first, in arrival order; the reader keeps buffering
+        # until the buffer is empty and the link is marked ready in the same step.
+        while link.pre_ready:
+            waiting = list(link.pre_ready)
+            link.pre_ready.clear()
+            self.work.inc(len(waiting))
+            for i in range(0, len(waiting), READ_BATCH):
+                await self._queue_requests(link, waiting[i : i + READ_BATCH])
         link.ready = True
         self._trace(
             "ready",
@@ -415,8 +500,6 @@ class ConnectionActor(Actor):
             tools=[t.get("name") for t in link.tools],
             server_info=dict(info) if isinstance(info, Mapping) else {},
         )
-        while link.pre_ready:
-            self._start_serving(link, link.pre_ready.popleft())
 
     async def _negotiate(
         self, link: Link, manifest: Mapping[str, Any], caps: Mapping[str, Any]
@@ -517,34 +600,33 @@ class ConnectionActor(Actor):
         cap = INBOUND_CAPABILITY.get(method)
         return cap is None or cap in link.grant
 
-    async def _serve(self, link: Link, req: rpc.Request) -> None:
-        after: Callable[[], Awaitable[None]] | None = None
-        try:
-            result, after = await self._answer(link, req)
-            line = link.session.send_response(req.id, result)
-        except RpcError as exc:
-            line = link.session.send_error(req.id, exc)
-        except Exception as exc:
-            log.exception("%s: %s failed", self.sid, req.method)
-            err = RpcError(code=INTERNAL_ERROR, message=f"internal error handling {req.method}")
-            line = link.session.send_error(req.id, err)
-            self._trace("error", method=req.method, error=_describe(exc))
+    async def _serve(self, link: Link, req: rpc.Request, slots: trio.Semaphore) -> None:
         try:
             try:
-                await link.outbox_send.send(line)
-            except (trio.BrokenResourceError, trio.ClosedResourceError):
-                pass
-            if after is not None:
-                await after()
+                result = await self._answer(link, req)
+            except Exception as exc:
+                await self._reply(link, req.id, error=_as_rpc_error(exc, req.method))
+            else:
+                await self._reply(link, req.id, result=result)
         finally:
+            slots.release()
             self.work.dec()
 
-    async def _answer(
-        self, link: Link, req: rpc.Request
-    ) -> tuple[Any, Callable[[], Awaitable[None]] | None]:
-        method = req.method
-        if method == "ping":
-            return {}, None
+    async def _reply(
+        self, link: Link, rid: rpc.Id, *, result: Any = None, error: RpcError | None = None
+    ) -> None:
+        """Answer one of the server's requests; a link that already ended takes no answer."""
+        try:
+            if error is not None:
+                line = link.session.send_error(rid, error)
+            else:
+                line = link.session.send_response(rid, result)
+        except rpc.LocalProtocolError:
+            return  # the session closed while we worked: the server will retry on a new link
+        await self._send(link, line)
+
+    def _admit(self, link: Link, method: str) -> None:
+        """The one admission point for the server's requests: raises the refusal."""
         if method in REMOVED_METHODS:
             raise RpcError(code=METHOD_NOT_FOUND, message=f"{method} was removed in MCPL 0.5")
         if method not in INBOUND_CAPABILITY:
@@ -556,20 +638,62 @@ class ConnectionActor(Actor):
         cap = INBOUND_CAPABILITY[method]
         if cap not in link.grant:
             raise RpcError(code=CAPABILITY_DENIED, data={"capability": cap})
-        if method == "push/event":
-            return await self._push(link, req.params)
-        if method == "channels/incoming":
-            return await self._incoming(link, req.params)
+
+    async def _answer(self, link: Link, req: rpc.Request) -> Any:
+        method = req.method
+        if method == "ping":
+            return {}
+        self._admit(link, method)
         if method == "channels/register":
-            return await self._register(link, req.params), None
+            return await self._register(link, req.params)
         if method == "channels/changed":
-            return await self._channels_changed(link, req.params), None
+            return await self._channels_changed(link, req.params)
         if method == "channels/list":
-            return await self._list_channels(link), None
+            return await self._list_channels(link)
         raise rpc.method_not_found(method)
 
-    # push/event ----------------------------------------------------------------------------
-    async def _push(self, link: Link, params: Any) -> tuple[Any, Callable[[], Awaitable[None]]]:
+    # push/event and channels/incoming: the hot lanes ------------------------------------
+    async def _prepare(
+        self, link: Link, requests: list[rpc.Request]
+    ) -> list[tuple[rpc.Request, Pending]]:
+        """Admit and convert a batch of hot-lane requests, then hand their items to their
+        channels: one ask per channel, items in arrival order. The answers wait for the commit.
+        """
+        out = [(req, Pending(items=[], push=req.method == "push/event")) for req in requests]
+        groups: dict[str | None, list[tuple[Pending, Any, dict[str, Any]]]] = {}
+        for req, pending in out:
+            try:
+                self._admit(link, req.method)
+                if pending.push:
+                    scoped, ingest, trace = self._parse_push(link, req.params)
+                    groups.setdefault(scoped, []).append((pending, ingest, trace))
+                else:
+                    for cid, ingest, trace in self._parse_incoming(link, req.params, pending):
+                        groups.setdefault(cid, []).append((pending, ingest, trace))
+            except Exception as exc:
+                pending.error = _as_rpc_error(exc, req.method)
+        timeout = self.cfg.request_timeout_s
+        for cid, entries in groups.items():
+            try:
+                chan = await self.ctx.channel(self.sid, cid)
+                results = await chan.ask(
+                    IngestBatch(items=tuple(i for _, i, _ in entries)), timeout=timeout
+                )
+            except Exception as exc:
+                results = [_as_rpc_error(exc, "ingest")] * len(entries)
+            for (pending, _, trace), result in zip(entries, results, strict=True):
+                if isinstance(result, Prepared):
+                    pending.items.append((result, trace))
+                elif pending.push:
+                    pending.error = result
+                else:
+                    reason = result.message if isinstance(result, RpcError) else str(result)
+                    pending.refused.append(
+                        {"messageId": trace["message_id"], "accepted": False, "reason": reason}
+                    )
+        return out
+
+    def _parse_push(self, link: Link, params: Any) -> tuple[str | None, IngestPush, dict[str, Any]]:
         event = parse_push(params)
         if event.feature_set not in link.feature_sets:
             raise RpcError(
@@ -580,86 +704,113 @@ class ConnectionActor(Actor):
         if event.feature_set not in link.enabled_sets:
             raise RpcError(code=FEATURE_SET_NOT_ENABLED, data={"featureSet": event.feature_set})
         scoped = None
-        origin = event.origin or {}
-        claimed = origin.get("mcplChannelId")
+        claimed = (event.origin or {}).get("mcplChannelId")
         if isinstance(claimed, str) and claimed in link.channels:
             scoped = claimed
-        chan = await self.ctx.channel(self.sid, scoped)
-        prepared: Prepared = await chan.ask(
-            IngestPush(event=event, accepted_at=utc_now()), timeout=self.cfg.request_timeout_s
-        )
-        stored = await prepared.future.wait()
-        stored = bool(getattr(stored, "stored", stored))
+        trace = {"kind": "push", "channel_id": scoped, "event_id": event.event_id}
+        return scoped, IngestPush(event=event, accepted_at=utc_now()), trace
 
-        async def after() -> None:
-            if stored:
-                self._trace(
-                    "push", channel_id=scoped, event_id=event.event_id, text=_text(prepared.blocks)
-                )
-            await self._wake(chan, prepared, stored)
-
-        return {"accepted": True}, after
-
-    async def _wake(self, chan: Any, prepared: Prepared, stored: bool) -> None:
-        wakes: tuple[tuple[str, Wake], ...] = await chan.ask(
-            Committed(key=prepared.key, stored=stored), timeout=self.cfg.request_timeout_s + 5
-        )
-        for agent, wake in wakes:
-            ref = self.ctx.agents.get(agent)
-            if ref is not None:
-                await ref.tell(wake)
-
-    # channels/incoming ---------------------------------------------------------------------
-    async def _incoming(self, link: Link, params: Any) -> tuple[Any, Callable[[], Awaitable[None]]]:
-        raw = parse_incoming_batch(params)
-        results: list[dict[str, Any]] = []
-        done: list[tuple[Any, Prepared, Any]] = []
-        for item in raw:
-            mid = item.get("messageId") if isinstance(item, Mapping) else None
+    def _parse_incoming(
+        self, link: Link, params: Any, pending: Pending
+    ) -> list[tuple[str, IngestIncoming, dict[str, Any]]]:
+        items = []
+        accepted_at = utc_now()
+        for raw in parse_incoming_batch(params):
+            mid = raw.get("messageId") if isinstance(raw, Mapping) else None
             try:
-                msg = structure(item, IncomingMessage)
+                msg = structure(raw, IncomingMessage)
             except RpcError as exc:
-                results.append({"messageId": mid, "accepted": False, "reason": exc.message})
+                pending.refused.append({"messageId": mid, "accepted": False, "reason": exc.message})
                 continue
             if msg.channel_id not in link.channels:
-                results.append(
+                self.diagnostic(
+                    f"incoming message {msg.message_id} for unregistered channel "
+                    f"{msg.channel_id!r} refused"
+                )
+                pending.refused.append(
                     {"messageId": msg.message_id, "accepted": False, "reason": "unknown_channel"}
                 )
-                self.diagnostic(
-                    f"incoming message {msg.message_id} for unregistered channel {msg.channel_id!r} refused"
-                )
                 continue
-            chan = await self.ctx.channel(self.sid, msg.channel_id)
+            trace = {
+                "kind": "incoming",
+                "channel_id": msg.channel_id,
+                "message_id": msg.message_id,
+                "author": msg.author.name or msg.author.id,
+            }
+            items.append(
+                (msg.channel_id, IngestIncoming(message=msg, accepted_at=accepted_at), trace)
+            )
+        return items
+
+    async def _responder(self, link: Link) -> None:
+        """Answer the hot lanes in commit order (the store commits FIFO), a batch per write,
+        then trace and wake: one wake per agent per batch, naming the newest conversation."""
+        async for answers in link.answers_recv:
             try:
-                prepared = await chan.ask(
-                    IngestIncoming(message=msg, accepted_at=utc_now()),
-                    timeout=self.cfg.request_timeout_s,
-                )
-            except RpcError as exc:
-                results.append(
-                    {"messageId": msg.message_id, "accepted": False, "reason": exc.message}
-                )
-                continue
-            results.append({"messageId": msg.message_id, "accepted": True})
-            done.append((chan, prepared, msg))
-        stored_flags = []
-        for _chan, prepared, _msg in done:
-            res = await prepared.future.wait()
-            stored_flags.append(bool(getattr(res, "stored", res)))
+                lines: list[str] = []
+                done: list[tuple[Prepared, dict[str, Any]]] = []
+                for req, pending in answers:
+                    line = await self._answer_pending(link, req, pending, done)
+                    if line is not None:
+                        lines.append(line)
+                await self._send_lines(link, lines)
+                wakes: dict[str, tuple[Wake, int]] = {}
+                for prepared, trace in done:
+                    fields = dict(trace)
+                    kind = fields.pop("kind")
+                    channel_id = fields.pop("channel_id")
+                    self._trace(kind, channel_id=channel_id, text=_text(prepared.blocks), **fields)
+                    for agent, wake in prepared.wakes:
+                        count = wakes[agent][1] + 1 if agent in wakes else 1
+                        keep = (
+                            wake
+                            if wake.lane == "incoming" or agent not in wakes
+                            else wakes[agent][0]
+                        )
+                        wakes[agent] = (keep, count)
+                for agent, (wake, count) in wakes.items():
+                    ref = self.ctx.agents.get(agent)
+                    if ref is not None:
+                        await ref.tell(attrs.evolve(wake, count=count))
+            finally:
+                self.work.dec(len(answers))
 
-        async def after() -> None:
-            for (chan, prepared, msg), stored in zip(done, stored_flags, strict=True):
-                if stored:
-                    self._trace(
-                        "incoming",
-                        channel_id=msg.channel_id,
-                        message_id=msg.message_id,
-                        author=msg.author.name or msg.author.id,
-                        text=_text(prepared.blocks),
-                    )
-                await self._wake(chan, prepared, stored)
-
-        return {"results": results}, after
+    async def _answer_pending(
+        self,
+        link: Link,
+        req: rpc.Request,
+        pending: Pending,
+        done: list[tuple[Prepared, dict[str, Any]]],
+    ) -> str | None:
+        """Wait for the request's writes; the reply line (None if the link is gone). Items that
+        were new are added to ``done``."""
+        results: list[dict[str, Any]] = []
+        all_ok = pending.error is None
+        for prepared, trace in pending.items:
+            ok = True
+            try:
+                committed = await prepared.future.wait()
+                if getattr(committed, "stored", False):
+                    done.append((prepared, trace))
+            except StoreError as exc:
+                self._trace("error", error=f"store failed: {exc}", method=req.method)
+                ok = all_ok = False
+            if not pending.push:
+                entry: dict[str, Any] = {"messageId": trace["message_id"], "accepted": ok}
+                if not ok:
+                    entry["reason"] = "not stored; retry"
+                results.append(entry)
+        try:
+            if pending.error is not None:
+                return link.session.send_error(req.id, pending.error)
+            if not pending.push:
+                return link.session.send_response(req.id, {"results": results + pending.refused})
+            if all_ok:
+                return link.session.send_response(req.id, {"accepted": True})
+            err = RpcError(code=INTERNAL_ERROR, message="not stored; retry")
+            return link.session.send_error(req.id, err)
+        except rpc.LocalProtocolError:
+            return None  # the session closed meanwhile; the server retries on a new link
 
     # channels/register, channels/changed, channels/list ------------------------------------
     async def _register(self, link: Link, params: Any) -> dict[str, Any]:
@@ -716,6 +867,13 @@ class ConnectionActor(Actor):
 
 def _text(blocks: Any) -> str:
     return "\n".join(str(b.get("text", "")) for b in blocks if b.get("type") == "text")
+
+
+def _as_rpc_error(exc: Exception, method: str) -> RpcError:
+    if isinstance(exc, RpcError):
+        return exc
+    log.error("internal error handling %s: %s", method, _describe(exc))
+    return RpcError(code=INTERNAL_ERROR, message=f"internal error handling {method}")
 
 
 def _describe(exc: BaseException) -> str:

@@ -107,9 +107,17 @@ class ActorRef(Generic[M]):
     _work: Work
 
     async def tell(self, msg: M) -> None:
+        await self._put(Envelope(msg, Reply(None)))
+
+    async def _put(self, env: Envelope) -> None:
+        """Queue a counted envelope, waiting while the mailbox is full; a message that was not
+        queued (deadline, cancellation, stopped actor) is not work in flight."""
         self._work.inc()
         try:
-            await self._send.send(Envelope(msg, Reply(None)))
+            await self._send.send(env)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            self._work.dec()
+            raise ActorDied(self.name) from None
         except BaseException:
             self._work.dec()
             raise
@@ -128,14 +136,9 @@ class ActorRef(Generic[M]):
     async def ask(self, msg: M, *, timeout: float) -> Any:
         send, recv = trio.open_memory_channel[outcome.Outcome[Any]](1)
         reply = Reply(send)
-        self._work.inc()
         try:
             with trio.fail_after(timeout):
-                try:
-                    await self._send.send(Envelope(msg, reply))
-                except (trio.BrokenResourceError, trio.ClosedResourceError):
-                    self._work.dec()
-                    raise ActorDied(self.name) from None
+                await self._put(Envelope(msg, reply))
                 try:
                     result = await recv.receive()
                 except trio.EndOfChannel:
@@ -171,6 +174,9 @@ class Actor:
         self.work = work
         self._nursery: trio.Nursery | None = None
         self.ref: ActorRef[Any] | None = None
+        # Replies a handler kept for later; any still open when the actor ends are abandoned.
+        self._open_replies: set[Reply] = set()
+        self._prune_at = 64
 
     async def on_start(self) -> None:
         """Runs before the first message (the nursery is already open)."""
@@ -190,8 +196,11 @@ class Actor:
     ) -> None:
         try:
             await fn(*args)
-        except Exception:
+        except Exception as exc:
             log.exception("%s: task %s failed", self.name, getattr(fn, "__name__", fn))
+            for arg in args:
+                if isinstance(arg, Reply):
+                    arg.error(exc)  # the asker gets the failure instead of waiting for ever
         finally:
             if counted:
                 self.work.dec()
@@ -201,29 +210,44 @@ class Actor:
     ) -> None:
         send, recv = trio.open_memory_channel[Envelope](self.mailbox_size)
         self.ref = ActorRef(self.name, send, self.work)
-        async with trio.open_nursery() as nursery:
-            self._nursery = nursery
-            await self.on_start()
-            task_status.started(self.ref)
-            try:
-                async for env in recv:
-                    try:
-                        if isinstance(env.msg, Stop):
-                            env.reply.value(None)
-                            break
+        try:
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                await self.on_start()
+                task_status.started(self.ref)
+                try:
+                    async for env in recv:
                         try:
-                            await self.handle(env.msg, env.reply)
-                        except Exception as exc:
-                            if env.reply.done:
-                                log.exception("%s: handling %r failed", self.name, env.msg)
-                            env.reply.error(exc)
-                    finally:
-                        self.work.dec()
-            finally:
-                # Anything still queued will never be handled: release its counts and askers.
-                self._drain(recv)
-                recv.close()
-                nursery.cancel_scope.cancel()
+                            if isinstance(env.msg, Stop):
+                                env.reply.value(None)
+                                break
+                            try:
+                                await self.handle(env.msg, env.reply)
+                            except Exception as exc:
+                                if env.reply.done:
+                                    log.exception("%s: handling %r failed", self.name, env.msg)
+                                env.reply.error(exc)
+                        finally:
+                            if not env.reply.done:
+                                self._keep_open(env.reply)
+                            self.work.dec()
+                finally:
+                    # Anything still queued will never be handled: release its counts and askers.
+                    self._drain(recv)
+                    recv.close()
+                    nursery.cancel_scope.cancel()
+        finally:
+            # Replies kept for later (deferred, or cut short by cancellation) will never be
+            # answered now: their askers get ActorDied instead of waiting for their deadline.
+            for reply in self._open_replies:
+                reply.abandon()
+            self._open_replies.clear()
+
+    def _keep_open(self, reply: Reply) -> None:
+        self._open_replies.add(reply)
+        if len(self._open_replies) >= self._prune_at:
+            self._open_replies = {r for r in self._open_replies if not r.done}
+            self._prune_at = max(64, 2 * len(self._open_replies))
 
     def _drain(self, recv: trio.MemoryReceiveChannel[Envelope]) -> None:
         while True:

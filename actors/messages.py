@@ -67,21 +67,26 @@ class IngestPush:
 
 
 @attrs.frozen(kw_only=True)
-class Prepared:
-    """An item handed to the store. ``future`` resolves when it is durable."""
+class IngestBatch:
+    """Items for one channel, in arrival order; the answer is a ``Prepared`` or an ``RpcError``
+    per item."""
 
-    key: str
-    future: Any
-    blocks: tuple[Mapping[str, Any], ...]
-    author: str = ""
+    items: tuple[IngestIncoming | IngestPush, ...]
+
+    @property
+    def incoming(self) -> bool:
+        return any(isinstance(i, IngestIncoming) for i in self.items)
 
 
 @attrs.frozen(kw_only=True)
-class Committed:
-    """The item is durable (``stored`` is False for a duplicate); the answer is the wakes."""
+class Prepared:
+    """An item handed to the store. ``future`` resolves when it is durable; ``wakes`` are sent
+    once it is (and only if it was new)."""
 
-    key: str
-    stored: bool
+    future: Any
+    blocks: tuple[Mapping[str, Any], ...]
+    wakes: tuple[tuple[str, Wake], ...] = ()
+    author: str = ""
 
 
 @attrs.frozen(kw_only=True)
@@ -125,6 +130,7 @@ class Wake:
     channel_id: str | None = None
     message_id: str | None = None
     thread_id: str | None = None
+    count: int = 1  # wakes folded into this one
 
 
 @attrs.frozen(kw_only=True)

@@ -20,6 +20,8 @@ from .errors import ConfigError
 from .models import DeltaSink, ModelReply, ModelRequest
 
 _FIELD = re.compile(r"\{(\d+)\}")
+_RULE_KEYS = frozenset({"when", "say", "calls"})
+_CALL_KEYS = frozenset({"tool", "arguments"})
 
 
 @attrs.frozen(kw_only=True)
@@ -34,8 +36,13 @@ def load_rules(path: Path) -> tuple[Rule, ...]:
         raw = tomllib.loads(path.read_text(encoding="utf-8"))
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read the scripted model ({exc.strerror})") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path}: not UTF-8 text; save the scripted model as UTF-8") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: not valid TOML ({exc})") from None
+    for key in raw:
+        if key != "rules":
+            raise ConfigError(f"{path}: {key}: unknown key; a scripted model holds [[rules]]")
     rules = raw.get("rules", [])
     if not isinstance(rules, list):
         raise ConfigError(f"{path}: rules must be an array of tables ([[rules]])")
@@ -44,6 +51,9 @@ def load_rules(path: Path) -> tuple[Rule, ...]:
         where = f"{path}: rules[{i}]"
         if not isinstance(r, Mapping):
             raise ConfigError(f"{where}: must be a table")
+        for key in r:
+            if key not in _RULE_KEYS:
+                raise ConfigError(f"{where}.{key}: unknown key; a rule has when, say and calls")
         when = r.get("when")
         if not isinstance(when, str):
             raise ConfigError(f"{where}.when: required, a regular expression string")
@@ -57,6 +67,7 @@ def load_rules(path: Path) -> tuple[Rule, ...]:
         calls = r.get("calls", [])
         if not isinstance(calls, list) or not all(
             isinstance(c, Mapping)
+            and set(c) <= _CALL_KEYS
             and isinstance(c.get("tool"), str)
             and isinstance(c.get("arguments", {}), Mapping)
             for c in calls

@@ -8,6 +8,7 @@ Writes are committed in submission order.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -53,33 +54,60 @@ class StoreClient:
         self._slots = trio.Semaphore(MAX_IN_FLIGHT)
         self._token = trio.lowlevel.current_trio_token()
         self._read_limiter = trio.CapacityLimiter(1)
+        self._lock = threading.Lock()
+        self._completed: list[tuple[StoreFuture, object]] = []
+        self._scheduled = False
 
     def start(self) -> None:
         self.writer.start()
 
     async def submit(self, op: Any) -> StoreFuture:
-        await self._slots.acquire()
-        fut = StoreFuture()
-        self.work.inc()
+        (fut,) = await self.submit_many([op])
+        return fut
 
-        def finish(result: Any) -> None:
-            fut._set(result)
-            self._slots.release()
-            self.work.dec()
-
-        def done(result: object) -> None:  # runs in the writer thread
+    async def submit_many(self, ops: list[Any]) -> list[StoreFuture]:
+        """Hand several ops to the writer in one go; waits only while no slot is free."""
+        for _ in ops:
             try:
-                self._token.run_sync_soon(finish, result)
+                self._slots.acquire_nowait()
+            except trio.WouldBlock:
+                await self._slots.acquire()
+        futures = [StoreFuture() for _ in ops]
+        self.work.inc(len(ops))
+        try:
+            self.writer.submit_many(
+                [(op, self._done_for(fut)) for op, fut in zip(ops, futures, strict=True)]
+            )
+        except BaseException:
+            for _ in ops:
+                self._slots.release()
+            self.work.dec(len(ops))
+            raise
+        return futures
+
+    def _done_for(self, fut: StoreFuture) -> Callable[[object], None]:
+        def done(result: object) -> None:  # runs in the writer thread
+            with self._lock:
+                self._completed.append((fut, result))
+                if self._scheduled:
+                    return
+                self._scheduled = True
+            try:
+                # one wake-up of the trio thread for a whole committed batch
+                self._token.run_sync_soon(self._deliver)
             except trio.RunFinishedError:
                 pass
 
-        try:
-            self.writer.submit(op, done)
-        except BaseException:
+        return done
+
+    def _deliver(self) -> None:
+        with self._lock:
+            completed, self._completed = self._completed, []
+            self._scheduled = False
+        for fut, result in completed:
+            fut._set(result)
             self._slots.release()
             self.work.dec()
-            raise
-        return fut
 
     async def write(self, op: Any) -> Any:
         return await (await self.submit(op)).wait()

@@ -2,7 +2,8 @@
 
 ``TraceBus.emit`` never blocks: each subscriber has a bounded buffer (``SUBSCRIBER_CAP``); when a
 subscriber falls behind, new events for it are counted and dropped, and it receives one
-``trace-dropped`` event with the count as soon as it has room again.
+``trace-dropped`` event with the count, just before the next event, as soon as it has room for
+both again.
 """
 
 from __future__ import annotations
@@ -46,6 +47,10 @@ class _Subscriber:
     def closed(self) -> bool:
         return self.recv._closed  # the reader went away
 
+    def room(self) -> int:
+        stats = self.send.statistics()
+        return int(stats.max_buffer_size) - stats.current_buffer_used
+
 
 class TraceBus:
     def __init__(self) -> None:
@@ -59,15 +64,16 @@ class TraceBus:
         if kind in ("diagnostic", "error"):
             log.info("%s %s %s", event.server_id or event.agent or "", kind, dict(event.data))
         for sub in self._subs:
-            if sub.dropped:
-                note = TraceEvent(kind="trace-dropped", data={"count": sub.dropped})
-                try:
+            try:
+                if sub.dropped:
+                    if sub.room() < 2:
+                        # The count goes out with this event, or both wait: a count sent alone
+                        # would take the last slot and be followed by another count at once.
+                        sub.dropped += 1
+                        continue
+                    note = TraceEvent(kind="trace-dropped", data={"count": sub.dropped})
                     sub.send.send_nowait(note)
                     sub.dropped = 0
-                except trio.WouldBlock:
-                    sub.dropped += 1
-                    continue
-            try:
                 sub.send.send_nowait(event)
             except trio.WouldBlock:
                 sub.dropped += 1
@@ -89,6 +95,7 @@ class TraceBus:
 
     @asynccontextmanager
     async def subscribe(self) -> AsyncIterator[trio.MemoryReceiveChannel[TraceEvent]]:
+        self._subs = [s for s in self._subs if not s.closed]
         if len(self._subs) >= MAX_SUBSCRIBERS:
             raise RuntimeError(f"at most {MAX_SUBSCRIBERS} trace subscribers")
         sub = _Subscriber()
@@ -96,7 +103,9 @@ class TraceBus:
         try:
             yield sub.recv
         finally:
-            self._subs.remove(sub)
+            # ``emit`` may already have forgotten it (the reader closed its channel).
+            if sub in self._subs:
+                self._subs.remove(sub)
             sub.send.close()
 
     def close(self) -> None:

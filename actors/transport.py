@@ -48,6 +48,12 @@ class Transport(Protocol):
 
     async def send(self, text: str) -> None: ...
 
+    async def send_many(self, texts: list[str]) -> None: ...
+
+    def buffered(self) -> bool:
+        """Whether ``receive`` would return at once."""
+        ...
+
     async def receive(self) -> Framed | None: ...
 
 
@@ -60,8 +66,14 @@ class StdioTransport:
         self._eof = False
 
     async def send(self, text: str) -> None:
+        await self.send_many([text])
+
+    async def send_many(self, texts: list[str]) -> None:
         assert self.proc.stdin is not None
-        await self.proc.stdin.send_all(encode_line(text))
+        await self.proc.stdin.send_all(b"".join(encode_line(t) for t in texts))
+
+    def buffered(self) -> bool:
+        return bool(self._ready)
 
     async def receive(self) -> Framed | None:
         assert self.proc.stdout is not None
@@ -154,6 +166,13 @@ class WebsocketTransport:
 
     async def send(self, text: str) -> None:
         await self.ws.send_message(text)
+
+    async def send_many(self, texts: list[str]) -> None:
+        for text in texts:  # one message per frame
+            await self.ws.send_message(text)
+
+    def buffered(self) -> bool:
+        return False
 
     async def receive(self) -> Framed | None:
         while True:

@@ -59,6 +59,16 @@ class RpcError(Exception):
     def __str__(self) -> str:
         return f"{self.code} {self.message}"
 
+    # An exception class made by attrs compares by identity; an error object is a value (two
+    # parses of one line are equal). The hash stays defined even when ``data`` is unhashable.
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, RpcError):
+            return NotImplemented
+        return (self.code, self.message, self.data) == (other.code, other.message, other.data)
+
+    def __hash__(self) -> int:
+        return hash((self.code, self.message))
+
 
 class ProtocolError(Exception):
     """Base of protocol violations."""

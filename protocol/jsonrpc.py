@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -80,9 +81,19 @@ def decode(text: str) -> Any:
         raise ValueError("nested too deeply") from exc
 
 
+_SURROGATE = re.compile(r"[\ud800-\udfff]")
+
+
 def encode(obj: Any) -> str:
-    """Compact JSON text; never contains a raw newline."""
-    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    """Compact JSON text; never contains a raw newline, and always encodes as UTF-8.
+
+    A lone surrogate (which a peer can send as ``"\\ud800"``) cannot be written as UTF-8, so
+    text holding one is sent with every non-ASCII character escaped instead.
+    """
+    text = json.dumps(obj, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    if _SURROGATE.search(text):
+        text = json.dumps(obj, ensure_ascii=True, separators=(",", ":"), allow_nan=False)
+    return text
 
 
 def _valid_id(value: Any) -> bool:
@@ -274,25 +285,28 @@ class RpcSession:
         if len(self._pending) >= self.max_pending:
             raise PendingFull(f"{len(self._pending)} requests already pending")
         rid = self._next_id
+        line = encode(message_to_wire(Request(rid, method, params)))  # may raise: nothing kept
         self._next_id += 1
         self._pending[rid] = Pending(method, now + timeout)
-        return rid, encode(message_to_wire(Request(rid, method, params)))
+        return rid, line
 
     def send_notification(self, method: str, params: Params = None) -> str:
         return encode(message_to_wire(Notification(method, params)))
 
     def send_response(self, id: Id, result: Any) -> str:
-        self._answer(id)
-        return encode(message_to_wire(Response(id, result)))
+        return self._answer(id, Response(id, result))
 
     def send_error(self, id: Id, error: RpcError) -> str:
-        self._answer(id)
-        return encode(message_to_wire(ErrorResponse(id, error)))
+        return self._answer(id, ErrorResponse(id, error))
 
-    def _answer(self, id: Id) -> None:
+    def _answer(self, id: Id, msg: Response | ErrorResponse) -> str:
         if id not in self._inbound:
             raise LocalProtocolError(f"request {id!r} is not awaiting an answer")
+        # Encode first: a result that is not JSON (NaN…) raises and leaves the request owed, so
+        # the caller can still answer it with an error.
+        line = encode(message_to_wire(msg))
         self._inbound.discard(id)
+        return line
 
     def cancel(self, id: Id) -> None:
         """Forget one of our pending requests (its asker gave up)."""

@@ -12,6 +12,7 @@ from typing import Any, TypeVar
 
 import attrs
 import cattrs
+from cattrs.errors import IterableValidationError, IterableValidationNote
 from cattrs.gen import make_dict_structure_fn, override
 
 from .errors import INVALID_PARAMS, RpcError
@@ -78,30 +79,58 @@ def _camel(name: str) -> str:
     return head + "".join(p.title() for p in rest)
 
 
+#: Members whose wire path is not the camelCase of the attribute (``parse_push`` flattens them).
+_WIRE_PATHS = {"payload_content": "payload.content"}
+
+
+def _wire_name(name: str) -> str:
+    return _WIRE_PATHS.get(name, _camel(name))
+
+
+class _Shape(TypeError):
+    """A wire value of the wrong JSON type; the message says what was expected."""
+
+
+def _kind(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int | float):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "an array"
+    if isinstance(value, dict):
+        return "an object"
+    return type(value).__name__
+
+
 def _strict_str(value: Any, _: type) -> str:
     if isinstance(value, str):
         return value
     if isinstance(value, int) and not isinstance(value, bool):
         return str(value)  # ids sent as numbers are common; they are kept as their decimal text
-    raise TypeError(f"expected a string, got {type(value).__name__}")
+    raise _Shape(f"expected a string, got {_kind(value)}")
 
 
 def _strict_bool(value: Any, _: type) -> bool:
     if isinstance(value, bool):
         return value
-    raise TypeError(f"expected a boolean, got {type(value).__name__}")
+    raise _Shape(f"expected a boolean, got {_kind(value)}")
 
 
 def _tuple_of_any(value: Any, _: type) -> tuple[Any, ...]:
     if isinstance(value, list):
         return tuple(value)
-    raise TypeError(f"expected an array, got {type(value).__name__}")
+    raise _Shape(f"expected an array, got {_kind(value)}")
 
 
 def _mapping(value: Any, _: type) -> Mapping[str, Any]:
     if isinstance(value, dict):
         return value
-    raise TypeError(f"expected an object, got {type(value).__name__}")
+    raise _Shape(f"expected an object, got {_kind(value)}")
 
 
 def make_converter() -> cattrs.Converter:
@@ -113,9 +142,19 @@ def make_converter() -> cattrs.Converter:
 
     def _list_then_tuple(value: Any, cls: Any) -> Any:
         if not isinstance(value, list):
-            raise TypeError(f"expected an array, got {type(value).__name__}")
+            raise _Shape(f"expected an array, got {_kind(value)}")
         (item,) = {a for a in cls.__args__ if a is not Ellipsis}
-        return tuple(conv.structure(v, item) for v in value)
+        out: list[Any] = []
+        problems: list[Exception] = []
+        for index, v in enumerate(value):
+            try:
+                out.append(conv.structure(v, item))
+            except Exception as exc:  # every element's problem is reported, by its index
+                exc.add_note(IterableValidationNote(f"index {index}", index, item))
+                problems.append(exc)
+        if problems:
+            raise IterableValidationError(f"while structuring {cls!r}", problems, cls)
+        return tuple(out)
 
     conv.register_structure_hook_func(
         lambda t: getattr(t, "__origin__", None) is tuple and t != tuple[Any, ...],
@@ -124,7 +163,14 @@ def make_converter() -> cattrs.Converter:
 
     def factory(cls: type[Any]) -> Any:
         overrides = {f.name: override(rename=_camel(f.name)) for f in attrs.fields(cls)}
-        return make_dict_structure_fn(cls, conv, **overrides)  # type: ignore[arg-type]
+        inner = make_dict_structure_fn(cls, conv, **overrides)  # type: ignore[arg-type]
+
+        def structure_object(value: Any, cl: Any) -> Any:
+            if not isinstance(value, dict):
+                raise _Shape(f"expected an object, got {_kind(value)}")
+            return inner(value, cl)
+
+        return structure_object
 
     conv.register_structure_hook_factory(attrs.has, factory)
     return conv
@@ -133,15 +179,41 @@ def make_converter() -> cattrs.Converter:
 _CONVERTER = make_converter()
 
 
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, _Shape):
+        return str(exc)
+    if isinstance(exc, KeyError):
+        return "required member missing"
+    return f"invalid value ({exc})"
+
+
+def _problems(exc: BaseException, path: str) -> list[str]:
+    """Each problem as ``what @ path``, the path spelled in wire member names."""
+    out: list[str] = []
+    if isinstance(exc, cattrs.ClassValidationError):
+        with_notes, without = exc.group_exceptions()
+        for sub, note in with_notes:
+            out.extend(_problems(sub, f"{path}.{_wire_name(note.name)}"))
+        for sub in without:
+            out.extend(_problems(sub, path))
+    elif isinstance(exc, IterableValidationError):
+        with_index, without = exc.group_exceptions()
+        for sub, inote in with_index:
+            out.extend(_problems(sub, f"{path}[{inote.index!r}]"))
+        for sub in without:
+            out.extend(_problems(sub, path))
+    else:
+        out.append(f"{_describe(exc)} @ {path}")
+    return out
+
+
 def structure(value: Any, cls: type[T]) -> T:
     """Structure wire JSON into ``cls`` or raise ``RpcError(-32602)`` naming the bad members."""
     try:
         return _CONVERTER.structure(value, cls)
-    except cattrs.ClassValidationError as exc:
-        problems = "; ".join(cattrs.transform_error(exc, path="params"))
+    except (cattrs.BaseValidationError, TypeError, ValueError, AttributeError, KeyError) as exc:
+        problems = "; ".join(_problems(exc, "params"))
         raise RpcError(code=INVALID_PARAMS, message=f"Invalid params: {problems}") from None
-    except (TypeError, ValueError, AttributeError) as exc:
-        raise RpcError(code=INVALID_PARAMS, message=f"Invalid params: {exc}") from None
 
 
 def _require_object(params: Any) -> Mapping[str, Any]:

@@ -86,7 +86,7 @@ def advertised_paths(manifest: Any, mcp_capabilities: Any = None) -> frozenset[s
 
     if isinstance(manifest, Mapping):
         for key, child in manifest.items():
-            if isinstance(key, str) and key not in ("featureSets", "tools"):
+            if isinstance(key, str) and key and key not in ("featureSets", "tools"):
                 walk(key, child, 1)
     found.discard("tools")
     if isinstance(mcp_capabilities, Mapping) and mcp_capabilities.get("tools") not in (
@@ -139,9 +139,13 @@ def declared_feature_sets(manifest: Any) -> DeclaredSets:
             notes.append(f"feature set {name!r} malformed; ignored")
             continue
         uses_raw = body.get("uses")
-        uses = (
-            tuple(u for u in uses_raw if isinstance(u, str)) if isinstance(uses_raw, list) else ()
-        )
+        uses: tuple[str, ...] = ()
+        if isinstance(uses_raw, list):
+            if all(isinstance(u, str) for u in uses_raw):
+                uses = tuple(uses_raw)
+            else:
+                # An entry that is not a path is an unknown value: the set fails closed (§6.4).
+                notes.append(f"feature set {name!r}: uses holds a non-string; the set is unusable")
         desc = body.get("description")
         out[name] = FeatureSet(
             name=name, description=desc if isinstance(desc, str) else "", uses=uses, raw=body

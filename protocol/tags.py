@@ -37,7 +37,7 @@ def expand_tags(tags: Iterable[object]) -> tuple[tuple[str, ...], tuple[str, ...
     kept: set[str] = set()
     refused: list[str] = []
     for tag in tags:
-        if valid_tag(tag) and len(kept) < MAX_TAGS:
+        if valid_tag(tag) and (tag in kept or len(kept) < MAX_TAGS):
             assert isinstance(tag, str)
             kept.add(tag)
         else:

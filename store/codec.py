@@ -22,6 +22,11 @@ def to_plain(value: Any) -> Any:
 def encode_value(value: Any) -> bytes:
     """CBOR bytes of ``value``; :class:`StoreError` when it cannot be encoded."""
     try:
+        # cbor2 takes dicts, lists and tuples as they are; only other mappings need copying.
+        return cbor2.dumps(value)
+    except (cbor2.CBORError, TypeError):
+        pass
+    try:
         return cbor2.dumps(to_plain(value))
     except (cbor2.CBORError, RecursionError, TypeError, ValueError, OverflowError) as exc:
         raise StoreError(f"value cannot be stored as CBOR: {exc}") from exc

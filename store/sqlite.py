@@ -286,6 +286,23 @@ class Reader:
         rows.reverse()
         return [_message(row) for row in rows]
 
+    def history_after(
+        self, agent: str, after_seq: int, limit: int
+    ) -> tuple[list[dict[str, Any]], int]:
+        """The agent's messages stored after ``after_seq``, oldest first (at most the newest
+        ``limit``), and the newest seq among them (``after_seq`` when there are none). A caller
+        that keeps what it read can ask again from that seq and read only what is new."""
+        if limit < 0:
+            raise ValueError(f"limit must be >= 0, got {limit}")
+        rows = self._query(
+            f"SELECT {_MESSAGE_COLUMNS} FROM messages WHERE agent = ? AND seq > ? "
+            "ORDER BY seq DESC LIMIT ?",
+            (agent, after_seq, limit),
+        )
+        rows.reverse()
+        newest = rows[-1][0] if rows else after_seq
+        return [_message(row) for row in rows], int(newest)
+
     def agents(self) -> list[str]:
         """Every agent with at least one stored message, sorted by name."""
         return [row[0] for row in self._query("SELECT DISTINCT agent FROM messages ORDER BY agent")]

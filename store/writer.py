@@ -16,7 +16,7 @@ import logging
 import os
 import threading
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Sequence, Callable
 from pathlib import Path
 
 import attrs
@@ -102,6 +102,23 @@ class GroupCommitWriter:
             if len(self._queue) >= self.max_queue:
                 raise StoreFull(f"{self.max_queue} store ops are already waiting")
             self._queue.append((op, done))
+            self._cond.notify()
+
+    def submit_many(self, items: Sequence[tuple[Op, Done]]) -> None:
+        """Queue several ops at once (one lock, one wake-up of the thread), all or none.
+
+        Raises :class:`StoreFull` when they do not all fit under ``max_queue``, and
+        :class:`StoreClosed` after :meth:`close`; then no ``done`` will be called.
+        """
+        for op, _ in items:
+            if not isinstance(op, Append | PutState):
+                raise TypeError(f"not a store op: {op!r}")
+        with self._cond:
+            if self._closing:
+                raise StoreClosed("writer is closed")
+            if len(self._queue) + len(items) > self.max_queue:
+                raise StoreFull(f"{len(items)} ops do not fit under max_queue {self.max_queue}")
+            self._queue.extend(items)
             self._cond.notify()
 
     def close(self, timeout: float | None = None) -> bool:

@@ -150,7 +150,12 @@ async def test_incoming_reply_goes_to_its_channel_and_echo_does_not_wake(tmp_pat
                     "Ada's reply",
                 )
                 # the echo of Ada's reply comes back as channels/incoming; it must not wake her
-                await ctl.wait_for(is_response("channels/incoming"), "incoming answered", since=0)
+                await ctl.wait_for(
+                    lambda e: e["event"] == "response"
+                    and e["request"]["method"] == "channels/incoming"
+                    and e["request"]["params"]["messages"][0]["messageId"] == "out-1",
+                    "the echo answered",
+                )
                 await host.run_until_idle()
                 assert publishes(ctl) == [("lobby:#random", "Hi there, hello to you!")]
                 ada = host.history("Ada")

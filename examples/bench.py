@@ -1,0 +1,194 @@
+"""Benchmark: ``python -m examples.bench [--messages N]`` (also ``tox -e bench``).
+
+Measured in one run, over the same real stdio server (``examples.bench_server``) and the same
+messages:
+
+(a) mcplive's end-to-end channel-message ingest: line → stored durably → wake decided;
+(b) the thinnest possible host: one trio task that reads the lines, parses them with ``json``,
+    answers each request and appends the same CBOR rows in batched transactions;
+(c) the raw append of those rows with ``executemany`` in one transaction.
+
+It prints messages per second for each, the ratios a/b and b/c, and mcplive's wake latency
+percentiles at an offered load of 1,000 messages per second. Figures are ratios of one run on one
+machine; nothing here is a test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from actors import Host
+from store import Append, Database, MessageRecord
+from store.codec import encode_body
+from store.sqlite import connect
+
+SERVER = [sys.executable, "-m", "examples.bench_server"]
+
+
+def _record(i: int, text: str) -> MessageRecord:
+    return MessageRecord(
+        id=f"r{i}",
+        agent="Bench",
+        role="user",
+        blocks=({"type": "text", "text": text},),
+        metadata={"server_id": "bench", "channel_id": "bench:#load", "message_id": f"b{i}"},
+        created_at=time.time(),
+    )
+
+
+def _bench_line(line: str) -> float | None:
+    if line.startswith("BENCH "):
+        fields = dict(part.split("=", 1) for part in line.split()[1:])
+        return float(fields["seconds"])
+    return None
+
+
+async def run_mcplive(workdir: Path, messages: int, extra: list[str]) -> tuple[float, list[float]]:
+    (workdir / "silent.toml").write_text("", encoding="utf-8")
+    cfg: dict[str, Any] = {
+        "host": {"data_dir": str(workdir / "data")},
+        "servers": [{"id": "bench", "command": [*SERVER, "--messages", str(messages), *extra]}],
+        "agents": [{"name": "Bench", "model": f"scripted:{workdir / 'silent.toml'}", "context_tokens": 2000}],
+    }
+    latencies: list[float] = []
+    async with Host.open(cfg) as host:
+        async for event in host.trace():
+            if event.kind == "incoming":
+                sent = float(str(event.data["text"]).split()[0][2:])
+                latencies.append(time.monotonic() - sent)
+            elif event.kind == "server-log":
+                seconds = _bench_line(event.data["line"])
+                if seconds is not None:
+                    return seconds, latencies
+            elif event.kind == "disconnected":
+                raise RuntimeError(f"bench server failed: {event.data}")
+    raise RuntimeError("trace ended")
+
+
+def _send(stream_lines: list[bytes], obj: Any) -> None:
+    stream_lines.append((json.dumps(obj, separators=(",", ":")) + "\n").encode())
+
+
+async def run_thin(workdir: Path, messages: int) -> float:
+    db = Database(workdir / "thin.sqlite3")
+    proc = await trio.lowlevel.open_process(
+        [*SERVER, "--messages", str(messages)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    assert proc.stdin and proc.stdout and proc.stderr
+    result: list[float] = []
+
+    async def watch_stderr() -> None:
+        assert proc.stderr
+        buf = b""
+        while True:
+            data = await proc.stderr.receive_some(4096)
+            if not data:
+                return
+            buf += data
+            for line in buf.decode().splitlines():
+                seconds = _bench_line(line)
+                if seconds is not None:
+                    result.append(seconds)
+                    return
+
+    out: list[bytes] = []
+    _send(out, {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {"protocolVersion": "2024-11-05", "capabilities": {}, "clientInfo": {"name": "thin"}}})
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(watch_stderr)
+        await proc.stdin.send_all(b"".join(out))
+        buf = b""
+        n = 0
+        while not result:
+            data = await proc.stdout.receive_some(65536)
+            if not data:
+                break
+            buf += data
+            *lines, buf = buf.split(b"\n")
+            out, batch = [], []
+            for raw in lines:
+                msg = json.loads(raw)
+                method = msg.get("method")
+                if msg.get("id") == 1 and "result" in msg and method is None:
+                    _send(out, {"jsonrpc": "2.0", "method": "notifications/initialized"})
+                    _send(out, {"jsonrpc": "2.0", "id": 2, "method": "featureSets/update", "params": {"effectiveCapabilities": ["channels.register", "channels.incoming"]}})
+                elif method == "channels/register":
+                    results = [{"id": c["id"], "accepted": True} for c in msg["params"]["channels"]]
+                    _send(out, {"jsonrpc": "2.0", "id": msg["id"], "result": {"results": results}})
+                elif method == "channels/incoming":
+                    results = []
+                    for m in msg["params"]["messages"]:
+                        text = m["content"][0]["text"]
+                        batch.append(Append(records=(_record(n, text),), dedupe=("incoming", "bench", m["messageId"])))
+                        n += 1
+                        results.append({"messageId": m["messageId"], "accepted": True})
+                    _send(out, {"jsonrpc": "2.0", "id": msg["id"], "result": {"results": results}})
+            if batch:
+                db.apply(batch)  # one transaction, committed before anything is answered
+            if out:
+                await proc.stdin.send_all(b"".join(out))
+        nursery.cancel_scope.cancel()
+    await proc.stdin.aclose()
+    await proc.wait()
+    db.close()
+    return result[0]
+
+
+def run_raw(workdir: Path, messages: int) -> float:
+    conn = connect(workdir / "raw.sqlite3")
+    rows = [
+        (r.id, r.agent, r.role, r.created_at, encode_body(r.blocks, r.metadata))
+        for r in (_record(i, f"t=0 message {i}") for i in range(messages))
+    ]
+    start = time.perf_counter()
+    conn.execute("BEGIN IMMEDIATE")
+    conn.executemany("INSERT INTO messages (id, agent, role, created_at, body) VALUES (?, ?, ?, ?, ?)", rows)
+    conn.execute("COMMIT")
+    seconds = time.perf_counter() - start
+    conn.close()
+    return seconds
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+async def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--messages", type=int, default=5000)
+    p.add_argument("--latency-messages", type=int, default=3000)
+    args = p.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        for sub in ("a", "b", "lat"):
+            (work / sub).mkdir()
+        a_s, _ = await run_mcplive(work / "a", args.messages, [])
+        b_s = await run_thin(work / "b", args.messages)
+        c_s = await trio.to_thread.run_sync(run_raw, work / "b", args.messages)
+        _, lat = await run_mcplive(work / "lat", args.latency_messages, ["--rate", "1000", "--window", "100000"])
+    a, b, c = (args.messages / s for s in (a_s, b_s, c_s))
+    print(f"messages: {args.messages}, one per channels/incoming request, over a real stdio server")
+    print(f"(a) mcplive end-to-end ingest (stored durably, wake decided): {a:10.0f} msg/s")
+    print(f"(b) thinnest host (one task, json, batched transactions):    {b:10.0f} msg/s")
+    print(f"(c) raw executemany in one transaction:                      {c:10.0f} msg/s")
+    print(f"a/b = {a / b:.2f}   (target >= 0.5)")
+    print(f"b/c = {b / c:.3f}")
+    print(
+        f"wake latency at 1000 msg/s offered ({len(lat)} messages): "
+        f"p50 {pct(lat, 0.5) * 1000:.1f} ms, p99 {pct(lat, 0.99) * 1000:.1f} ms, "
+        f"mean {statistics.fmean(lat) * 1000:.1f} ms"
+    )
+
+
+if __name__ == "__main__":
+    trio.run(main)

@@ -1,0 +1,96 @@
+"""A minimal MCPL stdio server for the benchmark.
+
+After the handshake it registers one channel, then sends ``--messages`` ``channels/incoming``
+requests, one message each, keeping at most ``--window`` unanswered (or, with ``--rate``, at that
+many per second). Each message's text carries the monotonic time it was sent (``t=<seconds>``).
+When every request is answered it writes ``BENCH sent=<n> seconds=<s>`` on stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+import trio
+
+
+def _line(obj: object) -> bytes:
+    return (json.dumps(obj, separators=(",", ":")) + "\n").encode()
+
+
+async def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--messages", type=int, default=5000)
+    p.add_argument("--window", type=int, default=256)
+    p.add_argument("--rate", type=float, default=0.0)
+    args = p.parse_args()
+    stdin = trio.lowlevel.FdStream(sys.stdin.fileno())
+    stdout = trio.lowlevel.FdStream(sys.stdout.fileno())
+    manifest = {
+        "version": "0.5",
+        "channels": {"register": True, "incoming": True, "publish": True},
+        "featureSets": {"bench": {"description": "bench", "uses": ["channels.register", "channels.incoming"]}},
+    }
+    answered = 0
+    outstanding = trio.Semaphore(args.window)
+    all_done = trio.Event()
+    ready = trio.Event()
+    registered = trio.Event()
+
+    async def reader() -> None:
+        nonlocal answered
+        buf = b""
+        while True:
+            data = await stdin.receive_some(65536)
+            if not data:
+                return
+            buf += data
+            *lines, buf = buf.split(b"\n")
+            for raw in lines:
+                if not raw.strip():
+                    continue
+                msg = json.loads(raw)
+                method = msg.get("method")
+                if method == "initialize":
+                    caps = {"experimental": {"mcpl": manifest}}
+                    await stdout.send_all(_line({"jsonrpc": "2.0", "id": msg["id"], "result": {"protocolVersion": "2024-11-05", "capabilities": caps, "serverInfo": {"name": "bench"}}}))
+                elif method == "featureSets/update":
+                    if "id" in msg:
+                        await stdout.send_all(_line({"jsonrpc": "2.0", "id": msg["id"], "result": {"accepted": True}}))
+                    ready.set()
+                elif "id" in msg and method is not None:
+                    await stdout.send_all(_line({"jsonrpc": "2.0", "id": msg["id"], "error": {"code": -32601, "message": "no"}}))
+                elif "id" in msg:  # an answer to one of ours
+                    if msg["id"] == 1:
+                        registered.set()
+                    else:
+                        answered += 1
+                        outstanding.release()
+                        if answered == args.messages:
+                            all_done.set()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(reader)
+        await ready.wait()
+        desc = {"id": "bench:#load", "type": "chat", "label": "load", "direction": "bidirectional"}
+        await stdout.send_all(_line({"jsonrpc": "2.0", "id": 1, "method": "channels/register", "params": {"channels": [desc]}}))
+        await registered.wait()
+        start = time.monotonic()
+        for i in range(args.messages):
+            if args.rate:
+                delay = start + i / args.rate - time.monotonic()
+                if delay > 0:
+                    await trio.sleep(delay)
+            await outstanding.acquire()
+            text = f"t={time.monotonic():.6f} message {i}"
+            params = {"messages": [{"channelId": "bench:#load", "messageId": f"b{i}", "author": {"id": "u", "name": "Load"}, "timestamp": "2026-01-01T00:00:00Z", "content": [{"type": "text", "text": text}]}]}
+            await stdout.send_all(_line({"jsonrpc": "2.0", "id": i + 2, "method": "channels/incoming", "params": params}))
+        await all_done.wait()
+        print(f"BENCH sent={args.messages} seconds={time.monotonic() - start:.6f}", file=sys.stderr, flush=True)
+        nursery.cancel_scope.cancel()
+
+
+if __name__ == "__main__":
+    trio.run(main)

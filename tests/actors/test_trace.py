@@ -1,0 +1,259 @@
+"""The trace bus: per-subscriber cap with counted drops, bounded replay, subscriber cap."""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+from unittest import mock
+
+import pytest
+import trio
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from actors import trace
+from actors.trace import MAX_SUBSCRIBERS, REPLAY_CAP, SUBSCRIBER_CAP, TraceBus, TraceEvent
+
+
+def drain(recv: trio.MemoryReceiveChannel[TraceEvent]) -> list[TraceEvent]:
+    out = []
+    while True:
+        try:
+            out.append(recv.receive_nowait())
+        except trio.WouldBlock:
+            return out
+
+
+def kinds(events: list[TraceEvent]) -> list[str]:
+    return [e.kind for e in events]
+
+
+# -- events -----------------------------------------------------------------------------------
+
+
+def test_emit_delivers_frozen_events_in_order():
+    bus = TraceBus()
+    recv = bus.subscribe_nowait()
+    sent = bus.emit(
+        "turn-start", agent="Ada", server_id="lobby", channel_id="general", data={"n": 1}
+    )
+    bus.emit("turn-end", agent="Ada")
+    got = drain(recv)
+    assert got[0] is sent
+    assert kinds(got) == ["turn-start", "turn-end"]
+    assert (sent.agent, sent.server_id, sent.channel_id, dict(sent.data)) == (
+        "Ada",
+        "lobby",
+        "general",
+        {"n": 1},
+    )
+    with pytest.raises(AttributeError):
+        sent.kind = "other"  # type: ignore[misc]
+
+
+@pytest.mark.parametrize("bad", [5, 1.5, b"general", ["general"], {"id": "general"}, True])
+def test_channel_id_must_be_a_string_or_none(bad: Any):
+    with pytest.raises(TypeError, match="channel_id"):
+        TraceEvent(kind="x", channel_id=bad)
+    bus = TraceBus()
+    recv = bus.subscribe_nowait()
+    with pytest.raises(TypeError, match="channel_id"):
+        bus.emit("x", channel_id=bad)
+    assert drain(recv) == []
+
+
+@given(st.one_of(st.none(), st.text()))
+def test_any_string_or_none_is_a_channel_id(value: str | None):
+    assert TraceEvent(kind="x", channel_id=value).channel_id == value
+
+
+@given(
+    st.one_of(
+        st.integers(),
+        st.floats(allow_nan=False),
+        st.binary(),
+        st.booleans(),
+        st.lists(st.text(), max_size=2),
+        st.tuples(st.text()),
+    )
+)
+def test_nothing_else_is_a_channel_id(value: Any):
+    with pytest.raises(TypeError):
+        TraceEvent(kind="x", channel_id=value)
+
+
+# -- the per-subscriber cap -------------------------------------------------------------------
+
+
+def test_a_subscriber_holds_exactly_subscriber_cap_events():
+    bus = TraceBus()
+    recv = bus.subscribe_nowait()
+    for i in range(SUBSCRIBER_CAP):
+        bus.emit("e", data={"i": i})
+    got = drain(recv)
+    assert [e.data["i"] for e in got] == list(range(SUBSCRIBER_CAP))
+    bus.emit("after")
+    assert kinds(drain(recv)) == ["after"]  # nothing was dropped
+
+
+def test_a_slow_subscriber_drops_and_then_gets_one_count():
+    bus = TraceBus()
+    slow = bus.subscribe_nowait()
+    fast = bus.subscribe_nowait()
+    for i in range(SUBSCRIBER_CAP + 5):
+        bus.emit("e", data={"i": i})
+        if i % 100 == 0:
+            drain(fast)
+    drain(fast)
+    assert slow.statistics().current_buffer_used == SUBSCRIBER_CAP
+    got = drain(slow)
+    assert [e.data["i"] for e in got] == list(range(SUBSCRIBER_CAP))  # the oldest are kept
+
+    bus.emit("after")
+    got = drain(slow)
+    assert kinds(got) == ["trace-dropped", "after"]
+    assert dict(got[0].data) == {"count": 5}
+    assert kinds(drain(fast)) == ["after"]  # the other subscriber lost nothing
+
+    bus.emit("later")
+    assert kinds(drain(slow)) == ["later"]  # the count is reported once
+
+
+def test_the_count_waits_for_room_for_itself_and_the_next_event():
+    bus = TraceBus()
+    slow = bus.subscribe_nowait()
+    for i in range(SUBSCRIBER_CAP + 3):
+        bus.emit("e", data={"i": i})
+    slow.receive_nowait()
+    bus.emit("x")  # one free slot: the count would fill it alone, so "x" is counted too
+    assert slow.statistics().current_buffer_used == SUBSCRIBER_CAP - 1
+    slow.receive_nowait()
+    bus.emit("y")
+    got = drain(slow)
+    assert kinds(got[-2:]) == ["trace-dropped", "y"]
+    assert dict(got[-2].data) == {"count": 4}
+    assert kinds(got[:-2]) == ["e"] * (SUBSCRIBER_CAP - 2)
+
+
+bus_ops = st.lists(
+    st.one_of(st.just(("emit", 0)), st.tuples(st.just("read"), st.integers(0, 5))),
+    max_size=60,
+)
+
+
+@settings(max_examples=200)
+@given(bus_ops)
+def test_every_event_is_either_delivered_in_order_or_counted(script: list[tuple[str, int]]):
+    cap = 3
+    with mock.patch.object(trace, "SUBSCRIBER_CAP", cap):
+        bus = TraceBus()
+        recv = bus.subscribe_nowait()
+    received: list[TraceEvent] = []
+    emitted = 0
+    for op, n in script:
+        if op == "emit":
+            bus.emit("e", data={"i": emitted})
+            emitted += 1
+        else:
+            for _ in range(n):
+                try:
+                    received.append(recv.receive_nowait())
+                except trio.WouldBlock:
+                    break
+        assert recv.statistics().current_buffer_used <= cap
+    received += drain(recv)
+    bus.emit("e", data={"i": emitted})  # with room again, any count pending arrives
+    emitted += 1
+    received += drain(recv)
+
+    delivered = [e.data["i"] for e in received if e.kind == "e"]
+    counted = sum(e.data["count"] for e in received if e.kind == "trace-dropped")
+    assert delivered == sorted(set(delivered))  # in order, no repeats
+    assert delivered[-1] == emitted - 1
+    assert len(delivered) + counted == emitted
+    assert all(e.data["count"] > 0 for e in received if e.kind == "trace-dropped")
+    for a, b in itertools.pairwise(received):
+        assert not (a.kind == b.kind == "trace-dropped")
+
+
+# -- replay -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("extra", [0, 7])
+def test_replay_is_bounded_by_replay_cap(extra: int):
+    bus = TraceBus()
+    total = REPLAY_CAP + extra
+    for i in range(total):
+        bus.emit("e", data={"i": i})
+    recv = bus.subscribe_nowait(replay=True)
+    got = drain(recv)
+    assert [e.data["i"] for e in got] == list(range(extra, total))  # the newest, in order
+    bus.emit("live")
+    assert kinds(drain(recv)) == ["live"]
+
+
+def test_no_replay_unless_asked():
+    bus = TraceBus()
+    bus.emit("before")
+    recv = bus.subscribe_nowait()
+    assert drain(recv) == []
+    bus.emit("after")
+    assert kinds(drain(recv)) == ["after"]
+
+
+# -- the subscriber cap -----------------------------------------------------------------------
+
+
+def test_at_most_max_subscribers_and_closing_one_frees_a_slot():
+    bus = TraceBus()
+    subs = [bus.subscribe_nowait() for _ in range(MAX_SUBSCRIBERS)]
+    with pytest.raises(RuntimeError, match=str(MAX_SUBSCRIBERS)):
+        bus.subscribe_nowait()
+    subs[0].close()
+    extra = bus.subscribe_nowait()
+    bus.emit("e")
+    assert all(kinds(drain(r)) == ["e"] for r in [*subs[1:], extra])
+
+
+async def test_the_subscribe_context_counts_toward_the_cap_and_frees_its_slot():
+    bus = TraceBus()
+    subs = [bus.subscribe_nowait() for _ in range(MAX_SUBSCRIBERS - 1)]
+    async with bus.subscribe() as recv:
+        with pytest.raises(RuntimeError):
+            bus.subscribe_nowait()
+        bus.emit("inside")
+        assert kinds(drain(recv)) == ["inside"]
+    with pytest.raises(trio.EndOfChannel):
+        await recv.receive()
+    bus.subscribe_nowait()  # the slot is free again
+    subs[0].close()
+    async with bus.subscribe() as recv:  # a closed reader frees its slot for this form too
+        bus.emit("e")
+        assert kinds(drain(recv)) == ["e"]
+
+
+async def test_a_reader_may_close_its_channel_inside_subscribe():
+    bus = TraceBus()
+    async with bus.subscribe() as recv:
+        recv.close()
+        bus.emit("after close")
+    bus.emit("later")
+
+
+async def test_close_ends_every_subscription_and_later_emits_are_harmless():
+    bus = TraceBus()
+    slow = bus.subscribe_nowait()
+    for _ in range(SUBSCRIBER_CAP + 1):
+        bus.emit("e")
+    bus.close()
+    bus.emit("after close")
+    assert len(drain_until_end(slow)) == SUBSCRIBER_CAP
+
+
+def drain_until_end(recv: trio.MemoryReceiveChannel[TraceEvent]) -> list[TraceEvent]:
+    out = []
+    while True:
+        try:
+            out.append(recv.receive_nowait())
+        except trio.EndOfChannel:
+            return out
