@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections import deque
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -95,6 +96,39 @@ def fit_budget(messages: Sequence[Mapping[str, Any]], budget: int) -> list[Mappi
     return [m for u in units[start:] for m in u]
 
 
+class ContextTail:
+    """The newest whole units of an agent's context within a token budget, kept incrementally:
+    new messages are appended and the oldest units dropped, with each unit's size computed
+    once. Gives the same result as ``fit_budget`` over everything appended so far."""
+
+    def __init__(self, budget: int) -> None:
+        self.budget = budget
+        self._units: deque[list[Mapping[str, Any]]] = deque()
+        self._sizes: deque[int] = deque()
+        self.total = 0
+
+    def extend(self, messages: Sequence[Mapping[str, Any]]) -> None:
+        for m in messages:
+            size = estimate_tokens(m)
+            if (
+                m.get("role") == "tool"
+                and self._units
+                and self._units[-1][0].get("role") == "assistant"
+            ):
+                self._units[-1].append(m)
+                self._sizes[-1] += size
+            else:
+                self._units.append([m])
+                self._sizes.append(size)
+            self.total += size
+        while self.total > self.budget and len(self._units) > 1:
+            self._units.popleft()
+            self.total -= self._sizes.popleft()
+
+    def messages(self) -> list[Mapping[str, Any]]:
+        return [m for unit in self._units for m in unit]
+
+
 def render_for_model(message: Mapping[str, Any]) -> dict[str, Any]:
     """A stored message as the model sees it: inbound items are introduced by their source."""
     out = {
@@ -128,7 +162,7 @@ class AgentActor(Actor):
         self.pending = _Pending()
         self.turn_running = False
         self.system = cfg.system_prompt or DEFAULT_PROMPT.format(name=cfg.name)
-        self._tail: list[Mapping[str, Any]] = []  # the context as of the last turn, in budget
+        self._tail = ContextTail(cfg.context_tokens)  # the context as of the last turn
         self._seen_seq = 0
 
     def _trace(self, kind: str, target: WakeTarget | None = None, **data: Any) -> None:
@@ -237,8 +271,8 @@ class AgentActor(Actor):
         rendered = [render_for_model(m) for m in fresh]
         for m in rendered:
             m["tokens"] = estimate_tokens(m)
-        self._tail = fit_budget([*self._tail, *rendered], self.cfg.context_tokens)
-        return list(self._tail)
+        self._tail.extend(rendered)
+        return self._tail.messages()
 
     async def _run_turn(self, target: WakeTarget | None, wakes: int) -> None:
         runtime = ToolRuntime(self.ctx, self.cfg.name, self.servers, route=target)

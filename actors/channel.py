@@ -166,22 +166,23 @@ class ChannelActor(Actor):
     # -- ingest -----------------------------------------------------------------------------
     async def _ingest_batch(self, items: tuple[Any, ...]) -> list[Prepared | RpcError]:
         """Convert every item, then hand all the writes to the store at once."""
-        out: list[Prepared | RpcError] = []
-        ops: list[Append] = []
+        built: list[tuple[Append, tuple[Any, ...]] | RpcError] = []
         for msg in items:
             try:
-                op, prepared = self._ingest(msg)
+                built.append(self._ingest(msg))
             except RpcError as exc:
-                out.append(exc)
-                continue
-            ops.append(op)
-            out.append(prepared)
+                built.append(exc)
+        ops = [b[0] for b in built if not isinstance(b, RpcError)]
         futures = iter(await self.ctx.store.submit_many(ops))
         return [
-            attrs.evolve(p, future=next(futures)) if isinstance(p, Prepared) else p for p in out
+            b
+            if isinstance(b, RpcError)
+            else Prepared(future=next(futures), blocks=b[1][0], wakes=b[1][1], author=b[1][2])
+            for b in built
         ]
 
-    def _ingest(self, msg: IngestIncoming | IngestPush) -> tuple[Append, Prepared]:
+    def _ingest(self, msg: IngestIncoming | IngestPush) -> tuple[Append, tuple[Any, ...]]:
+        """The write of one item, and (blocks, wakes, author) for its ``Prepared``."""
         hearers = tuple(self.ctx.agents_hearing(self.sid))
         if isinstance(msg, IngestIncoming):
             m = msg.message
@@ -263,10 +264,7 @@ class ChannelActor(Actor):
             for agent in hearers
             if agent != author_agent
         )
-        prepared = Prepared(
-            future=None, blocks=tuple(blocks), wakes=self._wakes(item), author=author
-        )
-        return Append(records=records, dedupe=dedupe), prepared
+        return Append(records=records, dedupe=dedupe), (tuple(blocks), self._wakes(item), author)
 
     def _wakes(self, item: _Item) -> tuple[tuple[str, Wake], ...]:
         if item.from_self or (item.message_id is not None and item.message_id in self._receipts):

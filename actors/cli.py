@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import signal
 import sys
 from collections.abc import Mapping, Sequence
 from importlib import resources
@@ -33,7 +34,9 @@ def format_event(e: TraceEvent) -> str | None:
     where = f"{e.server_id}" + (f" {e.channel_id}" if e.channel_id else "")
     k = e.kind
     if k == "host-started":
-        return f"· host started: servers {', '.join(d.get('servers', []))}; agents {', '.join(d.get('agents', []))}; data in {d.get('data_dir')}"
+        servers = ", ".join(d.get("servers", []))
+        agents = ", ".join(d.get("agents", []))
+        return f"· host started: servers {servers}; agents {agents}; data in {d.get('data_dir')}"
     if k == "ready":
         mode = "MCP-only (tools only)" if d.get("mcp_only") else "MCPL"
         tools = ", ".join(t for t in d.get("tools", []) if t) or "no tools"
@@ -51,7 +54,8 @@ def format_event(e: TraceEvent) -> str | None:
     if k == "local":
         return f"operator → {e.agent}: {_excerpt(d.get('text'))}"
     if k == "tool-call":
-        return f"  {e.agent} calls {d.get('tool')} {json.dumps(d.get('arguments'), ensure_ascii=False)}"
+        arguments = json.dumps(d.get("arguments"), ensure_ascii=False)
+        return f"  {e.agent} calls {d.get('tool')} {arguments}"
     if k == "tool-result":
         text = " ".join(b.get("text", "") for b in d.get("content", []) if isinstance(b, Mapping))
         flag = " (error)" if d.get("is_error") else ""
@@ -59,7 +63,8 @@ def format_event(e: TraceEvent) -> str | None:
     if k == "error":
         return f"! {e.agent or e.server_id}: {d.get('error')}"
     if k == "disconnected":
-        return f"! {e.server_id} disconnected ({d.get('reason')}); reconnecting in {d.get('retry_in_s')}s"
+        retry = d.get("retry_in_s")
+        return f"! {e.server_id} disconnected ({d.get('reason')}); reconnecting in {retry}s"
     if k == "diagnostic":
         return f"? {e.server_id or e.agent}: {_excerpt(d.get('text'))}"
     if k == "channel-registered":
@@ -81,8 +86,16 @@ async def _run(config: Any, duration: float | None, out: Any) -> None:
                 if line is not None:
                     print(line, file=out, flush=True)
 
+        async def stop_on_signal(scope: trio.CancelScope) -> None:
+            with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+                async for signum in signals:
+                    print(f"· {signal.Signals(signum).name}: stopping", file=out, flush=True)
+                    scope.cancel()
+                    return
+
         async with trio.open_nursery() as nursery:
             nursery.start_soon(show)
+            nursery.start_soon(stop_on_signal, nursery.cancel_scope)
             if duration is not None:
                 await trio.sleep(duration)
             else:
@@ -147,7 +160,8 @@ def cmd_check(args: argparse.Namespace) -> int:
     if problems:
         return 1
     print(
-        f"{args.config}: ok — {len(cfg.servers)} server(s), {len(cfg.agents)} agent(s); data in {cfg.data_dir}"
+        f"{args.config}: ok — {len(cfg.servers)} server(s), {len(cfg.agents)} agent(s); "
+        f"data in {cfg.data_dir}"
     )
     for s in cfg.servers:
         how = " ".join(s.command) if s.command else s.url

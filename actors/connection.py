@@ -8,9 +8,9 @@ send side (fed by a bounded outbox), a dispatcher that takes the server's reques
 queue, and at most ``MAX_HANDLERS`` handler tasks. When the queue is full the reader stops
 reading, so a flooding server is slowed down by its own transport (backpressure), nothing it sent
 is refused for being too many, and memory stays bounded. Replies wait for room in the outbox the
-same way; no answer is ever dropped. The actor's own mailbox serves ``Call``/``Status`` asks from agents
-and channels; a ``Call`` runs in a child task, so a server that never answers stalls only the
-asker, and only until the request deadline.
+same way; no answer is ever dropped. The actor's own mailbox serves ``Call``/``Status`` asks from
+agents and channels; a ``Call`` runs in a child task, so a server that never answers stalls only
+the asker, and only until the request deadline.
 
 Supervision: a link that ends (EOF, crash, garbage that kills the transport, a failed handshake)
 is reopened after an exponential backoff with jitter (5 s base, 5 min cap), with a fresh
@@ -196,6 +196,10 @@ class ConnectionActor(Actor):
         else:
             raise TypeError(f"unexpected message {msg!r}")
 
+    def _publish_status(self) -> None:
+        """Replace this server's published snapshot (read by agents' turns without an ask)."""
+        self.ctx.statuses[self.sid] = self.status()
+
     def status(self) -> ConnStatus:
         link = self.link
         return ConnStatus(
@@ -271,6 +275,7 @@ class ConnectionActor(Actor):
                 reason = _describe(exc)
             finally:
                 self.link = None
+                self._publish_status()
             if trio.current_time() - started >= HEALTHY_AFTER_S:
                 attempt = 0
             delay = backoff_delay(attempt, BACKOFF_BASE_S, BACKOFF_CAP_S, self.ctx.rng.random())
@@ -492,6 +497,7 @@ class ConnectionActor(Actor):
             for i in range(0, len(waiting), READ_BATCH):
                 await self._queue_requests(link, waiting[i : i + READ_BATCH])
         link.ready = True
+        self._publish_status()
         self._trace(
             "ready",
             mcp_only=link.mcp_only,
@@ -565,6 +571,7 @@ class ConnectionActor(Actor):
             if not cursor:
                 break
         link.tools = tuple(tools)
+        self._publish_status()
 
     # -- notifications ----------------------------------------------------------------------
     def _on_notification(self, link: Link, note: rpc.Notification) -> None:
@@ -664,12 +671,13 @@ class ConnectionActor(Actor):
         for req, pending in out:
             try:
                 self._admit(link, req.method)
+                parsed: list[tuple[str | None, Any, dict[str, Any]]]
                 if pending.push:
-                    scoped, ingest, trace = self._parse_push(link, req.params)
-                    groups.setdefault(scoped, []).append((pending, ingest, trace))
+                    parsed = [self._parse_push(link, req.params)]
                 else:
-                    for cid, ingest, trace in self._parse_incoming(link, req.params, pending):
-                        groups.setdefault(cid, []).append((pending, ingest, trace))
+                    parsed = list(self._parse_incoming(link, req.params, pending))
+                for channel_id, ingest, trace in parsed:
+                    groups.setdefault(channel_id, []).append((pending, ingest, trace))
             except Exception as exc:
                 pending.error = _as_rpc_error(exc, req.method)
         timeout = self.cfg.request_timeout_s
@@ -789,7 +797,9 @@ class ConnectionActor(Actor):
         for prepared, trace in pending.items:
             ok = True
             try:
-                committed = await prepared.future.wait()
+                future = prepared.future
+                # most writes of a batch commit together: wait only for one still pending
+                committed = future.result() if future.done else await future.wait()
                 if getattr(committed, "stored", False):
                     done.append((prepared, trace))
             except StoreError as exc:

@@ -33,6 +33,9 @@ class HostContext:
         self.rng = random.Random()
         self.agents: dict[str, ActorRef[Any]] = {}
         self.connections: dict[str, ActorRef[Any]] = {}
+        # Each connection's latest status, an immutable snapshot that only that connection
+        # replaces; one entry per configured server.
+        self.statuses: dict[str, Any] = {}
         self.channels: dict[tuple[str, str | None], ActorRef[Any]] = {}
         self.channel_nursery: trio.Nursery | None = None
         self.channel_factory: Callable[[str, str | None], Any] | None = None

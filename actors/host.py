@@ -121,16 +121,31 @@ class Host:
 class TraceStream:
     """An async iterator of trace events, subscribed from the moment it is created; it first
     replays the bus's recent events (so a caller that subscribes right after ``open`` misses
-    nothing that happened since)."""
+    nothing that happened since).
+
+    Events already buffered are handed out without a scheduler round each; every
+    ``YIELD_EVERY`` events it still yields, so a busy reader never starves the host.
+    """
+
+    YIELD_EVERY = 64
 
     def __init__(self, bus: TraceBus) -> None:
         self._recv = bus.subscribe_nowait(replay=True)
+        self._streak = 0
 
     def __aiter__(self) -> TraceStream:
         return self
 
     async def __anext__(self) -> TraceEvent:
         try:
+            if self._streak < self.YIELD_EVERY:
+                try:
+                    event = self._recv.receive_nowait()
+                    self._streak += 1
+                    return event
+                except trio.WouldBlock:
+                    pass
+            self._streak = 0
             return await self._recv.receive()
         except (trio.EndOfChannel, trio.ClosedResourceError):
             raise StopAsyncIteration from None

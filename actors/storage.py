@@ -36,12 +36,22 @@ class StoreFuture:
         self._result = result
         self._done.set()
 
-    async def wait(self) -> Any:
-        """The op's result once it is committed; a failed op raises its ``StoreError``."""
-        await self._done.wait()
+    @property
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    def result(self) -> Any:
+        """The result of a committed op (``done`` must be true); a failed op raises."""
+        if not self._done.is_set():
+            raise RuntimeError("the write is not committed yet")
         if isinstance(self._result, BaseException):
             raise self._result
         return self._result
+
+    async def wait(self) -> Any:
+        """The op's result once it is committed; a failed op raises its ``StoreError``."""
+        await self._done.wait()
+        return self.result()
 
 
 class StoreClient:

@@ -16,7 +16,7 @@ from protocol.errors import RpcError
 
 from .context import HostContext
 from .errors import AskTimeout, NotConnected
-from .messages import Call, ChannelInfo, ConnStatus, Describe, Publish, SetOpen, Status, WakeTarget
+from .messages import Call, ChannelInfo, ConnStatus, Describe, Publish, SetOpen, WakeTarget
 from .models import ToolSpec
 
 SEP = "--"
@@ -101,21 +101,12 @@ class ToolRuntime:
                 return s.request_timeout_s
         return 60.0
 
-    async def statuses(self) -> list[ConnStatus]:
-        out = []
-        for sid in self.servers:
-            ref = self.ctx.connections.get(sid)
-            if ref is None:
-                continue
-            try:
-                out.append(await ref.ask(Status(), timeout=5))
-            except (AskTimeout, Exception):
-                continue
-        return out
+    def statuses(self) -> list[ConnStatus]:
+        return [st for sid in self.servers if (st := self.ctx.statuses.get(sid)) is not None]
 
     async def specs(self) -> list[ToolSpec]:
         specs = list(HOST_TOOLS)
-        for st in await self.statuses():
+        for st in self.statuses():
             if not st.ready:
                 continue
             for tool in st.tools:

@@ -45,7 +45,7 @@ class _Subscriber:
 
     @property
     def closed(self) -> bool:
-        return self.recv._closed  # the reader went away
+        return self.send.statistics().open_receive_channels == 0  # the reader went away
 
     def room(self) -> int:
         stats = self.send.statistics()
@@ -60,9 +60,9 @@ class TraceBus:
     def emit(self, kind: str, **fields: Any) -> TraceEvent:
         event = TraceEvent(kind=kind, **fields)
         self._recent.append(event)
-        self._subs = [s for s in self._subs if not s.closed]
         if kind in ("diagnostic", "error"):
             log.info("%s %s %s", event.server_id or event.agent or "", kind, dict(event.data))
+        gone = False
         for sub in self._subs:
             try:
                 if sub.dropped:
@@ -78,12 +78,20 @@ class TraceBus:
             except trio.WouldBlock:
                 sub.dropped += 1
             except (trio.BrokenResourceError, trio.ClosedResourceError):
-                pass
+                gone = True
+        if gone:
+            self._prune()
         return event
+
+    def _prune(self) -> None:
+        self._subs = [s for s in self._subs if not s.closed]
 
     def subscribe_nowait(self, *, replay: bool = False) -> trio.MemoryReceiveChannel[TraceEvent]:
         """Subscribe now; close the returned channel to unsubscribe."""
-        self._subs = [s for s in self._subs if not s.closed]
+        return self._add(replay).recv
+
+    def _add(self, replay: bool) -> _Subscriber:
+        self._prune()
         if len(self._subs) >= MAX_SUBSCRIBERS:
             raise RuntimeError(f"at most {MAX_SUBSCRIBERS} trace subscribers")
         sub = _Subscriber()
@@ -91,22 +99,17 @@ class TraceBus:
             for event in list(self._recent)[-SUBSCRIBER_CAP // 2 :]:
                 sub.send.send_nowait(event)
         self._subs.append(sub)
-        return sub.recv
+        return sub
 
     @asynccontextmanager
     async def subscribe(self) -> AsyncIterator[trio.MemoryReceiveChannel[TraceEvent]]:
-        self._subs = [s for s in self._subs if not s.closed]
-        if len(self._subs) >= MAX_SUBSCRIBERS:
-            raise RuntimeError(f"at most {MAX_SUBSCRIBERS} trace subscribers")
-        sub = _Subscriber()
-        self._subs.append(sub)
+        sub = self._add(replay=False)
         try:
             yield sub.recv
         finally:
-            # ``emit`` may already have forgotten it (the reader closed its channel).
+            sub.send.close()  # the reader sees the end of the channel
             if sub in self._subs:
                 self._subs.remove(sub)
-            sub.send.close()
 
     def close(self) -> None:
         for sub in self._subs:

@@ -192,7 +192,7 @@ class WebsocketTransport:
 @asynccontextmanager
 async def open_websocket(cfg: ServerConfig) -> AsyncIterator[WebsocketTransport]:
     assert cfg.url is not None
-    headers = [("Authorization", f"Bearer {cfg.token}")] if cfg.token else []
+    headers = [(b"Authorization", f"Bearer {cfg.token}".encode())] if cfg.token else []
     async with trio_websocket.open_websocket_url(
         cfg.url,
         extra_headers=headers,

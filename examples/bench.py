@@ -58,7 +58,13 @@ async def run_mcplive(workdir: Path, messages: int, extra: list[str]) -> tuple[f
     cfg: dict[str, Any] = {
         "host": {"data_dir": str(workdir / "data")},
         "servers": [{"id": "bench", "command": [*SERVER, "--messages", str(messages), *extra]}],
-        "agents": [{"name": "Bench", "model": f"scripted:{workdir / 'silent.toml'}", "context_tokens": 2000}],
+        "agents": [
+            {
+                "name": "Bench",
+                "model": f"scripted:{workdir / 'silent.toml'}",
+                "context_tokens": 2000,
+            }
+        ],
     }
     latencies: list[float] = []
     async with Host.open(cfg) as host:
@@ -82,7 +88,10 @@ def _send(stream_lines: list[bytes], obj: Any) -> None:
 async def run_thin(workdir: Path, messages: int) -> float:
     db = Database(workdir / "thin.sqlite3")
     proc = await trio.lowlevel.open_process(
-        [*SERVER, "--messages", str(messages)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        [*SERVER, "--messages", str(messages)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
     )
     assert proc.stdin and proc.stdout and proc.stderr
     result: list[float] = []
@@ -102,7 +111,19 @@ async def run_thin(workdir: Path, messages: int) -> float:
                     return
 
     out: list[bytes] = []
-    _send(out, {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {"protocolVersion": "2024-11-05", "capabilities": {}, "clientInfo": {"name": "thin"}}})
+    _send(
+        out,
+        {
+            "jsonrpc": "2.0",
+            "id": 1,
+            "method": "initialize",
+            "params": {
+                "protocolVersion": "2024-11-05",
+                "capabilities": {},
+                "clientInfo": {"name": "thin"},
+            },
+        },
+    )
     async with trio.open_nursery() as nursery:
         nursery.start_soon(watch_stderr)
         await proc.stdin.send_all(b"".join(out))
@@ -120,7 +141,17 @@ async def run_thin(workdir: Path, messages: int) -> float:
                 method = msg.get("method")
                 if msg.get("id") == 1 and "result" in msg and method is None:
                     _send(out, {"jsonrpc": "2.0", "method": "notifications/initialized"})
-                    _send(out, {"jsonrpc": "2.0", "id": 2, "method": "featureSets/update", "params": {"effectiveCapabilities": ["channels.register", "channels.incoming"]}})
+                    _send(
+                        out,
+                        {
+                            "jsonrpc": "2.0",
+                            "id": 2,
+                            "method": "featureSets/update",
+                            "params": {
+                                "effectiveCapabilities": ["channels.register", "channels.incoming"]
+                            },
+                        },
+                    )
                 elif method == "channels/register":
                     results = [{"id": c["id"], "accepted": True} for c in msg["params"]["channels"]]
                     _send(out, {"jsonrpc": "2.0", "id": msg["id"], "result": {"results": results}})
@@ -128,7 +159,12 @@ async def run_thin(workdir: Path, messages: int) -> float:
                     results = []
                     for m in msg["params"]["messages"]:
                         text = m["content"][0]["text"]
-                        batch.append(Append(records=(_record(n, text),), dedupe=("incoming", "bench", m["messageId"])))
+                        batch.append(
+                            Append(
+                                records=(_record(n, text),),
+                                dedupe=("incoming", "bench", m["messageId"]),
+                            )
+                        )
                         n += 1
                         results.append({"messageId": m["messageId"], "accepted": True})
                     _send(out, {"jsonrpc": "2.0", "id": msg["id"], "result": {"results": results}})
@@ -151,7 +187,9 @@ def run_raw(workdir: Path, messages: int) -> float:
     ]
     start = time.perf_counter()
     conn.execute("BEGIN IMMEDIATE")
-    conn.executemany("INSERT INTO messages (id, agent, role, created_at, body) VALUES (?, ?, ?, ?, ?)", rows)
+    conn.executemany(
+        "INSERT INTO messages (id, agent, role, created_at, body) VALUES (?, ?, ?, ?, ?)", rows
+    )
     conn.execute("COMMIT")
     seconds = time.perf_counter() - start
     conn.close()
@@ -164,20 +202,35 @@ def pct(values: list[float], q: float) -> float:
 
 
 async def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--messages", type=int, default=5000)
     p.add_argument("--latency-messages", type=int, default=3000)
+    p.add_argument("--rounds", type=int, default=3, help="(a) and (b) alternate; medians shown")
     args = p.parse_args()
+    a_runs: list[float] = []
+    b_runs: list[float] = []
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        for sub in ("a", "b", "lat"):
-            (work / sub).mkdir()
-        a_s, _ = await run_mcplive(work / "a", args.messages, [])
-        b_s = await run_thin(work / "b", args.messages)
-        c_s = await trio.to_thread.run_sync(run_raw, work / "b", args.messages)
-        _, lat = await run_mcplive(work / "lat", args.latency_messages, ["--rate", "1000", "--window", "100000"])
+        for r in range(args.rounds):
+            for sub in ("a", "b"):
+                (work / f"{sub}{r}").mkdir()
+            a_runs.append((await run_mcplive(work / f"a{r}", args.messages, []))[0])
+            b_runs.append(await run_thin(work / f"b{r}", args.messages))
+        c_s = await trio.to_thread.run_sync(run_raw, work / "b0", args.messages)
+        (work / "lat").mkdir()
+        _, lat = await run_mcplive(
+            work / "lat", args.latency_messages, ["--rate", "1000", "--window", "100000"]
+        )
+    a_s, b_s = statistics.median(a_runs), statistics.median(b_runs)
     a, b, c = (args.messages / s for s in (a_s, b_s, c_s))
     print(f"messages: {args.messages}, one per channels/incoming request, over a real stdio server")
+    print(
+        f"rounds: {args.rounds}, (a) and (b) alternating; medians of msg/s: "
+        f"a {[round(args.messages / s) for s in a_runs]}, "
+        f"b {[round(args.messages / s) for s in b_runs]}"
+    )
     print(f"(a) mcplive end-to-end ingest (stored durably, wake decided): {a:10.0f} msg/s")
     print(f"(b) thinnest host (one task, json, batched transactions):    {b:10.0f} msg/s")
     print(f"(c) raw executemany in one transaction:                      {c:10.0f} msg/s")

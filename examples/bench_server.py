@@ -31,7 +31,9 @@ async def main() -> None:
     manifest = {
         "version": "0.5",
         "channels": {"register": True, "incoming": True, "publish": True},
-        "featureSets": {"bench": {"description": "bench", "uses": ["channels.register", "channels.incoming"]}},
+        "featureSets": {
+            "bench": {"description": "bench", "uses": ["channels.register", "channels.incoming"]}
+        },
     }
     answered = 0
     outstanding = trio.Semaphore(args.window)
@@ -55,13 +57,35 @@ async def main() -> None:
                 method = msg.get("method")
                 if method == "initialize":
                     caps = {"experimental": {"mcpl": manifest}}
-                    await stdout.send_all(_line({"jsonrpc": "2.0", "id": msg["id"], "result": {"protocolVersion": "2024-11-05", "capabilities": caps, "serverInfo": {"name": "bench"}}}))
+                    await stdout.send_all(
+                        _line(
+                            {
+                                "jsonrpc": "2.0",
+                                "id": msg["id"],
+                                "result": {
+                                    "protocolVersion": "2024-11-05",
+                                    "capabilities": caps,
+                                    "serverInfo": {"name": "bench"},
+                                },
+                            }
+                        )
+                    )
                 elif method == "featureSets/update":
                     if "id" in msg:
-                        await stdout.send_all(_line({"jsonrpc": "2.0", "id": msg["id"], "result": {"accepted": True}}))
+                        await stdout.send_all(
+                            _line({"jsonrpc": "2.0", "id": msg["id"], "result": {"accepted": True}})
+                        )
                     ready.set()
                 elif "id" in msg and method is not None:
-                    await stdout.send_all(_line({"jsonrpc": "2.0", "id": msg["id"], "error": {"code": -32601, "message": "no"}}))
+                    await stdout.send_all(
+                        _line(
+                            {
+                                "jsonrpc": "2.0",
+                                "id": msg["id"],
+                                "error": {"code": -32601, "message": "no"},
+                            }
+                        )
+                    )
                 elif "id" in msg:  # an answer to one of ours
                     if msg["id"] == 1:
                         registered.set()
@@ -75,7 +99,16 @@ async def main() -> None:
         nursery.start_soon(reader)
         await ready.wait()
         desc = {"id": "bench:#load", "type": "chat", "label": "load", "direction": "bidirectional"}
-        await stdout.send_all(_line({"jsonrpc": "2.0", "id": 1, "method": "channels/register", "params": {"channels": [desc]}}))
+        await stdout.send_all(
+            _line(
+                {
+                    "jsonrpc": "2.0",
+                    "id": 1,
+                    "method": "channels/register",
+                    "params": {"channels": [desc]},
+                }
+            )
+        )
         await registered.wait()
         start = time.monotonic()
         for i in range(args.messages):
@@ -85,10 +118,28 @@ async def main() -> None:
                     await trio.sleep(delay)
             await outstanding.acquire()
             text = f"t={time.monotonic():.6f} message {i}"
-            params = {"messages": [{"channelId": "bench:#load", "messageId": f"b{i}", "author": {"id": "u", "name": "Load"}, "timestamp": "2026-01-01T00:00:00Z", "content": [{"type": "text", "text": text}]}]}
-            await stdout.send_all(_line({"jsonrpc": "2.0", "id": i + 2, "method": "channels/incoming", "params": params}))
+            params = {
+                "messages": [
+                    {
+                        "channelId": "bench:#load",
+                        "messageId": f"b{i}",
+                        "author": {"id": "u", "name": "Load"},
+                        "timestamp": "2026-01-01T00:00:00Z",
+                        "content": [{"type": "text", "text": text}],
+                    }
+                ]
+            }
+            await stdout.send_all(
+                _line(
+                    {"jsonrpc": "2.0", "id": i + 2, "method": "channels/incoming", "params": params}
+                )
+            )
         await all_done.wait()
-        print(f"BENCH sent={args.messages} seconds={time.monotonic() - start:.6f}", file=sys.stderr, flush=True)
+        print(
+            f"BENCH sent={args.messages} seconds={time.monotonic() - start:.6f}",
+            file=sys.stderr,
+            flush=True,
+        )
         nursery.cancel_scope.cancel()
 
 

@@ -37,7 +37,7 @@ class LineBuffer:
         self._discarding = 0  # bytes dropped of the current oversized line, 0 when not dropping
         self._eof = False
 
-    def receive_data(self, data: bytes) -> list[Framed]:
+    def receive_data(self, data: bytes | bytearray) -> list[Framed]:
         out: list[Framed] = []
         if not data:
             self._eof = True

@@ -138,24 +138,35 @@ class Database:
     def apply(self, ops: Sequence[Op]) -> list[Outcome]:
         """Apply ``ops`` in order in one transaction and commit; one outcome per op.
 
-        Each op runs inside a savepoint, so an op that fails (a duplicate message id, a value
-        that cannot be encoded) is undone alone and its outcome is the :class:`StoreError`. If
-        the transaction itself fails, it is rolled back and the ops are applied one transaction
-        each, so a bad op never fails the others. Never raises for an op's failure.
+        The batch first runs as it is. If an op fails (a duplicate message id, a value that
+        cannot be encoded), the batch is rolled back and run again with each op inside a
+        savepoint, so the failing op is undone alone and its outcome is the
+        :class:`StoreError`. If the transaction itself fails, it is rolled back and the ops are
+        applied one transaction each, so a bad op never fails the others. Never raises for an
+        op's failure.
         """
         if not ops:
             return []
         conn = self._connection()
         try:
-            return self._apply_batch(conn, ops)
+            try:
+                return self._apply_batch(conn, ops, savepoints=False)
+            except StoreError:
+                _rollback(conn)
+            return self._apply_batch(conn, ops, savepoints=True)
         except Exception:
             _rollback(conn)
         return [self._apply_alone(conn, op) for op in ops]
 
-    def _apply_batch(self, conn: sqlite3.Connection, ops: Sequence[Op]) -> list[Outcome]:
+    def _apply_batch(
+        self, conn: sqlite3.Connection, ops: Sequence[Op], *, savepoints: bool
+    ) -> list[Outcome]:
         outcomes: list[Outcome] = []
         conn.execute("BEGIN IMMEDIATE")
         for op in ops:
+            if not savepoints:
+                outcomes.append(_apply_op(conn, op))  # a StoreError aborts this attempt
+                continue
             conn.execute("SAVEPOINT op")
             try:
                 outcome: Outcome = _apply_op(conn, op)

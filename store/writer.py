@@ -16,7 +16,7 @@ import logging
 import os
 import threading
 from collections import deque
-from collections.abc import Sequence, Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import attrs

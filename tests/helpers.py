@@ -24,7 +24,9 @@ def scripted(tmp_path: Path, name: str, rules: str) -> str:
     return f"scripted:{path}"
 
 
-def config(tmp_path: Path, servers: list[dict[str, Any]], agents: list[dict[str, Any]]) -> dict[str, Any]:
+def config(
+    tmp_path: Path, servers: list[dict[str, Any]], agents: list[dict[str, Any]]
+) -> dict[str, Any]:
     return {"host": {"data_dir": str(tmp_path / "data")}, "servers": servers, "agents": agents}
 
 

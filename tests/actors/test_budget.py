@@ -43,6 +43,14 @@ def test_estimate_tokens_rule():
     assert estimate_tokens(call(4000)) > estimate_tokens(call(0)) + 900
 
 
+def test_a_rendered_message_carries_its_own_count():
+    cached = {**text("user", 4000), "tokens": 3}
+    assert estimate_tokens(cached) == 3
+    history = [{**text("user", 0, "u1"), "tokens": 50}, {**text("user", 4000, "u2"), "tokens": 5}]
+    assert tags(fit_budget(history, 55)) == ["u1", "u2"]
+    assert tags(fit_budget(history, 54)) == ["u2"]
+
+
 @given(st.text(), st.text())
 def test_estimate_tokens_grows_with_text(a: str, b: str):
     one = {"role": "user", "blocks": [{"type": "text", "text": a}]}

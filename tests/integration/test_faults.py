@@ -30,7 +30,11 @@ def answered(method: str, key: str, value: str):
 async def test_crashed_server_is_reconnected_with_a_fresh_handshake(tmp_path: Path) -> None:
     with trio.fail_after(90):
         async with open_control_listener() as listener:
-            cfg = config(tmp_path, [lobby(listener.address)], [{"name": "Ada", "model": scripted(tmp_path, "a", "")}])
+            cfg = config(
+                tmp_path,
+                [lobby(listener.address)],
+                [{"name": "Ada", "model": scripted(tmp_path, "a", "")}],
+            )
             async with Host.open(cfg) as host:
                 stream = host.trace()
                 first = await listener.accept()
@@ -42,13 +46,18 @@ async def test_crashed_server_is_reconnected_with_a_fresh_handshake(tmp_path: Pa
                 await ready(second)
                 assert received(second, "initialize")  # a fresh handshake on the new process
                 second.send({"cmd": "push", "eventId": "after", "text": "back again"})
-                await second.wait_for(answered("push/event", "eventId", "after"), "push after restart")
+                await second.wait_for(
+                    answered("push/event", "eventId", "after"), "push after restart"
+                )
                 await host.run_until_idle()
                 assert texts(host.history("Ada")) == ["back again"]
 
 
 async def test_unanswered_request_hits_its_deadline_while_other_agents_work(tmp_path: Path) -> None:
-    stall = '[[rules]]\nwhen = "stall"\ncalls = [{ tool = "lobby--stall", arguments = {} }]\nsay = "gave up waiting"\n'
+    stall = (
+        '[[rules]]\nwhen = "stall"\ncalls = [{ tool = "lobby--stall", arguments = {} }]\n'
+        'say = "gave up waiting"\n'
+    )
     ping = '[[rules]]\nwhen = "ping"\nsay = "pong"\n'
     agents = [
         {"name": "Slow", "model": scripted(tmp_path, "s", stall)},
@@ -61,24 +70,49 @@ async def test_unanswered_request_hits_its_deadline_while_other_agents_work(tmp_
                 stream = host.trace()
                 ctl = await listener.accept()
                 await ready(ctl)
-                ctl.send({"cmd": "incoming", "channelId": "lobby:#general", "messageId": "s1", "text": "please stall"})
+                ctl.send(
+                    {
+                        "cmd": "incoming",
+                        "channelId": "lobby:#general",
+                        "messageId": "s1",
+                        "text": "please stall",
+                    }
+                )
                 seen: list = []
-                await wait_trace(stream, lambda e: e.kind == "tool-call" and e.agent == "Slow", "stall call", seen)
-                ctl.send({"cmd": "incoming", "channelId": "lobby:#random", "messageId": "p1", "text": "ping"})
                 await wait_trace(
-                    stream, lambda e: e.kind == "tool-result" and e.agent == "Slow", "stall deadline", seen
+                    stream,
+                    lambda e: e.kind == "tool-call" and e.agent == "Slow",
+                    "stall call",
+                    seen,
+                )
+                ctl.send(
+                    {
+                        "cmd": "incoming",
+                        "channelId": "lobby:#random",
+                        "messageId": "p1",
+                        "text": "ping",
+                    }
+                )
+                await wait_trace(
+                    stream,
+                    lambda e: e.kind == "tool-result" and e.agent == "Slow",
+                    "stall deadline",
+                    seen,
                 )
                 kinds = [(e.kind, e.agent) for e in seen]
                 # Quick answered while Slow's tool call was still pending
                 assert kinds.index(("published", "Quick")) < kinds.index(("tool-result", "Slow"))
                 await host.run_until_idle()
-                result = [m for m in host.history("Slow") if m["role"] == "tool"][0]["blocks"][0]
+                tool = next(m for m in host.history("Slow") if m["role"] == "tool")
+                result = tool["blocks"][0]
                 assert result["is_error"] is True
                 assert "no answer" in result["content"][0]["text"]
                 await ctl.wait_for(
-                    lambda e: e["event"] == "received"
-                    and e["message"].get("method") == "channels/publish"
-                    and e["message"]["params"]["content"][0]["text"] == "gave up waiting",
+                    lambda e: (
+                        e["event"] == "received"
+                        and e["message"].get("method") == "channels/publish"
+                        and e["message"]["params"]["content"][0]["text"] == "gave up waiting"
+                    ),
                     "Slow's reply",
                 )
                 assert ("lobby:#random", "pong") in publishes(ctl)
@@ -88,14 +122,24 @@ async def test_garbage_and_oversized_lines_leave_the_connection_alive(tmp_path: 
     with trio.fail_after(60):
         async with open_control_listener() as listener:
             server = lobby(listener.address, max_line_bytes=2000)
-            cfg = config(tmp_path, [server], [{"name": "Ada", "model": scripted(tmp_path, "a", "")}])
+            cfg = config(
+                tmp_path, [server], [{"name": "Ada", "model": scripted(tmp_path, "a", "")}]
+            )
             async with Host.open(cfg) as host:
                 stream = host.trace()
                 ctl = await listener.accept()
                 await ready(ctl)
                 ctl.send({"cmd": "line", "text": "[lobby] this is a log line, not JSON"})
-                ctl.send({"cmd": "line", "text": '{"id": 77, "method": "push/event", "params": {}}'})
-                ctl.send({"cmd": "line", "text": '{"jsonrpc": "2.0", "id": 78, "method": "push/event", "params": "x"'})
+                ctl.send(
+                    {"cmd": "line", "text": '{"id": 77, "method": "push/event", "params": {}}'}
+                )
+                ctl.send(
+                    {
+                        "cmd": "line",
+                        "text":  # truncated JSON
+                        '{"jsonrpc": "2.0", "id": 78, "method": "push/event"',
+                    }
+                )
                 ctl.send({"cmd": "line", "text": "x" * 5000})
                 ctl.send({"cmd": "push", "eventId": "ok1", "text": "still fine"})
                 await ctl.wait_for(answered("push/event", "eventId", "ok1"), "push after garbage")
@@ -114,7 +158,9 @@ async def test_garbage_and_oversized_lines_leave_the_connection_alive(tmp_path: 
                 assert not any(e.kind == "disconnected" for e in seen)
                 assert texts(host.history("Ada")) == ["still fine"]
                 refusal = [
-                    e for e in ctl.events if e["event"] == "received" and e["message"].get("id") == 77
+                    e
+                    for e in ctl.events
+                    if e["event"] == "received" and e["message"].get("id") == 77
                 ]
                 assert refusal and refusal[0]["message"]["error"]["code"] == -32600
 
@@ -122,12 +168,18 @@ async def test_garbage_and_oversized_lines_leave_the_connection_alive(tmp_path: 
 async def test_a_flood_of_pushes_is_stored_once_each(tmp_path: Path) -> None:
     with trio.fail_after(120):
         async with open_control_listener() as listener:
-            cfg = config(tmp_path, [lobby(listener.address)], [{"name": "Ada", "model": scripted(tmp_path, "a", "")}])
+            cfg = config(
+                tmp_path,
+                [lobby(listener.address)],
+                [{"name": "Ada", "model": scripted(tmp_path, "a", "")}],
+            )
             async with Host.open(cfg) as host:
                 ctl = await listener.accept()
                 await ready(ctl)
                 ctl.send({"cmd": "flood", "count": 1500, "text": "flood"})
-                done = await ctl.wait_for(lambda e: e["event"] == "flood_done", "flood done", timeout=100)
+                done = await ctl.wait_for(
+                    lambda e: e["event"] == "flood_done", "flood done", timeout=100
+                )
                 await host.run_until_idle()
                 ids = [m["metadata"]["event_id"] for m in host.history("Ada")]
                 assert len(ids) == len(set(ids)) == done["accepted"]
@@ -137,7 +189,10 @@ async def test_a_flood_of_pushes_is_stored_once_each(tmp_path: Path) -> None:
 def _write_config(tmp_path: Path, address: str) -> Path:
     model = scripted(tmp_path, "a", "")
     path = tmp_path / "host.toml"
-    cmd = ", ".join(f'"{c}"' for c in [sys.executable, "-m", "examples.lobby_server", "--control-connect", address])
+    cmd = ", ".join(
+        f'"{c}"'
+        for c in [sys.executable, "-m", "examples.lobby_server", "--control-connect", address]
+    )
     path.write_text(
         f'[host]\ndata_dir = "data"\n\n[[servers]]\nid = "lobby"\ncommand = [{cmd}]\n\n'
         f'[[agents]]\nname = "Ada"\nmodel = "{model}"\n',
@@ -154,7 +209,9 @@ async def _push_all(ctl, ids: list[str]) -> None:
         assert answer["response"]["result"] == {"accepted": True}
 
 
-async def test_acknowledged_items_survive_sigkill_and_retries_are_not_stored_twice(tmp_path: Path) -> None:
+async def test_acknowledged_items_survive_sigkill_and_retries_are_not_stored_twice(
+    tmp_path: Path,
+) -> None:
     ids = [f"k{i}" for i in range(40)]
     with trio.fail_after(120):
         async with open_control_listener() as listener:

@@ -54,7 +54,11 @@ async def test_handshake_order_and_default_grant(tmp_path: Path, form: str) -> N
                     for e in ctl.events
                     if e["event"] == "received" and "method" in e["message"]
                 ]
-                assert methods[:3] == ["initialize", "notifications/initialized", "featureSets/update"]
+                assert methods[:3] == [
+                    "initialize",
+                    "notifications/initialized",
+                    "featureSets/update",
+                ]
                 init = received(ctl, "initialize")[0]
                 assert init["params"]["protocolVersion"] == "2024-11-05"
                 assert init["params"]["capabilities"]["experimental"]["mcpl"]["version"] == "0.5"
@@ -65,7 +69,9 @@ async def test_handshake_order_and_default_grant(tmp_path: Path, form: str) -> N
                 assert "contextHooks.beforeInference.inject.system" not in grant
                 assert sorted(update["params"]["enabled"]) == ["lobby.chat", "lobby.events"]
                 status = host.ctx.connections["lobby"]
-                st = await status.ask(__import__("actors.messages", fromlist=["Status"]).Status(), timeout=5)
+                st = await status.ask(
+                    __import__("actors.messages", fromlist=["Status"]).Status(), timeout=5
+                )
                 assert st.ready and not st.mcp_only
 
 
@@ -83,7 +89,9 @@ async def test_featuresets_update_notification_fallback(tmp_path: Path) -> None:
                 updates = received(ctl, "featureSets/update")
                 assert "id" in updates[0] and "id" not in updates[1]
                 ctl.send({"cmd": "push", "eventId": "e1", "text": "after fallback"})
-                answer = await ctl.wait_for(is_response("push/event", "eventId", "e1"), "push answer")
+                answer = await ctl.wait_for(
+                    is_response("push/event", "eventId", "e1"), "push answer"
+                )
                 assert answer["response"]["result"] == {"accepted": True}
                 await host.run_until_idle()
                 assert "after fallback" in texts(host.history("Ada"))
@@ -104,7 +112,9 @@ async def test_featuresets_update_never_answered_runs_mcp_only(tmp_path: Path) -
                 assert event.data["mcp_only"] is True
                 assert event.data["tools"] == ["forecast", "roll", "stall"]
                 ctl.send({"cmd": "push", "eventId": "e1", "text": "refused"})
-                answer = await ctl.wait_for(is_response("push/event", "eventId", "e1"), "push answer")
+                answer = await ctl.wait_for(
+                    is_response("push/event", "eventId", "e1"), "push answer"
+                )
                 assert answer["response"]["error"]["code"] == -32601
                 await host.run_until_idle()
                 assert host.history("Ada") == []
@@ -114,14 +124,18 @@ async def test_push_is_stored_then_wakes_without_publishing(tmp_path: Path) -> N
     with trio.fail_after(60):
         async with open_control_listener() as listener:
             cfg = config(
-                tmp_path, [lobby(listener.address)], [{"name": "Ada", "model": scripted(tmp_path, "a", HELLO)}]
+                tmp_path,
+                [lobby(listener.address)],
+                [{"name": "Ada", "model": scripted(tmp_path, "a", HELLO)}],
             )
             async with Host.open(cfg) as host:
                 stream = host.trace()
                 ctl = await listener.accept()
                 await ready(ctl)
                 ctl.send({"cmd": "push", "eventId": "e1", "text": "hello from the clock"})
-                answer = await ctl.wait_for(is_response("push/event", "eventId", "e1"), "push answer")
+                answer = await ctl.wait_for(
+                    is_response("push/event", "eventId", "e1"), "push answer"
+                )
                 assert answer["response"]["result"] == {"accepted": True}
                 held = await wait_trace(stream, lambda e: e.kind == "speech-held", "the reply")
                 assert held.agent == "Ada"
@@ -144,16 +158,28 @@ async def test_incoming_reply_goes_to_its_channel_and_echo_does_not_wake(tmp_pat
             async with Host.open(cfg) as host:
                 ctl = await listener.accept()
                 await ready(ctl)
-                ctl.send({"cmd": "incoming", "channelId": "lobby:#random", "messageId": "x1", "text": "hello all"})
+                ctl.send(
+                    {
+                        "cmd": "incoming",
+                        "channelId": "lobby:#random",
+                        "messageId": "x1",
+                        "text": "hello all",
+                    }
+                )
                 await ctl.wait_for(
-                    lambda e: e["event"] == "received" and e["message"].get("method") == "channels/publish",
+                    lambda e: (
+                        e["event"] == "received"
+                        and e["message"].get("method") == "channels/publish"
+                    ),
                     "Ada's reply",
                 )
                 # the echo of Ada's reply comes back as channels/incoming; it must not wake her
                 await ctl.wait_for(
-                    lambda e: e["event"] == "response"
-                    and e["request"]["method"] == "channels/incoming"
-                    and e["request"]["params"]["messages"][0]["messageId"] == "out-1",
+                    lambda e: (
+                        e["event"] == "response"
+                        and e["request"]["method"] == "channels/incoming"
+                        and e["request"]["params"]["messages"][0]["messageId"] == "out-1"
+                    ),
                     "the echo answered",
                 )
                 await host.run_until_idle()
@@ -169,14 +195,26 @@ async def test_agent_calls_an_mcpl_tool(tmp_path: Path) -> None:
     with trio.fail_after(60):
         async with open_control_listener() as listener:
             cfg = config(
-                tmp_path, [lobby(listener.address)], [{"name": "Ada", "model": scripted(tmp_path, "a", HELLO)}]
+                tmp_path,
+                [lobby(listener.address)],
+                [{"name": "Ada", "model": scripted(tmp_path, "a", HELLO)}],
             )
             async with Host.open(cfg) as host:
                 ctl = await listener.accept()
                 await ready(ctl)
-                ctl.send({"cmd": "incoming", "channelId": "lobby:#general", "messageId": "w1", "text": "weather in Oslo?"})
+                ctl.send(
+                    {
+                        "cmd": "incoming",
+                        "channelId": "lobby:#general",
+                        "messageId": "w1",
+                        "text": "weather in Oslo?",
+                    }
+                )
                 await ctl.wait_for(
-                    lambda e: e["event"] == "received" and e["message"].get("method") == "channels/publish",
+                    lambda e: (
+                        e["event"] == "received"
+                        and e["message"].get("method") == "channels/publish"
+                    ),
                     "Ada's reply",
                 )
                 await host.run_until_idle()
@@ -200,19 +238,32 @@ async def test_retried_items_are_stored_once_and_unknown_channels_refused(tmp_pa
     with trio.fail_after(60):
         async with open_control_listener() as listener:
             cfg = config(
-                tmp_path, [lobby(listener.address)], [{"name": "Ada", "model": scripted(tmp_path, "a", "")}]
+                tmp_path,
+                [lobby(listener.address)],
+                [{"name": "Ada", "model": scripted(tmp_path, "a", "")}],
             )
             async with Host.open(cfg) as host:
                 ctl = await listener.accept()
                 await ready(ctl)
                 for _ in range(2):
                     ctl.send({"cmd": "push", "eventId": "dup", "text": "twice sent"})
-                    ctl.send({"cmd": "incoming", "channelId": "lobby:#general", "messageId": "m-dup", "text": "said twice"})
-                ctl.send({"cmd": "incoming", "channelId": "nowhere", "messageId": "n1", "text": "lost"})
+                    ctl.send(
+                        {
+                            "cmd": "incoming",
+                            "channelId": "lobby:#general",
+                            "messageId": "m-dup",
+                            "text": "said twice",
+                        }
+                    )
+                ctl.send(
+                    {"cmd": "incoming", "channelId": "nowhere", "messageId": "n1", "text": "lost"}
+                )
                 answer = await ctl.wait_for(
-                    lambda e: e["event"] == "response"
-                    and e["request"]["method"] == "channels/incoming"
-                    and e["request"]["params"]["messages"][0]["messageId"] == "n1",
+                    lambda e: (
+                        e["event"] == "response"
+                        and e["request"]["method"] == "channels/incoming"
+                        and e["request"]["params"]["messages"][0]["messageId"] == "n1"
+                    ),
                     "refusal",
                 )
                 assert answer["response"]["result"]["results"] == [
@@ -227,27 +278,63 @@ async def test_closed_channel_stores_but_wakes_only_when_addressed(tmp_path: Pat
         async with open_control_listener() as listener:
             rules = '[[rules]]\nwhen = "."\nsay = "heard you"\n'
             cfg = config(
-                tmp_path, [lobby(listener.address)], [{"name": "Ada", "model": scripted(tmp_path, "a", rules)}]
+                tmp_path,
+                [lobby(listener.address)],
+                [{"name": "Ada", "model": scripted(tmp_path, "a", rules)}],
             )
             async with Host.open(cfg) as host:
                 ctl = await listener.accept()
                 await ready(ctl)
-                ctl.send({"cmd": "register", "channels": [{"id": "lobby:#quiet", "type": "chat", "label": "quiet", "initiallyOpen": False}]})
+                ctl.send(
+                    {
+                        "cmd": "register",
+                        "channels": [
+                            {
+                                "id": "lobby:#quiet",
+                                "type": "chat",
+                                "label": "quiet",
+                                "initiallyOpen": False,
+                            }
+                        ],
+                    }
+                )
                 await ctl.wait_for(is_response("channels/register"), "registered", since=ctl.mark())
-                ctl.send({"cmd": "incoming", "channelId": "lobby:#quiet", "messageId": "q1", "text": "psst"})
-                await ctl.wait_for(is_response("channels/incoming"), "q1 answered", since=ctl.mark())
+                ctl.send(
+                    {
+                        "cmd": "incoming",
+                        "channelId": "lobby:#quiet",
+                        "messageId": "q1",
+                        "text": "psst",
+                    }
+                )
+                await ctl.wait_for(
+                    is_response("channels/incoming"), "q1 answered", since=ctl.mark()
+                )
                 await host.run_until_idle()
                 assert texts(host.history("Ada")) == ["psst"]
                 assert publishes(ctl) == []
-                ctl.send({"cmd": "incoming", "channelId": "lobby:#quiet", "messageId": "q2", "text": "@Ada psst", "tags": ["chat:mention"]})
+                ctl.send(
+                    {
+                        "cmd": "incoming",
+                        "channelId": "lobby:#quiet",
+                        "messageId": "q2",
+                        "text": "@Ada psst",
+                        "tags": ["chat:mention"],
+                    }
+                )
                 await ctl.wait_for(
-                    lambda e: e["event"] == "received" and e["message"].get("method") == "channels/publish",
+                    lambda e: (
+                        e["event"] == "received"
+                        and e["message"].get("method") == "channels/publish"
+                    ),
                     "reply to the mention",
                 )
                 assert publishes(ctl) == [("lobby:#quiet", "heard you")]
                 result = await host.execute_tool_call("Ada", "channel_list", {})
                 assert "lobby / lobby:#quiet · quiet · closed" in result["content"][0]["text"]
-                opened = await host.execute_tool_call("Ada", "channel_open", {"channel_id": "lobby:#quiet"})
+                opened = await host.execute_tool_call(
+                    "Ada", "channel_open", {"channel_id": "lobby:#quiet"}
+                )
                 assert opened["is_error"] is False
                 result = await host.execute_tool_call("Ada", "channel_list", {})
                 assert "lobby / lobby:#quiet · quiet · open" in result["content"][0]["text"]

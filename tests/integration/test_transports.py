@@ -47,14 +47,25 @@ async def test_websocket_server_with_token(tmp_path: Path) -> None:
         async with open_control_listener() as listener:
             async with ws_lobby("--token", "s3cret", "--control-connect", listener.address) as url:
                 server = {"id": "lobby", "url": url, "token": "s3cret"}
-                cfg = config(tmp_path, [server], [{"name": "Ada", "model": scripted(tmp_path, "a", rules)}])
+                cfg = config(
+                    tmp_path, [server], [{"name": "Ada", "model": scripted(tmp_path, "a", rules)}]
+                )
                 async with Host.open(cfg) as host:
                     ctl = await listener.accept()
                     await ready(ctl)
-                    ctl.send({"cmd": "incoming", "channelId": "lobby:#general", "messageId": "w1", "text": "hello ws"})
+                    ctl.send(
+                        {
+                            "cmd": "incoming",
+                            "channelId": "lobby:#general",
+                            "messageId": "w1",
+                            "text": "hello ws",
+                        }
+                    )
                     await ctl.wait_for(
-                        lambda e: e["event"] == "received"
-                        and e["message"].get("method") == "channels/publish",
+                        lambda e: (
+                            e["event"] == "received"
+                            and e["message"].get("method") == "channels/publish"
+                        ),
                         "reply over websocket",
                     )
                     await host.run_until_idle()
@@ -66,7 +77,9 @@ async def test_websocket_wrong_token_is_refused_and_the_host_keeps_going(tmp_pat
     with trio.fail_after(60):
         async with ws_lobby("--token", "right") as url:
             server = {"id": "lobby", "url": url, "token": "wrong"}
-            cfg = config(tmp_path, [server], [{"name": "Ada", "model": scripted(tmp_path, "a", "")}])
+            cfg = config(
+                tmp_path, [server], [{"name": "Ada", "model": scripted(tmp_path, "a", "")}]
+            )
             async with Host.open(cfg) as host:
                 stream = host.trace()
                 event = await wait_trace(stream, lambda e: e.kind == "disconnected", "refusal")
@@ -100,10 +113,15 @@ say = "Checked the clock."
             assert "UTC" in result["content"][0]["text"]
 
 
-async def test_agent_on_the_anthropic_provider(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_agent_on_the_anthropic_provider(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     script = FakeScript(
         [
-            Reply(blocks=[tool_use_block("tu_1", "lobby--forecast", {"city": "Lima"})], stop_reason="tool_use"),
+            Reply(
+                blocks=[tool_use_block("tu_1", "lobby--forecast", {"city": "Lima"})],
+                stop_reason="tool_use",
+            ),
             Reply(blocks=[text_block("Lima looks sunny.")]),
         ]
     )
@@ -115,14 +133,27 @@ async def test_agent_on_the_anthropic_provider(tmp_path: Path, monkeypatch: pyte
             async with open_control_listener() as listener:
                 from tests.helpers import lobby
 
-                cfg = config(tmp_path, [lobby(listener.address)], [{"name": "Ada", "model": "anthropic:claude-test"}])
+                cfg = config(
+                    tmp_path,
+                    [lobby(listener.address)],
+                    [{"name": "Ada", "model": "anthropic:claude-test"}],
+                )
                 async with Host.open(cfg) as host:
                     ctl = await listener.accept()
                     await ready(ctl)
-                    ctl.send({"cmd": "incoming", "channelId": "lobby:#general", "messageId": "a1", "text": "weather in Lima?"})
+                    ctl.send(
+                        {
+                            "cmd": "incoming",
+                            "channelId": "lobby:#general",
+                            "messageId": "a1",
+                            "text": "weather in Lima?",
+                        }
+                    )
                     await ctl.wait_for(
-                        lambda e: e["event"] == "received"
-                        and e["message"].get("method") == "channels/publish",
+                        lambda e: (
+                            e["event"] == "received"
+                            and e["message"].get("method") == "channels/publish"
+                        ),
                         "reply",
                     )
                     await host.run_until_idle()

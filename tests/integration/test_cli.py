@@ -1,0 +1,98 @@
+"""The ``mcplive`` command as a user runs it: real processes, real files."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import trio
+
+pytestmark = pytest.mark.slow
+
+MCPLIVE = [sys.executable, "-m", "actors.cli"]
+
+
+def run(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*MCPLIVE, *args], cwd=cwd, capture_output=True, text=True, timeout=60)
+
+
+async def test_bundled_example_talks_and_stops_cleanly_on_ctrl_c(tmp_path: Path) -> None:
+    with trio.fail_after(90):
+        proc = await trio.lowlevel.open_process(
+            [*MCPLIVE, "run"], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        )
+        assert proc.stdout is not None
+        seen = ""
+        try:
+            while " → " not in seen:  # an agent published a reply
+                chunk = await proc.stdout.receive_some(65536)
+                assert chunk, f"mcplive exited early: {seen}"
+                seen += chunk.decode()
+        finally:
+            proc.send_signal(signal.SIGINT)
+            await proc.wait()
+        assert proc.returncode == 0
+        assert "lobby ready: MCPL" in seen
+        assert "registered lobby:#general" in seen
+    history = run("history", "--json", cwd=tmp_path)
+    assert history.returncode == 0
+    messages = [json.loads(line) for line in history.stdout.splitlines()]
+    assert {m["agent"] for m in messages} == {"Ada", "Grace"}
+    for m in messages:
+        assert set(m) == {"id", "agent", "role", "blocks", "metadata"}
+        assert m["role"] in ("user", "assistant", "tool", "system")
+    assert any(m["role"] == "assistant" for m in messages)
+    inbound = [m for m in messages if m["role"] == "user"]
+    assert all(m["metadata"]["server_id"] == "lobby" for m in inbound)
+    first_text = inbound[0]["blocks"][0]["text"]
+    found = run("history", "--search", first_text[:6], "--agent", "Ada", cwd=tmp_path)
+    assert found.returncode == 0 and first_text in found.stdout
+    assert run("history", "--search", "(", "--regex", cwd=tmp_path).returncode == 2
+
+
+def test_check_accepts_the_bundled_example(tmp_path: Path) -> None:
+    example = Path(__file__).resolve().parents[2] / "examples" / "lobby.toml"
+    result = run("check", str(example), cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "ok — 1 server(s), 2 agent(s)" in result.stdout
+    assert "agent Ada: scripted:" in result.stdout
+
+
+def test_check_reports_every_problem_on_one_line_each(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_text(
+        '[[servers]]\nid = "a--b"\ncommand = ["x"]\n\n'
+        '[[servers]]\nid = "web"\nurl = "http://nope"\nrequest_timeout_s = -1\n\n'
+        '[[agents]]\nname = "Ada"\nmodel = "gpt:x"\ncolour = "red"\n',
+        encoding="utf-8",
+    )
+    result = run("check", str(bad), cwd=tmp_path)
+    assert result.returncode == 1
+    lines = result.stdout.strip().splitlines()
+    assert "Traceback" not in result.stdout + result.stderr
+    assert any("servers[a--b].id" in line for line in lines)
+    assert any("servers[web].url" in line for line in lines)
+    assert any("servers[web].request_timeout_s" in line for line in lines)
+    assert any("agents[Ada].colour: unknown key" in line for line in lines)
+    assert any("agents[Ada].model" in line for line in lines)
+    assert all(line.startswith(str(bad)) for line in lines)
+
+
+def test_run_with_a_broken_config_says_so_in_one_line(tmp_path: Path) -> None:
+    bad = tmp_path / "broken.toml"
+    bad.write_text("[[agents]\n", encoding="utf-8")
+    result = run("run", str(bad), cwd=tmp_path)
+    assert result.returncode == 2
+    assert result.stderr.count("\n") == 1 and "not valid TOML" in result.stderr
+    missing = run("run", str(tmp_path / "nope.toml"), cwd=tmp_path)
+    assert missing.returncode == 2 and "no such file" in missing.stderr
+
+
+def test_history_without_a_store_is_one_line(tmp_path: Path) -> None:
+    result = run("history", "--data-dir", str(tmp_path / "none"), cwd=tmp_path)
+    assert result.returncode == 1
+    assert result.stderr.strip().startswith("mcplive: no store at")
