@@ -88,6 +88,7 @@ BACKOFF_BASE_S = 5.0
 BACKOFF_CAP_S = 300.0
 HEALTHY_AFTER_S = 60.0
 WS_PING_EVERY_S = 30.0
+PROBE_TIMEOUT_S = 10.0
 
 REMOVED_METHODS = frozenset(
     {
@@ -155,6 +156,7 @@ class Link:
     channels: set[str] = attrs.field(factory=set)
     pre_ready: deque[rpc.Request] = attrs.field(factory=lambda: deque())
     closed: trio.Event = attrs.field(factory=trio.Event)
+    probing: bool = False
     nursery: trio.Nursery | None = None
 
 
@@ -249,6 +251,10 @@ class ConnectionActor(Actor):
                 result = await recv.receive()
         except trio.TooSlowError:
             self._trace("request-timeout", method=method, timeout_s=t)
+            if link.ready and not link.probing and method != "ping":
+                link.probing = True
+                assert link.nursery is not None
+                link.nursery.start_soon(self._probe, link)
             raise RequestTimeout(f"{self.sid}: {method} got no answer in {t:g}s") from None
         except (trio.EndOfChannel, trio.BrokenResourceError, trio.ClosedResourceError):
             raise NotConnected(f"server {self.sid} disconnected during {method}") from None
@@ -257,6 +263,23 @@ class ConnectionActor(Actor):
             link.session.cancel(rid)
             recv.close()
         return result.unwrap()
+
+    async def _probe(self, link: Link) -> None:
+        """After a request timed out: is the server still there? Any answer to ``ping`` (an
+        error too) means yes; silence means the link is dead and is reopened."""
+        try:
+            await self.request(
+                link, "ping", None, timeout=min(PROBE_TIMEOUT_S, self.cfg.request_timeout_s)
+            )
+        except RpcError:
+            pass  # it answered
+        except RequestTimeout:
+            self.diagnostic("server silent (no answer to ping); closing the link to reconnect")
+            link.closed.set()
+        except NotConnected:
+            pass
+        finally:
+            link.probing = False
 
     async def notify(self, link: Link, method: str, params: Any) -> None:
         try:

@@ -22,6 +22,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -35,13 +36,34 @@ from store.sqlite import connect
 SERVER = [sys.executable, "-m", "examples.bench_server"]
 
 
-def _record(i: int, text: str) -> MessageRecord:
+def _record(i: int, message: dict[str, Any]) -> MessageRecord:
+    """The row mcplive stores for an incoming message: the same blocks and metadata keys."""
+    channel, mid, author = message["channelId"], message["messageId"], message["author"]
+    metadata = {
+        "server_id": "bench",
+        "channel_id": channel,
+        "thread_id": message.get("threadId"),
+        "message_id": mid,
+        "author": {"id": author["id"], "name": author["name"]},
+        "timestamp": message["timestamp"],
+        "tags": [],
+        "inbound_source": {
+            "lane": "incoming",
+            "server": "bench",
+            "channel": channel,
+            "thread": message.get("threadId"),
+            "message": mid,
+            "label": "load",
+            "reply_to": None,
+            "accepted_at": datetime.now(UTC).isoformat(),
+        },
+    }
     return MessageRecord(
         id=f"r{i}",
         agent="Bench",
         role="user",
-        blocks=({"type": "text", "text": text},),
-        metadata={"server_id": "bench", "channel_id": "bench:#load", "message_id": f"b{i}"},
+        blocks=tuple(message["content"]),
+        metadata=metadata,
         created_at=time.time(),
     )
 
@@ -158,11 +180,11 @@ async def run_thin(workdir: Path, messages: int) -> float:
                 elif method == "channels/incoming":
                     results = []
                     for m in msg["params"]["messages"]:
-                        text = m["content"][0]["text"]
+                        key = f"{m['channelId']}\x00{m['messageId']}"
                         batch.append(
                             Append(
-                                records=(_record(n, text),),
-                                dedupe=("incoming", "bench", m["messageId"]),
+                                records=(_record(n, m),),
+                                dedupe=("incoming", "bench", key),
                             )
                         )
                         n += 1
@@ -183,7 +205,7 @@ def run_raw(workdir: Path, messages: int) -> float:
     conn = connect(workdir / "raw.sqlite3")
     rows = [
         (r.id, r.agent, r.role, r.created_at, encode_body(r.blocks, r.metadata))
-        for r in (_record(i, f"t=0 message {i}") for i in range(messages))
+        for r in (_record(i, _sample(i)) for i in range(messages))
     ]
     start = time.perf_counter()
     conn.execute("BEGIN IMMEDIATE")
@@ -194,6 +216,16 @@ def run_raw(workdir: Path, messages: int) -> float:
     seconds = time.perf_counter() - start
     conn.close()
     return seconds
+
+
+def _sample(i: int) -> dict[str, Any]:
+    return {
+        "channelId": "bench:#load",
+        "messageId": f"b{i}",
+        "author": {"id": "u", "name": "Load"},
+        "timestamp": "2026-01-01T00:00:00Z",
+        "content": [{"type": "text", "text": f"t=0.0 message {i}"}],
+    }
 
 
 def pct(values: list[float], q: float) -> float:

@@ -249,3 +249,63 @@ async def test_acknowledged_items_survive_sigkill_and_retries_are_not_stored_twi
             after = [m["metadata"]["event_id"] for m in reader.history("Ada")]
             assert sorted(after) == sorted([*ids, "fresh"])
             reader.close()
+
+
+async def test_a_silent_server_is_detected_and_reconnected(tmp_path: Path) -> None:
+    with trio.fail_after(90):
+        async with open_control_listener() as listener:
+            server = lobby(listener.address, request_timeout_s=2)
+            cfg = config(
+                tmp_path, [server], [{"name": "Ada", "model": scripted(tmp_path, "a", "")}]
+            )
+            async with Host.open(cfg) as host:
+                stream = host.trace()
+                first = await listener.accept()
+                await ready(first)
+                first.send({"cmd": "hang"})
+                await first.wait_for(lambda e: e["event"] == "hung", "hung")
+                result = await host.execute_tool_call("Ada", "lobby--forecast", {"city": "Oslo"})
+                assert result["is_error"] is True
+                seen: list = []
+                await wait_trace(stream, lambda e: e.kind == "disconnected", "reconnect", seen)
+                assert any(
+                    e.kind == "diagnostic" and "server silent" in e.data["text"] for e in seen
+                )
+                second = await listener.accept(timeout=60)
+                await ready(second)
+                again = await host.execute_tool_call("Ada", "lobby--forecast", {"city": "Oslo"})
+                assert again["is_error"] is False
+
+
+async def test_publish_falls_back_to_the_notification_form(tmp_path: Path) -> None:
+    rules = '[[rules]]\nwhen = "hello"\nsay = "hello back"\n'
+    with trio.fail_after(60):
+        async with open_control_listener() as listener:
+            server = lobby(listener.address, "--publish-mode", "notification-only")
+            cfg = config(
+                tmp_path, [server], [{"name": "Ada", "model": scripted(tmp_path, "a", rules)}]
+            )
+            async with Host.open(cfg) as host:
+                stream = host.trace()
+                ctl = await listener.accept()
+                await ready(ctl)
+                ctl.send(
+                    {
+                        "cmd": "incoming",
+                        "channelId": "lobby:#general",
+                        "messageId": "h1",
+                        "text": "hello",
+                    }
+                )
+                event = await wait_trace(stream, lambda e: e.kind == "published", "publish")
+                assert event.data["receipt"] == {"outcome": "unknown"}
+                await ctl.wait_for(
+                    lambda e: (
+                        e["event"] == "received"
+                        and e["message"].get("method") == "channels/publish"
+                        and "id" not in e["message"]
+                    ),
+                    "the notification form",
+                )
+                forms = ["id" in m for m in received(ctl, "channels/publish")]
+                assert forms == [True, False]  # the request, refused; then the notification

@@ -164,3 +164,30 @@ async def test_agent_on_the_anthropic_provider(
                     assert any(t["name"] == "lobby--forecast" for t in first["tools"])
                     assert "weather in Lima?" in str(first["messages"])
             nursery.cancel_scope.cancel()
+
+
+async def test_a_failing_model_is_visible_and_stored_as_a_failed_turn(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tests.fake_anthropic import HttpError
+
+    script = FakeScript(
+        [HttpError(status=401, error_type="authentication_error", message="bad key")]
+    )
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            base_url = await nursery.start(serve_fake_anthropic, script)
+            monkeypatch.setenv("ANTHROPIC_BASE_URL", base_url)
+            monkeypatch.setenv("ANTHROPIC_API_KEY", "wrong")
+            cfg = config(tmp_path, [], [{"name": "Ada", "model": "anthropic:claude-test"}])
+            async with Host.open(cfg) as host:
+                stream = host.trace()
+                await host.post_local("Ada", "hi")
+                error = await wait_trace(stream, lambda e: e.kind == "error", "the failure")
+                assert "401" in error.data["error"] and error.agent == "Ada"
+                await host.run_until_idle()
+                failed = host.history("Ada")[-1]
+                assert failed["role"] == "system"
+                assert failed["metadata"] == {"system": True, "kind": "turn-failed"}
+                assert "401" in failed["blocks"][0]["text"]
+            nursery.cancel_scope.cancel()
