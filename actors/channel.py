@@ -157,6 +157,7 @@ class ChannelActor(Actor):
             server_id=self.sid,
             channel_id=self.cid,
             label=self.label,
+            labels=tuple(self.labels),
             type=desc.type if desc else "",
             registered=self.registered,
             open_for={a: self.is_open(a) for a in self.ctx.agents_hearing(self.sid)},

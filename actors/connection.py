@@ -460,10 +460,11 @@ class ConnectionActor(Actor):
             req = event.request
             if not link.ready:
                 if len(link.pre_ready) >= PRE_READY_CAP:
+                    cap = INBOUND_CAPABILITY.get(req.method)
                     err = RpcError(
                         code=CAPABILITY_DENIED,
                         message="connection not ready; retry later",
-                        data={"capability": INBOUND_CAPABILITY.get(req.method)},
+                        data={"capability": cap} if cap else None,
                     )
                     await self._reply(link, req.id, error=err)
                     self.diagnostic(f"pre-readiness buffer full; {req.method} refused")

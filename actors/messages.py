@@ -112,6 +112,7 @@ class ChannelInfo:
     server_id: str
     channel_id: str | None
     label: str
+    labels: tuple[str, ...]  # label history, oldest first (at most MAX_LABELS)
     type: str
     registered: bool
     open_for: Mapping[str, bool]

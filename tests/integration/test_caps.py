@@ -1,0 +1,194 @@
+"""Caps of the runtime's maps and buffers, each tested at its limit with a real server."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import trio
+
+import actors.channel
+import actors.connection
+import actors.context
+from actors import Host
+from examples.lobby_control import open_control_listener
+from tests.helpers import config, lobby, ready, scripted, texts
+
+pytestmark = pytest.mark.slow
+
+
+def answered(method: str):
+    return lambda e: e["event"] == "response" and e["request"]["method"] == method
+
+
+async def test_channels_per_server_cap_refuses_per_item(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the lobby registers 2 channels itself; the cap counts the unscoped lane too once used
+    monkeypatch.setattr(actors.context, "MAX_CHANNELS_PER_SERVER", 3)
+    with trio.fail_after(60):
+        async with open_control_listener() as listener:
+            cfg = config(
+                tmp_path,
+                [lobby(listener.address)],
+                [{"name": "Ada", "model": scripted(tmp_path, "a", "")}],
+            )
+            async with Host.open(cfg) as host:
+                ctl = await listener.accept()
+                await ready(ctl)
+                mark = ctl.mark()
+                extra = [{"id": f"lobby:#x{i}", "type": "chat", "label": f"x{i}"} for i in range(2)]
+                ctl.send({"cmd": "register", "channels": extra})
+                answer = await ctl.wait_for(answered("channels/register"), "register", since=mark)
+                results = answer["response"]["result"]["results"]
+                assert results[0] == {"id": "lobby:#x0", "accepted": True}
+                assert results[1]["id"] == "lobby:#x1" and results[1]["accepted"] is False
+                assert "already has 3 channels" in results[1]["reason"]
+                listed = await host.execute_tool_call("Ada", "channel_list", {})
+                assert "lobby:#x1" not in listed["content"][0]["text"]
+
+
+async def test_pre_readiness_buffer_cap_refuses_the_overflow(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(actors.connection, "PRE_READY_CAP", 3)
+    with trio.fail_after(60):
+        async with open_control_listener() as listener:
+            server = lobby(listener.address, "--fsu-mode", "never", request_timeout_s=3)
+            cfg = config(
+                tmp_path, [server], [{"name": "Ada", "model": scripted(tmp_path, "a", "")}]
+            )
+            async with Host.open(cfg) as host:
+                ctl = await listener.accept()
+                await ctl.wait_for(
+                    lambda e: (
+                        e["event"] == "received"
+                        and e["message"].get("method") == "featureSets/update"
+                    ),
+                    "update sent",
+                )
+                for i in range(5):  # all before the connection is ready
+                    ping = {"jsonrpc": "2.0", "id": f"early{i}", "method": "ping"}
+                    ctl.send({"cmd": "raw", "message": ping})
+                answers = []
+                for i in range(5):
+                    event = await ctl.wait_for(
+                        lambda e, i=i: (
+                            e["event"] == "response" and e["request"].get("id") == f"early{i}"
+                        ),
+                        f"answer to early{i}",
+                    )
+                    answers.append(event["response"])
+                # three waited for readiness and were served; the two past the cap were refused
+                # the lobby's channels/register and two pings waited for readiness (the cap
+                # is 3); the three pings past the cap were refused at once
+                assert [a.get("result") for a in answers[:2]] == [{}, {}]
+                assert [a["error"]["code"] for a in answers[2:]] == [-32002] * 3
+                assert "not ready" in answers[2]["error"]["message"]
+                register = await ctl.wait_for(answered("channels/register"), "register")
+                assert register["response"]["error"]["code"] == -32601  # it ended MCP-only
+                await host.run_until_idle()
+
+
+async def test_publish_receipts_are_forgotten_oldest_first(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(actors.channel, "MAX_RECEIPTS", 1)
+    rules = '[[rules]]\nwhen = "^ping"\nsay = "pong"\n'
+    with trio.fail_after(60):
+        async with open_control_listener() as listener:
+            cfg = config(
+                tmp_path,
+                [lobby(listener.address, "--no-echo")],
+                [{"name": "Ada", "model": scripted(tmp_path, "a", rules)}],
+            )
+            async with Host.open(cfg) as host:
+                ctl = await listener.accept()
+                await ready(ctl)
+                for n in (1, 2):
+                    mark = ctl.mark()
+                    ctl.send(
+                        {
+                            "cmd": "incoming",
+                            "channelId": "lobby:#general",
+                            "messageId": f"q{n}",
+                            "text": "ping",
+                        }
+                    )
+                    await ctl.wait_for(
+                        lambda e: (
+                            e["event"] == "received"
+                            and e["message"].get("method") == "channels/publish"
+                        ),
+                        f"reply {n}",
+                        since=mark,
+                    )
+                    await host.run_until_idle()
+                # out-1's receipt was forgotten (cap 1); out-2's is kept
+                for mid in ("out-1", "out-2"):
+                    ctl.send(
+                        {
+                            "cmd": "incoming",
+                            "channelId": "lobby:#general",
+                            "messageId": mid,
+                            "text": "pong",
+                            "author": {"id": "host", "name": "mcplive"},
+                        }
+                    )
+                    await ctl.wait_for(
+                        lambda e, mid=mid: (
+                            e["event"] == "response"
+                            and e["request"]["method"] == "channels/incoming"
+                            and e["request"]["params"]["messages"][0]["messageId"] == mid
+                        ),
+                        f"{mid} answered",
+                    )
+                await host.run_until_idle()
+                user = texts(host.history("Ada"), "user")
+                # the echo of the forgotten receipt is stored for Ada; the remembered one is not
+                assert user == ["ping", "ping", "pong"]
+
+
+async def test_label_history_keeps_the_newest(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(actors.channel, "MAX_LABELS", 3)
+    with trio.fail_after(60):
+        async with open_control_listener() as listener:
+            cfg = config(
+                tmp_path,
+                [lobby(listener.address)],
+                [{"name": "Ada", "model": scripted(tmp_path, "a", "")}],
+            )
+            async with Host.open(cfg) as host:
+                ctl = await listener.accept()
+                await ready(ctl)
+                for i in range(5):
+                    mark = ctl.mark()
+                    ctl.send(
+                        {
+                            "cmd": "register",
+                            "channels": [
+                                {"id": "lobby:#general", "type": "chat", "label": f"name{i}"}
+                            ],
+                        }
+                    )
+                    await ctl.wait_for(answered("channels/register"), "renamed", since=mark)
+                await host.run_until_idle()
+                chan = host.ctx.channels[("lobby", "lobby:#general")]
+                from actors.messages import Describe
+
+                info = await chan.ask(Describe(), timeout=5)
+                assert info.label == "name4"
+                assert info.labels == ("name2", "name3", "name4")
+                ctl.send(
+                    {
+                        "cmd": "incoming",
+                        "channelId": "lobby:#general",
+                        "messageId": "l1",
+                        "text": "hi",
+                    }
+                )
+                await ctl.wait_for(answered("channels/incoming"), "stored")
+                await host.run_until_idle()
+                assert host.history("Ada")[-1]["metadata"]["inbound_source"]["label"] == "name4"
