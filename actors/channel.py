@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import itertools
 import secrets
+import time
 from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any
@@ -271,6 +272,9 @@ class ChannelActor(Actor):
         if item.from_self or (item.message_id is not None and item.message_id in self._receipts):
             return ()
         addressed = is_addressed(item.tags)
+        woken = [agent for agent in item.hearers if addressed or self.is_open(agent)]
+        if not woken:
+            return ()
         wake = Wake(
             lane=item.lane,
             server_id=self.sid,
@@ -278,7 +282,7 @@ class ChannelActor(Actor):
             message_id=item.message_id,
             thread_id=item.thread_id,
         )
-        return tuple((agent, wake) for agent in item.hearers if self.is_open(agent) or addressed)
+        return tuple((agent, wake) for agent in woken)
 
     # -- publish ----------------------------------------------------------------------------
     async def _publish(self, msg: Publish, reply: Reply) -> None:
@@ -331,6 +335,4 @@ class ChannelActor(Actor):
 
 
 def _wall() -> float:
-    import time
-
     return time.time()

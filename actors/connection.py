@@ -690,6 +690,7 @@ class ConnectionActor(Actor):
         """Admit and convert a batch of hot-lane requests, then hand their items to their
         channels: one ask per channel, items in arrival order. The answers wait for the commit.
         """
+        accepted_at = utc_now()  # one timestamp for what was read together
         out = [(req, Pending(items=[], push=req.method == "push/event")) for req in requests]
         groups: dict[str | None, list[tuple[Pending, Any, dict[str, Any]]]] = {}
         for req, pending in out:
@@ -697,9 +698,9 @@ class ConnectionActor(Actor):
                 self._admit(link, req.method)
                 parsed: list[tuple[str | None, Any, dict[str, Any]]]
                 if pending.push:
-                    parsed = [self._parse_push(link, req.params)]
+                    parsed = [self._parse_push(link, req.params, accepted_at)]
                 else:
-                    parsed = list(self._parse_incoming(link, req.params, pending))
+                    parsed = list(self._parse_incoming(link, req.params, pending, accepted_at))
                 for channel_id, ingest, trace in parsed:
                     groups.setdefault(channel_id, []).append((pending, ingest, trace))
             except Exception as exc:
@@ -725,7 +726,9 @@ class ConnectionActor(Actor):
                     )
         return out
 
-    def _parse_push(self, link: Link, params: Any) -> tuple[str | None, IngestPush, dict[str, Any]]:
+    def _parse_push(
+        self, link: Link, params: Any, accepted_at: str
+    ) -> tuple[str | None, IngestPush, dict[str, Any]]:
         event = parse_push(params)
         if event.feature_set not in link.feature_sets:
             raise RpcError(
@@ -740,13 +743,12 @@ class ConnectionActor(Actor):
         if isinstance(claimed, str) and claimed in link.channels:
             scoped = claimed
         trace = {"kind": "push", "channel_id": scoped, "event_id": event.event_id}
-        return scoped, IngestPush(event=event, accepted_at=utc_now()), trace
+        return scoped, IngestPush(event=event, accepted_at=accepted_at), trace
 
     def _parse_incoming(
-        self, link: Link, params: Any, pending: Pending
+        self, link: Link, params: Any, pending: Pending, accepted_at: str
     ) -> list[tuple[str, IngestIncoming, dict[str, Any]]]:
         items = []
-        accepted_at = utc_now()
         for raw in parse_incoming_batch(params):
             mid = raw.get("messageId") if isinstance(raw, Mapping) else None
             try:

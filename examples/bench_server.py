@@ -25,6 +25,7 @@ async def main() -> None:
     p.add_argument("--messages", type=int, default=5000)
     p.add_argument("--window", type=int, default=256)
     p.add_argument("--rate", type=float, default=0.0)
+    p.add_argument("--closed", action="store_true", help="register the channel initially closed")
     args = p.parse_args()
     stdin = trio.lowlevel.FdStream(sys.stdin.fileno())
     stdout = trio.lowlevel.FdStream(sys.stdout.fileno())
@@ -99,6 +100,8 @@ async def main() -> None:
         nursery.start_soon(reader)
         await ready.wait()
         desc = {"id": "bench:#load", "type": "chat", "label": "load", "direction": "bidirectional"}
+        if args.closed:
+            desc["initiallyOpen"] = False
         await stdout.send_all(
             _line(
                 {

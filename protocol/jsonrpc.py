@@ -73,10 +73,16 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not valid JSON")
 
 
+# Built once: ``json.loads``/``json.dumps`` with options build a new codec on every call.
+_DECODER = json.JSONDecoder(parse_constant=_reject_constant)
+_ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+_ASCII_ENCODER = json.JSONEncoder(ensure_ascii=True, separators=(",", ":"), allow_nan=False)
+
+
 def decode(text: str) -> Any:
     """Strict JSON decoding (no NaN/Infinity). Raises ``ValueError`` on any failure."""
     try:
-        return json.loads(text, parse_constant=_reject_constant)
+        return _DECODER.decode(text)
     except RecursionError as exc:
         raise ValueError("nested too deeply") from exc
 
@@ -90,9 +96,9 @@ def encode(obj: Any) -> str:
     A lone surrogate (which a peer can send as ``"\\ud800"``) cannot be written as UTF-8, so
     text holding one is sent with every non-ASCII character escaped instead.
     """
-    text = json.dumps(obj, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
-    if _SURROGATE.search(text):
-        text = json.dumps(obj, ensure_ascii=True, separators=(",", ":"), allow_nan=False)
+    text: str = _ENCODER.encode(obj)
+    if not text.isascii() and _SURROGATE.search(text):
+        text = _ASCII_ENCODER.encode(obj)
     return text
 
 

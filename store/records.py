@@ -30,9 +30,23 @@ def _finite_number(_inst: object, attribute: attrs.Attribute[Any], value: object
         raise ValueError(f"{attribute.name} must be a finite number, got {value!r}")
 
 
+def _is_mapping(value: object) -> bool:
+    return type(value) is dict or isinstance(value, Mapping)  # dict first: the common, cheap case
+
+
 def _mapping(_inst: object, attribute: attrs.Attribute[Any], value: object) -> None:
-    if not isinstance(value, Mapping):
+    if not _is_mapping(value):
         raise TypeError(f"{attribute.name} must be a mapping, got {type(value).__name__}")
+
+
+def _blocks(_inst: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    if not isinstance(value, tuple):
+        raise TypeError(f"{attribute.name} must be a tuple, got {type(value).__name__}")
+    for block in value:
+        if not _is_mapping(block):
+            raise TypeError(
+                f"each of {attribute.name} must be a mapping, got {type(block).__name__}"
+            )
 
 
 def _role(_inst: object, _attribute: attrs.Attribute[Any], value: object) -> None:
@@ -47,12 +61,7 @@ class MessageRecord:
     id: str = attrs.field(validator=_non_empty_str)
     agent: str = attrs.field(validator=_non_empty_str)
     role: str = attrs.field(validator=_role)
-    blocks: tuple[Mapping[str, Any], ...] = attrs.field(
-        validator=attrs.validators.deep_iterable(
-            member_validator=_mapping,
-            iterable_validator=attrs.validators.instance_of(tuple),
-        )
-    )
+    blocks: tuple[Mapping[str, Any], ...] = attrs.field(validator=_blocks)
     metadata: Mapping[str, Any] = attrs.field(validator=_mapping)
     created_at: float = attrs.field(validator=_finite_number)
 

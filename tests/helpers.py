@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable, Mapping
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import trio
 
+from actors import Host
+from actors.host import TraceStream
 from actors.trace import TraceEvent
+from examples.lobby_control import ControlListener, LobbyControl, open_control_listener
 
 LOBBY = [sys.executable, "-m", "examples.lobby_server"]
 
@@ -65,6 +70,88 @@ async def ready(ctl: Any) -> None:
     await ctl.wait_for(
         lambda e: e["event"] == "response" and e["request"]["method"] == "channels/register",
         "channels registered",
+    )
+
+
+AgentSpec = str | dict[str, Any]  # scripted rules text, or the rest of an agent's entry
+
+
+def agent_configs(tmp_path: Path, agents: Mapping[str, AgentSpec]) -> list[dict[str, Any]]:
+    """Agent entries for :func:`config`: name → scripted rules text (written to a file named
+    after the agent) or the rest of the agent's entry, e.g. ``{"model": "anthropic:x"}``."""
+    out = []
+    for name, spec in agents.items():
+        if isinstance(spec, str):
+            spec = {"model": scripted(tmp_path, name.lower(), spec)}
+        out.append({"name": name, **spec})
+    return out
+
+
+@dataclass
+class RunningLobby:
+    host: Host
+    ctl: LobbyControl  # the control connection of the first lobby process
+    stream: TraceStream  # the host's trace, subscribed right after ``Host.open``
+    listener: ControlListener  # ``accept()`` again after the lobby restarts
+
+
+@asynccontextmanager
+async def running_lobby(
+    tmp_path: Path,
+    agents: Mapping[str, AgentSpec],
+    *lobby_args: str,
+    wait_ready: bool = True,
+    **server_keys: Any,
+) -> AsyncIterator[RunningLobby]:
+    """A host with one stdio lobby server (``lobby(address, *lobby_args, **server_keys)``) and
+    ``agents`` (see :func:`agent_configs`); the lobby's control connection is accepted and, unless
+    ``wait_ready=False``, the lobby is :func:`ready`."""
+    async with open_control_listener() as listener:
+        server = lobby(listener.address, *lobby_args, **server_keys)
+        cfg = config(tmp_path, [server], agent_configs(tmp_path, agents))
+        async with Host.open(cfg) as host:
+            stream = host.trace()
+            ctl = await listener.accept()
+            if wait_ready:
+                await ready(ctl)
+            yield RunningLobby(host=host, ctl=ctl, stream=stream, listener=listener)
+
+
+def send_incoming(ctl: Any, channel: str, message_id: str, text: str, **extra: Any) -> Any:
+    """Have the lobby send one ``channels/incoming`` message; ``extra`` adds e.g. ``tags``."""
+    cmd = {"cmd": "incoming", "channelId": channel, "messageId": message_id, "text": text}
+    return ctl.send({**cmd, **extra})
+
+
+def publish_received(text: str | None = None) -> Callable[[dict[str, Any]], bool]:
+    """Control-event predicate: the lobby received a ``channels/publish`` (whose first content
+    block is ``text``, if given)."""
+    return lambda e: (
+        e["event"] == "received"
+        and e["message"].get("method") == "channels/publish"
+        and (text is None or e["message"]["params"]["content"][0]["text"] == text)
+    )
+
+
+def answered(
+    method: str, key: str | None = None, value: Any = None
+) -> Callable[[dict[str, Any]], bool]:
+    """Control-event predicate: the host answered the lobby's ``method`` request (whose
+    ``params[key]`` is ``value``, if ``key`` is given)."""
+    return lambda e: (
+        e["event"] == "response"
+        and e["request"]["method"] == method
+        and (key is None or e["request"]["params"][key] == value)
+    )
+
+
+def incoming_answered(message_id: str) -> Callable[[dict[str, Any]], bool]:
+    """Control-event predicate: the host answered the ``channels/incoming`` carrying
+    ``message_id`` (as its first message)."""
+    return lambda e: (
+        e["event"] == "response"
+        and e["request"]["method"] == "channels/incoming"
+        and e["request"]["params"]["messages"][0]["messageId"] == message_id
     )
 
 

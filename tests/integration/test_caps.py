@@ -10,15 +10,17 @@ import trio
 import actors.channel
 import actors.connection
 import actors.context
-from actors import Host
-from examples.lobby_control import open_control_listener
-from tests.helpers import config, lobby, ready, scripted, texts
+from actors.messages import Describe
+from tests.helpers import (
+    answered,
+    incoming_answered,
+    publish_received,
+    running_lobby,
+    send_incoming,
+    texts,
+)
 
 pytestmark = pytest.mark.slow
-
-
-def answered(method: str):
-    return lambda e: e["event"] == "response" and e["request"]["method"] == method
 
 
 async def test_channels_per_server_cap_refuses_per_item(
@@ -27,25 +29,17 @@ async def test_channels_per_server_cap_refuses_per_item(
     # the lobby registers 2 channels itself; the cap counts the unscoped lane too once used
     monkeypatch.setattr(actors.context, "MAX_CHANNELS_PER_SERVER", 3)
     with trio.fail_after(60):
-        async with open_control_listener() as listener:
-            cfg = config(
-                tmp_path,
-                [lobby(listener.address)],
-                [{"name": "Ada", "model": scripted(tmp_path, "a", "")}],
-            )
-            async with Host.open(cfg) as host:
-                ctl = await listener.accept()
-                await ready(ctl)
-                mark = ctl.mark()
-                extra = [{"id": f"lobby:#x{i}", "type": "chat", "label": f"x{i}"} for i in range(2)]
-                ctl.send({"cmd": "register", "channels": extra})
-                answer = await ctl.wait_for(answered("channels/register"), "register", since=mark)
-                results = answer["response"]["result"]["results"]
-                assert results[0] == {"id": "lobby:#x0", "accepted": True}
-                assert results[1]["id"] == "lobby:#x1" and results[1]["accepted"] is False
-                assert "already has 3 channels" in results[1]["reason"]
-                listed = await host.execute_tool_call("Ada", "channel_list", {})
-                assert "lobby:#x1" not in listed["content"][0]["text"]
+        async with running_lobby(tmp_path, {"Ada": ""}) as lb:
+            mark = lb.ctl.mark()
+            extra = [{"id": f"lobby:#x{i}", "type": "chat", "label": f"x{i}"} for i in range(2)]
+            lb.ctl.send({"cmd": "register", "channels": extra})
+            answer = await lb.ctl.wait_for(answered("channels/register"), "register", since=mark)
+            results = answer["response"]["result"]["results"]
+            assert results[0] == {"id": "lobby:#x0", "accepted": True}
+            assert results[1]["id"] == "lobby:#x1" and results[1]["accepted"] is False
+            assert "already has 3 channels" in results[1]["reason"]
+            listed = await lb.host.execute_tool_call("Ada", "channel_list", {})
+            assert "lobby:#x1" not in listed["content"][0]["text"]
 
 
 async def test_pre_readiness_buffer_cap_refuses_the_overflow(
@@ -53,41 +47,37 @@ async def test_pre_readiness_buffer_cap_refuses_the_overflow(
 ) -> None:
     monkeypatch.setattr(actors.connection, "PRE_READY_CAP", 3)
     with trio.fail_after(60):
-        async with open_control_listener() as listener:
-            server = lobby(listener.address, "--fsu-mode", "never", request_timeout_s=3)
-            cfg = config(
-                tmp_path, [server], [{"name": "Ada", "model": scripted(tmp_path, "a", "")}]
+        async with running_lobby(
+            tmp_path, {"Ada": ""}, "--fsu-mode", "never", request_timeout_s=3, wait_ready=False
+        ) as lb:
+            ctl = lb.ctl
+            await ctl.wait_for(
+                lambda e: (
+                    e["event"] == "received" and e["message"].get("method") == "featureSets/update"
+                ),
+                "update sent",
             )
-            async with Host.open(cfg) as host:
-                ctl = await listener.accept()
-                await ctl.wait_for(
-                    lambda e: (
-                        e["event"] == "received"
-                        and e["message"].get("method") == "featureSets/update"
+            for i in range(5):  # all before the connection is ready
+                ping = {"jsonrpc": "2.0", "id": f"early{i}", "method": "ping"}
+                ctl.send({"cmd": "raw", "message": ping})
+            answers = []
+            for i in range(5):
+                event = await ctl.wait_for(
+                    lambda e, i=i: (
+                        e["event"] == "response" and e["request"].get("id") == f"early{i}"
                     ),
-                    "update sent",
+                    f"answer to early{i}",
                 )
-                for i in range(5):  # all before the connection is ready
-                    ping = {"jsonrpc": "2.0", "id": f"early{i}", "method": "ping"}
-                    ctl.send({"cmd": "raw", "message": ping})
-                answers = []
-                for i in range(5):
-                    event = await ctl.wait_for(
-                        lambda e, i=i: (
-                            e["event"] == "response" and e["request"].get("id") == f"early{i}"
-                        ),
-                        f"answer to early{i}",
-                    )
-                    answers.append(event["response"])
-                # three waited for readiness and were served; the two past the cap were refused
-                # the lobby's channels/register and two pings waited for readiness (the cap
-                # is 3); the three pings past the cap were refused at once
-                assert [a.get("result") for a in answers[:2]] == [{}, {}]
-                assert [a["error"]["code"] for a in answers[2:]] == [-32002] * 3
-                assert "not ready" in answers[2]["error"]["message"]
-                register = await ctl.wait_for(answered("channels/register"), "register")
-                assert register["response"]["error"]["code"] == -32601  # it ended MCP-only
-                await host.run_until_idle()
+                answers.append(event["response"])
+            # three waited for readiness and were served; the two past the cap were refused
+            # the lobby's channels/register and two pings waited for readiness (the cap
+            # is 3); the three pings past the cap were refused at once
+            assert [a.get("result") for a in answers[:2]] == [{}, {}]
+            assert [a["error"]["code"] for a in answers[2:]] == [-32002] * 3
+            assert "not ready" in answers[2]["error"]["message"]
+            register = await ctl.wait_for(answered("channels/register"), "register")
+            assert register["response"]["error"]["code"] == -32601  # it ended MCP-only
+            await lb.host.run_until_idle()
 
 
 async def test_publish_receipts_are_forgotten_oldest_first(
@@ -96,57 +86,22 @@ async def test_publish_receipts_are_forgotten_oldest_first(
     monkeypatch.setattr(actors.channel, "MAX_RECEIPTS", 1)
     rules = '[[rules]]\nwhen = "^ping"\nsay = "pong"\n'
     with trio.fail_after(60):
-        async with open_control_listener() as listener:
-            cfg = config(
-                tmp_path,
-                [lobby(listener.address, "--no-echo")],
-                [{"name": "Ada", "model": scripted(tmp_path, "a", rules)}],
-            )
-            async with Host.open(cfg) as host:
-                ctl = await listener.accept()
-                await ready(ctl)
-                for n in (1, 2):
-                    mark = ctl.mark()
-                    ctl.send(
-                        {
-                            "cmd": "incoming",
-                            "channelId": "lobby:#general",
-                            "messageId": f"q{n}",
-                            "text": "ping",
-                        }
-                    )
-                    await ctl.wait_for(
-                        lambda e: (
-                            e["event"] == "received"
-                            and e["message"].get("method") == "channels/publish"
-                        ),
-                        f"reply {n}",
-                        since=mark,
-                    )
-                    await host.run_until_idle()
-                # out-1's receipt was forgotten (cap 1); out-2's is kept
-                for mid in ("out-1", "out-2"):
-                    ctl.send(
-                        {
-                            "cmd": "incoming",
-                            "channelId": "lobby:#general",
-                            "messageId": mid,
-                            "text": "pong",
-                            "author": {"id": "host", "name": "mcplive"},
-                        }
-                    )
-                    await ctl.wait_for(
-                        lambda e, mid=mid: (
-                            e["event"] == "response"
-                            and e["request"]["method"] == "channels/incoming"
-                            and e["request"]["params"]["messages"][0]["messageId"] == mid
-                        ),
-                        f"{mid} answered",
-                    )
+        async with running_lobby(tmp_path, {"Ada": rules}, "--no-echo") as lb:
+            host, ctl = lb.host, lb.ctl
+            for n in (1, 2):
+                mark = ctl.mark()
+                send_incoming(ctl, "lobby:#general", f"q{n}", "ping")
+                await ctl.wait_for(publish_received(), f"reply {n}", since=mark)
                 await host.run_until_idle()
-                user = texts(host.history("Ada"), "user")
-                # the echo of the forgotten receipt is stored for Ada; the remembered one is not
-                assert user == ["ping", "ping", "pong"]
+            # out-1's receipt was forgotten (cap 1); out-2's is kept
+            for mid in ("out-1", "out-2"):
+                author = {"id": "host", "name": "mcplive"}
+                send_incoming(ctl, "lobby:#general", mid, "pong", author=author)
+                await ctl.wait_for(incoming_answered(mid), f"{mid} answered")
+            await host.run_until_idle()
+            user = texts(host.history("Ada"), "user")
+            # the echo of the forgotten receipt is stored for Ada; the remembered one is not
+            assert user == ["ping", "ping", "pong"]
 
 
 async def test_label_history_keeps_the_newest(
@@ -154,41 +109,19 @@ async def test_label_history_keeps_the_newest(
 ) -> None:
     monkeypatch.setattr(actors.channel, "MAX_LABELS", 3)
     with trio.fail_after(60):
-        async with open_control_listener() as listener:
-            cfg = config(
-                tmp_path,
-                [lobby(listener.address)],
-                [{"name": "Ada", "model": scripted(tmp_path, "a", "")}],
-            )
-            async with Host.open(cfg) as host:
-                ctl = await listener.accept()
-                await ready(ctl)
-                for i in range(5):
-                    mark = ctl.mark()
-                    ctl.send(
-                        {
-                            "cmd": "register",
-                            "channels": [
-                                {"id": "lobby:#general", "type": "chat", "label": f"name{i}"}
-                            ],
-                        }
-                    )
-                    await ctl.wait_for(answered("channels/register"), "renamed", since=mark)
-                await host.run_until_idle()
-                chan = host.ctx.channels[("lobby", "lobby:#general")]
-                from actors.messages import Describe
-
-                info = await chan.ask(Describe(), timeout=5)
-                assert info.label == "name4"
-                assert info.labels == ("name2", "name3", "name4")
-                ctl.send(
-                    {
-                        "cmd": "incoming",
-                        "channelId": "lobby:#general",
-                        "messageId": "l1",
-                        "text": "hi",
-                    }
-                )
-                await ctl.wait_for(answered("channels/incoming"), "stored")
-                await host.run_until_idle()
-                assert host.history("Ada")[-1]["metadata"]["inbound_source"]["label"] == "name4"
+        async with running_lobby(tmp_path, {"Ada": ""}) as lb:
+            host, ctl = lb.host, lb.ctl
+            for i in range(5):
+                mark = ctl.mark()
+                renamed = {"id": "lobby:#general", "type": "chat", "label": f"name{i}"}
+                ctl.send({"cmd": "register", "channels": [renamed]})
+                await ctl.wait_for(answered("channels/register"), "renamed", since=mark)
+            await host.run_until_idle()
+            chan = host.ctx.channels[("lobby", "lobby:#general")]
+            info = await chan.ask(Describe(), timeout=5)
+            assert info.label == "name4"
+            assert info.labels == ("name2", "name3", "name4")
+            send_incoming(ctl, "lobby:#general", "l1", "hi")
+            await ctl.wait_for(answered("channels/incoming"), "stored")
+            await host.run_until_idle()
+            assert host.history("Ada")[-1]["metadata"]["inbound_source"]["label"] == "name4"

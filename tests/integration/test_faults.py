@@ -11,46 +11,38 @@ from pathlib import Path
 import pytest
 import trio
 
-from actors import Host
 from examples.lobby_control import open_control_listener
 from store import Reader
-from tests.helpers import config, lobby, publishes, ready, received, scripted, texts, wait_trace
+from tests.helpers import (
+    LOBBY,
+    answered,
+    publish_received,
+    publishes,
+    ready,
+    received,
+    running_lobby,
+    scripted,
+    send_incoming,
+    texts,
+    wait_trace,
+)
 
 pytestmark = pytest.mark.slow
 
 
-def answered(method: str, key: str, value: str):
-    return lambda e: (
-        e["event"] == "response"
-        and e["request"]["method"] == method
-        and e["request"]["params"][key] == value
-    )
-
-
 async def test_crashed_server_is_reconnected_with_a_fresh_handshake(tmp_path: Path) -> None:
     with trio.fail_after(90):
-        async with open_control_listener() as listener:
-            cfg = config(
-                tmp_path,
-                [lobby(listener.address)],
-                [{"name": "Ada", "model": scripted(tmp_path, "a", "")}],
-            )
-            async with Host.open(cfg) as host:
-                stream = host.trace()
-                first = await listener.accept()
-                await ready(first)
-                first.send({"cmd": "crash"})
-                gone = await wait_trace(stream, lambda e: e.kind == "disconnected", "disconnect")
-                assert gone.data["retry_in_s"] >= 2.5
-                second = await listener.accept(timeout=60)
-                await ready(second)
-                assert received(second, "initialize")  # a fresh handshake on the new process
-                second.send({"cmd": "push", "eventId": "after", "text": "back again"})
-                await second.wait_for(
-                    answered("push/event", "eventId", "after"), "push after restart"
-                )
-                await host.run_until_idle()
-                assert texts(host.history("Ada")) == ["back again"]
+        async with running_lobby(tmp_path, {"Ada": ""}) as lb:
+            lb.ctl.send({"cmd": "crash"})
+            gone = await wait_trace(lb.stream, lambda e: e.kind == "disconnected", "disconnect")
+            assert gone.data["retry_in_s"] >= 2.5
+            second = await lb.listener.accept(timeout=60)
+            await ready(second)
+            assert received(second, "initialize")  # a fresh handshake on the new process
+            second.send({"cmd": "push", "eventId": "after", "text": "back again"})
+            await second.wait_for(answered("push/event", "eventId", "after"), "push after restart")
+            await lb.host.run_until_idle()
+            assert texts(lb.host.history("Ada")) == ["back again"]
 
 
 async def test_unanswered_request_hits_its_deadline_while_other_agents_work(tmp_path: Path) -> None:
@@ -59,140 +51,90 @@ async def test_unanswered_request_hits_its_deadline_while_other_agents_work(tmp_
         'say = "gave up waiting"\n'
     )
     ping = '[[rules]]\nwhen = "ping"\nsay = "pong"\n'
-    agents = [
-        {"name": "Slow", "model": scripted(tmp_path, "s", stall)},
-        {"name": "Quick", "model": scripted(tmp_path, "q", ping)},
-    ]
     with trio.fail_after(90):
-        async with open_control_listener() as listener:
-            cfg = config(tmp_path, [lobby(listener.address, request_timeout_s=4)], agents)
-            async with Host.open(cfg) as host:
-                stream = host.trace()
-                ctl = await listener.accept()
-                await ready(ctl)
-                ctl.send(
-                    {
-                        "cmd": "incoming",
-                        "channelId": "lobby:#general",
-                        "messageId": "s1",
-                        "text": "please stall",
-                    }
-                )
-                seen: list = []
-                await wait_trace(
-                    stream,
-                    lambda e: e.kind == "tool-call" and e.agent == "Slow",
-                    "stall call",
-                    seen,
-                )
-                ctl.send(
-                    {
-                        "cmd": "incoming",
-                        "channelId": "lobby:#random",
-                        "messageId": "p1",
-                        "text": "ping",
-                    }
-                )
-                await wait_trace(
-                    stream,
-                    lambda e: e.kind == "tool-result" and e.agent == "Slow",
-                    "stall deadline",
-                    seen,
-                )
-                kinds = [(e.kind, e.agent) for e in seen]
-                # Quick answered while Slow's tool call was still pending
-                assert kinds.index(("published", "Quick")) < kinds.index(("tool-result", "Slow"))
-                await host.run_until_idle()
-                tool = next(m for m in host.history("Slow") if m["role"] == "tool")
-                result = tool["blocks"][0]
-                assert result["is_error"] is True
-                assert "no answer" in result["content"][0]["text"]
-                await ctl.wait_for(
-                    lambda e: (
-                        e["event"] == "received"
-                        and e["message"].get("method") == "channels/publish"
-                        and e["message"]["params"]["content"][0]["text"] == "gave up waiting"
-                    ),
-                    "Slow's reply",
-                )
-                assert ("lobby:#random", "pong") in publishes(ctl)
+        async with running_lobby(
+            tmp_path, {"Slow": stall, "Quick": ping}, request_timeout_s=4
+        ) as lb:
+            send_incoming(lb.ctl, "lobby:#general", "s1", "please stall")
+            seen: list = []
+            await wait_trace(
+                lb.stream,
+                lambda e: e.kind == "tool-call" and e.agent == "Slow",
+                "stall call",
+                seen,
+            )
+            send_incoming(lb.ctl, "lobby:#random", "p1", "ping")
+            await wait_trace(
+                lb.stream,
+                lambda e: e.kind == "tool-result" and e.agent == "Slow",
+                "stall deadline",
+                seen,
+            )
+            kinds = [(e.kind, e.agent) for e in seen]
+            # Quick answered while Slow's tool call was still pending
+            assert kinds.index(("published", "Quick")) < kinds.index(("tool-result", "Slow"))
+            await lb.host.run_until_idle()
+            tool = next(m for m in lb.host.history("Slow") if m["role"] == "tool")
+            result = tool["blocks"][0]
+            assert result["is_error"] is True
+            assert "no answer" in result["content"][0]["text"]
+            await lb.ctl.wait_for(publish_received("gave up waiting"), "Slow's reply")
+            assert ("lobby:#random", "pong") in publishes(lb.ctl)
 
 
 async def test_garbage_and_oversized_lines_leave_the_connection_alive(tmp_path: Path) -> None:
     with trio.fail_after(60):
-        async with open_control_listener() as listener:
-            server = lobby(listener.address, max_line_bytes=2000)
-            cfg = config(
-                tmp_path, [server], [{"name": "Ada", "model": scripted(tmp_path, "a", "")}]
+        async with running_lobby(tmp_path, {"Ada": ""}, max_line_bytes=2000) as lb:
+            ctl = lb.ctl
+            ctl.send({"cmd": "line", "text": "[lobby] this is a log line, not JSON"})
+            ctl.send({"cmd": "line", "text": '{"id": 77, "method": "push/event", "params": {}}'})
+            ctl.send(
+                {
+                    "cmd": "line",
+                    "text":  # truncated JSON
+                    '{"jsonrpc": "2.0", "id": 78, "method": "push/event"',
+                }
             )
-            async with Host.open(cfg) as host:
-                stream = host.trace()
-                ctl = await listener.accept()
-                await ready(ctl)
-                ctl.send({"cmd": "line", "text": "[lobby] this is a log line, not JSON"})
-                ctl.send(
-                    {"cmd": "line", "text": '{"id": 77, "method": "push/event", "params": {}}'}
-                )
-                ctl.send(
-                    {
-                        "cmd": "line",
-                        "text":  # truncated JSON
-                        '{"jsonrpc": "2.0", "id": 78, "method": "push/event"',
-                    }
-                )
-                ctl.send({"cmd": "line", "text": "x" * 5000})
-                ctl.send({"cmd": "push", "eventId": "ok1", "text": "still fine"})
-                await ctl.wait_for(answered("push/event", "eventId", "ok1"), "push after garbage")
-                await host.run_until_idle()
-                seen: list = []
-                notes = []
-                async for e in stream:
-                    seen.append(e)
-                    if e.kind == "diagnostic":
-                        notes.append(e.data["text"])
-                    if e.kind == "push":
-                        break
-                assert any("not JSON" in n for n in notes)
-                assert any('"jsonrpc": "2.0"' in n for n in notes)
-                assert any("max_line_bytes" in n for n in notes)
-                assert not any(e.kind == "disconnected" for e in seen)
-                assert texts(host.history("Ada")) == ["still fine"]
-                refusal = [
-                    e
-                    for e in ctl.events
-                    if e["event"] == "received" and e["message"].get("id") == 77
-                ]
-                assert refusal and refusal[0]["message"]["error"]["code"] == -32600
+            ctl.send({"cmd": "line", "text": "x" * 5000})
+            ctl.send({"cmd": "push", "eventId": "ok1", "text": "still fine"})
+            await ctl.wait_for(answered("push/event", "eventId", "ok1"), "push after garbage")
+            await lb.host.run_until_idle()
+            seen: list = []
+            notes = []
+            async for e in lb.stream:
+                seen.append(e)
+                if e.kind == "diagnostic":
+                    notes.append(e.data["text"])
+                if e.kind == "push":
+                    break
+            assert any("not JSON" in n for n in notes)
+            assert any('"jsonrpc": "2.0"' in n for n in notes)
+            assert any("max_line_bytes" in n for n in notes)
+            assert not any(e.kind == "disconnected" for e in seen)
+            assert texts(lb.host.history("Ada")) == ["still fine"]
+            refusal = [
+                e for e in ctl.events if e["event"] == "received" and e["message"].get("id") == 77
+            ]
+            assert refusal and refusal[0]["message"]["error"]["code"] == -32600
 
 
 async def test_a_flood_of_pushes_is_stored_once_each(tmp_path: Path) -> None:
     with trio.fail_after(120):
-        async with open_control_listener() as listener:
-            cfg = config(
-                tmp_path,
-                [lobby(listener.address)],
-                [{"name": "Ada", "model": scripted(tmp_path, "a", "")}],
+        async with running_lobby(tmp_path, {"Ada": ""}) as lb:
+            lb.ctl.send({"cmd": "flood", "count": 1500, "text": "flood"})
+            done = await lb.ctl.wait_for(
+                lambda e: e["event"] == "flood_done", "flood done", timeout=100
             )
-            async with Host.open(cfg) as host:
-                ctl = await listener.accept()
-                await ready(ctl)
-                ctl.send({"cmd": "flood", "count": 1500, "text": "flood"})
-                done = await ctl.wait_for(
-                    lambda e: e["event"] == "flood_done", "flood done", timeout=100
-                )
-                await host.run_until_idle()
-                ids = [m["metadata"]["event_id"] for m in host.history("Ada")]
-                assert len(ids) == len(set(ids)) == done["accepted"]
-                assert done["accepted"] >= 1  # refused ones were answered with an error, not lost
+            await lb.host.run_until_idle()
+            ids = [m["metadata"]["event_id"] for m in lb.host.history("Ada")]
+            assert len(ids) == len(set(ids)) == done["accepted"]
+            assert done["accepted"] >= 1  # refused ones were answered with an error, not lost
 
 
 def _write_config(tmp_path: Path, address: str) -> Path:
     model = scripted(tmp_path, "a", "")
     path = tmp_path / "host.toml"
-    cmd = ", ".join(
-        f'"{c}"'
-        for c in [sys.executable, "-m", "examples.lobby_server", "--control-connect", address]
-    )
+    cmd = ", ".join(f'"{c}"' for c in [*LOBBY, "--control-connect", address])
     path.write_text(
         f'[host]\ndata_dir = "data"\n\n[[servers]]\nid = "lobby"\ncommand = [{cmd}]\n\n'
         f'[[agents]]\nname = "Ada"\nmodel = "{model}"\n',
@@ -253,59 +195,32 @@ async def test_acknowledged_items_survive_sigkill_and_retries_are_not_stored_twi
 
 async def test_a_silent_server_is_detected_and_reconnected(tmp_path: Path) -> None:
     with trio.fail_after(90):
-        async with open_control_listener() as listener:
-            server = lobby(listener.address, request_timeout_s=2)
-            cfg = config(
-                tmp_path, [server], [{"name": "Ada", "model": scripted(tmp_path, "a", "")}]
-            )
-            async with Host.open(cfg) as host:
-                stream = host.trace()
-                first = await listener.accept()
-                await ready(first)
-                first.send({"cmd": "hang"})
-                await first.wait_for(lambda e: e["event"] == "hung", "hung")
-                result = await host.execute_tool_call("Ada", "lobby--forecast", {"city": "Oslo"})
-                assert result["is_error"] is True
-                seen: list = []
-                await wait_trace(stream, lambda e: e.kind == "disconnected", "reconnect", seen)
-                assert any(
-                    e.kind == "diagnostic" and "server silent" in e.data["text"] for e in seen
-                )
-                second = await listener.accept(timeout=60)
-                await ready(second)
-                again = await host.execute_tool_call("Ada", "lobby--forecast", {"city": "Oslo"})
-                assert again["is_error"] is False
+        async with running_lobby(tmp_path, {"Ada": ""}, request_timeout_s=2) as lb:
+            lb.ctl.send({"cmd": "hang"})
+            await lb.ctl.wait_for(lambda e: e["event"] == "hung", "hung")
+            result = await lb.host.execute_tool_call("Ada", "lobby--forecast", {"city": "Oslo"})
+            assert result["is_error"] is True
+            seen: list = []
+            await wait_trace(lb.stream, lambda e: e.kind == "disconnected", "reconnect", seen)
+            assert any(e.kind == "diagnostic" and "server silent" in e.data["text"] for e in seen)
+            second = await lb.listener.accept(timeout=60)
+            await ready(second)
+            again = await lb.host.execute_tool_call("Ada", "lobby--forecast", {"city": "Oslo"})
+            assert again["is_error"] is False
 
 
 async def test_publish_falls_back_to_the_notification_form(tmp_path: Path) -> None:
     rules = '[[rules]]\nwhen = "hello"\nsay = "hello back"\n'
     with trio.fail_after(60):
-        async with open_control_listener() as listener:
-            server = lobby(listener.address, "--publish-mode", "notification-only")
-            cfg = config(
-                tmp_path, [server], [{"name": "Ada", "model": scripted(tmp_path, "a", rules)}]
+        async with running_lobby(
+            tmp_path, {"Ada": rules}, "--publish-mode", "notification-only"
+        ) as lb:
+            send_incoming(lb.ctl, "lobby:#general", "h1", "hello")
+            event = await wait_trace(lb.stream, lambda e: e.kind == "published", "publish")
+            assert event.data["receipt"] == {"outcome": "unknown"}
+            is_publish = publish_received()
+            await lb.ctl.wait_for(
+                lambda e: is_publish(e) and "id" not in e["message"], "the notification form"
             )
-            async with Host.open(cfg) as host:
-                stream = host.trace()
-                ctl = await listener.accept()
-                await ready(ctl)
-                ctl.send(
-                    {
-                        "cmd": "incoming",
-                        "channelId": "lobby:#general",
-                        "messageId": "h1",
-                        "text": "hello",
-                    }
-                )
-                event = await wait_trace(stream, lambda e: e.kind == "published", "publish")
-                assert event.data["receipt"] == {"outcome": "unknown"}
-                await ctl.wait_for(
-                    lambda e: (
-                        e["event"] == "received"
-                        and e["message"].get("method") == "channels/publish"
-                        and "id" not in e["message"]
-                    ),
-                    "the notification form",
-                )
-                forms = ["id" in m for m in received(ctl, "channels/publish")]
-                assert forms == [True, False]  # the request, refused; then the notification
+            forms = ["id" in m for m in received(lb.ctl, "channels/publish")]
+            assert forms == [True, False]  # the request, refused; then the notification

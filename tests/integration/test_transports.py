@@ -13,8 +13,27 @@ import trio
 
 from actors import Host
 from examples.lobby_control import open_control_listener
-from tests.fake_anthropic import FakeScript, Reply, serve_fake_anthropic, text_block, tool_use_block
-from tests.helpers import LOBBY, config, publishes, ready, received, scripted, texts, wait_trace
+from tests.fake_anthropic import (
+    FakeScript,
+    HttpError,
+    Reply,
+    serve_fake_anthropic,
+    text_block,
+    tool_use_block,
+)
+from tests.helpers import (
+    LOBBY,
+    config,
+    publish_received,
+    publishes,
+    ready,
+    received,
+    running_lobby,
+    scripted,
+    send_incoming,
+    texts,
+    wait_trace,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -53,21 +72,8 @@ async def test_websocket_server_with_token(tmp_path: Path) -> None:
                 async with Host.open(cfg) as host:
                     ctl = await listener.accept()
                     await ready(ctl)
-                    ctl.send(
-                        {
-                            "cmd": "incoming",
-                            "channelId": "lobby:#general",
-                            "messageId": "w1",
-                            "text": "hello ws",
-                        }
-                    )
-                    await ctl.wait_for(
-                        lambda e: (
-                            e["event"] == "received"
-                            and e["message"].get("method") == "channels/publish"
-                        ),
-                        "reply over websocket",
-                    )
+                    send_incoming(ctl, "lobby:#general", "w1", "hello ws")
+                    await ctl.wait_for(publish_received(), "reply over websocket")
                     await host.run_until_idle()
                     assert publishes(ctl) == [("lobby:#general", "Hello over websockets.")]
                     assert texts(host.history("Ada")) == ["hello ws", "Hello over websockets."]
@@ -130,47 +136,22 @@ async def test_agent_on_the_anthropic_provider(
             base_url = await nursery.start(serve_fake_anthropic, script)
             monkeypatch.setenv("ANTHROPIC_BASE_URL", base_url)
             monkeypatch.setenv("ANTHROPIC_API_KEY", "test-key")
-            async with open_control_listener() as listener:
-                from tests.helpers import lobby
-
-                cfg = config(
-                    tmp_path,
-                    [lobby(listener.address)],
-                    [{"name": "Ada", "model": "anthropic:claude-test"}],
-                )
-                async with Host.open(cfg) as host:
-                    ctl = await listener.accept()
-                    await ready(ctl)
-                    ctl.send(
-                        {
-                            "cmd": "incoming",
-                            "channelId": "lobby:#general",
-                            "messageId": "a1",
-                            "text": "weather in Lima?",
-                        }
-                    )
-                    await ctl.wait_for(
-                        lambda e: (
-                            e["event"] == "received"
-                            and e["message"].get("method") == "channels/publish"
-                        ),
-                        "reply",
-                    )
-                    await host.run_until_idle()
-                    assert publishes(ctl) == [("lobby:#general", "Lima looks sunny.")]
-                    assert received(ctl, "tools/call")[0]["params"]["arguments"] == {"city": "Lima"}
-                    first = script.requests[0].body
-                    assert first["model"] == "claude-test" and first["stream"] is True
-                    assert any(t["name"] == "lobby--forecast" for t in first["tools"])
-                    assert "weather in Lima?" in str(first["messages"])
+            async with running_lobby(tmp_path, {"Ada": {"model": "anthropic:claude-test"}}) as lb:
+                send_incoming(lb.ctl, "lobby:#general", "a1", "weather in Lima?")
+                await lb.ctl.wait_for(publish_received(), "reply")
+                await lb.host.run_until_idle()
+                assert publishes(lb.ctl) == [("lobby:#general", "Lima looks sunny.")]
+                assert received(lb.ctl, "tools/call")[0]["params"]["arguments"] == {"city": "Lima"}
+                first = script.requests[0].body
+                assert first["model"] == "claude-test" and first["stream"] is True
+                assert any(t["name"] == "lobby--forecast" for t in first["tools"])
+                assert "weather in Lima?" in str(first["messages"])
             nursery.cancel_scope.cancel()
 
 
 async def test_a_failing_model_is_visible_and_stored_as_a_failed_turn(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from tests.fake_anthropic import HttpError
-
     script = FakeScript(
         [HttpError(status=401, error_type="authentication_error", message="bad key")]
     )
