@@ -57,7 +57,7 @@ from store import StoreError
 from .config import ServerConfig
 from .context import ChannelLimit, HostContext
 from .errors import NotConnected
-from .kernel import Actor, Reply
+from .kernel import Actor, BatchQueue, Reply
 from .messages import (
     Call,
     ConnStatus,
@@ -76,13 +76,17 @@ log = logging.getLogger("mcplive.connection")
 
 PRE_READY_CAP = 1000
 OUTBOX_CAP = 1024
+MAX_HANDLERS = 128
 READ_BATCH = 256  # requests read together are queued together, up to this many
-QUEUED_BATCHES = 4  # batches waiting for the dispatcher, and again for the responder
-REQUEST_QUEUE_CAP = READ_BATCH * QUEUED_BATCHES
-ANSWER_QUEUE_CAP = READ_BATCH * QUEUED_BATCHES
+REQUEST_QUEUE_CAP = 1024  # requests read, waiting for the dispatcher (reader waits past it)
+ANSWER_QUEUE_CAP = 1024  # prepared requests waiting for the responder (dispatcher waits past it)
+TAKE_LIMIT = 1024  # the most a dispatcher or responder takes at once
+# Every request the server may have in flight with us: the queues (each may overshoot its cap by
+# one batch), the batch in each worker's hands, the handlers and the pre-readiness buffer.
+INBOUND_CAP = REQUEST_QUEUE_CAP + ANSWER_QUEUE_CAP + 2 * READ_BATCH + 2 * TAKE_LIMIT
+INBOUND_CAP += MAX_HANDLERS + PRE_READY_CAP
 HOT_LANES = frozenset({"push/event", "channels/incoming"})
 WRITE_BATCH = 256
-MAX_HANDLERS = 128
 MAX_TOOLS = 1000
 BACKOFF_BASE_S = 5.0
 BACKOFF_CAP_S = 300.0
@@ -142,10 +146,8 @@ class Link:
     session: rpc.RpcSession
     outbox_send: trio.MemorySendChannel[list[str]]
     outbox_recv: trio.MemoryReceiveChannel[list[str]]
-    requests_send: trio.MemorySendChannel[list[rpc.Request]]
-    requests_recv: trio.MemoryReceiveChannel[list[rpc.Request]]
-    answers_send: trio.MemorySendChannel[list[tuple[rpc.Request, Pending]]]
-    answers_recv: trio.MemoryReceiveChannel[list[tuple[rpc.Request, Pending]]]
+    requests: BatchQueue[rpc.Request]
+    answers: BatchQueue[tuple[rpc.Request, Pending]]
     waiters: dict[rpc.Id, trio.MemorySendChannel[outcome.Outcome[Any]]] = attrs.field(factory=dict)
     ready: bool = False
     mcp_only: bool = False
@@ -316,26 +318,16 @@ class ConnectionActor(Actor):
         try:
             async with open_transport(self.cfg, self._on_stderr) as transport:
                 out_send, out_recv = trio.open_memory_channel[list[str]](OUTBOX_CAP)
-                req_send, req_recv = trio.open_memory_channel[list[rpc.Request]](QUEUED_BATCHES)
-                ans_send, ans_recv = trio.open_memory_channel[list[tuple[rpc.Request, Pending]]](
-                    QUEUED_BATCHES
-                )
                 link = Link(
                     transport=transport,
                     session=rpc.RpcSession(
                         max_pending=256,
-                        max_inbound=REQUEST_QUEUE_CAP
-                        + ANSWER_QUEUE_CAP
-                        + MAX_HANDLERS
-                        + PRE_READY_CAP
-                        + 1,
+                        max_inbound=INBOUND_CAP,
                     ),
                     outbox_send=out_send,
                     outbox_recv=out_recv,
-                    requests_send=req_send,
-                    requests_recv=req_recv,
-                    answers_send=ans_send,
-                    answers_recv=ans_recv,
+                    requests=BatchQueue(REQUEST_QUEUE_CAP),
+                    answers=BatchQueue(ANSWER_QUEUE_CAP),
                 )
                 self.link = link
                 self._trace("connecting", transport=transport.description, attempt=self.connects)
@@ -440,7 +432,8 @@ class ConnectionActor(Actor):
         any other request gets a handler task, at most ``MAX_HANDLERS`` at a time."""
         slots = trio.Semaphore(MAX_HANDLERS)
         assert link.nursery is not None
-        async for batch in link.requests_recv:
+        while True:
+            batch = await link.requests.take(TAKE_LIMIT)
             hot = []
             for req in batch:
                 if req.method in HOT_LANES:
@@ -449,7 +442,7 @@ class ConnectionActor(Actor):
                     await slots.acquire()
                     link.nursery.start_soon(self._serve, link, req, slots)
             if hot:
-                await link.answers_send.send(await self._prepare(link, hot))
+                await link.answers.put_many(await self._prepare(link, hot))
 
     async def _dispatch_event(self, link: Link, event: rpc.Event) -> None:
         if isinstance(event, rpc.ResponseReceived):
@@ -490,7 +483,7 @@ class ConnectionActor(Actor):
 
     async def _queue_requests(self, link: Link, batch: list[rpc.Request]) -> None:
         try:
-            await link.requests_send.send(batch)
+            await link.requests.put_many(batch)
         except BaseException:
             self.work.dec(len(batch))
             raise
@@ -779,7 +772,8 @@ class ConnectionActor(Actor):
     async def _responder(self, link: Link) -> None:
         """Answer the hot lanes in commit order (the store commits FIFO), a batch per write,
         then trace and wake: one wake per agent per batch, naming the newest conversation."""
-        async for answers in link.answers_recv:
+        while True:
+            answers = await link.answers.take(TAKE_LIMIT)
             try:
                 lines: list[str] = []
                 done: list[tuple[Prepared, dict[str, Any]]] = []

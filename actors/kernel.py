@@ -14,6 +14,7 @@ running turns, writes not yet committed) so ``Host.run_until_idle`` can wait for
 from __future__ import annotations
 
 import logging
+from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any, Generic, TypeVar
 
@@ -257,3 +258,47 @@ class Actor:
                 return
             env.reply.abandon()
             self.work.dec()
+
+
+class BatchQueue(Generic[M]):
+    """A bounded FIFO between one producer task and one consumer task that hands the consumer
+    everything accumulated since its last take (adaptive batching): under load the batches grow
+    and per-batch costs are shared; when idle, a single item goes through at once.
+
+    ``put_many`` waits while the queue holds ``cap`` items or more (backpressure); ``take`` waits
+    for at least one item and returns at most ``limit``. ``close`` ends the consumer's loop.
+    """
+
+    def __init__(self, cap: int) -> None:
+        self.cap = cap
+        self._items: deque[M] = deque()
+        self._data = trio.lowlevel.ParkingLot()
+        self._space = trio.lowlevel.ParkingLot()
+        self._closed = False
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    async def put_many(self, items: list[M]) -> None:
+        while len(self._items) >= self.cap and not self._closed:
+            await self._space.park()
+        if self._closed:
+            raise trio.ClosedResourceError("queue closed")
+        self._items.extend(items)
+        self._data.unpark_all()
+        await trio.lowlevel.checkpoint()
+
+    async def take(self, limit: int) -> list[M]:
+        while not self._items:
+            if self._closed:
+                raise trio.EndOfChannel
+            await self._data.park()
+        n = min(limit, len(self._items))
+        batch = [self._items.popleft() for _ in range(n)]
+        self._space.unpark_all()
+        return batch
+
+    def close(self) -> None:
+        self._closed = True
+        self._data.unpark_all()
+        self._space.unpark_all()
