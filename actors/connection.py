@@ -46,8 +46,8 @@ from protocol.framing import Oversize, Undecodable
 from protocol.lanes import (
     ChannelDescriptor,
     ChannelsChanged,
-    IncomingMessage,
     parse_descriptors,
+    parse_incoming,
     parse_incoming_batch,
     parse_push,
     structure,
@@ -745,7 +745,7 @@ class ConnectionActor(Actor):
         for raw in parse_incoming_batch(params):
             mid = raw.get("messageId") if isinstance(raw, Mapping) else None
             try:
-                msg = structure(raw, IncomingMessage)
+                msg = parse_incoming(raw)
             except RpcError as exc:
                 pending.refused.append({"messageId": mid, "accepted": False, "reason": exc.message})
                 continue

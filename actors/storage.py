@@ -54,6 +54,23 @@ class StoreFuture:
         return self.result()
 
 
+class _Completion:
+    """The results of one ``submit_many``, gathered in the writer thread (which calls ``done``
+    once per op, in order) and handed to the trio thread in one piece."""
+
+    __slots__ = ("client", "futures", "results")
+
+    def __init__(self, client: StoreClient, n: int) -> None:
+        self.client = client
+        self.futures = [StoreFuture() for _ in range(n)]
+        self.results: list[object] = []
+
+    def done(self, result: object) -> None:
+        self.results.append(result)
+        if len(self.results) == len(self.futures):
+            self.client._completed_batch(self)
+
+
 class StoreClient:
     def __init__(self, data_dir: Path, work: Work) -> None:
         data_dir.mkdir(parents=True, exist_ok=True)
@@ -65,7 +82,7 @@ class StoreClient:
         self._token = trio.lowlevel.current_trio_token()
         self._read_limiter = trio.CapacityLimiter(1)
         self._lock = threading.Lock()
-        self._completed: list[tuple[StoreFuture, object]] = []
+        self._completed: list[_Completion] = []
         self._scheduled = False
 
     def start(self) -> None:
@@ -82,42 +99,40 @@ class StoreClient:
                 self._slots.acquire_nowait()
             except trio.WouldBlock:
                 await self._slots.acquire()
-        futures = [StoreFuture() for _ in ops]
+        batch = _Completion(self, len(ops))
         self.work.inc(len(ops))
         try:
-            self.writer.submit_many(
-                [(op, self._done_for(fut)) for op, fut in zip(ops, futures, strict=True)]
-            )
+            self.writer.submit_many([(op, batch.done) for op in ops])
         except BaseException:
             for _ in ops:
                 self._slots.release()
             self.work.dec(len(ops))
             raise
-        return futures
+        return batch.futures
 
-    def _done_for(self, fut: StoreFuture) -> Callable[[object], None]:
-        def done(result: object) -> None:  # runs in the writer thread
-            with self._lock:
-                self._completed.append((fut, result))
-                if self._scheduled:
-                    return
-                self._scheduled = True
-            try:
-                # one wake-up of the trio thread for a whole committed batch
-                self._token.run_sync_soon(self._deliver)
-            except trio.RunFinishedError:
-                pass
-
-        return done
+    def _completed_batch(self, batch: _Completion) -> None:
+        """Called in the writer thread once every op of ``batch`` has its result."""
+        with self._lock:
+            self._completed.append(batch)
+            if self._scheduled:
+                return
+            self._scheduled = True
+        try:
+            # one wake-up of the trio thread for everything committed meanwhile
+            self._token.run_sync_soon(self._deliver)
+        except trio.RunFinishedError:
+            pass
 
     def _deliver(self) -> None:
         with self._lock:
             completed, self._completed = self._completed, []
             self._scheduled = False
-        for fut, result in completed:
-            fut._set(result)
-            self._slots.release()
-            self.work.dec()
+        for batch in completed:
+            for fut, result in zip(batch.futures, batch.results, strict=True):
+                fut._set(result)
+            for _ in batch.futures:
+                self._slots.release()
+            self.work.dec(len(batch.futures))
 
     async def write(self, op: Any) -> Any:
         return await (await self.submit(op)).wait()

@@ -254,5 +254,51 @@ def parse_descriptors(params: Any, key: str = "channels") -> list[Any]:
     return items
 
 
+def _fast_incoming(raw: Any) -> IncomingMessage | None:
+    """The message when every member already has exactly its type (the common case), built
+    without the general converter; None sends it through ``structure`` instead."""
+    if type(raw) is not dict:
+        return None
+    cid = raw.get("channelId")
+    mid = raw.get("messageId")
+    author = raw.get("author")
+    content = raw.get("content")
+    if not (
+        type(cid) is str and type(mid) is str and type(author) is dict and type(content) is list
+    ):
+        return None
+    aid = author.get("id")
+    name = author.get("name", "")
+    timestamp = raw.get("timestamp", "")
+    thread = raw.get("threadId")
+    metadata = raw.get("metadata")
+    tags = raw.get("tags", [])
+    if not (
+        type(aid) is str
+        and type(name) is str
+        and type(timestamp) is str
+        and (thread is None or type(thread) is str)
+        and (metadata is None or type(metadata) is dict)
+        and type(tags) is list
+    ):
+        return None
+    return IncomingMessage(
+        channel_id=cid,
+        message_id=mid,
+        author=Author(id=aid, name=name),
+        content=tuple(content),
+        timestamp=timestamp,
+        thread_id=thread,
+        metadata=metadata,
+        tags=tuple(tags),
+    )
+
+
+def parse_incoming(raw: Any) -> IncomingMessage:
+    """One message of a ``channels/incoming`` batch; ``RpcError(-32602)`` when malformed."""
+    fast = _fast_incoming(raw)
+    return fast if fast is not None else structure(raw, IncomingMessage)
+
+
 def parse_incoming_batch(params: Any) -> list[Any]:
     return parse_descriptors(params, "messages")

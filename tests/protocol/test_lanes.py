@@ -347,3 +347,74 @@ def test_any_json_push_parses_or_raises_invalid_params(value: Any) -> None:
 @given(st.one_of(st.integers(), st.text(max_size=10)))
 def test_ids_keep_their_decimal_text(value: int | str) -> None:
     assert structure({"id": value}, ChannelDescriptor).id == str(value)
+
+
+# --- the fast path for incoming messages agrees with the general converter -------------------
+
+_scalar = st.one_of(
+    st.none(), st.booleans(), st.integers(-5, 5), st.text(max_size=5), st.floats(allow_nan=False)
+)
+_member = st.one_of(
+    _scalar,
+    st.lists(_scalar, max_size=2),
+    st.dictionaries(st.text(max_size=3), _scalar, max_size=2),
+)
+
+
+@st.composite
+def _incoming_shapes(draw: st.DrawFn) -> dict[str, object]:
+    good = {
+        "channelId": "c",
+        "messageId": "m",
+        "author": {"id": "u", "name": "U"},
+        "content": [{"type": "text", "text": "hi"}],
+        "timestamp": "2026-01-01T00:00:00Z",
+        "threadId": "t",
+        "metadata": {"k": 1},
+        "tags": ["chat:mention"],
+    }
+    out: dict[str, object] = {}
+    for key, value in good.items():
+        choice = draw(st.sampled_from(["keep", "drop", "replace"]))
+        if choice == "keep":
+            out[key] = value
+        elif choice == "replace":
+            out[key] = draw(_member)
+    if draw(st.booleans()):
+        out["author"] = {
+            "id": draw(_member),
+            **({"name": draw(_member)} if draw(st.booleans()) else {}),
+        }
+    return out
+
+
+@given(_incoming_shapes())
+def test_incoming_fast_path_matches_the_converter(raw: dict[str, object]) -> None:
+    from protocol.lanes import IncomingMessage, parse_incoming
+
+    try:
+        expected: object = structure(raw, IncomingMessage)
+    except RpcError as exc:
+        expected = exc.code
+    try:
+        got: object = parse_incoming(raw)
+    except RpcError as exc:
+        got = exc.code
+    assert got == expected
+
+
+def test_a_well_formed_incoming_message_takes_the_fast_path() -> None:
+    from protocol.lanes import IncomingMessage, _fast_incoming
+
+    raw = {
+        "channelId": "c",
+        "messageId": "m",
+        "author": {"id": "u"},
+        "content": [{"type": "text", "text": "hi"}],
+        "extra": True,
+    }
+    fast = _fast_incoming(raw)
+    assert fast is not None
+    assert fast == structure(raw, IncomingMessage)
+    assert _fast_incoming({**raw, "messageId": 7}) is None  # numbers go the general way
+    assert structure({**raw, "messageId": 7}, IncomingMessage).message_id == "7"
