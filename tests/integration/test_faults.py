@@ -224,3 +224,21 @@ async def test_publish_falls_back_to_the_notification_form(tmp_path: Path) -> No
             )
             forms = ["id" in m for m in received(lb.ctl, "channels/publish")]
             assert forms == [True, False]  # the request, refused; then the notification
+
+
+async def test_leaving_the_host_is_bounded_with_a_request_outstanding(tmp_path: Path) -> None:
+    stall = (
+        '[[rules]]\nwhen = "stall"\ncalls = [{ tool = "lobby--stall", arguments = {} }]\n'
+        'say = "never said"\n'
+    )
+    with trio.fail_after(60):
+        async with running_lobby(tmp_path, {"Slow": stall}, request_timeout_s=600) as lob:
+            send_incoming(lob.ctl, "lobby:#general", "s1", "please stall")
+            await lob.ctl.wait_for(
+                lambda e: e["event"] == "received" and e["message"].get("method") == "tools/call",
+                "the call the lobby never answers",
+            )
+            # leave while the agent's turn waits on a 600 s request
+        # the host is closed: the lobby process was stopped and its control link ended
+        await lob.ctl.wait_closed(timeout=30)
+        assert "never said" not in str(lob.ctl.events)

@@ -1,0 +1,113 @@
+"""``BatchQueue``: adaptive batches, backpressure at the cap, close."""
+
+from __future__ import annotations
+
+from collections import deque
+
+import pytest
+import trio
+import trio.testing
+from hypothesis import given
+from hypothesis import strategies as st
+
+from actors.kernel import BatchQueue
+
+
+async def test_take_returns_everything_accumulated_up_to_the_limit(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    q: BatchQueue[int] = BatchQueue(cap=100)
+    await q.put_many([1, 2])
+    await q.put_many([3])
+    assert await q.take(limit=10) == [1, 2, 3]
+    await q.put_many(list(range(5)))
+    assert await q.take(limit=2) == [0, 1]
+    assert await q.take(limit=10) == [2, 3, 4]
+
+
+async def test_take_waits_for_an_item(autojump_clock: trio.abc.Clock) -> None:
+    q: BatchQueue[str] = BatchQueue(cap=4)
+    got: list[list[str]] = []
+
+    async def consumer() -> None:
+        got.append(await q.take(limit=10))
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(consumer)
+        await trio.testing.wait_all_tasks_blocked()
+        assert got == []
+        await q.put_many(["a"])
+    assert got == [["a"]]
+
+
+async def test_put_waits_at_the_cap_until_a_take_makes_room(autojump_clock: trio.abc.Clock) -> None:
+    q: BatchQueue[int] = BatchQueue(cap=3)
+    await q.put_many([1, 2, 3])  # exactly at the cap
+    done = trio.Event()
+
+    async def producer() -> None:
+        await q.put_many([4])
+        done.set()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(producer)
+        await trio.testing.wait_all_tasks_blocked()
+        assert not done.is_set() and len(q) == 3  # backpressure
+        assert await q.take(limit=1) == [1]
+        await done.wait()
+    assert await q.take(limit=10) == [2, 3, 4]
+
+
+async def test_close_ends_the_consumer_and_refuses_producers(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    q: BatchQueue[int] = BatchQueue(cap=1)
+    await q.put_many([1])
+    errors: list[type[BaseException]] = []
+
+    async def blocked_producer() -> None:
+        try:
+            await q.put_many([2])
+        except trio.ClosedResourceError as exc:
+            errors.append(type(exc))
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(blocked_producer)
+        await trio.testing.wait_all_tasks_blocked()
+        q.close()
+    assert errors == [trio.ClosedResourceError]
+    assert await q.take(limit=5) == [1]  # what was queued is still handed out
+    with pytest.raises(trio.EndOfChannel):
+        await q.take(limit=5)
+
+
+@given(
+    st.lists(
+        st.one_of(
+            st.tuples(st.just("put"), st.lists(st.integers(), min_size=1, max_size=4)),
+            st.tuples(st.just("take"), st.integers(1, 5)),
+        ),
+        max_size=40,
+    )
+)
+def test_batches_keep_fifo_order_against_a_model(ops: list[tuple[str, object]]) -> None:
+    async def run() -> None:
+        cap = 6
+        q: BatchQueue[int] = BatchQueue(cap=cap)
+        model: deque[int] = deque()
+        for kind, arg in ops:
+            if kind == "put":
+                assert isinstance(arg, list)
+                if len(model) >= cap:
+                    continue  # would wait: the single-task model skips it
+                await q.put_many(arg)
+                model.extend(arg)
+            else:
+                assert isinstance(arg, int)
+                if not model:
+                    continue  # would wait
+                expected = [model.popleft() for _ in range(min(arg, len(model)))]
+                assert await q.take(limit=arg) == expected
+            assert len(q) == len(model)
+
+    trio.run(run, clock=trio.testing.MockClock(autojump_threshold=0))
