@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import attrs
@@ -140,50 +142,51 @@ async def busy(ref: ActorRef[Any]) -> trio.Event:
 # -- tell / ask -------------------------------------------------------------------------------
 
 
-async def test_tell_order_is_preserved_through_backpressure(autojump_clock):
-    actor = Probe(Work())
+@asynccontextmanager
+async def running(actor: Any) -> AsyncIterator[tuple[Any, trio.Nursery]]:
+    """The actor started in a nursery of its own, cancelled when the block ends."""
     async with trio.open_nursery() as nursery:
         ref = await nursery.start(actor.run)
+        yield ref, nursery
+        nursery.cancel_scope.cancel()
+
+
+async def test_tell_order_is_preserved_through_backpressure(autojump_clock):
+    actor = Probe(Work())
+    async with running(actor) as (ref, _nursery):
         assert ref.name == "probe"
         for i in range(5 * CAP):
             await ref.tell(Echo(i))
         await wait_all_tasks_blocked()
         assert actor.echoes == list(range(5 * CAP))
-        nursery.cancel_scope.cancel()
 
 
 async def test_ask_returns_the_handlers_value(autojump_clock):
     actor = Probe(Work())
-    async with trio.open_nursery() as nursery:
-        ref = await nursery.start(actor.run)
+    async with running(actor) as (ref, _nursery):
         assert await ref.ask(Echo({"a": 1}), timeout=LONG) == {"a": 1}
         assert await ref.ask(Echo(None), timeout=LONG) is None
-        nursery.cancel_scope.cancel()
 
 
 async def test_a_handler_exception_goes_to_the_asker_and_the_actor_keeps_going(autojump_clock):
     work = Work()
     actor = Probe(work)
-    async with trio.open_nursery() as nursery:
-        ref = await nursery.start(actor.run)
+    async with running(actor) as (ref, _nursery):
         with pytest.raises(ValueError, match=r"^boom$"):
             await ref.ask(Fail("boom"), timeout=LONG)
         assert await ref.ask(Echo("still here"), timeout=LONG) == "still here"
         assert work.count == 0
-        nursery.cancel_scope.cancel()
 
 
 async def test_a_failing_tell_is_logged_and_the_actor_keeps_going(autojump_clock, caplog):
     work = Work()
     actor = Probe(work)
-    async with trio.open_nursery() as nursery:
-        ref = await nursery.start(actor.run)
+    async with running(actor) as (ref, _nursery):
         with caplog.at_level(logging.ERROR, logger="mcplive"):
             await ref.tell(Fail("told"))
             assert await ref.ask(Echo(1), timeout=LONG) == 1
         assert any("probe" in r.getMessage() and r.exc_info for r in caplog.records)
         assert work.count == 0
-        nursery.cancel_scope.cancel()
 
 
 async def test_deferred_reply_answers_later_while_the_mailbox_stays_live(autojump_clock):
@@ -191,8 +194,7 @@ async def test_deferred_reply_answers_later_while_the_mailbox_stays_live(autojum
     actor = Probe(work)
     results: dict[str, outcome.Outcome[Any]] = {}
     gate = trio.Event()
-    async with trio.open_nursery() as nursery:
-        ref = await nursery.start(actor.run)
+    async with running(actor) as (ref, nursery):
         nursery.start_soon(capture, results, "deferred", ref, Defer("later", gate))
         await wait_all_tasks_blocked()
         assert "deferred" not in results
@@ -203,27 +205,23 @@ async def test_deferred_reply_answers_later_while_the_mailbox_stays_live(autojum
         await wait_all_tasks_blocked()
         assert results["deferred"].unwrap() == "later"
         assert work.count == 0
-        nursery.cancel_scope.cancel()
 
 
 async def test_a_spawned_task_that_fails_sends_its_error_to_the_asker(autojump_clock):
     work = Work()
     actor = Probe(work)
-    async with trio.open_nursery() as nursery:
-        ref = await nursery.start(actor.run)
+    async with running(actor) as (ref, _nursery):
         with pytest.raises(ValueError, match=r"^crashed$"):
             await ref.ask(Crash("crashed"), timeout=LONG)
         assert await ref.ask(Echo(2), timeout=LONG) == 2
         await wait_all_tasks_blocked()
         assert work.count == 0
-        nursery.cancel_scope.cancel()
 
 
 async def test_ask_deadline_raises_ask_timeout(autojump_clock):
     work = Work()
     actor = Probe(work)
-    async with trio.open_nursery() as nursery:
-        ref = await nursery.start(actor.run)
+    async with running(actor) as (ref, _nursery):
         start = trio.current_time()
         with pytest.raises(AskTimeout, match="Keep"):
             await ref.ask(Keep(), timeout=5)
@@ -232,14 +230,12 @@ async def test_ask_deadline_raises_ask_timeout(autojump_clock):
         actor.kept[0].value("too late")  # answering a gone asker is harmless
         assert await ref.ask(Echo(3), timeout=LONG) == 3
         assert work.count == 0
-        nursery.cancel_scope.cancel()
 
 
 async def test_ask_timing_out_at_a_full_mailbox_leaves_no_work_behind(autojump_clock):
     work = Work()
     actor = Probe(work)
-    async with trio.open_nursery() as nursery:
-        ref = await nursery.start(actor.run)
+    async with running(actor) as (ref, _nursery):
         gate = await busy(ref)
         for i in range(CAP):
             ref.tell_nowait(Echo(i))
@@ -251,7 +247,6 @@ async def test_ask_timing_out_at_a_full_mailbox_leaves_no_work_behind(autojump_c
         assert work.count == 0
         with trio.fail_after(2 * LONG):
             await work.wait_idle()
-        nursery.cancel_scope.cancel()
 
 
 # -- the mailbox cap --------------------------------------------------------------------------
@@ -260,8 +255,7 @@ async def test_ask_timing_out_at_a_full_mailbox_leaves_no_work_behind(autojump_c
 async def test_tell_nowait_raises_mailbox_full_exactly_at_the_cap(autojump_clock):
     work = Work()
     actor = Probe(work)
-    async with trio.open_nursery() as nursery:
-        ref = await nursery.start(actor.run)
+    async with running(actor) as (ref, _nursery):
         gate = await busy(ref)
         for i in range(CAP):
             ref.tell_nowait(Echo(i))  # the CAP-th still fits
@@ -274,7 +268,6 @@ async def test_tell_nowait_raises_mailbox_full_exactly_at_the_cap(autojump_clock
         await wait_all_tasks_blocked()
         assert actor.echoes == list(range(CAP))
         assert work.count == 0
-        nursery.cancel_scope.cancel()
 
 
 async def test_tell_waits_at_the_cap_and_proceeds_when_the_actor_drains(autojump_clock):
@@ -286,8 +279,7 @@ async def test_tell_waits_at_the_cap_and_proceeds_when_the_actor_drains(autojump
         await ref.tell(Echo("waited"))
         done.set()
 
-    async with trio.open_nursery() as nursery:
-        ref = await nursery.start(actor.run)
+    async with running(actor) as (ref, nursery):
         gate = await busy(ref)
         for i in range(CAP):
             await ref.tell(Echo(i))
@@ -301,7 +293,6 @@ async def test_tell_waits_at_the_cap_and_proceeds_when_the_actor_drains(autojump
         assert done.is_set()
         assert actor.echoes == [*range(CAP), "waited"]
         assert work.count == 0
-        nursery.cancel_scope.cancel()
 
 
 # -- Stop and cancellation --------------------------------------------------------------------
@@ -427,8 +418,7 @@ async def test_work_counts_everything_and_wait_idle_returns_only_at_zero(autojum
         await work.wait_idle()
         idle.set()
 
-    async with trio.open_nursery() as nursery:
-        ref = await nursery.start(actor.run)
+    async with running(actor) as (ref, nursery):
         later = trio.Event()
         nursery.start_soon(capture, results, "deferred", ref, Defer("later", later))
         await wait_all_tasks_blocked()
@@ -450,7 +440,6 @@ async def test_work_counts_everything_and_wait_idle_returns_only_at_zero(autojum
         assert work.count == 0
         assert idle.is_set()
         assert results["deferred"].unwrap() == "later"
-        nursery.cancel_scope.cancel()
 
 
 async def test_wait_idle_is_not_fooled_by_work_that_starts_just_after_zero(autojump_clock):
