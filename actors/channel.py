@@ -85,6 +85,7 @@ class ChannelActor(Actor):
         self.labels: list[str] = []
         self.registered = False
         self.open_for: dict[str, bool] = {}
+        self.hearers = tuple(ctx.agents_hearing(server_id))  # the configured agents: fixed
         self._receipts: OrderedDict[str, str] = OrderedDict()  # message id -> agent
         self._publishing = 0
         self._flushing = False
@@ -169,9 +170,10 @@ class ChannelActor(Actor):
     async def _ingest_batch(self, items: tuple[Any, ...]) -> list[Prepared | RpcError]:
         """Convert every item, then hand all the writes to the store at once."""
         built: list[tuple[Append, tuple[Any, ...]] | RpcError] = []
+        now = time.time()
         for msg in items:
             try:
-                built.append(self._ingest(msg))
+                built.append(self._ingest(msg, now))
             except RpcError as exc:
                 built.append(exc)
         ops = [b[0] for b in built if not isinstance(b, RpcError)]
@@ -183,9 +185,11 @@ class ChannelActor(Actor):
             for b in built
         ]
 
-    def _ingest(self, msg: IngestIncoming | IngestPush) -> tuple[Append, tuple[Any, ...]]:
+    def _ingest(
+        self, msg: IngestIncoming | IngestPush, now: float
+    ) -> tuple[Append, tuple[Any, ...]]:
         """The write of one item, and (blocks, wakes, author) for its ``Prepared``."""
-        hearers = tuple(self.ctx.agents_hearing(self.sid))
+        hearers = self.hearers
         if isinstance(msg, IngestIncoming):
             m = msg.message
             content, provenance = m.content, "incoming"
@@ -261,7 +265,7 @@ class ChannelActor(Actor):
                 role="user",
                 blocks=tuple(blocks),
                 metadata=meta,
-                created_at=_wall(),
+                created_at=now,
             )
             for agent in hearers
             if agent != author_agent
@@ -332,7 +336,3 @@ class ChannelActor(Actor):
             if s.id == self.sid:
                 return s.request_timeout_s
         return 60.0
-
-
-def _wall() -> float:
-    return time.time()

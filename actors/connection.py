@@ -128,11 +128,15 @@ class RequestTimeout(TimeoutError):
     pass
 
 
+#: What the transcript says of an item: (kind, channel id, fields).
+Trace = tuple[str, str | None, dict[str, Any]]
+
+
 @attrs.define
 class Pending:
     """A hot-lane request whose items were handed to the store: (prepared item, trace fields)."""
 
-    items: list[tuple[Prepared, dict[str, Any]]]
+    items: list[tuple[Prepared, Trace]]
     refused: list[dict[str, Any]] = attrs.field(factory=list)
     push: bool = False
     error: RpcError | None = None
@@ -685,11 +689,11 @@ class ConnectionActor(Actor):
         """
         accepted_at = utc_now()  # one timestamp for what was read together
         out = [(req, Pending(items=[], push=req.method == "push/event")) for req in requests]
-        groups: dict[str | None, list[tuple[Pending, Any, dict[str, Any]]]] = {}
+        groups: dict[str | None, list[tuple[Pending, Any, Trace]]] = {}
         for req, pending in out:
             try:
                 self._admit(link, req.method)
-                parsed: list[tuple[str | None, Any, dict[str, Any]]]
+                parsed: list[tuple[str | None, Any, Trace]]
                 if pending.push:
                     parsed = [self._parse_push(link, req.params, accepted_at)]
                 else:
@@ -715,13 +719,13 @@ class ConnectionActor(Actor):
                 else:
                     reason = result.message if isinstance(result, RpcError) else str(result)
                     pending.refused.append(
-                        {"messageId": trace["message_id"], "accepted": False, "reason": reason}
+                        {"messageId": trace[2]["message_id"], "accepted": False, "reason": reason}
                     )
         return out
 
     def _parse_push(
         self, link: Link, params: Any, accepted_at: str
-    ) -> tuple[str | None, IngestPush, dict[str, Any]]:
+    ) -> tuple[str | None, IngestPush, Trace]:
         event = parse_push(params)
         if event.feature_set not in link.feature_sets:
             raise RpcError(
@@ -735,12 +739,12 @@ class ConnectionActor(Actor):
         claimed = (event.origin or {}).get("mcplChannelId")
         if isinstance(claimed, str) and claimed in link.channels:
             scoped = claimed
-        trace = {"kind": "push", "channel_id": scoped, "event_id": event.event_id}
+        trace: Trace = ("push", scoped, {"event_id": event.event_id})
         return scoped, IngestPush(event=event, accepted_at=accepted_at), trace
 
     def _parse_incoming(
         self, link: Link, params: Any, pending: Pending, accepted_at: str
-    ) -> list[tuple[str, IngestIncoming, dict[str, Any]]]:
+    ) -> list[tuple[str, IngestIncoming, Trace]]:
         items = []
         for raw in parse_incoming_batch(params):
             mid = raw.get("messageId") if isinstance(raw, Mapping) else None
@@ -758,12 +762,11 @@ class ConnectionActor(Actor):
                     {"messageId": msg.message_id, "accepted": False, "reason": "unknown_channel"}
                 )
                 continue
-            trace = {
-                "kind": "incoming",
-                "channel_id": msg.channel_id,
-                "message_id": msg.message_id,
-                "author": msg.author.name or msg.author.id,
-            }
+            trace: Trace = (
+                "incoming",
+                msg.channel_id,
+                {"message_id": msg.message_id, "author": msg.author.name or msg.author.id},
+            )
             items.append(
                 (msg.channel_id, IngestIncoming(message=msg, accepted_at=accepted_at), trace)
             )
@@ -776,7 +779,7 @@ class ConnectionActor(Actor):
             answers = await link.answers.take(TAKE_LIMIT)
             try:
                 lines: list[str] = []
-                done: list[tuple[Prepared, dict[str, Any]]] = []
+                done: list[tuple[Prepared, Trace]] = []
                 for req, pending in answers:
                     line = await self._answer_pending(link, req, pending, done)
                     if line is not None:
@@ -784,9 +787,7 @@ class ConnectionActor(Actor):
                 await self._send_lines(link, lines)
                 wakes: dict[str, tuple[Wake, int]] = {}
                 for prepared, trace in done:
-                    fields = dict(trace)
-                    kind = fields.pop("kind")
-                    channel_id = fields.pop("channel_id")
+                    kind, channel_id, fields = trace
                     self._trace(kind, channel_id=channel_id, text=_text(prepared.blocks), **fields)
                     for agent, wake in prepared.wakes:
                         count = wakes[agent][1] + 1 if agent in wakes else 1
@@ -808,7 +809,7 @@ class ConnectionActor(Actor):
         link: Link,
         req: rpc.Request,
         pending: Pending,
-        done: list[tuple[Prepared, dict[str, Any]]],
+        done: list[tuple[Prepared, Trace]],
     ) -> str | None:
         """Wait for the request's writes; the reply line (None if the link is gone). Items that
         were new are added to ``done``."""
@@ -826,7 +827,7 @@ class ConnectionActor(Actor):
                 self._trace("error", error=f"store failed: {exc}", method=req.method)
                 ok = all_ok = False
             if not pending.push:
-                entry: dict[str, Any] = {"messageId": trace["message_id"], "accepted": ok}
+                entry: dict[str, Any] = {"messageId": trace[2]["message_id"], "accepted": ok}
                 if not ok:
                     entry["reason"] = "not stored; retry"
                 results.append(entry)

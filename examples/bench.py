@@ -79,7 +79,9 @@ def _bench_line(line: str) -> float | None:
     return None
 
 
-async def run_mcplive(workdir: Path, messages: int, extra: list[str]) -> tuple[float, list[float]]:
+async def run_mcplive(
+    workdir: Path, messages: int, extra: list[str], *, latency: bool = False
+) -> tuple[float, list[float]]:
     (workdir / "silent.toml").write_text("", encoding="utf-8")
     cfg: dict[str, Any] = {
         "host": {"data_dir": str(workdir / "data")},
@@ -95,7 +97,7 @@ async def run_mcplive(workdir: Path, messages: int, extra: list[str]) -> tuple[f
     latencies: list[float] = []
     async with Host.open(cfg) as host:
         async for event in host.trace():
-            if event.kind == "incoming":
+            if latency and event.kind == "incoming":
                 sent = float(str(event.data["text"]).split()[0][2:])
                 latencies.append(time.monotonic() - sent)
             elif event.kind == "server-log":
@@ -237,35 +239,56 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
+async def measure(kind: str, messages: int) -> dict[str, Any]:
+    """One measurement, in this (fresh) process."""
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        if kind == "a":
+            return {"seconds": (await run_mcplive(work, messages, ["--closed"]))[0]}
+        if kind == "a'":
+            return {"seconds": (await run_mcplive(work, messages, []))[0]}
+        if kind == "b":
+            return {"seconds": await run_thin(work, messages)}
+        if kind == "c":
+            return {"seconds": await trio.to_thread.run_sync(run_raw, work, messages)}
+        if kind == "latency":
+            rate = ["--rate", "1000", "--window", "100000"]
+            _, lat = await run_mcplive(work, messages, rate, latency=True)
+            return {"latencies": lat}
+    raise ValueError(kind)
+
+
+async def in_fresh_process(kind: str, messages: int) -> dict[str, Any]:
+    """Each measurement runs in a new interpreter, so no run inherits another's garbage."""
+    argv = [sys.executable, "-m", "examples.bench", "--one", kind, "--messages", str(messages)]
+    done = await trio.run_process(argv, capture_stdout=True, check=True)
+    result: dict[str, Any] = json.loads(done.stdout.decode().strip().splitlines()[-1])
+    return result
+
+
 async def main() -> None:
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    p.add_argument("--messages", type=int, default=5000)
+    p.add_argument("--messages", type=int, default=10000)
     p.add_argument("--latency-messages", type=int, default=3000)
     p.add_argument("--rounds", type=int, default=3, help="a, a', b alternate; medians shown")
+    p.add_argument("--one", help=argparse.SUPPRESS)
     args = p.parse_args()
     n = args.messages
+    if args.one:
+        print(json.dumps(await measure(args.one, n)))
+        return
     runs: dict[str, list[float]] = {"a": [], "a'": [], "b": []}
-    with tempfile.TemporaryDirectory() as tmp:
-        work = Path(tmp)
-        for r in range(args.rounds):
-            for sub in ("a", "a2", "b"):
-                (work / f"{sub}{r}").mkdir()
-            runs["a"].append((await run_mcplive(work / f"a{r}", n, ["--closed"]))[0])
-            runs["a'"].append((await run_mcplive(work / f"a2{r}", n, []))[0])
-            runs["b"].append(await run_thin(work / f"b{r}", n))
-        c_s = await trio.to_thread.run_sync(run_raw, work / "b0", n)
-        (work / "lat").mkdir()
-        _, lat = await run_mcplive(
-            work / "lat", args.latency_messages, ["--rate", "1000", "--window", "100000"]
-        )
+    for _ in range(args.rounds):
+        for key in runs:
+            runs[key].append((await in_fresh_process(key, n))["seconds"])
+    c_s = (await in_fresh_process("c", n))["seconds"]
+    lat = (await in_fresh_process("latency", args.latency_messages))["latencies"]
     a, a2, b = (n / statistics.median(runs[k]) for k in ("a", "a'", "b"))
     c = n / c_s
     print(f"messages: {n}, one per channels/incoming request, over a real stdio server")
-    print(
-        f"rounds: {args.rounds} (a, a', b alternating); each figure is the median; msg/s per run:"
-    )
+    print(f"rounds: {args.rounds} (a, a', b alternating, each in a fresh process); medians; msg/s:")
     for key, values in runs.items():
         print(f"  {key:2s} {[round(n / s) for s in values]}")
     print(f"(a)  mcplive ingest: stored durably, wake decided (no turn): {a:10.0f} msg/s")

@@ -40,7 +40,7 @@ def convert_block(block: Any, server_id: str, provenance: str) -> dict[str, Any]
         raise ContentError("content must name the server that sent it")
     if isinstance(block, str):
         return {"type": "text", "text": block}
-    if not isinstance(block, Mapping):
+    if type(block) is not dict and not isinstance(block, Mapping):
         raise ContentError(f"a content block must be an object, not {type(block).__name__}")
     kind = block.get("type")
     if kind == "text":
@@ -89,7 +89,7 @@ def convert_blocks(blocks: Any, server_id: str, provenance: str) -> list[dict[st
     """Convert a content list (or an injection's plain string)."""
     if isinstance(blocks, str):
         return [convert_block(blocks, server_id, provenance)]
-    if not isinstance(blocks, Sequence):
+    if type(blocks) is not list and not isinstance(blocks, Sequence):
         raise ContentError("content must be a list of blocks")
     return [convert_block(b, server_id, provenance) for b in blocks]
 

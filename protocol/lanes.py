@@ -217,6 +217,8 @@ def structure(value: Any, cls: type[T]) -> T:
 
 
 def _require_object(params: Any) -> Mapping[str, Any]:
+    if type(params) is dict:
+        return params
     if not isinstance(params, Mapping):
         raise RpcError(code=INVALID_PARAMS, message="Invalid params: params must be an object")
     return params

@@ -21,11 +21,15 @@ ROLES = frozenset({"user", "assistant", "tool", "system"})
 
 
 def _non_empty_str(_inst: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    if type(value) is str and value:
+        return
     if not isinstance(value, str) or not value:
         raise ValueError(f"{attribute.name} must be a non-empty string, got {value!r}")
 
 
 def _finite_number(_inst: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    if type(value) is float and math.isfinite(value):
+        return
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
         raise ValueError(f"{attribute.name} must be a finite number, got {value!r}")
 
@@ -80,7 +84,11 @@ def _dedupe_key(_inst: object, _attribute: attrs.Attribute[Any], value: object) 
     if value is None:
         return
     if not (
-        isinstance(value, tuple) and len(value) == 3 and all(isinstance(p, str) for p in value)
+        isinstance(value, tuple)
+        and len(value) == 3
+        and isinstance(value[0], str)
+        and isinstance(value[1], str)
+        and isinstance(value[2], str)
     ):
         raise ValueError(f"dedupe must be None or (kind, server_id, key) strings, got {value!r}")
 
