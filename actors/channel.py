@@ -23,8 +23,6 @@ from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any
 
-import attrs
-
 from protocol.content import ContentError, convert_blocks
 from protocol.errors import INVALID_PARAMS, RpcError
 from protocol.lanes import ChannelDescriptor
@@ -52,16 +50,6 @@ OPEN_STATE_NS = "channel_open"
 MAX_RECEIPTS = 1024  # publish receipts kept for echo detection; oldest forgotten first
 MAX_DEFERRED = 64  # ingest batches waiting for a publish receipt; past it: taken at once
 MAX_LABELS = 32  # label history; oldest forgotten first
-
-
-@attrs.frozen(kw_only=True)
-class _Item:
-    lane: str
-    message_id: str | None
-    thread_id: str | None
-    tags: tuple[str, ...]
-    hearers: tuple[str, ...]
-    from_self: bool
 
 
 _ID_PREFIX = secrets.token_hex(4)  # per process, so ids never repeat across restarts
@@ -196,14 +184,7 @@ class ChannelActor(Actor):
             tags, _ = expand_tags(m.tags)
             author_agent = self._receipts.get(m.message_id)
             from_self = author_agent is not None or "chat:from-self" in tags
-            item = _Item(
-                lane="incoming",
-                message_id=m.message_id,
-                thread_id=m.thread_id,
-                tags=tags,
-                hearers=hearers,
-                from_self=from_self,
-            )
+            lane, message_id, thread_id = "incoming", m.message_id, m.thread_id
             meta: dict[str, Any] = {
                 "server_id": self.sid,
                 "channel_id": self.cid,
@@ -223,14 +204,7 @@ class ChannelActor(Actor):
             content, provenance = e.payload_content, "push"
             tags, _ = expand_tags(e.tags)
             author_agent = None
-            item = _Item(
-                lane="push",
-                message_id=None,
-                thread_id=None,
-                tags=tags,
-                hearers=hearers,
-                from_self=False,
-            )
+            lane, message_id, thread_id, from_self = "push", None, None, False
             meta = {
                 "server_id": self.sid,
                 "channel_id": self.cid,
@@ -249,42 +223,53 @@ class ChannelActor(Actor):
         except ContentError as exc:
             raise RpcError(code=INVALID_PARAMS, message=f"Invalid params: {exc}") from None
         meta["inbound_source"] = {
-            "lane": item.lane,
+            "lane": lane,
             "server": self.sid,
             "channel": self.cid,
-            "thread": item.thread_id,
+            "thread": thread_id,
             "message": source_message,
             "label": self.label or None,
             "reply_to": None,
             "accepted_at": msg.accepted_at,
         }
+        stored = tuple(blocks)
         records = tuple(
             MessageRecord(
                 id=new_id(),
                 agent=agent,
                 role="user",
-                blocks=tuple(blocks),
+                blocks=stored,
                 metadata=meta,
                 created_at=now,
             )
             for agent in hearers
             if agent != author_agent
         )
-        return Append(records=records, dedupe=dedupe), (tuple(blocks), self._wakes(item), author)
+        wakes = self._wakes(lane, message_id, thread_id, tags, from_self)
+        return Append(records=records, dedupe=dedupe), (stored, wakes, author)
 
-    def _wakes(self, item: _Item) -> tuple[tuple[str, Wake], ...]:
-        if item.from_self or (item.message_id is not None and item.message_id in self._receipts):
+    def _wakes(
+        self,
+        lane: str,
+        message_id: str | None,
+        thread_id: str | None,
+        tags: tuple[str, ...],
+        from_self: bool,
+    ) -> tuple[tuple[str, Wake], ...]:
+        """Who this item wakes: nobody for what the host itself published; in a closed channel
+        only those it is addressed to."""
+        if from_self or (message_id is not None and message_id in self._receipts):
             return ()
-        addressed = is_addressed(item.tags)
-        woken = [agent for agent in item.hearers if addressed or self.is_open(agent)]
+        addressed = is_addressed(tags)
+        woken = [agent for agent in self.hearers if addressed or self.is_open(agent)]
         if not woken:
             return ()
         wake = Wake(
-            lane=item.lane,
+            lane=lane,
             server_id=self.sid,
             channel_id=self.cid,
-            message_id=item.message_id,
-            thread_id=item.thread_id,
+            message_id=message_id,
+            thread_id=thread_id,
         )
         return tuple((agent, wake) for agent in woken)
 

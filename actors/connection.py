@@ -780,8 +780,12 @@ class ConnectionActor(Actor):
             try:
                 lines: list[str] = []
                 done: list[tuple[Prepared, Trace]] = []
+                for _, pending in answers:  # most commit together: wait for the stragglers
+                    for prepared, _ in pending.items:
+                        if not prepared.future.done:
+                            await prepared.future.wait_settled()
                 for req, pending in answers:
-                    line = await self._answer_pending(link, req, pending, done)
+                    line = self._answer_line(link, req, pending, done)
                     if line is not None:
                         lines.append(line)
                 await self._send_lines(link, lines)
@@ -804,24 +808,21 @@ class ConnectionActor(Actor):
             finally:
                 self.work.dec(len(answers))
 
-    async def _answer_pending(
+    def _answer_line(
         self,
         link: Link,
         req: rpc.Request,
         pending: Pending,
         done: list[tuple[Prepared, Trace]],
     ) -> str | None:
-        """Wait for the request's writes; the reply line (None if the link is gone). Items that
-        were new are added to ``done``."""
+        """The reply to a request whose writes are all settled (None if the link is gone).
+        Items that were new are added to ``done``."""
         results: list[dict[str, Any]] = []
         all_ok = pending.error is None
         for prepared, trace in pending.items:
             ok = True
             try:
-                future = prepared.future
-                # most writes of a batch commit together: wait only for one still pending
-                committed = future.result() if future.done else await future.wait()
-                if getattr(committed, "stored", False):
+                if prepared.future.result().stored:
                     done.append((prepared, trace))
             except StoreError as exc:
                 self._trace("error", error=f"store failed: {exc}", method=req.method)

@@ -53,6 +53,10 @@ class StoreFuture:
         await self._done.wait()
         return self.result()
 
+    async def wait_settled(self) -> None:
+        """Wait until the op is committed or failed, without raising."""
+        await self._done.wait()
+
 
 class _Completion:
     """The results of one ``submit_many``, gathered in the writer thread (which calls ``done``
