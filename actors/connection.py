@@ -3,18 +3,24 @@
 It owns the transport, the protocol session, our pending requests, the grant, the declared
 feature sets, the channels this server registered on the current link, and reconnection.
 
-Tasks of one link: a reader that only decodes and dispatches, a writer that owns the transport's
-send side (fed by a bounded outbox), a dispatcher that takes the server's requests from a bounded
-queue, and at most ``MAX_HANDLERS`` handler tasks. When the queue is full the reader stops
-reading, so a flooding server is slowed down by its own transport (backpressure), nothing it sent
-is refused for being too many, and memory stays bounded. Replies wait for room in the outbox the
-same way; no answer is ever dropped. The actor's own mailbox serves ``Call``/``Status`` asks from
-agents and channels; a ``Call`` runs in a child task, so a server that never answers stalls only
-the asker, and only until the request deadline.
+Tasks of one link: a reader that only decodes and dispatches; a dispatcher that takes the
+server's requests from a bounded queue, hands the items of the hot lanes (``push/event``,
+``channels/incoming``) to their channel actors and gives any other request a handler task (at
+most ``MAX_HANDLERS``); a responder that answers the hot lanes once their writes are committed,
+then wakes the agents; and a writer that owns the transport's send side, fed by a bounded outbox.
+Between reader, dispatcher and responder, batch queues pass everything accumulated at once,
+so under load the batches grow and per-batch costs are shared. When a queue is full its producer
+waits: the reader stops reading, so a flooding server is slowed down by its own transport
+(backpressure), nothing it sent is refused for being too many, and memory stays bounded. Replies
+wait for room in the outbox the same way; no answer is ever dropped.
 
-Supervision: a link that ends (EOF, crash, garbage that kills the transport, a failed handshake)
-is reopened after an exponential backoff with jitter (5 s base, 5 min cap), with a fresh
-handshake. Nothing that happens on a link escapes into the host.
+The actor's own mailbox serves ``Call``/``Status`` asks from agents and channels; a ``Call`` runs
+in a child task, so a server that never answers stalls only the asker, and only until the request
+deadline (after which a ``ping`` probe tells a slow server from a silent one).
+
+Supervision: a link that ends (EOF, crash, silence, garbage that kills the transport, a failed
+handshake) is reopened after an exponential backoff with jitter (5 s base, 5 min cap), with a
+fresh handshake. Nothing that happens on a link escapes into the host.
 """
 
 from __future__ import annotations
