@@ -323,43 +323,38 @@ class ConnectionActor(Actor):
 
     async def _run_link(self) -> str:
         self.connects += 1
-        self.work.inc()  # the handshake is work in flight
-        handshaking = True
-        try:
-            async with open_transport(self.cfg, self._on_stderr) as transport:
-                out_send, out_recv = trio.open_memory_channel[list[str]](OUTBOX_CAP)
-                link = Link(
-                    transport=transport,
-                    session=rpc.RpcSession(
-                        max_pending=256,
-                        max_inbound=INBOUND_CAP,
-                    ),
-                    outbox_send=out_send,
-                    outbox_recv=out_recv,
-                    requests=BatchQueue(REQUEST_QUEUE_CAP),
-                    answers=BatchQueue(ANSWER_QUEUE_CAP),
-                )
-                self.link = link
-                self._trace("connecting", transport=transport.description, attempt=self.connects)
-                async with trio.open_nursery() as nursery:
-                    link.nursery = nursery
-                    nursery.start_soon(self._writer, link)
-                    nursery.start_soon(self._reader, link)
-                    nursery.start_soon(self._dispatcher, link)
-                    nursery.start_soon(self._responder, link)
-                    if self.cfg.url is not None:
-                        nursery.start_soon(self._pinger, transport)
-                    try:
-                        await self._handshake(link)
-                    finally:
-                        handshaking = False
-                        self.work.dec()
-                    await link.closed.wait()
-                    nursery.cancel_scope.cancel()
-                return "server closed the connection"
-        finally:
-            if handshaking:
-                self.work.dec()
+        async with open_transport(self.cfg, self._on_stderr) as transport:
+            out_send, out_recv = trio.open_memory_channel[list[str]](OUTBOX_CAP)
+            link = Link(
+                transport=transport,
+                session=rpc.RpcSession(
+                    max_pending=256,
+                    max_inbound=INBOUND_CAP,
+                ),
+                outbox_send=out_send,
+                outbox_recv=out_recv,
+                requests=BatchQueue(REQUEST_QUEUE_CAP),
+                answers=BatchQueue(ANSWER_QUEUE_CAP),
+            )
+            self.link = link
+            self._trace("connecting", transport=transport.description, attempt=self.connects)
+            async with trio.open_nursery() as nursery:
+                link.nursery = nursery
+                nursery.start_soon(self._writer, link)
+                nursery.start_soon(self._reader, link)
+                nursery.start_soon(self._dispatcher, link)
+                nursery.start_soon(self._responder, link)
+                if self.cfg.url is not None:
+                    nursery.start_soon(self._pinger, transport)
+                # The handshake is work in flight (connecting or waiting to reconnect is not).
+                self.work.inc()
+                try:
+                    await self._handshake(link)
+                finally:
+                    self.work.dec()
+                await link.closed.wait()
+                nursery.cancel_scope.cancel()
+            return "server closed the connection"
 
     async def _pinger(self, transport: Transport) -> None:
         ws = getattr(transport, "ws", None)
