@@ -36,16 +36,14 @@ import attrs
 import outcome
 import trio
 
+from protocol import grants, mcpl
 from protocol import jsonrpc as rpc
-from protocol import mcpl
 from protocol.errors import (
     CAPABILITY_DENIED,
-    FEATURE_SET_NOT_ENABLED,
     INTERNAL_ERROR,
     INVALID_PARAMS,
     METHOD_NOT_FOUND,
     UNKNOWN_CHANNEL,
-    UNKNOWN_FEATURE_SET,
     RpcError,
 )
 from protocol.framing import Oversize, Undecodable
@@ -99,25 +97,6 @@ BACKOFF_CAP_S = 300.0
 HEALTHY_AFTER_S = 60.0
 WS_PING_EVERY_S = 30.0
 PROBE_TIMEOUT_S = 10.0
-
-REMOVED_METHODS = frozenset(
-    {
-        "context/afterInference",
-        "featureSets/changed",
-        "scope/elevate",
-        "canEnable",
-        "tags/describe",
-    }
-)
-
-#: Inbound MCPL methods and the capability each needs (admission).
-INBOUND_CAPABILITY: dict[str, str] = {
-    "push/event": "pushEvents",
-    "channels/register": "channels.register",
-    "channels/changed": "channels.register",
-    "channels/list": "channels.register",
-    "channels/incoming": "channels.incoming",
-}
 
 
 def backoff_delay(attempt: int, base: float, cap: float, u: float) -> float:
@@ -458,7 +437,7 @@ class ConnectionActor(Actor):
             req = event.request
             if not link.ready:
                 if len(link.pre_ready) >= PRE_READY_CAP:
-                    cap = INBOUND_CAPABILITY.get(req.method)
+                    cap = grants.INBOUND_CAPABILITY.get(req.method)
                     err = RpcError(
                         code=CAPABILITY_DENIED,
                         message="connection not ready; retry later",
@@ -508,7 +487,8 @@ class ConnectionActor(Actor):
         else:
             link.mcp_only = True
             self._trace("mcp-only", reason="the server sent no experimental.mcpl")
-        if caps.get("tools") is not None:
+        # An MCP-only server keeps its tools; an MCPL server's tools need the ``tools`` grant.
+        if caps.get("tools") is not None and (link.mcp_only or "tools" in link.grant):
             await self._list_tools(link)
         # What waited for readiness goes first, in arrival order; the reader keeps buffering
         # until the buffer is empty and the link is marked ready in the same step.
@@ -536,8 +516,13 @@ class ConnectionActor(Actor):
         declared = mcpl.declared_feature_sets(manifest)
         for note in declared.diagnostics:
             self.diagnostic(note)
-        grant = mcpl.default_grant(advertised)
-        params = mcpl.feature_sets_update_params(grant, declared.sets)
+        grant = grants.effective_grant(
+            advertised, self.cfg.enabled_capabilities, self.cfg.disabled_capabilities
+        )
+        state = grants.derive_feature_sets(
+            declared.sets, grant, self.cfg.enabled_feature_sets, self.cfg.disabled_feature_sets
+        )
+        params = grants.update_params(grant, state)
         link.feature_sets = declared.sets
         try:
             result = await self.request(link, "featureSets/update", params)
@@ -567,8 +552,12 @@ class ConnectionActor(Actor):
             link.mcp_only = True
             self._trace("mcp-only", reason=receipt.note)
             return
+        # The grant is empty until the receipt: only now does the policy come into force.
         link.grant = grant
-        link.enabled_sets = mcpl.usable_feature_sets(declared.sets, grant)
+        link.enabled_sets = state.enabled
+        for status in state.statuses.values():
+            if not status.enabled:
+                self.diagnostic(f"feature set {status.name} not enabled: {status.reason}")
 
     async def _list_tools(self, link: Link) -> None:
         tools: list[Mapping[str, Any]] = []
@@ -626,8 +615,11 @@ class ConnectionActor(Actor):
 
     # -- inbound requests -------------------------------------------------------------------
     def _admitted(self, link: Link, method: str) -> bool:
-        cap = INBOUND_CAPABILITY.get(method)
-        return cap is None or cap in link.grant
+        try:
+            self._admit(link, method)
+        except RpcError:
+            return False
+        return True
 
     async def _serve(self, link: Link, req: rpc.Request, slots: trio.Semaphore) -> None:
         try:
@@ -654,19 +646,19 @@ class ConnectionActor(Actor):
             return  # the session closed while we worked: the server will retry on a new link
         await self._send(link, line)
 
-    def _admit(self, link: Link, method: str) -> None:
-        """The one admission point for the server's requests: raises the refusal."""
-        if method in REMOVED_METHODS:
-            raise RpcError(code=METHOD_NOT_FOUND, message=f"{method} was removed in MCPL 0.5")
-        if method not in INBOUND_CAPABILITY:
-            raise rpc.method_not_found(method)
-        if link.mcp_only:
+    def _admit(self, link: Link, method: str, feature_set: Any = None) -> None:
+        """The one admission point for the server's MCPL calls: raises the refusal."""
+        if link.mcp_only and method not in grants.REMOVED_METHODS:
             raise RpcError(
                 code=METHOD_NOT_FOUND, message=f"{method}: this connection runs MCP-only"
             )
-        cap = INBOUND_CAPABILITY[method]
-        if cap not in link.grant:
-            raise RpcError(code=CAPABILITY_DENIED, data={"capability": cap})
+        grants.admit(
+            method,
+            link.grant,
+            feature_set,
+            declared=link.feature_sets,
+            enabled=link.enabled_sets,
+        )
 
     async def _answer(self, link: Link, req: rpc.Request) -> Any:
         method = req.method
@@ -693,7 +685,8 @@ class ConnectionActor(Actor):
         groups: dict[str | None, list[tuple[Pending, Any, Trace]]] = {}
         for req, pending in out:
             try:
-                self._admit(link, req.method)
+                params = req.params if isinstance(req.params, Mapping) else {}
+                self._admit(link, req.method, params.get("featureSet"))
                 parsed: list[tuple[str | None, Any, Trace]]
                 if pending.push:
                     parsed = [self._parse_push(link, req.params, accepted_at)]
@@ -727,15 +720,7 @@ class ConnectionActor(Actor):
     def _parse_push(
         self, link: Link, params: Any, accepted_at: str
     ) -> tuple[str | None, IngestPush, Trace]:
-        event = parse_push(params)
-        if event.feature_set not in link.feature_sets:
-            raise RpcError(
-                code=UNKNOWN_FEATURE_SET,
-                message=f"Unknown feature set: {event.feature_set}",
-                data={"featureSet": event.feature_set},
-            )
-        if event.feature_set not in link.enabled_sets:
-            raise RpcError(code=FEATURE_SET_NOT_ENABLED, data={"featureSet": event.feature_set})
+        event = parse_push(params)  # admission already checked its feature set
         scoped = None
         claimed = (event.origin or {}).get("mcplChannelId")
         if isinstance(claimed, str) and claimed in link.channels:

@@ -139,6 +139,11 @@ class ToolRuntime:
         ref = self.ctx.connections.get(sid)
         if ref is None or sid not in self.servers:
             return error(f"unknown server {sid!r}")
+        status = self.ctx.statuses.get(sid)
+        if status is None or not status.ready:
+            return error(f"server {sid!r} is not connected")
+        if not any(t.get("name") == name for t in status.tools):
+            return error(f"{sid} offers no tool {name!r}")
         result = await ref.ask(
             Call(method="tools/call", params={"name": name, "arguments": dict(arguments)}),
             timeout=self._timeout(sid) + 5,

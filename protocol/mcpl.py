@@ -153,22 +153,6 @@ def declared_feature_sets(manifest: Any) -> DeclaredSets:
     return DeclaredSets(sets=out, diagnostics=tuple(notes))
 
 
-def usable_feature_sets(sets: Mapping[str, FeatureSet], grant: frozenset[str]) -> frozenset[str]:
-    """Sets whose ``uses`` are valid vocabulary paths all inside the grant (fails closed)."""
-    return frozenset(
-        name
-        for name, fs in sets.items()
-        if fs.uses and all(u in VOCABULARY for u in fs.uses) and set(fs.uses) <= grant
-    )
-
-
-def feature_sets_update_params(
-    grant: frozenset[str], declared: Mapping[str, FeatureSet]
-) -> dict[str, Any]:
-    """The initial policy: the grant as the sole allowlist, every declared set enabled."""
-    return {"effectiveCapabilities": sorted(grant), "enabled": sorted(declared)}
-
-
 @attrs.frozen(kw_only=True)
 class Receipt:
     """What a ``featureSets/update`` answer means for the connection."""

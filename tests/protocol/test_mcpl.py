@@ -19,11 +19,9 @@ from protocol.mcpl import (
     advertised_paths,
     declared_feature_sets,
     default_grant,
-    feature_sets_update_params,
     host_manifest,
     initialize_params,
     read_receipt,
-    usable_feature_sets,
 )
 
 HOOKS = {
@@ -312,71 +310,6 @@ def test_feature_set_cap() -> None:
     assert len(past.diagnostics) == 1
     as_array = [{"name": k, **v} for k, v in _many(MAX_FEATURE_SETS + 1).items()]
     assert declared_feature_sets({"featureSets": as_array}).sets == past.sets
-
-
-def _sets(**uses: Any) -> dict[str, FeatureSet]:
-    manifest = {"featureSets": {k: {"description": "", "uses": v} for k, v in uses.items()}}
-    return dict(declared_feature_sets(manifest).sets)
-
-
-def test_usable_feature_sets_fail_closed() -> None:
-    grant = frozenset({"pushEvents", "tools", "channels.register", "channels.publish"})
-    sets = _sets(
-        ok=["pushEvents", "channels.register"],
-        one=["tools"],
-        empty=[],
-        unknown=["pushEvents", "contextHooks.beforeInference"],
-        legacy=["channels.observe"],
-        ungranted=["pushEvents", "modelInfo"],
-        pattern=["channels.*"],
-        parent=["channels"],
-    )
-    sets["absent"] = FeatureSet(name="absent", description="", uses=())
-    assert usable_feature_sets(sets, grant) == {"ok", "one"}
-    assert usable_feature_sets(sets, frozenset()) == frozenset()
-
-
-def test_a_non_string_in_uses_makes_the_set_unusable() -> None:
-    grant = frozenset(VOCABULARY)
-    sets = _sets(mixed=["pushEvents", 5], nested=["pushEvents", ["tools"]], none=[None])
-    assert usable_feature_sets(sets, grant) == frozenset()
-    manifest = {"featureSets": {"mixed": {"description": "", "uses": ["pushEvents", 5]}}}
-    assert any("mixed" in n for n in declared_feature_sets(manifest).diagnostics)
-
-
-@given(
-    st.dictionaries(
-        st.text(min_size=1, max_size=5),
-        st.lists(st.one_of(st.sampled_from(sorted(VOCABULARY)), st.text(max_size=8)), max_size=4),
-        max_size=5,
-    ),
-    st.sets(st.sampled_from(sorted(VOCABULARY))),
-)
-def test_usable_sets_only_use_granted_vocabulary(
-    uses: dict[str, list[str]], grant: set[str]
-) -> None:
-    sets = _sets(**uses) if uses else {}
-    usable = usable_feature_sets(sets, frozenset(grant))
-    for name in usable:
-        assert sets[name].uses
-        assert set(sets[name].uses) <= grant
-        assert set(sets[name].uses) <= VOCABULARY
-    for name, fs in sets.items():
-        if fs.uses and set(fs.uses) <= grant:
-            assert name in usable
-
-
-def test_feature_sets_update_params_is_the_grant_and_every_declared_set() -> None:
-    grant = frozenset({"tools", "pushEvents"})
-    params = feature_sets_update_params(grant, _sets(b=["tools"], a=["x"]))
-    assert params == {"effectiveCapabilities": ["pushEvents", "tools"], "enabled": ["a", "b"]}
-    assert feature_sets_update_params(frozenset(), {}) == {
-        "effectiveCapabilities": [],
-        "enabled": [],
-    }
-
-
-# --- receipts ---------------------------------------------------------------------------------
 
 
 def test_accepted_receipt_makes_the_connection_ready() -> None:
