@@ -143,6 +143,7 @@ class Link:
     grant: frozenset[str] = frozenset()
     feature_sets: Mapping[str, mcpl.FeatureSet] = attrs.field(factory=dict)
     enabled_sets: frozenset[str] = frozenset()
+    policy: dict[str, Any] = attrs.field(factory=dict)  # what the handshake decided, for reports
     tools: tuple[Mapping[str, Any], ...] = ()
     channels: set[str] = attrs.field(factory=set)
     pre_ready: deque[rpc.Request] = attrs.field(factory=lambda: deque())
@@ -505,6 +506,7 @@ class ConnectionActor(Actor):
             mcp_only=link.mcp_only,
             grant=sorted(link.grant),
             feature_sets=sorted(link.enabled_sets),
+            policy=link.policy,
             tools=[t.get("name") for t in link.tools],
             server_info=dict(info) if isinstance(info, Mapping) else {},
         )
@@ -524,6 +526,7 @@ class ConnectionActor(Actor):
         )
         params = grants.update_params(grant, state)
         link.feature_sets = declared.sets
+        link.policy = policy_report(advertised, grant, state)
         try:
             result = await self.request(link, "featureSets/update", params)
         except RpcError as exc:
@@ -885,6 +888,24 @@ class ConnectionActor(Actor):
 
 def _text(blocks: Any) -> str:
     return "\n".join(str(b.get("text", "")) for b in blocks if b.get("type") == "text")
+
+
+def policy_report(
+    advertised: frozenset[str], grant: frozenset[str], state: grants.FeatureSetState
+) -> dict[str, Any]:
+    """What a server advertised, what the host grants, and each feature set's status."""
+    return {
+        "advertised": sorted(advertised),
+        "granted": sorted(grant),
+        "denied": sorted(advertised - grant),
+        "feature_sets": {
+            name: "enabled"
+            if st.enabled
+            else (st.reason or "not enabled")
+            + (f" ({', '.join(st.missing)})" if st.missing else "")
+            for name, st in sorted(state.statuses.items())
+        },
+    }
 
 
 def _as_rpc_error(exc: Exception, method: str) -> RpcError:

@@ -96,3 +96,61 @@ def test_history_without_a_store_is_one_line(tmp_path: Path) -> None:
     result = run("history", "--data-dir", str(tmp_path / "none"), cwd=tmp_path)
     assert result.returncode == 1
     assert result.stderr.strip().startswith("mcplive: no store at")
+
+
+def _masked_config(tmp_path: Path) -> Path:
+    (tmp_path / "quiet.toml").write_text("", encoding="utf-8")
+    cfg = tmp_path / "masked.toml"
+    cfg.write_text(
+        '[[servers]]\nid = "lobby"\ncommand = ["python", "-m", "examples.lobby_server"]\n'
+        'disabled_capabilities = ["pushEvents"]\ndisabled_feature_sets = ["lobby.chat"]\n\n'
+        '[[agents]]\nname = "Ada"\nmodel = "scripted:quiet.toml"\n',
+        encoding="utf-8",
+    )
+    return cfg
+
+
+def test_check_reports_the_grant_for_a_manifest_file(tmp_path: Path) -> None:
+    cfg = _masked_config(tmp_path)
+    manifest = tmp_path / "lobby.json"
+    manifest.write_text(
+        json.dumps(
+            {
+                "version": "0.5",
+                "pushEvents": True,
+                "channels": {"register": True, "incoming": True},
+                "contextHooks": {"beforeInference": True},
+                "featureSets": {
+                    "lobby.chat": {"description": "", "uses": ["channels.register"]},
+                    "lobby.events": {"description": "", "uses": ["pushEvents"]},
+                    "lobby.old": {"description": "", "uses": ["channels.observe"]},
+                },
+            }
+        ),
+        encoding="utf-8",
+    )
+    result = run("check", str(cfg), "--manifest", f"lobby={manifest}", cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    out = result.stdout
+    assert "digest sha256:" in out
+    granted = next(line for line in out.splitlines() if "granted:" in line and "not" not in line)
+    assert "channels.register" in granted and "pushEvents" not in granted
+    assert "inject.system" not in granted  # denied unless configured
+    assert (
+        "advertised but not granted: contextHooks.beforeInference.inject.system, pushEvents" in out
+    )
+    assert "feature set lobby.chat: disabled" in out
+    assert "feature set lobby.events: capability_denied (pushEvents)" in out
+    assert "feature set lobby.old: invalid_uses" in out
+    bad = run("check", str(cfg), "--manifest", "nobody=x.json", cwd=tmp_path)
+    assert bad.returncode == 1 and "--manifest nobody=x.json" in bad.stdout
+
+
+def test_check_connect_reports_the_live_grant(tmp_path: Path) -> None:
+    cfg = _masked_config(tmp_path)
+    result = run("check", str(cfg), "--connect", cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "server lobby (live):" in result.stdout
+    assert "advertised but not granted: pushEvents" in result.stdout
+    assert "feature set lobby.chat: disabled" in result.stdout
+    assert not (tmp_path / "mcplive-data").exists()  # a check leaves no store behind
