@@ -26,6 +26,7 @@ fresh handshake. Nothing that happens on a link escapes into the host.
 from __future__ import annotations
 
 import logging
+import re
 from collections import deque
 from collections.abc import Mapping
 from datetime import UTC, datetime
@@ -56,6 +57,7 @@ from protocol.lanes import (
     parse_push,
     structure,
 )
+from protocol.manifest import ManifestError, manifest_digest
 from store import StoreError
 
 from .config import ServerConfig
@@ -97,6 +99,10 @@ BACKOFF_CAP_S = 300.0
 HEALTHY_AFTER_S = 60.0
 WS_PING_EVERY_S = 30.0
 PROBE_TIMEOUT_S = 10.0
+MANIFEST_FETCHES = 5  # at most this many mcpl/manifest fetches per window; the excess is dropped
+MANIFEST_WINDOW_S = 60.0
+_REVISION = re.compile(r"sha256:[A-Za-z0-9_-]{43}")
+_DOMAINS = frozenset({"capabilities", "featureSets", "tagOntology"})
 
 
 def backoff_delay(attempt: int, base: float, cap: float, u: float) -> float:
@@ -144,6 +150,13 @@ class Link:
     feature_sets: Mapping[str, mcpl.FeatureSet] = attrs.field(factory=dict)
     enabled_sets: frozenset[str] = frozenset()
     policy: dict[str, Any] = attrs.field(factory=dict)  # what the handshake decided, for reports
+    # manifest changes (SPEC §17): the manifest in force, the MCP capabilities it came with,
+    # fetches in the rate window, and whether a fetch is running or another one is wanted
+    manifest: Mapping[str, Any] = attrs.field(factory=dict)
+    mcp_caps: Mapping[str, Any] = attrs.field(factory=dict)
+    fetches: deque[float] = attrs.field(factory=lambda: deque(maxlen=MANIFEST_FETCHES))
+    fetching: bool = False
+    refetch: bool = False
     tools: tuple[Mapping[str, Any], ...] = ()
     channels: set[str] = attrs.field(factory=set)
     pre_ready: deque[rpc.Request] = attrs.field(factory=lambda: deque())
@@ -525,6 +538,8 @@ class ConnectionActor(Actor):
             declared.sets, grant, self.cfg.enabled_feature_sets, self.cfg.disabled_feature_sets
         )
         params = grants.update_params(grant, state)
+        link.manifest = manifest
+        link.mcp_caps = caps
         link.feature_sets = declared.sets
         link.policy = policy_report(advertised, grant, state)
         try:
@@ -593,6 +608,8 @@ class ConnectionActor(Actor):
         if method == "notifications/tools/list_changed":
             if link.ready and link.nursery is not None:
                 link.nursery.start_soon(self._list_tools, link)
+        elif method == "mcpl/manifestChanged":
+            self._on_manifest_changed(link, note.params)
         elif method == "channels/changed":
             if not self._admitted(link, method):
                 self.diagnostic("channels/changed dropped: channels.register not granted")
@@ -604,6 +621,135 @@ class ConnectionActor(Actor):
             pass  # MCP housekeeping (progress, logging, …) is tolerated and ignored
         else:
             self.diagnostic(f"notification {method} ignored")
+
+    # -- manifest changes (SPEC §17) ----------------------------------------------------------
+    def _on_manifest_changed(self, link: Link, params: Any) -> None:
+        """An announcement only: fetch the manifest (rate-limited) and diff it ourselves."""
+        if not (
+            isinstance(params, Mapping)
+            and set(params) == {"revision", "domains"}
+            and isinstance(params["revision"], str)
+            and _REVISION.fullmatch(params["revision"])
+            and isinstance(params["domains"], list)
+            and params["domains"]
+            and all(d in _DOMAINS for d in params["domains"])
+        ):
+            self.diagnostic("malformed mcpl/manifestChanged ignored")
+            return
+        if link.mcp_only or not link.ready:
+            self.diagnostic("mcpl/manifestChanged before the policy is in force; ignored")
+            return
+        if link.fetching:
+            link.refetch = True  # coalesced into one more fetch after the running one
+            return
+        if not self._may_fetch(link):
+            return
+        link.fetching = True
+        assert link.nursery is not None
+        self.work.inc()
+        link.nursery.start_soon(self._refresh_manifest, link)
+
+    def _may_fetch(self, link: Link) -> bool:
+        now = trio.current_time()
+        if len(link.fetches) == MANIFEST_FETCHES and now - link.fetches[0] < MANIFEST_WINDOW_S:
+            self.diagnostic(
+                f"mcpl/manifestChanged more than {MANIFEST_FETCHES} times in "
+                f"{MANIFEST_WINDOW_S:g}s: dropped (a server defect)"
+            )
+            return False
+        link.fetches.append(now)
+        return True
+
+    async def _refresh_manifest(self, link: Link) -> None:
+        try:
+            while True:
+                try:
+                    fetched = await self.request(link, "mcpl/manifest", {})
+                except (RpcError, RequestTimeout) as exc:
+                    self.diagnostic(
+                        f"the server announced a manifest change, but mcpl/manifest failed: {exc}"
+                    )
+                    return
+                if isinstance(fetched, Mapping):
+                    await self._apply_manifest(link, fetched)
+                else:
+                    self.diagnostic(
+                        "mcpl/manifest did not answer an object; the manifest in force stays"
+                    )
+                if not link.refetch or not self._may_fetch(link):
+                    return
+                link.refetch = False
+        except NotConnected:
+            pass
+        finally:
+            link.fetching = False
+            link.refetch = False
+            self.work.dec()
+
+    async def _apply_manifest(self, link: Link, manifest: Mapping[str, Any]) -> None:
+        """Diff a fetched manifest against the one in force and apply it (SPEC §6.7, §17).
+
+        Removals are revoked at once, host-first, before the update is sent. Additions are never
+        granted on the server's word: only an explicit ``enabled_capabilities`` pattern can grant
+        them, and then only once the receipt arrives; otherwise they wait for the operator.
+        """
+        cfg = self.cfg
+        before_grant, before_sets = link.grant, link.enabled_sets
+        advertised = mcpl.advertised_paths(manifest, link.mcp_caps)
+        declared = mcpl.declared_feature_sets(manifest)
+        for note in declared.diagnostics:
+            self.diagnostic(note)
+        wanted = grants.effective_grant(
+            advertised, cfg.enabled_capabilities, cfg.disabled_capabilities
+        )
+        added = wanted - before_grant
+        pending = added if cfg.enabled_capabilities is None else frozenset()
+        target = wanted - pending
+        reduced = before_grant & target
+        # host-first: what the server no longer offers (or policy no longer allows) is gone now
+        link.grant = reduced
+        link.manifest = manifest
+        link.feature_sets = declared.sets
+        link.enabled_sets = grants.derive_feature_sets(
+            declared.sets, reduced, cfg.enabled_feature_sets, cfg.disabled_feature_sets
+        ).enabled
+        state = grants.derive_feature_sets(
+            declared.sets, target, cfg.enabled_feature_sets, cfg.disabled_feature_sets
+        )
+        params = grants.update_params(target, state)
+        accepted = False
+        try:
+            receipt = mcpl.read_receipt(await self.request(link, "featureSets/update", params))
+            accepted = receipt.ready and not receipt.mcp_only
+            if receipt.close:
+                link.closed.set()
+        except RpcError as exc:
+            if exc.code == METHOD_NOT_FOUND:
+                await self.notify(link, "featureSets/update", params)
+                accepted = True
+            else:
+                self.diagnostic(f"featureSets/update after a manifest change failed: {exc}")
+        except RequestTimeout:
+            self.diagnostic("featureSets/update after a manifest change got no receipt")
+        if accepted:  # expansions activate only with the receipt
+            link.grant = target
+            link.enabled_sets = state.enabled
+        impacts = manifest_impacts(
+            before_grant,
+            link.grant,
+            pending,
+            added - pending,
+            before_sets,
+            link.enabled_sets,
+            accepted,
+        )
+        try:
+            digest = manifest_digest(manifest)
+        except ManifestError as exc:
+            digest = f"refused ({exc.code})"
+        link.policy = policy_report(advertised, link.grant, state)
+        self._publish_status()
+        self._trace("manifest-changed", digest=digest, impacts=impacts, grant=sorted(link.grant))
 
     async def _changed_note(self, link: Link, params: Any) -> None:
         try:
@@ -888,6 +1034,43 @@ class ConnectionActor(Actor):
 
 def _text(blocks: Any) -> str:
     return "\n".join(str(b.get("text", "")) for b in blocks if b.get("type") == "text")
+
+
+def manifest_impacts(
+    before: frozenset[str],
+    after: frozenset[str],
+    pending: frozenset[str],
+    configured: frozenset[str],
+    sets_before: frozenset[str],
+    sets_after: frozenset[str],
+    accepted: bool,
+) -> list[dict[str, str]]:
+    """The receipt of one manifest change: each impact with its disposition (SPEC §17)."""
+    impacts = [
+        {"impact": "capability-revoked", "subject": p, "disposition": "applied"}
+        for p in sorted(before - after - configured)
+    ]
+    impacts += [
+        {"impact": "capability-expansion-pending", "subject": p, "disposition": "decision-needed"}
+        for p in sorted(pending)
+    ]
+    impacts += [
+        {
+            "impact": "capability-expansion-pending",
+            "subject": p,
+            "disposition": "applied" if accepted else "informational",
+        }
+        for p in sorted(configured)
+    ]
+    impacts += [
+        {"impact": "feature-degraded", "subject": n, "disposition": "applied"}
+        for n in sorted(sets_before - sets_after)
+    ]
+    impacts += [
+        {"impact": "feature-restored", "subject": n, "disposition": "applied"}
+        for n in sorted(sets_after - sets_before)
+    ]
+    return impacts
 
 
 def policy_report(

@@ -530,6 +530,8 @@ class Session:
         self.control: ControlLink | _NoControl = control or _NoControl()
         self._control_link = control
         self.label = label
+        self.manifest_override: dict[str, Any] | None = None  # set by the "manifest" command
+        self.fsu_mode_override: str | None = None  # set by the "fsu_mode" command
         self.initialized = False  # the initialize request was answered
         self.got_initialized = False  # notifications/initialized arrived
         self.ready = False
@@ -837,7 +839,7 @@ class Session:
         return receipt
 
     def _feature_sets_update(self, params: dict[str, Any]) -> Any:
-        mode = self.options.fsu_mode
+        mode = self.fsu_mode_override or self.options.fsu_mode
         if mode == "notification-only":
             self.log("featureSets/update request refused (--fsu-mode notification-only)")
             raise RpcError(METHOD_NOT_FOUND, "Method not found: featureSets/update")
@@ -885,6 +887,8 @@ class Session:
         return {}
 
     def _mcpl_manifest(self, params: dict[str, Any]) -> Any:
+        if self.manifest_override is not None:
+            return self.manifest_override
         return manifest(self.options)
 
     def _tools_list(self, params: dict[str, Any]) -> Any:
@@ -1279,6 +1283,17 @@ class Session:
                 if isinstance(desc, dict) and isinstance(desc.get("id"), str):
                     self.channels[desc["id"]] = desc
             self.request("channels/register", {"channels": descriptors})
+        elif name == "fsu_mode":  # how later featureSets/update requests are answered
+            self.fsu_mode_override = cmd["mode"]
+        elif name == "manifest":
+            # Serve a new manifest from now on and announce it, as a server whose surface
+            # changed does. The revision is a placeholder: a host must never trust it.
+            self.manifest_override = cmd["manifest"]
+            params = {
+                "revision": "sha256:" + "A" * 43,
+                "domains": cmd.get("domains", ["capabilities"]),
+            }
+            self.send({"jsonrpc": "2.0", "method": "mcpl/manifestChanged", "params": params})
         elif name == "raw":
             message = cmd["message"]
             if (

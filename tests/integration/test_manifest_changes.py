@@ -1,0 +1,143 @@
+"""Manifest changes (SPEC §17) over a real server: removals at once, additions never on trust."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import trio
+
+from actors.connection import MANIFEST_FETCHES
+from tests.helpers import answered, received, running_lobby, wait_trace
+
+pytestmark = pytest.mark.slow
+
+CHAT = {
+    "lobby.chat": {
+        "description": "chat",
+        "uses": [
+            "channels.register",
+            "channels.publish",
+            "channels.incoming",
+            "channels.lifecycle",
+        ],
+    }
+}
+CHANNELS = {"register": True, "publish": True, "incoming": True, "lifecycle": True}
+
+
+def update_received(e) -> bool:
+    return e["event"] == "received" and e["message"].get("method") == "featureSets/update"
+
+
+def lobby_manifest(**extra):
+    return {"version": "0.5", "channels": dict(CHANNELS), "featureSets": dict(CHAT), **extra}
+
+
+async def test_a_dropped_capability_is_revoked_before_the_receipt(tmp_path: Path) -> None:
+    with trio.fail_after(60):
+        async with running_lobby(tmp_path, {"Ada": ""}) as lob:
+            lob.ctl.send({"cmd": "fsu_mode", "mode": "never"})  # the next receipt never comes
+            mark = lob.ctl.mark()
+            lob.ctl.send({"cmd": "manifest", "manifest": lobby_manifest()})  # pushEvents gone
+            update = await lob.ctl.wait_for(
+                lambda e: (
+                    e["event"] == "received" and e["message"].get("method") == "featureSets/update"
+                ),
+                "the update after the change",
+                since=mark,
+            )
+            assert "pushEvents" not in update["message"]["params"]["effectiveCapabilities"]
+            # no receipt has arrived, yet the revocation is already in force
+            lob.ctl.send({"cmd": "push", "eventId": "late", "text": "after the change"})
+            answer = await lob.ctl.wait_for(answered("push/event", "eventId", "late"), "late push")
+            assert answer["response"]["error"]["code"] == -32002
+            assert answer["response"]["error"]["data"] == {"capability": "pushEvents"}
+
+
+async def test_an_added_capability_waits_for_the_operator(tmp_path: Path) -> None:
+    with trio.fail_after(60):
+        async with running_lobby(tmp_path, {"Ada": ""}) as lob:
+            fuller = lobby_manifest(pushEvents=True, modelInfo=True)
+            mark = lob.ctl.mark()
+            lob.ctl.send({"cmd": "manifest", "manifest": fuller})
+            event = await wait_trace(lob.stream, lambda e: e.kind == "manifest-changed", "receipt")
+            impacts = {(i["impact"], i["subject"]): i["disposition"] for i in event.data["impacts"]}
+            assert impacts[("capability-expansion-pending", "modelInfo")] == "decision-needed"
+            assert "modelInfo" not in event.data["grant"]
+            assert "pushEvents" in event.data["grant"]  # unchanged
+            assert event.data["digest"].startswith("sha256:")
+            update = await lob.ctl.wait_for(update_received, "the update", since=mark)
+            assert "modelInfo" not in update["message"]["params"]["effectiveCapabilities"]
+            assert "pushEvents" in update["message"]["params"]["effectiveCapabilities"]
+
+
+async def test_a_configured_addition_is_granted_once_the_receipt_arrives(tmp_path: Path) -> None:
+    with trio.fail_after(60):
+        async with running_lobby(
+            tmp_path, {"Ada": ""}, enabled_capabilities=["channels.*", "pushEvents", "tools"]
+        ) as lob:
+            fuller = lobby_manifest(pushEvents=True, channels={**CHANNELS, "typing": True})
+            mark = lob.ctl.mark()
+            lob.ctl.send({"cmd": "manifest", "manifest": fuller})
+            event = await wait_trace(lob.stream, lambda e: e.kind == "manifest-changed", "receipt")
+            assert "channels.typing" in event.data["grant"]
+            impacts = {(i["impact"], i["subject"]): i["disposition"] for i in event.data["impacts"]}
+            assert impacts[("capability-expansion-pending", "channels.typing")] == "applied"
+            update = await lob.ctl.wait_for(update_received, "the update", since=mark)
+            assert "channels.typing" in update["message"]["params"]["effectiveCapabilities"]
+
+
+async def test_a_partly_invalid_manifest_still_applies_its_removals(tmp_path: Path) -> None:
+    with trio.fail_after(60):
+        async with running_lobby(tmp_path, {"Ada": ""}) as lob:
+            broken = {
+                "version": "0.5",
+                "channels": {"register": True, "incoming": True, "bogus": {"x": 1}},
+                "featureSets": {"lobby.chat": {"description": "", "uses": "not-a-list"}},
+            }
+            lob.ctl.send({"cmd": "manifest", "manifest": broken})
+            event = await wait_trace(lob.stream, lambda e: e.kind == "manifest-changed", "receipt")
+            revoked = {
+                i["subject"] for i in event.data["impacts"] if i["impact"] == "capability-revoked"
+            }
+            assert {"pushEvents", "channels.publish", "channels.lifecycle"} <= revoked
+            assert set(event.data["grant"]) <= {"channels.register", "channels.incoming", "tools"}
+            degraded = {
+                i["subject"] for i in event.data["impacts"] if i["impact"] == "feature-degraded"
+            }
+            assert degraded == {"lobby.chat", "lobby.events"}
+
+
+async def test_a_burst_of_announcements_is_coalesced(tmp_path: Path) -> None:
+    with trio.fail_after(60):
+        async with running_lobby(tmp_path, {"Ada": ""}) as lob:
+            for _ in range(20):
+                lob.ctl.send({"cmd": "manifest", "manifest": lobby_manifest(pushEvents=True)})
+            await wait_trace(lob.stream, lambda e: e.kind == "manifest-changed", "a receipt")
+            await lob.host.run_until_idle()
+            mark = lob.ctl.mark()
+            lob.ctl.send({"cmd": "ping", "id": "sync"})  # everything sent before it was read
+            await lob.ctl.wait_for(lambda e: e["event"] == "pong", "pong", since=mark)
+            await lob.host.run_until_idle()
+            assert 1 <= len(received(lob.ctl, "mcpl/manifest")) <= 2
+
+
+async def test_spaced_announcements_beyond_the_rate_limit_are_dropped(tmp_path: Path) -> None:
+    with trio.fail_after(60):
+        async with running_lobby(tmp_path, {"Ada": ""}) as lob:
+            outcomes = []
+            for _ in range(MANIFEST_FETCHES + 1):
+                lob.ctl.send({"cmd": "manifest", "manifest": lobby_manifest(pushEvents=True)})
+                event = await wait_trace(
+                    lob.stream,
+                    lambda e: (
+                        e.kind == "manifest-changed"
+                        or (
+                            e.kind == "diagnostic" and "dropped (a server defect)" in e.data["text"]
+                        )
+                    ),
+                    "a receipt or a refusal",
+                )
+                outcomes.append(event.kind)
+            assert outcomes == ["manifest-changed"] * MANIFEST_FETCHES + ["diagnostic"]
