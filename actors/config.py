@@ -16,6 +16,8 @@ from typing import Any
 
 import attrs
 
+from protocol.uri import McplUriError, parse_endpoint
+
 from .errors import ConfigError
 
 PROSE_MODES = ("locus", "explicit", "hybrid", "disabled")
@@ -26,7 +28,8 @@ _ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}")
 class ServerConfig:
     id: str
     command: tuple[str, ...] | None = None
-    url: str | None = None
+    url: str | None = None  # as configured: mcpl://, wss:// or ws://
+    endpoint: str | None = None  # the address dialled (RFC-004 resolved transport)
     env: Mapping[str, str] = attrs.field(factory=dict)
     token: str | None = attrs.field(default=None, repr=False)
     request_timeout_s: float = 60.0
@@ -174,8 +177,7 @@ def _number(
 
 
 # ``cwd`` is set by the host (the config file's folder), not by the config.
-_SERVER_KEYS = ({f.name for f in attrs.fields(ServerConfig)} - {"cwd"}) | {"token_env"}
-_URL = re.compile(r"wss?://[^\s/?#]+(?:[/?#]\S*)?")
+_SERVER_KEYS = ({f.name for f in attrs.fields(ServerConfig)} - {"cwd", "endpoint"}) | {"token_env"}
 
 
 def _server(i: int, s: Mapping[str, Any], base: Path, problems: list[str]) -> ServerConfig | None:
@@ -198,9 +200,15 @@ def _server(i: int, s: Mapping[str, Any], base: Path, problems: list[str]) -> Se
     ):
         problems.append(f"{where}.command: must be a non-empty list of strings (argv)")
         command = None
-    if url is not None and (not isinstance(url, str) or not _URL.fullmatch(url)):
-        problems.append(f"{where}.url: must be a ws:// or wss:// address")
-        url = None
+    endpoint = None
+    if url is not None:
+        try:
+            endpoint = parse_endpoint(url).resolved_transport
+        except McplUriError as exc:
+            problems.append(
+                f"{where}.url: must be an mcpl://, wss:// or ws:// address ({exc.reason})"
+            )
+            url = None
     env = s.get("env", {})
     if not isinstance(env, Mapping) or not all(isinstance(v, str) for v in env.values()):
         problems.append(f"{where}.env: must be a table of strings")
@@ -245,6 +253,7 @@ def _server(i: int, s: Mapping[str, Any], base: Path, problems: list[str]) -> Se
         id=sid,
         command=tuple(command) if command else None,
         url=url,
+        endpoint=endpoint,
         env=dict(env),
         token=token,
         request_timeout_s=float(numbers["request_timeout_s"]),

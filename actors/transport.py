@@ -191,16 +191,16 @@ class WebsocketTransport:
 
 @asynccontextmanager
 async def open_websocket(cfg: ServerConfig) -> AsyncIterator[WebsocketTransport]:
-    assert cfg.url is not None
+    assert cfg.endpoint is not None
     headers = [(b"Authorization", f"Bearer {cfg.token}".encode())] if cfg.token else []
     async with trio_websocket.open_websocket_url(
-        cfg.url,
+        cfg.endpoint,
         extra_headers=headers,
         max_message_size=cfg.max_line_bytes,
         connect_timeout=cfg.request_timeout_s,
         disconnect_timeout=2,
     ) as ws:
-        yield WebsocketTransport(ws, cfg.url)
+        yield WebsocketTransport(ws, cfg.url or cfg.endpoint)
 
 
 @asynccontextmanager

@@ -415,3 +415,41 @@ def test_a_number_is_taken_exactly_when_it_follows_the_rule(key: str, value: Any
     else:
         (line,) = problems_of(raw)
         assert f".{key}:" in line
+
+
+def test_a_server_url_may_be_an_mcpl_uri_and_dials_its_resolved_transport() -> None:
+    cfg = load_config(
+        {
+            "servers": [
+                {"id": "a", "url": "mcpl://chat.example:8443/v1/mcpl"},
+                {"id": "b", "url": "ws://127.0.0.1:9000/x"},
+            ],
+            "agents": [{"name": "Ada", "model": "anthropic:m"}],
+        }
+    )
+    a, b = cfg.servers
+    assert a.url == "mcpl://chat.example:8443/v1/mcpl"  # kept as configured
+    assert a.endpoint == "wss://chat.example:8443/v1/mcpl"
+    assert b.endpoint == "ws://127.0.0.1:9000/x"
+
+
+@pytest.mark.parametrize(
+    ("url", "reason"),
+    [
+        ("mcpl://h/a/../b", "dot_segment"),
+        ("mcpl://user:pw@h/x", "userinfo"),
+        ("mcpl://h/x#frag", "fragment"),
+        ("http://h/x", "unsupported_scheme"),
+    ],
+)
+def test_a_bad_server_url_is_one_line_naming_the_reason(url: str, reason: str) -> None:
+    with pytest.raises(ConfigErrors) as caught:
+        load_config(
+            {
+                "servers": [{"id": "a", "url": url}],
+                "agents": [{"name": "Ada", "model": "anthropic:m"}],
+            }
+        )
+    (line,) = [p for p in caught.value.problems if "url" in p]
+    assert line.startswith("servers[a].url: must be an mcpl://, wss:// or ws:// address")
+    assert reason in line

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import trio
 
-from tests.helpers import answered, received, running_lobby
+from tests.helpers import answered, received, running_lobby, wait_trace
 
 pytestmark = pytest.mark.slow
 
@@ -73,3 +73,32 @@ async def test_an_enabled_mask_grants_only_what_it_matches(tmp_path: Path) -> No
             assert answer["error"]["data"] == {"capability": "pushEvents"}
             ok = await lob.host.execute_tool_call("Ada", "lobby--forecast", {"city": "Oslo"})
             assert ok["is_error"] is False
+
+
+async def test_removed_methods_get_32601_and_denied_notifications_are_dropped(
+    tmp_path: Path,
+) -> None:
+    with trio.fail_after(60):
+        async with running_lobby(
+            tmp_path, {"Ada": ""}, disabled_capabilities=["channels.register"]
+        ) as lob:
+            for i, method in enumerate(("context/afterInference", "featureSets/changed")):
+                req = {"jsonrpc": "2.0", "id": f"old{i}", "method": method, "params": {}}
+                lob.ctl.send({"cmd": "raw", "message": req})
+                answer = await lob.ctl.wait_for(
+                    lambda e, i=i: e["event"] == "response" and e["request"].get("id") == f"old{i}",
+                    method,
+                )
+                assert answer["response"]["error"]["code"] == -32601
+            added = {"id": "lobby:#sneaky", "type": "chat", "label": "sneaky"}
+            note = {"jsonrpc": "2.0", "method": "channels/changed", "params": {"added": [added]}}
+            lob.ctl.send({"cmd": "raw", "message": note})
+            seen: list = []
+            await wait_trace(
+                lob.stream,
+                lambda e: e.kind == "diagnostic" and "channels/changed dropped" in e.data["text"],
+                "the dropped notification",
+                seen,
+            )
+            listed = await lob.host.execute_tool_call("Ada", "channel_list", {})
+            assert "sneaky" not in listed["content"][0]["text"]
