@@ -272,7 +272,7 @@ async def main() -> None:
     )
     p.add_argument("--messages", type=int, default=10000)
     p.add_argument("--latency-messages", type=int, default=3000)
-    p.add_argument("--rounds", type=int, default=3, help="a, a', b alternate; medians shown")
+    p.add_argument("--rounds", type=int, default=5, help="a, a', b alternate; medians shown")
     p.add_argument("--one", help=argparse.SUPPRESS)
     args = p.parse_args()
     n = args.messages
