@@ -66,7 +66,9 @@ from .errors import NotConnected
 from .kernel import Actor, BatchQueue, Reply
 from .messages import (
     Call,
+    ChannelInfo,
     ConnStatus,
+    Describe,
     IngestBatch,
     IngestIncoming,
     IngestPush,
@@ -1022,8 +1024,6 @@ class ConnectionActor(Actor):
         return {"results": results}
 
     async def _list_channels(self, link: Link) -> dict[str, Any]:
-        from .messages import ChannelInfo, Describe
-
         out = []
         for cid in sorted(link.channels):
             chan = await self.ctx.channel(self.sid, cid)

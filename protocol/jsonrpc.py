@@ -24,7 +24,6 @@ import attrs
 from .errors import (
     INVALID_REQUEST,
     METHOD_NOT_FOUND,
-    PARSE_ERROR,
     LocalProtocolError,
     RpcError,
 )
@@ -372,7 +371,3 @@ class RpcSession:
 
 def method_not_found(method: str) -> RpcError:
     return RpcError(code=METHOD_NOT_FOUND, message=f"Method not found: {method}")
-
-
-def parse_error() -> RpcError:
-    return RpcError(code=PARSE_ERROR)

@@ -43,7 +43,6 @@ from protocol.jsonrpc import (
     encode,
     message_to_wire,
     method_not_found,
-    parse_error,
     parse_message,
 )
 
@@ -340,7 +339,6 @@ def test_error_helpers() -> None:
         "code": METHOD_NOT_FOUND,
         "message": "Method not found: x/y",
     }
-    assert parse_error().to_wire() == {"code": -32700, "message": "Parse error"}
     assert RpcError(code=-1, data=False).to_wire() == {
         "code": -1,
         "message": "Error",
