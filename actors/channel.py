@@ -3,7 +3,7 @@
 It owns the descriptor and label, each agent's open/closed state (persisted), the conversion and
 storage of what arrives on the channel, the wake decision, and publishing into the channel.
 
-Ingest never waits on a commit inside the loop: ``IngestIncoming``/``IngestPush`` convert the
+Ingest never waits on a commit inside the loop: ``IngestBatch`` converts each
 item, decide who it wakes, hand it to the store and answer at once with the pending write; the
 caller awaits durability, answers the server, and only then sends the wakes.
 
@@ -25,7 +25,7 @@ from typing import Any
 
 from protocol.content import ContentError, convert_blocks
 from protocol.errors import INVALID_PARAMS, RpcError
-from protocol.lanes import ChannelDescriptor
+from protocol.lanes import ChannelDescriptor, IncomingMessage, PushEvent
 from protocol.tags import expand_tags, is_addressed
 from store import Append, MessageRecord, PutState
 
@@ -36,8 +36,6 @@ from .messages import (
     ChannelInfo,
     Describe,
     IngestBatch,
-    IngestIncoming,
-    IngestPush,
     Prepared,
     Publish,
     Register,
@@ -108,7 +106,7 @@ class ChannelActor(Actor):
                 self._deferred.append((msg, reply))
                 return
         if isinstance(msg, IngestBatch):
-            reply.value(await self._ingest_batch(msg.items))
+            reply.value(await self._ingest_batch(msg.items, msg.accepted_at))
         elif isinstance(msg, Register):
             self._register(msg.descriptor)
             reply.value(None)
@@ -155,13 +153,15 @@ class ChannelActor(Actor):
         )
 
     # -- ingest -----------------------------------------------------------------------------
-    async def _ingest_batch(self, items: tuple[Any, ...]) -> list[Prepared | RpcError]:
+    async def _ingest_batch(
+        self, items: tuple[Any, ...], accepted_at: str
+    ) -> list[Prepared | RpcError]:
         """Convert every item, then hand all the writes to the store at once."""
         built: list[tuple[Append, tuple[Any, ...]] | RpcError] = []
         now = time.time()
         for msg in items:
             try:
-                built.append(self._ingest(msg, now))
+                built.append(self._ingest(msg, now, accepted_at))
             except RpcError as exc:
                 built.append(exc)
         ops = [b[0] for b in built if not isinstance(b, RpcError)]
@@ -174,12 +174,12 @@ class ChannelActor(Actor):
         ]
 
     def _ingest(
-        self, msg: IngestIncoming | IngestPush, now: float
+        self, msg: IncomingMessage | PushEvent, now: float, accepted_at: str
     ) -> tuple[Append, tuple[Any, ...]]:
         """The write of one item, and (blocks, wakes, author) for its ``Prepared``."""
         hearers = self.hearers
-        if isinstance(msg, IngestIncoming):
-            m = msg.message
+        if isinstance(msg, IncomingMessage):
+            m = msg
             content, provenance = m.content, "incoming"
             tags, _ = expand_tags(m.tags)
             author_agent = self._receipts.get(m.message_id)
@@ -200,7 +200,7 @@ class ChannelActor(Actor):
             author = m.author.name or m.author.id
             source_message: str | None = m.message_id
         else:
-            e = msg.event
+            e = msg
             content, provenance = e.payload_content, "push"
             tags, _ = expand_tags(e.tags)
             author_agent = None
@@ -230,7 +230,7 @@ class ChannelActor(Actor):
             "message": source_message,
             "label": self.label or None,
             "reply_to": None,
-            "accepted_at": msg.accepted_at,
+            "accepted_at": accepted_at,
         }
         stored = tuple(blocks)
         records = tuple(
@@ -310,7 +310,7 @@ class ChannelActor(Actor):
             while self._deferred and not self._publishing:
                 msg, waiting = self._deferred.pop(0)
                 try:
-                    waiting.value(await self._ingest_batch(msg.items))
+                    waiting.value(await self._ingest_batch(msg.items, msg.accepted_at))
                 except Exception as exc:
                     waiting.error(exc)
         finally:

@@ -51,6 +51,8 @@ from protocol.framing import Oversize, Undecodable
 from protocol.lanes import (
     ChannelDescriptor,
     ChannelsChanged,
+    IncomingMessage,
+    PushEvent,
     parse_descriptors,
     parse_incoming,
     parse_incoming_batch,
@@ -70,8 +72,6 @@ from .messages import (
     ConnStatus,
     Describe,
     IngestBatch,
-    IngestIncoming,
-    IngestPush,
     Prepared,
     Register,
     Status,
@@ -840,9 +840,9 @@ class ConnectionActor(Actor):
                 self._admit(link, req.method, params.get("featureSet"))
                 parsed: list[tuple[str | None, Any, Trace]]
                 if pending.push:
-                    parsed = [self._parse_push(link, req.params, accepted_at)]
+                    parsed = [self._parse_push(link, req.params)]
                 else:
-                    parsed = list(self._parse_incoming(link, req.params, pending, accepted_at))
+                    parsed = list(self._parse_incoming(link, req.params, pending))
                 for channel_id, ingest, trace in parsed:
                     groups.setdefault(channel_id, []).append((pending, ingest, trace))
             except Exception as exc:
@@ -852,7 +852,8 @@ class ConnectionActor(Actor):
             try:
                 chan = await self.ctx.channel(self.sid, cid)
                 results = await chan.ask(
-                    IngestBatch(items=tuple(i for _, i, _ in entries)), timeout=timeout
+                    IngestBatch(items=tuple(i for _, i, _ in entries), accepted_at=accepted_at),
+                    timeout=timeout,
                 )
             except Exception as exc:
                 results = [_as_rpc_error(exc, "ingest")] * len(entries)
@@ -868,20 +869,18 @@ class ConnectionActor(Actor):
                     )
         return out
 
-    def _parse_push(
-        self, link: Link, params: Any, accepted_at: str
-    ) -> tuple[str | None, IngestPush, Trace]:
+    def _parse_push(self, link: Link, params: Any) -> tuple[str | None, PushEvent, Trace]:
         event = parse_push(params)  # admission already checked its feature set
         scoped = None
         claimed = (event.origin or {}).get("mcplChannelId")
         if isinstance(claimed, str) and claimed in link.channels:
             scoped = claimed
         trace: Trace = ("push", scoped, {"event_id": event.event_id})
-        return scoped, IngestPush(event=event, accepted_at=accepted_at), trace
+        return scoped, event, trace
 
     def _parse_incoming(
-        self, link: Link, params: Any, pending: Pending, accepted_at: str
-    ) -> list[tuple[str, IngestIncoming, Trace]]:
+        self, link: Link, params: Any, pending: Pending
+    ) -> list[tuple[str, IncomingMessage, Trace]]:
         items = []
         for raw in parse_incoming_batch(params):
             mid = raw.get("messageId") if isinstance(raw, Mapping) else None
@@ -904,9 +903,7 @@ class ConnectionActor(Actor):
                 msg.channel_id,
                 {"message_id": msg.message_id, "author": msg.author.name or msg.author.id},
             )
-            items.append(
-                (msg.channel_id, IngestIncoming(message=msg, accepted_at=accepted_at), trace)
-            )
+            items.append((msg.channel_id, msg, trace))
         return items
 
     async def _responder(self, link: Link) -> None:

@@ -55,27 +55,16 @@ class Unregister:
 
 
 @attrs.frozen(kw_only=True)
-class IngestIncoming:
-    message: IncomingMessage
-    accepted_at: str
-
-
-@attrs.frozen(kw_only=True)
-class IngestPush:
-    event: PushEvent
-    accepted_at: str
-
-
-@attrs.frozen(kw_only=True)
 class IngestBatch:
-    """Items for one channel, in arrival order; the answer is a ``Prepared`` or an ``RpcError``
-    per item."""
+    """Items for one channel, in arrival order, all accepted at ``accepted_at``; the answer is
+    a ``Prepared`` or an ``RpcError`` per item."""
 
-    items: tuple[IngestIncoming | IngestPush, ...]
+    items: tuple[IncomingMessage | PushEvent, ...]
+    accepted_at: str
 
     @property
     def incoming(self) -> bool:
-        return any(isinstance(i, IngestIncoming) for i in self.items)
+        return any(isinstance(i, IncomingMessage) for i in self.items)
 
 
 @attrs.frozen(kw_only=True)

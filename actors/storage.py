@@ -26,48 +26,49 @@ DB_NAME = "store.sqlite3"
 
 
 class StoreFuture:
-    __slots__ = ("_done", "_result")
+    """One op's result, settled when the batch it was submitted with is committed. The ops of a
+    batch share one event: a future is only a position in its batch."""
 
-    def __init__(self) -> None:
-        self._done = trio.Event()
-        self._result: Any = None
+    __slots__ = ("_batch", "_index")
 
-    def _set(self, result: Any) -> None:
-        self._result = result
-        self._done.set()
+    def __init__(self, batch: _Completion, index: int) -> None:
+        self._batch = batch
+        self._index = index
 
     @property
     def done(self) -> bool:
-        return self._done.is_set()
+        return self._batch.settled.is_set()
 
     def result(self) -> Any:
         """The result of a committed op (``done`` must be true); a failed op raises."""
-        if not self._done.is_set():
+        if not self._batch.settled.is_set():
             raise RuntimeError("the write is not committed yet")
-        if isinstance(self._result, BaseException):
-            raise self._result
-        return self._result
+        result = self._batch.results[self._index]
+        if isinstance(result, BaseException):
+            raise result
+        return result
 
     async def wait(self) -> Any:
         """The op's result once it is committed; a failed op raises its ``StoreError``."""
-        await self._done.wait()
+        await self._batch.settled.wait()
         return self.result()
 
     async def wait_settled(self) -> None:
         """Wait until the op is committed or failed, without raising."""
-        await self._done.wait()
+        await self._batch.settled.wait()
 
 
 class _Completion:
     """The results of one ``submit_many``, gathered in the writer thread (which calls ``done``
     once per op, in order) and handed to the trio thread in one piece."""
 
-    __slots__ = ("client", "futures", "results")
+    __slots__ = ("client", "futures", "results", "settled")
 
     def __init__(self, client: StoreClient, n: int) -> None:
         self.client = client
-        self.futures = [StoreFuture() for _ in range(n)]
         self.results: list[object] = []
+        self.settled = trio.Event()
+        self.futures = [StoreFuture(self, i) for i in range(n)]
 
     def done(self, result: object) -> None:
         self.results.append(result)
@@ -132,8 +133,7 @@ class StoreClient:
             completed, self._completed = self._completed, []
             self._scheduled = False
         for batch in completed:
-            for fut, result in zip(batch.futures, batch.results, strict=True):
-                fut._set(result)
+            batch.settled.set()
             for _ in batch.futures:
                 self._slots.release()
             self.work.dec(len(batch.futures))
