@@ -125,14 +125,17 @@ class RequestTimeout(TimeoutError):
 Trace = tuple[str, str | None, dict[str, Any]]
 
 
-@attrs.define
 class Pending:
-    """A hot-lane request whose items were handed to the store: (prepared item, trace fields)."""
+    """A hot-lane request whose items were handed to the store: (prepared item, trace fields),
+    what was refused item by item, and the error that answers the whole request, if any."""
 
-    items: list[tuple[Prepared, Trace]]
-    refused: list[dict[str, Any]] = attrs.field(factory=list)
-    push: bool = False
-    error: RpcError | None = None
+    __slots__ = ("error", "items", "push", "refused")
+
+    def __init__(self, push: bool) -> None:
+        self.items: list[tuple[Prepared, Trace]] = []
+        self.refused: list[dict[str, Any]] = []
+        self.push = push
+        self.error: RpcError | None = None
 
 
 @attrs.define
@@ -832,7 +835,7 @@ class ConnectionActor(Actor):
         channels: one ask per channel, items in arrival order. The answers wait for the commit.
         """
         accepted_at = utc_now()  # one timestamp for what was read together
-        out = [(req, Pending(items=[], push=req.method == "push/event")) for req in requests]
+        out = [(req, Pending(push=req.method == "push/event")) for req in requests]
         groups: dict[str | None, list[tuple[Pending, Any, Trace]]] = {}
         for req, pending in out:
             try:

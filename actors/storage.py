@@ -107,7 +107,8 @@ class StoreClient:
         batch = _Completion(self, len(ops))
         self.work.inc(len(ops))
         try:
-            self.writer.submit_many([(op, batch.done) for op in ops])
+            done = batch.done
+            self.writer.submit_many([(op, done) for op in ops])
         except BaseException:
             for _ in ops:
                 self._slots.release()

@@ -17,7 +17,7 @@ from typing import Protocol
 import trio
 import trio_websocket
 
-from protocol.framing import Framed, LineBuffer, Oversize, Undecodable, encode_line
+from protocol.framing import Framed, LineBuffer, Oversize, Undecodable
 
 from .config import ServerConfig
 
@@ -70,7 +70,8 @@ class StdioTransport:
 
     async def send_many(self, texts: list[str]) -> None:
         assert self.proc.stdin is not None
-        await self.proc.stdin.send_all(b"".join(encode_line(t) for t in texts))
+        # One message per line: encoded JSON never holds a raw newline, so a join is exact.
+        await self.proc.stdin.send_all(("\n".join(texts) + "\n").encode("utf-8"))
 
     def buffered(self) -> bool:
         return bool(self._ready)

@@ -54,4 +54,6 @@ def expand_tags(tags: Iterable[object]) -> tuple[tuple[str, ...], tuple[str, ...
 
 
 def is_addressed(tags: Iterable[str]) -> bool:
-    return any(t in ("chat:addressed", "chat:mention") for t in tags)
+    if not isinstance(tags, tuple | list | set | frozenset):
+        tags = tuple(tags)
+    return "chat:addressed" in tags or "chat:mention" in tags
