@@ -78,6 +78,7 @@ from .messages import (
     Unregister,
     Wake,
 )
+from .trace import TraceEvent
 from .transport import Transport, open_transport
 
 log = logging.getLogger("mcplive.connection")
@@ -927,9 +928,13 @@ class ConnectionActor(Actor):
                         lines.append(line)
                 await self._send_lines(link, lines)
                 wakes: dict[str, tuple[Wake, int]] = {}
+                publish, sid = self.ctx.trace.publish, self.sid
                 for prepared, trace in done:
                     kind, channel_id, fields = trace
-                    self._trace(kind, channel_id=channel_id, text=_text(prepared.blocks), **fields)
+                    fields["text"] = _text(prepared.blocks)
+                    publish(
+                        TraceEvent(kind=kind, server_id=sid, channel_id=channel_id, data=fields)
+                    )
                     for agent, wake in prepared.wakes:
                         count = wakes[agent][1] + 1 if agent in wakes else 1
                         keep = (

@@ -58,7 +58,11 @@ class TraceBus:
         self._recent: deque[TraceEvent] = deque(maxlen=REPLAY_CAP)
 
     def emit(self, kind: str, **fields: Any) -> TraceEvent:
-        event = TraceEvent(kind=kind, **fields)
+        return self.publish(TraceEvent(kind=kind, **fields))
+
+    def publish(self, event: TraceEvent) -> TraceEvent:
+        """Hand a built event to every subscriber (never blocks)."""
+        kind = event.kind
         self._recent.append(event)
         if kind in ("diagnostic", "error"):
             log.info("%s %s %s", event.server_id or event.agent or "", kind, dict(event.data))
