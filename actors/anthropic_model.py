@@ -48,6 +48,7 @@ from anthropic.types import (
     ToolUseBlock,
 )
 
+from actors.kernel import backoff_delay
 from actors.models import Block, DeltaSink, ModelError, ModelReply, ModelRequest
 
 __all__ = [
@@ -75,19 +76,6 @@ _MAX_LINE = 300
 
 
 # --- backoff -------------------------------------------------------------------------------------
-
-
-def backoff_delay(attempt: int, base: float, cap: float, rng: random.Random) -> float:
-    """Seconds to wait before retry number ``attempt`` (1 for the first retry).
-
-    The ceiling doubles per attempt, ``min(cap, base * 2**(attempt-1))``, and the delay is drawn
-    uniformly from ``[ceiling/2, ceiling]`` ("equal jitter"): never above ``cap``, never below
-    half the ceiling.
-    """
-    if attempt < 1:
-        raise ValueError("attempt counts from 1")
-    ceiling = min(cap, base * 2.0 ** min(attempt - 1, 64))
-    return ceiling / 2 + rng.random() * ceiling / 2
 
 
 def _fmt_seconds(s: float) -> str:

@@ -65,7 +65,7 @@ from store import StoreError
 from .config import ServerConfig
 from .context import ChannelLimit, HostContext
 from .errors import NotConnected
-from .kernel import Actor, BatchQueue, Reply
+from .kernel import Actor, BatchQueue, Reply, backoff_delay
 from .messages import (
     Call,
     ChannelInfo,
@@ -106,12 +106,6 @@ MANIFEST_FETCHES = 5  # at most this many mcpl/manifest fetches per window; the 
 MANIFEST_WINDOW_S = 60.0
 _REVISION = re.compile(r"sha256:[A-Za-z0-9_-]{43}")
 _DOMAINS = frozenset({"capabilities", "featureSets", "tagOntology"})
-
-
-def backoff_delay(attempt: int, base: float, cap: float, u: float) -> float:
-    """Exponential backoff with full jitter in [delay/2, delay]; ``u`` is uniform in [0, 1)."""
-    delay = min(cap, base * (2 ** min(attempt, 30)))
-    return delay / 2 + (delay / 2) * u
 
 
 def utc_now() -> str:
@@ -312,8 +306,8 @@ class ConnectionActor(Actor):
                 self._publish_status()
             if trio.current_time() - started >= HEALTHY_AFTER_S:
                 attempt = 0
-            delay = backoff_delay(attempt, BACKOFF_BASE_S, BACKOFF_CAP_S, self.ctx.rng.random())
             attempt += 1
+            delay = backoff_delay(attempt, BACKOFF_BASE_S, BACKOFF_CAP_S, self.ctx.rng)
             self._trace("disconnected", reason=reason, retry_in_s=round(delay, 1), attempt=attempt)
             await trio.sleep(delay)
 

@@ -14,6 +14,7 @@ running turns, writes not yet committed) so ``Host.run_until_idle`` can wait for
 from __future__ import annotations
 
 import logging
+import random
 from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any, Generic, TypeVar
@@ -258,6 +259,19 @@ class Actor:
                 return
             env.reply.abandon()
             self.work.dec()
+
+
+def backoff_delay(attempt: int, base: float, cap: float, rng: random.Random) -> float:
+    """Seconds to wait before retry number ``attempt`` (1 for the first retry).
+
+    The ceiling doubles per attempt, ``min(cap, base * 2**(attempt-1))``, and the delay is drawn
+    uniformly from ``[ceiling/2, ceiling]`` ("equal jitter"): never above ``cap``, never below
+    half the ceiling.
+    """
+    if attempt < 1:
+        raise ValueError("attempt counts from 1")
+    ceiling = min(cap, base * 2.0 ** min(attempt - 1, 64))
+    return ceiling / 2 + rng.random() * ceiling / 2
 
 
 class BatchQueue(Generic[M]):
