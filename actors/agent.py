@@ -81,25 +81,16 @@ def estimate_tokens(message: Mapping[str, Any]) -> int:
 def fit_budget(messages: Sequence[Mapping[str, Any]], budget: int) -> list[Mapping[str, Any]]:
     """Drop the oldest whole units until the rest fits; an assistant message and the tool
     results after it form one unit, so a tool call is never separated from its result."""
-    units: list[list[Mapping[str, Any]]] = []
-    for m in messages:
-        if m.get("role") == "tool" and units and units[-1][0].get("role") == "assistant":
-            units[-1].append(m)
-        else:
-            units.append([m])
-    sizes = [sum(estimate_tokens(m) for m in u) for u in units]
-    total = sum(sizes)
-    start = 0
-    while total > budget and start < len(units) - 1:
-        total -= sizes[start]
-        start += 1
-    return [m for u in units[start:] for m in u]
+    tail = ContextTail(budget)
+    tail.extend(messages)
+    return tail.messages()
 
 
 class ContextTail:
     """The newest whole units of an agent's context within a token budget, kept incrementally:
     new messages are appended and the oldest units dropped, with each unit's size computed
-    once. Gives the same result as ``fit_budget`` over everything appended so far."""
+    once: dropping only ever removes the oldest units, so trimming as messages arrive keeps the
+    same units as trimming everything at once."""
 
     def __init__(self, budget: int) -> None:
         self.budget = budget
