@@ -8,7 +8,7 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
-from actors.agent import estimate_tokens, fit_budget
+from actors.agent import ContextTail, estimate_tokens, fit_budget
 
 
 def text(role: str, size: int = 0, tag: str = "") -> dict[str, Any]:
@@ -155,3 +155,15 @@ def test_fit_budget_keeps_the_longest_suffix_of_whole_units_that_fits(
 def test_a_bigger_budget_keeps_at_least_as_much(messages: list[dict[str, Any]], a: int, b: int):
     small, big = sorted((a, b))
     assert len(fit_budget(messages, small)) <= len(fit_budget(messages, big))
+
+
+@given(st.lists(message, max_size=25), st.integers(0, 600), st.lists(st.integers(1, 6)))
+def test_trimming_as_messages_arrive_keeps_what_trimming_at_once_keeps(
+    messages: list[dict[str, Any]], budget: int, chunks: list[int]
+):
+    tail = ContextTail(budget)
+    i = 0
+    for size in [*chunks, len(messages)]:  # the agent's turns read the store in pieces
+        tail.extend(messages[i : i + size])
+        i += size
+    assert [id(m) for m in tail.messages()] == [id(m) for m in fit_budget(messages, budget)]
