@@ -197,7 +197,7 @@ def _print_policy(sid: str, source: str, policy: Mapping[str, Any]) -> None:
 
 
 def _report_manifest_file(server: Any, path: Path) -> int:
-    from protocol import grants, mcpl
+    from protocol import mcpl
     from protocol.manifest import ManifestError, manifest_digest
 
     from .connection import policy_report
@@ -214,13 +214,9 @@ def _report_manifest_file(server: Any, path: Path) -> int:
         print(f"  server {server.id}: {path} holds no MCPL manifest: it would run MCP-only")
         return 0
     advertised = mcpl.advertised_paths(manifest, caps)
-    grant = grants.effective_grant(
-        advertised, server.enabled_capabilities, server.disabled_capabilities
-    )
+    grant = server.grant_for(advertised)
     declared = mcpl.declared_feature_sets(manifest)
-    state = grants.derive_feature_sets(
-        declared.sets, grant, server.enabled_feature_sets, server.disabled_feature_sets
-    )
+    state = server.feature_sets_for(declared.sets, grant)
     try:
         digest = manifest_digest(manifest)
     except ManifestError as exc:

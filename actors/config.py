@@ -10,12 +10,14 @@ import math
 import os
 import re
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any
 
 import attrs
 
+from protocol import grants
+from protocol.mcpl import FeatureSet
 from protocol.uri import McplUriError, parse_endpoint
 
 from .errors import ConfigError
@@ -42,6 +44,20 @@ class ServerConfig:
     fetch_ceiling_bytes: int = 268_435_456
     fetch_budget_bytes: int = 1_073_741_824
     cwd: Path | None = None
+
+    def grant_for(self, advertised: Collection[str]) -> frozenset[str]:
+        """What this server is granted of what it advertises, under the capability masks."""
+        return grants.effective_grant(
+            advertised, self.enabled_capabilities, self.disabled_capabilities
+        )
+
+    def feature_sets_for(
+        self, declared: Mapping[str, FeatureSet], grant: Collection[str]
+    ) -> grants.FeatureSetState:
+        """Each declared feature set's status under ``grant`` and the feature-set masks."""
+        return grants.derive_feature_sets(
+            declared, grant, self.enabled_feature_sets, self.disabled_feature_sets
+        )
 
 
 @attrs.frozen(kw_only=True)

@@ -531,12 +531,8 @@ class ConnectionActor(Actor):
         declared = mcpl.declared_feature_sets(manifest)
         for note in declared.diagnostics:
             self.diagnostic(note)
-        grant = grants.effective_grant(
-            advertised, self.cfg.enabled_capabilities, self.cfg.disabled_capabilities
-        )
-        state = grants.derive_feature_sets(
-            declared.sets, grant, self.cfg.enabled_feature_sets, self.cfg.disabled_feature_sets
-        )
+        grant = self.cfg.grant_for(advertised)
+        state = self.cfg.feature_sets_for(declared.sets, grant)
         params = grants.update_params(grant, state)
         link.manifest = manifest
         link.mcp_caps = caps
@@ -699,9 +695,7 @@ class ConnectionActor(Actor):
         declared = mcpl.declared_feature_sets(manifest)
         for note in declared.diagnostics:
             self.diagnostic(note)
-        wanted = grants.effective_grant(
-            advertised, cfg.enabled_capabilities, cfg.disabled_capabilities
-        )
+        wanted = cfg.grant_for(advertised)
         added = wanted - before_grant
         pending = added if cfg.enabled_capabilities is None else frozenset()
         target = wanted - pending
@@ -710,12 +704,8 @@ class ConnectionActor(Actor):
         link.grant = reduced
         link.manifest = manifest
         link.feature_sets = declared.sets
-        link.enabled_sets = grants.derive_feature_sets(
-            declared.sets, reduced, cfg.enabled_feature_sets, cfg.disabled_feature_sets
-        ).enabled
-        state = grants.derive_feature_sets(
-            declared.sets, target, cfg.enabled_feature_sets, cfg.disabled_feature_sets
-        )
+        link.enabled_sets = cfg.feature_sets_for(declared.sets, reduced).enabled
+        state = cfg.feature_sets_for(declared.sets, target)
         params = grants.update_params(target, state)
         accepted = False
         try:
