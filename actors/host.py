@@ -47,7 +47,9 @@ class Host:
 
     @classmethod
     @asynccontextmanager
-    async def open(cls, config: str | os.PathLike[str] | Mapping[str, Any]) -> AsyncIterator[Host]:
+    async def open(
+        cls, config: str | os.PathLike[str] | Mapping[str, Any] | HostConfig
+    ) -> AsyncIterator[Host]:
         cfg = config if isinstance(config, HostConfig) else load_config(config)
         models = {a.name: make_model(a) for a in cfg.agents}
         work = Work()
