@@ -9,8 +9,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import trio
-
 from actors import Host
 from actors.host import TraceStream
 from actors.trace import TraceEvent
@@ -161,6 +159,3 @@ def publishes(ctl: Any) -> list[tuple[str, str]]:
         p = m["params"]
         out.append((p["channelId"], " ".join(b.get("text", "") for b in p["content"])))
     return out
-
-
-__all__ = ["trio"]
