@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Iterable, Mapping
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -110,8 +110,10 @@ class Host:
     async def post_local(self, agent: str, text: str) -> None:
         await self._agent(agent).ask(PostLocal(text=text), timeout=60)
 
-    def trace(self) -> TraceStream:
-        return TraceStream(self.ctx.trace)
+    def trace(self, kinds: Iterable[str] | None = None) -> TraceStream:
+        """Trace events from now on (after a replay of recent ones); with ``kinds``, only
+        events of those kinds, plus ``trace-dropped`` when some had to be dropped."""
+        return TraceStream(self.ctx.trace, None if kinds is None else frozenset(kinds))
 
     def _agent(self, name: str) -> Any:
         ref = self.ctx.agents.get(name)
@@ -131,8 +133,8 @@ class TraceStream:
 
     YIELD_EVERY = 64
 
-    def __init__(self, bus: TraceBus) -> None:
-        self._recv = bus.subscribe_nowait(replay=True)
+    def __init__(self, bus: TraceBus, kinds: frozenset[str] | None = None) -> None:
+        self._recv = bus.subscribe_nowait(replay=True, kinds=kinds)
         self._streak = 0
 
     def __aiter__(self) -> TraceStream:

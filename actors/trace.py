@@ -39,9 +39,13 @@ class TraceEvent:
 
 
 class _Subscriber:
-    def __init__(self) -> None:
+    def __init__(self, kinds: frozenset[str] | None) -> None:
         self.send, self.recv = trio.open_memory_channel[TraceEvent](SUBSCRIBER_CAP)
         self.dropped = 0
+        self.kinds = kinds  # None: every kind
+
+    def wants(self, event: TraceEvent) -> bool:
+        return self.kinds is None or event.kind in self.kinds or event.kind == "trace-dropped"
 
     @property
     def closed(self) -> bool:
@@ -68,6 +72,8 @@ class TraceBus:
             log.info("%s %s %s", event.server_id or event.agent or "", kind, dict(event.data))
         gone = False
         for sub in self._subs:
+            if sub.kinds is not None and kind not in sub.kinds:
+                continue
             try:
                 if sub.dropped:
                     if sub.room() < 2:
@@ -90,17 +96,21 @@ class TraceBus:
     def _prune(self) -> None:
         self._subs = [s for s in self._subs if not s.closed]
 
-    def subscribe_nowait(self, *, replay: bool = False) -> trio.MemoryReceiveChannel[TraceEvent]:
-        """Subscribe now; close the returned channel to unsubscribe."""
-        return self._add(replay).recv
+    def subscribe_nowait(
+        self, *, replay: bool = False, kinds: frozenset[str] | None = None
+    ) -> trio.MemoryReceiveChannel[TraceEvent]:
+        """Subscribe now; close the returned channel to unsubscribe. With ``kinds``, only
+        events of those kinds (and ``trace-dropped``) are delivered."""
+        return self._add(replay, kinds).recv
 
-    def _add(self, replay: bool) -> _Subscriber:
+    def _add(self, replay: bool, kinds: frozenset[str] | None = None) -> _Subscriber:
         self._prune()
         if len(self._subs) >= MAX_SUBSCRIBERS:
             raise RuntimeError(f"at most {MAX_SUBSCRIBERS} trace subscribers")
-        sub = _Subscriber()
+        sub = _Subscriber(kinds)
         if replay:
-            for event in list(self._recent)[-SUBSCRIBER_CAP // 2 :]:
+            recent = [e for e in self._recent if sub.wants(e)]
+            for event in recent[-SUBSCRIBER_CAP // 2 :]:
                 sub.send.send_nowait(event)
         self._subs.append(sub)
         return sub

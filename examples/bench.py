@@ -95,8 +95,9 @@ async def run_mcplive(
         ],
     }
     latencies: list[float] = []
+    kinds = {"server-log", "disconnected"} | ({"incoming"} if latency else set())
     async with Host.open(cfg) as host:
-        async for event in host.trace():
+        async for event in host.trace(kinds=kinds):
             if latency and event.kind == "incoming":
                 sent = float(str(event.data["text"]).split()[0][2:])
                 latencies.append(time.monotonic() - sent)

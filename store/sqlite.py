@@ -150,23 +150,21 @@ class Database:
         conn = self._connection()
         try:
             try:
-                return self._apply_batch(conn, ops, savepoints=False)
+                conn.execute("BEGIN IMMEDIATE")
+                outcomes = _apply_bulk(conn, ops)
+                conn.execute("COMMIT")
+                return outcomes
             except StoreError:
                 _rollback(conn)
-            return self._apply_batch(conn, ops, savepoints=True)
+            return self._apply_one_by_one(conn, ops)
         except Exception:
             _rollback(conn)
         return [self._apply_alone(conn, op) for op in ops]
 
-    def _apply_batch(
-        self, conn: sqlite3.Connection, ops: Sequence[Op], *, savepoints: bool
-    ) -> list[Outcome]:
+    def _apply_one_by_one(self, conn: sqlite3.Connection, ops: Sequence[Op]) -> list[Outcome]:
         outcomes: list[Outcome] = []
         conn.execute("BEGIN IMMEDIATE")
         for op in ops:
-            if not savepoints:
-                outcomes.append(_apply_op(conn, op))  # a StoreError aborts this attempt
-                continue
             conn.execute("SAVEPOINT op")
             try:
                 outcome: Outcome = _apply_op(conn, op)
@@ -198,6 +196,82 @@ def _rollback(conn: sqlite3.Connection) -> None:
             conn.execute("ROLLBACK")
         except sqlite3.Error:
             pass
+
+
+#: Rows per multi-row INSERT: 5 parameters each stays far below SQLite's parameter limit.
+_ROWS_PER_STATEMENT = 256
+
+
+def _apply_bulk(conn: sqlite3.Connection, ops: Sequence[Op]) -> list[Outcome]:
+    """Apply ``ops`` inside the current transaction with a few multi-row statements.
+
+    The outcome is the same as applying each op in turn; any op-level failure raises
+    :class:`StoreError` and leaves the transaction to be rolled back. Few statements mean few
+    trips into SQLite, each of which lets other threads take the interpreter lock.
+    """
+    present = _present_keys(conn, [op.dedupe for op in ops if isinstance(op, Append)])
+    outcomes: list[Outcome] = []
+    new_keys: list[tuple[str, str, str]] = []
+    rows: list[tuple[str, str, str, float, bytes]] = []
+    for op in ops:
+        if isinstance(op, PutState):
+            _put_state(conn, op)
+            outcomes.append(None)
+            continue
+        if not isinstance(op, Append):
+            raise StoreError(f"not a store op: {op!r}")
+        if op.dedupe is not None:
+            if op.dedupe in present:
+                outcomes.append(_NOT_STORED)
+                continue
+            present.add(op.dedupe)
+            new_keys.append(op.dedupe)
+        for r in op.records:
+            body = encode_body(r.blocks, r.metadata)
+            rows.append((r.id, r.agent, r.role, float(r.created_at), body))
+        outcomes.append(_STORED)
+    try:
+        _insert_rows(conn, "dedupe (kind, server, key)", 3, new_keys)
+        _insert_rows(conn, "messages (id, agent, role, created_at, body)", 5, rows)
+    except sqlite3.IntegrityError as exc:
+        raise StoreError(f"a message id in this batch is already stored: {exc}") from exc
+    return outcomes
+
+
+_STORED = AppendResult(stored=True)
+_NOT_STORED = AppendResult(stored=False)
+
+
+def _present_keys(
+    conn: sqlite3.Connection, keys: Iterable[tuple[str, str, str] | None]
+) -> set[tuple[str, str, str]]:
+    """Those of ``keys`` already recorded in the dedupe table."""
+    wanted: dict[tuple[str, str], list[str]] = {}
+    for key in keys:
+        if key is not None:
+            wanted.setdefault((key[0], key[1]), []).append(key[2])
+    present: set[tuple[str, str, str]] = set()
+    for (kind, server), names in wanted.items():
+        for start in range(0, len(names), _ROWS_PER_STATEMENT):
+            chunk = names[start : start + _ROWS_PER_STATEMENT]
+            marks = ", ".join("?" * len(chunk))
+            cur = conn.execute(
+                f"SELECT key FROM dedupe WHERE kind = ? AND server = ? AND key IN ({marks})",
+                (kind, server, *chunk),
+            )
+            present.update((kind, server, name) for (name,) in cur)
+    return present
+
+
+def _insert_rows(
+    conn: sqlite3.Connection, target: str, width: int, rows: Sequence[tuple[Any, ...]]
+) -> None:
+    """INSERT ``rows`` (each ``width`` values) into ``target`` a chunk per statement."""
+    one = "(" + ", ".join("?" * width) + ")"
+    for start in range(0, len(rows), _ROWS_PER_STATEMENT):
+        chunk = rows[start : start + _ROWS_PER_STATEMENT]
+        values = ", ".join([one] * len(chunk))
+        conn.execute(f"INSERT INTO {target} VALUES {values}", [v for row in chunk for v in row])
 
 
 def _apply_op(conn: sqlite3.Connection, op: Op) -> OpResult:

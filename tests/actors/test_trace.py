@@ -201,6 +201,38 @@ def test_no_replay_unless_asked():
     assert kinds(drain(recv)) == ["after"]
 
 
+# -- kinds ------------------------------------------------------------------------------------
+
+
+@given(st.lists(st.sampled_from(["a", "b", "c"]), max_size=40), st.sets(st.sampled_from("abc")))
+def test_a_kinds_subscriber_gets_exactly_those_kinds_in_order(emitted: list[str], wanted: set[str]):
+    bus = TraceBus()
+    bus.emit("a", data={"i": -1})  # before subscribing: replayed only when wanted
+    every = bus.subscribe_nowait(replay=True)
+    some = bus.subscribe_nowait(replay=True, kinds=frozenset(wanted))
+    for i, kind in enumerate(emitted):
+        bus.emit(kind, data={"i": i})
+    all_events = drain(every)
+    assert [e.data["i"] for e in drain(some)] == [
+        e.data["i"] for e in all_events if e.kind in wanted
+    ]
+
+
+def test_a_kinds_subscriber_that_falls_behind_still_hears_the_count():
+    bus = TraceBus()
+    recv = bus.subscribe_nowait(kinds=frozenset({"x"}))
+    for _ in range(SUBSCRIBER_CAP + 5):
+        bus.emit("x")
+        bus.emit("y")  # never counted for this subscriber: it did not ask for it
+    assert len(drain(recv)) == SUBSCRIBER_CAP
+    bus.emit("y")
+    assert drain(recv) == []
+    bus.emit("x")
+    got = drain(recv)
+    assert kinds(got) == ["trace-dropped", "x"]
+    assert got[0].data["count"] == 5
+
+
 # -- the subscriber cap -----------------------------------------------------------------------
 
 

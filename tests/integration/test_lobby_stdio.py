@@ -124,6 +124,21 @@ async def test_incoming_reply_goes_to_its_channel_and_echo_does_not_wake(tmp_pat
             assert grace == ["hello all", "Hi there, hello to you!"]  # others hear it
 
 
+async def test_a_trace_stream_of_some_kinds_sees_only_those(tmp_path: Path) -> None:
+    with trio.fail_after(60):
+        async with running_lobby(tmp_path, {"Ada": HELLO}) as lb:
+            only = lb.host.trace(kinds={"incoming", "turn-end"})
+            send_incoming(lb.ctl, "lobby:#general", "k1", "hello there")
+            await wait_trace(lb.stream, lambda e: e.kind == "turn-end", "Ada's turn")
+            await lb.host.run_until_idle()
+            seen = []
+            with trio.move_on_after(0):  # what the stream holds now, without waiting
+                async for event in only:
+                    seen.append(event.kind)
+            # turn-start and the rest happened too, but this stream did not ask for them
+            assert seen[:1] == ["incoming"] and set(seen) == {"incoming", "turn-end"}
+
+
 async def test_agent_calls_an_mcpl_tool(tmp_path: Path) -> None:
     with trio.fail_after(60):
         async with running_lobby(tmp_path, {"Ada": HELLO}) as lb:
