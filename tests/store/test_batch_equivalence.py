@@ -11,7 +11,12 @@ from hypothesis import strategies as st
 
 from store import Append, AppendResult, Database, MessageRecord, PutState, Reader, StoreError
 
-_KEYS = [("incoming", "s1", "a"), ("incoming", "s1", "b"), ("event", "s2", "a"), ("event", "s1", "c")]
+_KEYS = [
+    ("incoming", "s1", "a"),
+    ("incoming", "s1", "b"),
+    ("event", "s2", "a"),
+    ("event", "s1", "c"),
+]
 
 
 def _record(rid: str, text: str) -> MessageRecord:
