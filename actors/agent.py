@@ -15,20 +15,25 @@ from __future__ import annotations
 
 import json
 import time
+import uuid
 from collections import deque
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import attrs
+import trio
 
-from store import Append, MessageRecord
+from protocol.state import Recorded, read_rollback_result, rollback_params, rollback_targets
+from store import Append, MessageRecord, PutState
 
 from .channel import new_id
 from .config import AgentConfig
 from .context import HostContext
+from .hooks import TurnHooks, injection_messages
 from .kernel import Actor, Reply
-from .messages import Wake, WakeTarget
+from .messages import Call, Wake, WakeTarget
 from .models import Model, ModelError, ModelRequest
+from .scripted import body_of
 from .tools import ToolRuntime
 
 MAX_TOOL_ROUNDS = 8
@@ -50,6 +55,25 @@ class PostLocal:
 class ExecuteTool:
     tool: str
     arguments: Any
+
+
+@attrs.frozen(kw_only=True)
+class AbortTurn:
+    """Cancel the running turn, if any; the answer says whether one was running."""
+
+
+@attrs.frozen(kw_only=True)
+class Rollback:
+    """Set aside everything after ``to`` (a message id) and roll servers' state back to the
+    checkpoints in force at that message."""
+
+    to: str
+
+
+#: The most messages one rollback may set aside.
+MAX_ROLLBACK_SPAN = 10_000
+#: Namespace and key of the host-wide current checkpoints in the store's state table.
+CHECKPOINTS = ("checkpoints", "current")
 
 
 @attrs.define
@@ -155,6 +179,9 @@ class AgentActor(Actor):
         self.system = cfg.system_prompt or DEFAULT_PROMPT.format(name=cfg.name)
         self._tail = ContextTail(cfg.context_tokens)  # the context as of the last turn
         self._seen_seq = 0
+        self._turns = 0  # turnIndex of the next turn (counted from this process's start)
+        self.conversation_id = f"agent:{cfg.name}"
+        self._turn_scope: trio.CancelScope | None = None
 
     def _trace(self, kind: str, target: WakeTarget | None = None, **data: Any) -> None:
         self.ctx.trace.emit(
@@ -181,6 +208,17 @@ class AgentActor(Actor):
             self.spawn(self._store_local, record, reply)
         elif isinstance(msg, ExecuteTool):
             self.spawn(self._execute, msg, reply)
+        elif isinstance(msg, AbortTurn):
+            scope = self._turn_scope
+            if scope is not None:
+                scope.cancel()
+            reply.value(scope is not None)
+        elif isinstance(msg, Rollback):
+            if self.turn_running:
+                reply.error(RuntimeError("a turn is running; roll back once it has ended"))
+            else:
+                self.turn_running = True  # no turn starts while the rollback runs
+                self.spawn(self._rollback, msg.to, reply)
         else:
             raise TypeError(f"unexpected message {msg!r}")
 
@@ -210,7 +248,9 @@ class AgentActor(Actor):
 
     async def _execute(self, msg: ExecuteTool, reply: Reply) -> None:
         runtime = ToolRuntime(self.ctx, self.cfg.name, self.servers)
-        reply.value(await runtime.call(msg.tool, msg.arguments))
+        outcome = await runtime.call(msg.tool, msg.arguments)
+        outcome.pop("state", None)  # nothing is stored for an in-process call to anchor it
+        reply.value(outcome)
 
     async def _store(
         self, role: str, blocks: Sequence[Mapping[str, Any]], **meta: Any
@@ -234,8 +274,29 @@ class AgentActor(Actor):
 
     async def _turn(self, pending: _Pending) -> None:
         target = pending.target
+        hooks = TurnHooks(
+            self.ctx,
+            self.cfg.name,
+            self.servers,
+            model=self.model.info,
+            inference_id=f"inf_{uuid.uuid4().hex}",
+            conversation_id=self.conversation_id,
+            turn_index=self._turns,
+        )
+        self._turns += 1
+        phase, usage = "failed", None
         try:
-            await self._run_turn(target, pending.count)
+            with trio.CancelScope() as scope:
+                self._turn_scope = scope
+                hooks.started()
+                usage = await self._run_turn(target, pending.count, hooks)
+                phase = "completed"
+            if scope.cancelled_caught:
+                phase = "aborted"
+                self._trace("turn-aborted", target)
+        except trio.Cancelled:
+            phase = "aborted"
+            raise
         except ModelError as exc:
             self._trace("error", target, error=str(exc), where="model")
             await self._store(
@@ -248,6 +309,8 @@ class AgentActor(Actor):
             self._trace("error", target, error=f"{type(exc).__name__}: {exc}", where="turn")
             raise
         finally:
+            hooks.ended(phase, usage if phase == "completed" else None)
+            self._turn_scope = None
             self.turn_running = False
             self._maybe_start()
 
@@ -256,29 +319,57 @@ class AgentActor(Actor):
         and decoded; the kept tail is trimmed to the token budget (oldest whole units first)."""
         # No message costs less than MIN_MESSAGE_TOKENS, so older ones could never fit.
         newest = self.cfg.context_tokens // MIN_MESSAGE_TOKENS + 1
-        fresh, self._seen_seq = await self.ctx.store.read(
+        fresh, seen = await self.ctx.store.read(
             self.ctx.store.reader.history_after, self.cfg.name, self._seen_seq, newest
         )
-        rendered = [render_for_model(m) for m in fresh]
+        if any(_is_rollback(m) for m in fresh) and self._seen_seq:
+            # Something already in the tail was set aside: rebuild from the store.
+            self._tail, self._seen_seq = ContextTail(self.cfg.context_tokens), 0
+            return await self._context()
+        self._seen_seq = seen
+        # A marker sets aside only messages older than itself, so the markers of this read
+        # are all that can hide anything in it.
+        hidden = {i for m in fresh if _is_rollback(m) for i in m["metadata"].get("set_aside", ())}
+        rendered = [
+            render_for_model(m) for m in fresh if not _is_rollback(m) and m["id"] not in hidden
+        ]
         for m in rendered:
             m["tokens"] = estimate_tokens(m)
         self._tail.extend(rendered)
         return self._tail.messages()
 
-    async def _run_turn(self, target: WakeTarget | None, wakes: int) -> None:
+    async def _run_turn(
+        self, target: WakeTarget | None, wakes: int, hooks: TurnHooks
+    ) -> tuple[int, int]:
+        """One turn; its token usage (input, output) summed over the model calls."""
         runtime = ToolRuntime(self.ctx, self.cfg.name, self.servers, route=target)
         self._trace("turn-start", target, wakes=wakes, model=self.model.name)
         context = await self._context()
+        newest = next((m for m in reversed(context) if m.get("role") == "user"), None)
+        candidates = {target.server_id: [target.channel_id]} if target is not None else {}
+        injections = await hooks.before_inference(
+            body_of(newest) if newest is not None else None, target, candidates
+        )
+        placed = injection_messages(injections)
+        system = self.system
+        for m in placed["system"]:
+            system += "\n\n" + "\n".join(
+                str(b.get("text", "")) for b in m["blocks"] if b.get("type") == "text"
+            )
+        context = _place(context, placed["beforeUser"], placed["afterUser"])
         tools = await runtime.specs()
         text = ""
+        used_in, used_out = 0, 0
         for round_no in range(MAX_TOOL_ROUNDS + 1):
             request = ModelRequest(
                 agent=self.cfg.name,
-                system=self.system,
+                system=system,
                 messages=context,
                 tools=tools,
             )
             reply = await self.model.complete(request)
+            used_in += int(reply.usage.get("input_tokens", 0))
+            used_out += int(reply.usage.get("output_tokens", 0))
             if not reply.blocks:
                 break
             said = await self._store(
@@ -298,9 +389,13 @@ class AgentActor(Actor):
                 )
                 break
             results = []
+            checkpoints: list[dict[str, Any]] = []
             for use in uses:
                 self._trace("tool-call", target, tool=use.get("name"), arguments=use.get("input"))
                 outcome = await runtime.call(str(use.get("name")), use.get("input", {}))
+                state = outcome.pop("state", None)
+                if state is not None:
+                    checkpoints.append(state)
                 self._trace(
                     "tool-result",
                     target,
@@ -316,7 +411,10 @@ class AgentActor(Actor):
                         "is_error": outcome["is_error"],
                     }
                 )
-            context.append(render_for_model(await self._store("tool", results)))
+            meta = {"checkpoints": checkpoints} if checkpoints else {}
+            context.append(render_for_model(await self._store("tool", results, **meta)))
+            if checkpoints:
+                await self._record_checkpoints(checkpoints)
         route = runtime.route
         if text.strip():
             if route is None:
@@ -339,3 +437,129 @@ class AgentActor(Actor):
                         "error", route, error=f"publish failed: {exc}", where="publish", text=text
                     )
         self._trace("turn-end", target)
+        return used_in, used_out
+
+    # -- state (SPEC §8) ----------------------------------------------------------------
+    async def _record_checkpoints(self, checkpoints: Sequence[Mapping[str, Any]]) -> None:
+        lineages = self.ctx.lineages
+        for c in checkpoints:
+            lineages.record((c["server"], c["feature_set"]), c["checkpoint"])
+        await self.ctx.store.write(
+            PutState(namespace=CHECKPOINTS[0], key=CHECKPOINTS[1], value=lineages.to_state())
+        )
+
+    async def _rollback(self, to: str, reply: Reply) -> None:
+        try:
+            reply.value(await self._roll_back(to))
+        except Exception as exc:
+            reply.error(exc)
+        finally:
+            self.turn_running = False
+            self._maybe_start()
+
+    async def _roll_back(self, to: str) -> dict[str, Any]:
+        history = await self.ctx.store.read(self.ctx.store.reader.history, self.cfg.name)
+        hidden = {i for m in history if _is_rollback(m) for i in m["metadata"].get("set_aside", ())}
+        live = [m for m in history if not _is_rollback(m) and m["id"] not in hidden]
+        order = [m["id"] for m in live]
+        if to not in order:
+            raise ValueError(f"{self.cfg.name} has no message {to!r} in its context")
+        set_aside = order[order.index(to) + 1 :]
+        if len(set_aside) > MAX_ROLLBACK_SPAN:
+            raise ValueError(
+                f"a rollback sets aside at most {MAX_ROLLBACK_SPAN} messages, this one "
+                f"{len(set_aside)}; roll back to a later message first"
+            )
+        recorded = [
+            Recorded(
+                message_id=m["id"],
+                lineage=(c["server"], c["feature_set"]),
+                checkpoint=c["checkpoint"],
+                parent=c.get("parent"),
+            )
+            for m in live
+            for c in m["metadata"].get("checkpoints", ())
+        ]
+        lineages = self.ctx.lineages
+        current = {r.lineage: c for r in recorded if (c := lineages.current(r.lineage))}
+        targets = rollback_targets(recorded, to, order, current)
+        state: list[dict[str, Any]] = []
+        for (sid, feature_set), checkpoint in targets.items():
+            state.append(await self._roll_back_server(sid, feature_set, checkpoint))
+        if any(s.get("checkpoint") for s in state):
+            await self.ctx.store.write(
+                PutState(namespace=CHECKPOINTS[0], key=CHECKPOINTS[1], value=lineages.to_state())
+            )
+        note = f"context rolled back to {to}; {len(set_aside)} later messages set aside"
+        await self._store(
+            "system",
+            [{"type": "text", "text": note}],
+            system=True,
+            kind="rollback",
+            to=to,
+            set_aside=set_aside,
+            state=state,
+        )
+        self._trace("rolled-back", to=to, set_aside=len(set_aside), state=state)
+        return {"to": to, "set_aside": len(set_aside), "state": state}
+
+    async def _roll_back_server(
+        self, sid: str, feature_set: str, checkpoint: str
+    ) -> dict[str, Any]:
+        """Ask one server to roll a lineage back; the outcome as stored in the marker."""
+        entry: dict[str, Any] = {"server": sid, "feature_set": feature_set, "requested": checkpoint}
+        status = self.ctx.statuses.get(sid)
+        declared = status.feature_sets.get(feature_set) if status is not None else None
+        ref = self.ctx.connections.get(sid)
+        if ref is None or status is None or not status.ready:
+            entry["error"] = f"server {sid} is not connected"
+            return entry
+        if not isinstance(declared, Mapping) or declared.get("rollback") is not True:
+            entry["error"] = f"{sid} does not declare rollback for feature set {feature_set}"
+            return entry
+        server = self.ctx.config.server(sid)
+        timeout = server.request_timeout_s if server is not None else 60.0
+        try:
+            result = await ref.ask(
+                Call(method="state/rollback", params=rollback_params(feature_set, checkpoint)),
+                timeout=timeout + 5,
+            )
+            outcome = read_rollback_result(result, checkpoint)
+        except Exception as exc:
+            entry["error"] = str(exc) or type(exc).__name__
+            return entry
+        entry.update(
+            checkpoint=outcome.checkpoint,
+            success=outcome.success,
+            rolled_forward=outcome.rolled_forward,
+        )
+        if outcome.reason is not None:
+            entry["reason"] = outcome.reason
+        if outcome.success:
+            self.ctx.lineages.record((sid, feature_set), outcome.checkpoint)
+        return entry
+
+
+def _is_rollback(message: Mapping[str, Any]) -> bool:
+    meta = message.get("metadata")
+    return (
+        message.get("role") == "system"
+        and isinstance(meta, Mapping)
+        and meta.get("kind") == "rollback"
+    )
+
+
+def _place(
+    context: list[Mapping[str, Any]],
+    before: Sequence[Mapping[str, Any]],
+    after: Sequence[Mapping[str, Any]],
+) -> list[Mapping[str, Any]]:
+    """The context with injected messages around its newest user message (at the end when it
+    has none): ``before`` just before it, ``after`` just after it."""
+    if not before and not after:
+        return context
+    users = [i for i, m in enumerate(context) if m.get("role") == "user"]
+    if not users:
+        return [*context, *before, *after]
+    at = users[-1]
+    return [*context[:at], *before, context[at], *after, *context[at + 1 :]]

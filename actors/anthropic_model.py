@@ -50,6 +50,7 @@ from anthropic.types import (
 
 from actors.kernel import backoff_delay
 from actors.models import Block, DeltaSink, ModelError, ModelReply, ModelRequest
+from protocol.hooks import ModelInfo
 
 __all__ = [
     "NOTICE_PREFIX",
@@ -60,6 +61,8 @@ __all__ = [
 ]
 
 #: Prefix of the user text that carries a stored ``system`` message (a host notice).
+#: The context window the Messages API models offer, in tokens.
+CONTEXT_WINDOW = 200_000
 NOTICE_PREFIX = "[host notice] "
 #: The user text put first when the stored context does not start with a user message.
 START_PLACEHOLDER = "[earlier conversation omitted]"
@@ -104,6 +107,12 @@ class AnthropicModel:
             raise ValueError("max_retries must be >= 0")
         self.model = model
         self.name = f"anthropic:{model}"
+        self.info = ModelInfo(
+            id=model,
+            vendor="anthropic",
+            context_window=CONTEXT_WINDOW,
+            capabilities=("tools", "vision"),
+        )
         self._api_key = api_key
         self._base_url = base_url
         self._max_retries = max_retries

@@ -323,6 +323,63 @@ def _history_line(m: Mapping[str, Any]) -> str:
     return f"{m['agent']} {m['role']}{where} " + " ".join(" ".join(parts).split())
 
 
+def cmd_rollback(args: argparse.Namespace) -> int:
+    config: Any = args.config
+    if config is None:
+        config = _bundled_config(Path(args.data_dir) if args.data_dir else Path("mcplive-data"))
+    try:
+        cfg = load_config(config)
+        return trio.run(_rollback, cfg, args.agent, args.to)
+    except ConfigErrors as exc:
+        for p in exc.problems:
+            print(f"mcplive: {p}", file=sys.stderr)
+        return 2
+    except ConfigError as exc:
+        print(f"mcplive: {exc}", file=sys.stderr)
+        return 2
+
+
+async def _rollback(cfg: Any, agent: str, to: str) -> int:
+    """Start the host, wait for the servers whose state the agent checkpointed, roll back."""
+    from .host import Host
+
+    if agent not in {a.name for a in cfg.agents}:
+        print(f"mcplive: no agent named {agent!r} in the config", file=sys.stderr)
+        return 2
+    async with Host.open(cfg) as host:
+        needed = {
+            c.get("server")
+            for m in host.history(agent)
+            for c in (m.get("metadata") or {}).get("checkpoints", ())
+        }
+        pending = {s.id for s in cfg.servers if s.id in needed}
+        deadline = max((s.request_timeout_s for s in cfg.servers), default=10) + 10
+        if pending:
+            with trio.move_on_after(deadline):
+                async for event in host.trace(kinds={"ready", "disconnected"}):
+                    pending.discard(event.server_id)
+                    if not pending:
+                        break
+        try:
+            report = await host.rollback(agent, to)
+        except Exception as exc:
+            print(f"mcplive: rollback refused: {exc}", file=sys.stderr)
+            return 1
+    print(f"· {agent}: rolled back to {to}; {report['set_aside']} later messages set aside")
+    status = 0
+    for entry in report["state"]:
+        where = f"{entry['server']} / {entry['feature_set']}"
+        if "error" in entry or not entry.get("success"):
+            status = 1
+            why = entry.get("error") or entry.get("reason") or "the server reported no success"
+            print(f"  {where}: not rolled back to {entry['requested']}: {why}")
+        elif entry.get("rolled_forward"):
+            print(f"  {where}: rolled forward to {entry['checkpoint']} from {entry['requested']}")
+        else:
+            print(f"  {where}: back at {entry['checkpoint']}")
+    return status
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="mcplive", description="An MCPL host for LLM agents.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -351,6 +408,15 @@ def build_parser() -> argparse.ArgumentParser:
     hist.add_argument("--regex", action="store_true")
     hist.add_argument("--json", action="store_true")
     hist.set_defaults(fn=cmd_history)
+    back = sub.add_parser(
+        "rollback",
+        help="set aside an agent's messages after one message and roll servers' state back",
+    )
+    back.add_argument("agent")
+    back.add_argument("--to", required=True, metavar="MESSAGE_ID")
+    back.add_argument("--config", help="the host's config (default: the bundled example)")
+    back.add_argument("--data-dir", help="(bundled example only) where the data is")
+    back.set_defaults(fn=cmd_rollback)
     return p
 
 

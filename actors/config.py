@@ -43,7 +43,21 @@ class ServerConfig:
     eager_limit_bytes: int = 262_144
     fetch_ceiling_bytes: int = 268_435_456
     fetch_budget_bytes: int = 1_073_741_824
+    hook_timeout_s: float = 5.0
+    inference_requests_per_hour: int = 60
+    # feature-set name pattern -> model spec, for this server's inference/request
+    inference_models: Mapping[str, str] = attrs.field(factory=dict)
     cwd: Path | None = None
+
+    def inference_model_for(self, feature_set: str) -> str | None:
+        """The model spec routed for ``feature_set``: an exact name first, then the first
+        matching pattern in configured order; None when nothing matches."""
+        if feature_set in self.inference_models:
+            return self.inference_models[feature_set]
+        for pattern, spec in self.inference_models.items():
+            if grants.name_matches(pattern, feature_set):
+                return spec
+        return None
 
     def grant_for(self, advertised: Collection[str]) -> frozenset[str]:
         """What this server is granted of what it advertises, under the capability masks."""
@@ -80,6 +94,10 @@ class HostConfig:
     servers: tuple[ServerConfig, ...]
     agents: tuple[AgentConfig, ...]
     base_dir: Path
+    inference_model: str | None = None  # the model for inference requests no route names
+
+    def server(self, server_id: str) -> ServerConfig | None:
+        return next((s for s in self.servers if s.id == server_id), None)
 
 
 class ConfigErrors(ConfigError):
@@ -111,8 +129,11 @@ def load_config(source: str | os.PathLike[str] | Mapping[str, Any]) -> HostConfi
         problems.append("host: must be a table ([host])")
         host = {}
     for key in host:
-        if key != "data_dir":
-            problems.append(f"host.{key}: unknown key; [host] takes data_dir")
+        if key not in ("data_dir", "inference_model"):
+            problems.append(f"host.{key}: unknown key; [host] takes data_dir and inference_model")
+    inference_model = _model_spec(
+        "host.inference_model", host.get("inference_model"), base, problems
+    )
     data_dir = host.get("data_dir", "./mcplive-data")
     if not isinstance(data_dir, str) or not data_dir:
         problems.append("host.data_dir: must be a path string")
@@ -155,7 +176,27 @@ def load_config(source: str | os.PathLike[str] | Mapping[str, Any]) -> HostConfi
         servers=tuple(s for s in servers if s is not None),
         agents=tuple(a for a in agents if a is not None),
         base_dir=base,
+        inference_model=inference_model,
     )
+
+
+_MODEL_SPEC = re.compile(r"(scripted|anthropic):.+")
+
+
+def _model_spec(where: str, value: Any, base: Path, problems: list[str]) -> str | None:
+    """A checked model spec (a scripted model's path made absolute), or None."""
+    if value is None:
+        return None
+    if not isinstance(value, str) or not _MODEL_SPEC.fullmatch(value):
+        problems.append(f"{where}: must be 'scripted:PATH' or 'anthropic:MODEL'")
+        return None
+    if value.startswith("scripted:"):
+        path = (base / value.removeprefix("scripted:")).resolve()
+        if not path.is_file():
+            problems.append(f"{where}: scripted model file {path} does not exist")
+            return None
+        return f"scripted:{path}"
+    return value
 
 
 def _where(kind: str, key: Any, i: int) -> str:
@@ -252,7 +293,7 @@ def _server(i: int, s: Mapping[str, Any], base: Path, problems: list[str]) -> Se
     }
     numbers = {
         key: _number(
-            f"{where}.{key}", s.get(key), default, problems, integer=key != "request_timeout_s"
+            f"{where}.{key}", s.get(key), default, problems, integer=isinstance(default, int)
         )
         for key, default in (
             ("request_timeout_s", 60.0),
@@ -260,8 +301,19 @@ def _server(i: int, s: Mapping[str, Any], base: Path, problems: list[str]) -> Se
             ("eager_limit_bytes", 262_144),
             ("fetch_ceiling_bytes", 268_435_456),
             ("fetch_budget_bytes", 1_073_741_824),
+            ("hook_timeout_s", 5.0),
+            ("inference_requests_per_hour", 60),
         )
     }
+    routes = s.get("inference_models", {})
+    inference_models: dict[str, str] = {}
+    if not isinstance(routes, Mapping):
+        problems.append(f"{where}.inference_models: must be a table of feature set = model")
+    else:
+        for pattern, spec in routes.items():
+            checked = _model_spec(f"{where}.inference_models.{pattern}", spec, base, problems)
+            if checked is not None:
+                inference_models[pattern] = checked
     if not valid:
         return None
     assert isinstance(sid, str)
@@ -281,6 +333,9 @@ def _server(i: int, s: Mapping[str, Any], base: Path, problems: list[str]) -> Se
         eager_limit_bytes=numbers["eager_limit_bytes"],
         fetch_ceiling_bytes=numbers["fetch_ceiling_bytes"],
         fetch_budget_bytes=numbers["fetch_budget_bytes"],
+        hook_timeout_s=float(numbers["hook_timeout_s"]),
+        inference_requests_per_hour=numbers["inference_requests_per_hour"],
+        inference_models=inference_models,
         cwd=base,
     )
 
@@ -298,14 +353,12 @@ def _agent(i: int, a: Mapping[str, Any], base: Path, problems: list[str]) -> Age
         if key not in _AGENT_KEYS:
             problems.append(f"{where}.{key}: unknown key; see the README for agent keys")
     model = a.get("model")
-    if not isinstance(model, str) or not re.fullmatch(r"(scripted|anthropic):.+", model):
+    if model is None:
         problems.append(f"{where}.model: required; 'scripted:PATH' or 'anthropic:MODEL'")
         valid = False
-    elif model.startswith("scripted:"):
-        path = (base / model.removeprefix("scripted:")).resolve()
-        if not path.is_file():
-            problems.append(f"{where}.model: scripted model file {path} does not exist")
-        model = f"scripted:{path}"
+    else:
+        model = _model_spec(f"{where}.model", model, base, problems)
+        valid = valid and model is not None
     prompt = a.get("system_prompt")
     if prompt is not None and not isinstance(prompt, str):
         problems.append(f"{where}.system_prompt: must be a string")

@@ -43,11 +43,13 @@ from protocol.errors import (
     CAPABILITY_DENIED,
     INTERNAL_ERROR,
     INVALID_PARAMS,
+    INVALID_REQUEST,
     METHOD_NOT_FOUND,
     UNKNOWN_CHANNEL,
     RpcError,
 )
 from protocol.framing import Oversize, Undecodable
+from protocol.inference import parse_inference_request
 from protocol.lanes import (
     ChannelDescriptor,
     ChannelsChanged,
@@ -72,6 +74,7 @@ from .messages import (
     ConnStatus,
     Describe,
     IngestBatch,
+    Notify,
     Prepared,
     Register,
     Status,
@@ -163,6 +166,7 @@ class Link:
     closed: trio.Event = attrs.field(factory=trio.Event)
     probing: bool = False
     nursery: trio.Nursery | None = None
+    hooks_in_flight: int = 0  # our context/beforeInference calls awaiting this server
 
 
 class ConnectionActor(Actor):
@@ -200,8 +204,22 @@ class ConnectionActor(Actor):
                 reply.error(NotConnected(f"server {self.sid} is not connected"))
                 return
             self.spawn(self._do_call, link, msg, reply)
+        elif isinstance(msg, Notify):
+            self._notify_nowait(msg)
+            reply.value(None)
         else:
             raise TypeError(f"unexpected message {msg!r}")
+
+    def _notify_nowait(self, msg: Notify) -> None:
+        """A best-effort notification: sent on a ready link if the outbox has room, dropped
+        with a diagnostic otherwise (it never waits, so ``Notify`` order is kept)."""
+        link = self.link
+        if link is None or not link.ready or link.mcp_only:
+            return
+        try:
+            link.outbox_send.send_nowait([link.session.send_notification(msg.method, msg.params)])
+        except (trio.WouldBlock, trio.BrokenResourceError, trio.ClosedResourceError):
+            self.diagnostic(f"{msg.method} not sent: the link to the server is full or closing")
 
     def _publish_status(self) -> None:
         """Replace this server's published snapshot (read by agents' turns without an ask)."""
@@ -217,11 +235,17 @@ class ConnectionActor(Actor):
             grant=link.grant if link else frozenset(),
             tools=link.tools if link else (),
             channels=tuple(sorted(link.channels)) if link else (),
+            feature_sets={
+                name: fs.raw for name, fs in link.feature_sets.items() if name in link.enabled_sets
+            }
+            if link
+            else {},
         )
 
     async def _do_call(self, link: Link, msg: Call, reply: Reply) -> None:
+        link.hooks_in_flight += msg.hook
         try:
-            result = await self.request(link, msg.method, dict(msg.params))
+            result = await self.request(link, msg.method, dict(msg.params), timeout=msg.timeout)
         except RpcError as exc:
             if msg.notify_fallback and exc.code == METHOD_NOT_FOUND:
                 await self.notify(link, msg.method, dict(msg.params))
@@ -232,6 +256,8 @@ class ConnectionActor(Actor):
             reply.error(exc)
         else:
             reply.value(result)
+        finally:
+            link.hooks_in_flight -= msg.hook
 
     # -- requests of ours -------------------------------------------------------------------
     async def request(
@@ -803,14 +829,54 @@ class ConnectionActor(Actor):
         method = req.method
         if method == "ping":
             return {}
-        self._admit(link, method)
+        params = req.params if isinstance(req.params, Mapping) else {}
+        self._admit(link, method, params.get("featureSet"))
         if method == "channels/register":
             return await self._register(link, req.params)
         if method == "channels/changed":
             return await self._channels_changed(link, req.params)
         if method == "channels/list":
             return await self._list_channels(link)
+        if method == "model/info":
+            info = self.ctx.inference.model_info(self.sid)
+            if info is None:
+                raise RpcError(code=INTERNAL_ERROR, message="no model serves this server")
+            return info.to_wire()
+        if method == "inference/request":
+            return await self._inference(link, req)
         raise rpc.method_not_found(method)
+
+    async def _inference(self, link: Link, req: rpc.Request) -> Any:
+        """A server-initiated inference (admitted by ``_answer``): never while one of our hooks
+        awaits this server, within its budget, streamed when asked and granted."""
+        if link.hooks_in_flight:
+            raise RpcError(
+                code=INVALID_REQUEST,
+                message="inference/request refused: a context/beforeInference call to this "
+                "server is in flight, and a hook must not start inference",
+            )
+        request = parse_inference_request(req.params)
+        streamed = request.stream and "inferenceRequest.streaming" in link.grant
+
+        async def chunk(method: str, params: Mapping[str, object]) -> None:
+            await self.notify(link, method, params)
+
+        result, model = await self.ctx.inference.answer(
+            self.sid,
+            req.id,
+            request,
+            now=trio.current_time(),
+            chunks=chunk if streamed else None,
+        )
+        self._trace(
+            "inference-request",
+            feature_set=request.feature_set,
+            model=model,
+            streamed=streamed,
+            finish_reason=result["finishReason"],
+            usage=result["usage"],
+        )
+        return result
 
     # push/event and channels/incoming: the hot lanes ------------------------------------
     async def _prepare(

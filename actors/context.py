@@ -12,6 +12,8 @@ from typing import Any
 
 import trio
 
+from protocol.state import Lineages
+
 from .config import HostConfig
 from .kernel import ActorRef, Work
 from .storage import StoreClient
@@ -41,6 +43,13 @@ class HostContext:
         self.channel_factory: Callable[[str, str | None], Any] | None = None
         self._create_lock = trio.Lock()
         self.closing = False
+        # Set by the Host: the InferenceRouter every connection shares.
+        self.inference: Any = None
+        # Servers whose deprecated context injections were already reported (RFC-010): at most
+        # one entry per configured server.
+        self.injections_noticed: set[str] = set()
+        # The current checkpoint of every state lineage (server, feature set), host-wide.
+        self.lineages = Lineages()
 
     def agents_hearing(self, server_id: str) -> list[str]:
         return [a.name for a in self.config.agents if a.hears(server_id)]

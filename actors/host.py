@@ -10,12 +10,15 @@ from typing import Any
 
 import trio
 
-from .agent import AgentActor, ExecuteTool, PostLocal
+from protocol.state import Lineages
+
+from .agent import CHECKPOINTS, AbortTurn, AgentActor, ExecuteTool, PostLocal, Rollback
 from .channel import ChannelActor
 from .config import AgentConfig, HostConfig, load_config
 from .connection import ConnectionActor
 from .context import HostContext
 from .errors import ConfigError
+from .inference import InferenceRouter
 from .kernel import Work
 from .models import Model
 from .scripted import ScriptedModel
@@ -26,7 +29,11 @@ SHUTDOWN_GRACE_S = 5.0
 
 
 def make_model(cfg: AgentConfig) -> Model:
-    kind, _, rest = cfg.model.partition(":")
+    return model_from_spec(cfg.model, f"agents[{cfg.name}].model")
+
+
+def model_from_spec(spec: str, where: str = "model") -> Model:
+    kind, _, rest = spec.partition(":")
     if kind == "scripted":
         return ScriptedModel(Path(rest))
     if kind == "anthropic":
@@ -34,7 +41,7 @@ def make_model(cfg: AgentConfig) -> Model:
 
         base_url = os.environ.get("ANTHROPIC_BASE_URL")
         return AnthropicModel(rest, base_url=base_url)
-    raise ConfigError(f"agents[{cfg.name}].model: unknown provider {kind!r}")
+    raise ConfigError(f"{where}: unknown provider {kind!r}")
 
 
 class Host:
@@ -57,6 +64,9 @@ class Host:
         store = StoreClient(cfg.data_dir, work)
         store.start()
         ctx = HostContext(cfg, store, trace, work)
+        ctx.inference = InferenceRouter(cfg, models, model_from_spec)
+        saved = store.reader.state(CHECKPOINTS[0]).get(CHECKPOINTS[1])
+        ctx.lineages = Lineages.from_state(saved)
         host = cls(ctx)
         body_error: Exception | None = None
         try:
@@ -109,6 +119,17 @@ class Host:
 
     async def post_local(self, agent: str, text: str) -> None:
         await self._agent(agent).ask(PostLocal(text=text), timeout=60)
+
+    async def abort_turn(self, agent: str) -> bool:
+        """Cancel the agent's running turn (its servers hear ``aborted``); False if none ran."""
+        return bool(await self._agent(agent).ask(AbortTurn(), timeout=60))
+
+    async def rollback(self, agent: str, to: str) -> dict[str, Any]:
+        """Set aside the agent's messages after message ``to`` (they stay stored) and ask each
+        server whose state the agent's tool calls checkpointed to roll back to the checkpoint
+        in force at ``to``. The report lists each server's answer."""
+        report: dict[str, Any] = await self._agent(agent).ask(Rollback(to=to), timeout=300)
+        return report
 
     def trace(self, kinds: Iterable[str] | None = None) -> TraceStream:
         """Trace events from now on (after a replay of recent ones); with ``kinds``, only

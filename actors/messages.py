@@ -23,6 +23,16 @@ class Call:
     method: str
     params: Mapping[str, Any]
     notify_fallback: bool = False
+    timeout: float | None = None  # None: the server's request_timeout_s
+    hook: bool = False  # a context hook: the server may not start inference meanwhile
+
+
+@attrs.frozen(kw_only=True)
+class Notify:
+    """Send a notification if the server is ready; best effort, never waits (SPEC §10.5)."""
+
+    method: str
+    params: Mapping[str, Any]
 
 
 @attrs.frozen(kw_only=True)
@@ -39,6 +49,7 @@ class ConnStatus:
     grant: frozenset[str]
     tools: tuple[Mapping[str, Any], ...]
     channels: tuple[str, ...]
+    feature_sets: Mapping[str, Mapping[str, Any]] = attrs.field(factory=dict)  # enabled ones
 
 
 # --- to a ChannelActor ---------------------------------------------------------------------

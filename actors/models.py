@@ -12,6 +12,8 @@ from typing import Any, Protocol
 
 import attrs
 
+from protocol.hooks import ModelInfo
+
 Block = Mapping[str, Any]
 
 #: Called with each text delta while a reply streams (may be ``None``).
@@ -39,6 +41,7 @@ class ModelRequest:
     messages: Sequence[Mapping[str, Any]]
     tools: Sequence[ToolSpec] = ()
     max_tokens: int = 1024
+    temperature: float | None = None
 
 
 @attrs.frozen(kw_only=True)
@@ -65,6 +68,8 @@ class ModelError(Exception):
 
 class Model(Protocol):
     name: str
+    #: What ``model/info`` and the hook and lifecycle params say about this model.
+    info: ModelInfo
 
     async def complete(
         self, request: ModelRequest, on_delta: DeltaSink | None = None

@@ -16,6 +16,8 @@ from typing import Any
 
 import attrs
 
+from protocol.hooks import ModelInfo
+
 from .errors import ConfigError
 from .models import DeltaSink, ModelReply, ModelRequest
 
@@ -108,11 +110,31 @@ def body_of(message: Mapping[str, Any]) -> str:
     return "\n".join(str(b.get("text", "")) for b in blocks if b.get("type") == "text")
 
 
+#: What a scripted model says of its context window (it reads only the newest message).
+SCRIPTED_CONTEXT_WINDOW = 200_000
+_PIECES = re.compile(r"\s*\S+\s*|\s+")
+
+
+def _tokens(text: str) -> int:
+    return len(text) // 4 + 1
+
+
 class ScriptedModel:
     def __init__(self, path: Path) -> None:
         self.path = path
         self.name = f"scripted:{path.name}"
+        self.info = ModelInfo(
+            id=self.name,
+            vendor="mcplive",
+            context_window=SCRIPTED_CONTEXT_WINDOW,
+            capabilities=("tools",),
+        )
         self.rules = load_rules(path)
+
+    def _usage(self, request: ModelRequest, output: str) -> dict[str, int]:
+        """Rough token counts, so lifecycle and inference answers carry usage."""
+        seen = request.system + "".join(body_of(m) for m in request.messages)
+        return {"input_tokens": _tokens(seen), "output_tokens": _tokens(output) if output else 0}
 
     def _match(self, messages: Sequence[Mapping[str, Any]]) -> tuple[Rule, re.Match[str]] | None:
         newest = next((m for m in reversed(messages) if m.get("role") == "user"), None)
@@ -149,5 +171,10 @@ class ScriptedModel:
             return ModelReply(blocks=uses, stop_reason="tool_use", model=self.name)
         text = fill(rule.say, found)
         if text and on_delta is not None:
-            await on_delta(text)
-        return ModelReply(blocks=({"type": "text", "text": text},) if text else (), model=self.name)
+            for piece in _PIECES.findall(text):  # word by word, as a provider streams
+                await on_delta(piece)
+        return ModelReply(
+            blocks=({"type": "text", "text": text},) if text else (),
+            model=self.name,
+            usage=self._usage(request, text),
+        )

@@ -13,6 +13,7 @@ import attrs
 
 from protocol.content import ContentError, convert_blocks
 from protocol.errors import RpcError
+from protocol.state import StateError, read_tool_state
 
 from .context import HostContext
 from .errors import AskTimeout, NotConnected
@@ -154,7 +155,44 @@ class ToolRuntime:
             blocks = convert_blocks(result.get("content", []), sid, "tool_result")
         except ContentError as exc:
             return error(f"{sid}{SEP}{name}: {exc}")
-        return {"is_error": bool(result.get("isError")), "content": blocks}
+        out: dict[str, Any] = {"is_error": bool(result.get("isError")), "content": blocks}
+        checkpoint = self._checkpoint(sid, name, result, status)
+        if checkpoint is not None:
+            out["state"] = checkpoint
+        return out
+
+    def _checkpoint(
+        self, sid: str, tool: str, result: Mapping[str, Any], status: ConnStatus
+    ) -> dict[str, Any] | None:
+        """The checkpoint a tool result reports (SPEC §8), with its lineage: the server's
+        enabled feature set that declares ``rollback`` and uses ``tools`` (else the first that
+        uses ``tools``). None when there is none or no lineage takes it."""
+        try:
+            state = read_tool_state(result)
+        except StateError as exc:
+            self.ctx.trace.emit(
+                "diagnostic", server_id=sid, data={"text": f"{tool}: state ignored: {exc}"}
+            )
+            return None
+        if state is None:
+            return None
+        with_tools = [
+            name
+            for name, raw in status.feature_sets.items()
+            if isinstance(raw.get("uses"), list) and "tools" in raw["uses"]
+        ]
+        declaring = [n for n in with_tools if status.feature_sets[n].get("rollback") is True]
+        chosen = (declaring or with_tools or [""])[0]
+        if not chosen:
+            text = f"{tool}: checkpoint {state.checkpoint} has no feature set to track it"
+            self.ctx.trace.emit("diagnostic", server_id=sid, data={"text": text})
+            return None
+        return {
+            "server": sid,
+            "feature_set": chosen,
+            "checkpoint": state.checkpoint,
+            "parent": state.parent,
+        }
 
     # -- channels ---------------------------------------------------------------------------
     async def _channels(self) -> list[ChannelInfo]:

@@ -12,11 +12,21 @@ sharing them.
 * ``--control-connect HOST:PORT``: every session dials a test-side control socket and exchanges
   JSON lines with it: events about what the lobby saw, commands telling it what to send
   (see ``examples/lobby_control.py`` for the test side).
+
+Opt-in features, each adding one feature set to the manifest:
+
+* ``--context``: ``lobby.context`` answers ``context/beforeInference`` with a short status line
+  and watches ``inference/lifecycle``.
+* ``--assist``: ``lobby.assist`` asks the host for inferences (``inference/request``, streamed or
+  not) and for ``model/info``, when the control socket tells it to.
+* ``--notes``: ``lobby.notes`` adds a ``note`` tool whose results carry checkpoints, and answers
+  ``state/rollback``.
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import datetime as dt
 import hmac
 import itertools
@@ -40,7 +50,10 @@ PROTOCOL_VERSION = "2024-11-05"
 INVALID_REQUEST = -32600
 METHOD_NOT_FOUND = -32601
 INVALID_PARAMS = -32602
+INTERNAL_ERROR = -32603
 NOT_READY = -32002
+UNKNOWN_FEATURE_SET = -32003
+CHECKPOINT_NOT_FOUND = -32005
 UNKNOWN_CHANNEL = -32023
 CHANNEL_OPEN_FAILED = -32024
 
@@ -51,6 +64,10 @@ RETRY_DELAY = 0.5
 
 MAX_LINE_BYTES = 16 * 1024 * 1024
 MODES = ("request", "notification-only", "never")
+HOOK_MODES = ("answer", "never", "error", "infer-first")
+ROLLBACK_MODES = ("exact", "forward")
+LIFECYCLE_PHASES = ("started", "completed", "aborted", "failed")
+FINISH_REASONS = ("end_turn", "max_tokens", "stop_sequence")
 
 FEATURE_SETS: dict[str, dict[str, Any]] = {
     "lobby.chat": {
@@ -68,6 +85,55 @@ FEATURE_SETS: dict[str, dict[str, Any]] = {
     },
 }
 
+# Feature sets that only exist when their command-line flag is given (LobbyOptions field name).
+OPTIONAL_FEATURE_SETS: dict[str, tuple[str, dict[str, Any]]] = {
+    "lobby.context": (
+        "context",
+        {
+            "description": "Lobby status (who is online, the current topic) before each inference.",
+            "uses": [
+                "contextHooks.beforeInference.observe",
+                "contextHooks.beforeInference.inject.beforeUser",
+                "contextHooks.beforeInference.inject.afterUser",
+                "inferenceLifecycle",
+            ],
+        },
+    ),
+    "lobby.assist": (
+        "assist",
+        {
+            "description": "The lobby asks the host's model for help, e.g. to summarize the chat.",
+            "uses": ["inferenceRequest", "inferenceRequest.streaming", "modelInfo"],
+        },
+    ),
+    "lobby.notes": (
+        "notes",
+        {
+            "description": "A shared lobby notebook; every note is a checkpoint to roll back to.",
+            "uses": ["tools"],
+            "rollback": True,
+        },
+    ),
+}
+
+HOOK_FEATURE_SET = "lobby.context"
+ASSIST_FEATURE_SET = "lobby.assist"
+NOTES_FEATURE_SET = "lobby.notes"
+DEFAULT_INJECTIONS: list[dict[str, Any]] = [
+    {
+        "namespace": "lobby",
+        "position": "beforeUser",
+        "content": "Lobby status: Alice and Bob are online. Topic: board games.",
+    }
+]
+INFER_FIRST_MESSAGES: list[dict[str, Any]] = [{"role": "user", "content": "summarize"}]
+HOOK_PATHS = (
+    "contextHooks.beforeInference.observe",
+    "contextHooks.beforeInference.inject.system",
+    "contextHooks.beforeInference.inject.beforeUser",
+    "contextHooks.beforeInference.inject.afterUser",
+)
+
 # Methods that only an MCPL server knows; an --mcp-only lobby answers them with -32601.
 MCPL_METHODS = frozenset(
     {
@@ -77,6 +143,10 @@ MCPL_METHODS = frozenset(
         "channels/open",
         "channels/close",
         "channels/list",
+        "context/beforeInference",
+        "state/rollback",
+        "inference/lifecycle",
+        "inference/chunk",
     }
 )
 
@@ -114,6 +184,9 @@ class LobbyOptions:
     interval: float = 3.0
     control_connect: str | None = None
     request_timeout: float = 30.0
+    context: bool = False  # lobby.context: context hooks and inference lifecycle
+    assist: bool = False  # lobby.assist: inference/request and model/info
+    notes: bool = False  # lobby.notes: the note tool, checkpoints and state/rollback
 
     @property
     def effective_script(self) -> str:
@@ -202,6 +275,24 @@ def build_parser() -> argparse.ArgumentParser:
         default=30.0,
         help="seconds to wait for the host's answer to one of our requests",
     )
+    p.add_argument(
+        "--context",
+        action="store_true",
+        help="feature set lobby.context: answer context/beforeInference with a lobby status "
+        "line (beforeUser) and take inference/lifecycle notifications",
+    )
+    p.add_argument(
+        "--assist",
+        action="store_true",
+        help="feature set lobby.assist: inference/request (streaming too) and model/info, "
+        "sent on control commands",
+    )
+    p.add_argument(
+        "--notes",
+        action="store_true",
+        help="feature set lobby.notes (rollback): a 'note' tool whose results carry "
+        "checkpoints, and state/rollback",
+    )
     return p
 
 
@@ -220,6 +311,9 @@ def parse_args(argv: list[str] | None = None) -> LobbyOptions:
         interval=ns.interval,
         control_connect=ns.control_connect,
         request_timeout=ns.request_timeout,
+        context=ns.context,
+        assist=ns.assist,
+        notes=ns.notes,
     )
 
 
@@ -279,20 +373,44 @@ def channel_label(channel_id: Any) -> str:
     return text.removeprefix("lobby:")
 
 
+def feature_sets(options: LobbyOptions) -> dict[str, dict[str, Any]]:
+    """The declared feature sets: the two default ones plus those the flags switch on."""
+    sets = dict(FEATURE_SETS)
+    for name, (flag, decl) in OPTIONAL_FEATURE_SETS.items():
+        if getattr(options, flag):
+            sets[name] = decl
+    return sets
+
+
 def manifest(options: LobbyOptions) -> dict[str, Any]:
-    feature_sets: Any
+    declared = feature_sets(options)
+    feature_sets_value: Any
     if options.feature_sets_form == "array":
-        feature_sets = [{"name": name, **decl} for name, decl in FEATURE_SETS.items()]
+        feature_sets_value = [
+            {"name": name, **copy.deepcopy(decl)} for name, decl in declared.items()
+        ]
         version = "0.4"
     else:
-        feature_sets = {name: dict(decl) for name, decl in FEATURE_SETS.items()}
+        feature_sets_value = {name: copy.deepcopy(decl) for name, decl in declared.items()}
         version = "0.5"
-    return {
+    result: dict[str, Any] = {
         "version": version,
         "pushEvents": True,
         "channels": {"register": True, "publish": True, "incoming": True, "lifecycle": True},
-        "featureSets": feature_sets,
     }
+    if options.context:
+        result["contextHooks"] = {
+            "beforeInference": {
+                "observe": True,
+                "inject": {"system": True, "beforeUser": True, "afterUser": True},
+            }
+        }
+        result["inferenceLifecycle"] = True
+    if options.assist:
+        result["inferenceRequest"] = {"streaming": True}
+        result["modelInfo"] = True
+    result["featureSets"] = feature_sets_value
+    return result
 
 
 def path_matches(pattern: str, path: str) -> bool:
@@ -548,11 +666,24 @@ class Session:
         self._msg_counter = itertools.count(1)
         self._event_counter = itertools.count(1)
         self._out_send, self._out_recv = trio.open_memory_channel[str](math.inf)
-        self._followups: list[Callable[[], None]] = []  # run right after the current reply
+        self._followups: list[Callable[[], object]] = []  # run right after the current reply
         self._tasks: trio.Nursery | None = None
         self._work_scope: trio.CancelScope | None = None
+        self._current_rid: Any = None  # the id of the request being handled
+        # --context: how hooks are answered (the "hook" command) and the lifecycle seen so far
+        self.hook_mode = "answer"
+        self.hook_injections: list[Any] | None = None  # None: DEFAULT_INJECTIONS
+        self.hook_feature_set = HOOK_FEATURE_SET
+        self._inferences: dict[str, str] = {}  # inferenceId -> "started" | "ended"
+        # --assist: our streaming inference/request ids -> chunks received so far
+        self._streams: dict[int | str, list[Any]] = {}
+        # --notes: the notebook, a checkpoint tree
+        self.checkpoints: dict[str, dict[str, Any]] = {}  # name -> {"parent", "notes"}
+        self.current_checkpoint: str | None = None
+        self.rollback_mode = "exact"  # set by the "rollback_mode" command
+        self._checkpoint_counter = itertools.count(1)
 
-    # ---- logging -----------------------------------------------------------------------------
+    # ---- logging ---------------------------------------------------------------------------------
 
     def log(self, text: str) -> None:
         log(f"{self.label}: {text}" if self.label else text)
@@ -562,7 +693,7 @@ class Session:
         self.log(f"ERROR: {text}")
         self.control.emit({"event": "error", "text": text})
 
-    # ---- structure ---------------------------------------------------------------------------
+    # ---- structure -------------------------------------------------------------------------------
 
     async def run(self) -> None:
         async with trio.open_nursery() as outer:
@@ -631,7 +762,7 @@ class Session:
             # Let the writer and the request tasks run between lines of a burst.
             await trio.lowlevel.checkpoint()
 
-    # ---- output ------------------------------------------------------------------------------
+    # ---- output ----------------------------------------------------------------------------------
 
     def send_line(self, text: str) -> None:
         try:
@@ -648,7 +779,7 @@ class Session:
     def reply_error(self, rid: Any, error: RpcError) -> None:
         self.send({"jsonrpc": "2.0", "id": rid, "error": error.to_json()})
 
-    # ---- dispatch ----------------------------------------------------------------------------
+    # ---- dispatch --------------------------------------------------------------------------------
 
     def on_message(self, msg: Any) -> None:
         self.control.emit({"event": "received", "message": msg})
@@ -718,6 +849,7 @@ class Session:
                 params = {}
             if not isinstance(params, dict):
                 raise RpcError(INVALID_PARAMS, "params must be an object")
+            self._current_rid = rid
             result = handler(self, params)
         except RpcError as err:
             self._followups.clear()
@@ -748,6 +880,10 @@ class Session:
             self._on_fsu_notification(params)
         elif method == "channels/publish":
             self._on_publish_notification(params)
+        elif method == "inference/lifecycle":
+            self._on_lifecycle(params)
+        elif method == "inference/chunk":
+            self._on_chunk(params)
         else:
             self.log(f"ignoring notification {method}")
 
@@ -767,7 +903,7 @@ class Session:
         slot.response = msg
         slot.done.set()
 
-    # ---- handshake ---------------------------------------------------------------------------
+    # ---- handshake -------------------------------------------------------------------------------
 
     def _initialize(self, params: dict[str, Any]) -> Any:
         if self.initialized:
@@ -824,7 +960,7 @@ class Session:
         enabled = params.get("enabled")
         disabled = set(params.get("disabled") or ())
         unavailable = []
-        for name, decl in FEATURE_SETS.items():
+        for name, decl in feature_sets(self.options).items():
             if name in disabled or (enabled is not None and name not in enabled):
                 continue  # the host chose that; not a degradation
             missing = [u for u in decl["uses"] if not is_granted(granted, u)]
@@ -881,7 +1017,7 @@ class Session:
     def allows(self, path: str) -> bool:
         return self.granted is None or is_granted(self.granted, path)
 
-    # ---- requests from the host --------------------------------------------------------------
+    # ---- requests from the host ------------------------------------------------------------------
 
     def _ping(self, params: dict[str, Any]) -> Any:
         return {}
@@ -892,6 +1028,8 @@ class Session:
         return manifest(self.options)
 
     def _tools_list(self, params: dict[str, Any]) -> Any:
+        if self.options.notes:
+            return {"tools": [*TOOLS, NOTE_TOOL]}
         return {"tools": TOOLS}
 
     def _tools_call(self, params: dict[str, Any]) -> Any:
@@ -914,10 +1052,215 @@ class Session:
         elif name == "stall":
             self.log("stall called: never answering")
             return NO_REPLY
+        elif name == "note" and self.options.notes:
+            return self._note(params, args)
         else:
             raise RpcError(INVALID_PARAMS, f"Unknown tool: {name!r}")
         self.log(f"tool {name}({short(args)}) -> {text}")
         return {"content": [{"type": "text", "text": text}], "isError": False}
+
+    # ---- lobby.notes: the notebook ---------------------------------------------------------------
+
+    def _current_notes(self) -> list[str]:
+        if self.current_checkpoint is None:
+            return []
+        return list(self.checkpoints[self.current_checkpoint]["notes"])
+
+    def _new_checkpoint(self, parent: str | None, notes: list[str], cause: str) -> str:
+        name = f"cp-{next(self._checkpoint_counter)}"
+        self.checkpoints[name] = {"parent": parent, "notes": list(notes)}
+        self.current_checkpoint = name
+        self._notes_changed(cause)
+        return name
+
+    def _notes_changed(self, cause: str) -> None:
+        current = self.current_checkpoint
+        parent = self.checkpoints[current]["parent"] if current is not None else None
+        notes = self._current_notes()
+        self.log(f"notebook at {current} (parent {parent}, {cause}): {notes}")
+        self.control.emit(
+            {"event": "notes", "current": current, "parent": parent, "notes": notes, "cause": cause}
+        )
+
+    def _note(self, params: dict[str, Any], args: dict[str, Any]) -> Any:
+        text = args.get("text")
+        if not isinstance(text, str) or not text.strip():
+            raise RpcError(INVALID_PARAMS, "note needs a text (non-empty string)")
+        hinted = params.get("checkpoint")
+        if hinted is not None and hinted != self.current_checkpoint:
+            self.log(f"note: the host names checkpoint {hinted!r}; notebook is at the current one")
+        parent = self.current_checkpoint
+        notes = [*self._current_notes(), text]
+        name = self._new_checkpoint(parent, notes, "note")
+        return {
+            "content": [{"type": "text", "text": "notes: " + "; ".join(notes)}],
+            "isError": False,
+            "state": {"checkpoint": name, "parent": parent, "data": {"notes": list(notes)}},
+        }
+
+    def _state_rollback(self, params: dict[str, Any]) -> Any:
+        feature_set = params.get("featureSet")
+        if not isinstance(feature_set, str):
+            raise RpcError(INVALID_PARAMS, "featureSet must be a string")
+        if feature_set != NOTES_FEATURE_SET or not self.options.notes:
+            raise RpcError(UNKNOWN_FEATURE_SET, "Unknown feature set", {"featureSet": feature_set})
+        checkpoint = params.get("checkpoint")
+        if not isinstance(checkpoint, str):
+            raise RpcError(INVALID_PARAMS, "checkpoint must be a string")
+        target = self.checkpoints.get(checkpoint)
+        if target is None:
+            self.log(f"state/rollback to unknown checkpoint {checkpoint!r}")
+            raise RpcError(CHECKPOINT_NOT_FOUND, "Checkpoint not found", {"checkpoint": checkpoint})
+        if self.rollback_mode == "forward":
+            name = self._new_checkpoint(checkpoint, target["notes"], "rollback")
+            self.log(f"state/rollback to {checkpoint}: forward, as {name}")
+            return {"checkpoint": name, "success": True}
+        self.current_checkpoint = checkpoint
+        self.log(f"state/rollback to {checkpoint}: exact")
+        self._notes_changed("rollback")
+        return {"checkpoint": checkpoint, "success": True}
+
+    # ---- lobby.context: hooks and the inference lifecycle ----------------------------------------
+
+    def _hook_result(self) -> dict[str, Any]:
+        injections = (
+            self.hook_injections if self.hook_injections is not None else DEFAULT_INJECTIONS
+        )
+        return {
+            "featureSet": self.hook_feature_set,
+            "contextInjections": copy.deepcopy(injections),
+        }
+
+    def _context_before_inference(self, params: dict[str, Any]) -> Any:
+        if not self.options.context:
+            self.problem("context/beforeInference sent to a lobby without hooks (no --context)")
+            raise RpcError(METHOD_NOT_FOUND, "Method not found: context/beforeInference")
+        rid = self._current_rid
+        inference_id = params.get("inferenceId")
+        if not isinstance(inference_id, str) or not inference_id:
+            raise RpcError(INVALID_PARAMS, "inferenceId must be a non-empty string")
+        user_message = params.get("userMessage")
+        if user_message is not None and not isinstance(user_message, str):
+            raise RpcError(INVALID_PARAMS, "userMessage must be a string or null")
+        turn = params.get("turnIndex")
+        if turn is not None and (type(turn) is not int or turn < 0):
+            raise RpcError(INVALID_PARAMS, "turnIndex must be a non-negative integer")
+        if self.granted is not None:
+            if not any(is_granted(self.granted, path) for path in HOOK_PATHS):
+                self.problem(f"context/beforeInference {inference_id} without any hook grant")
+            observe = "contextHooks.beforeInference.observe"
+            if user_message is not None and not is_granted(self.granted, observe):
+                self.problem(
+                    f"context/beforeInference {inference_id} carries the user's message, "
+                    f"but {observe} is not granted"
+                )
+        mode = self.hook_mode
+        self.log(
+            f"context/beforeInference {inference_id} (turn {turn}, mode {mode}): "
+            + short(user_message)
+        )
+        event: dict[str, Any] = {
+            "event": "hook_reply",
+            "requestId": rid,
+            "inferenceId": inference_id,
+            "mode": mode,
+        }
+        if mode == "never":
+            self.control.emit(event)
+            return NO_REPLY
+        if mode == "error":
+            err = RpcError(INTERNAL_ERROR, "Internal error", {"reason": "hook mode 'error'"})
+            self.control.emit({**event, "error": err.to_json()})
+            raise err
+        result = self._hook_result()
+        if mode == "infer-first":
+
+            def answer(response: dict[str, Any] | None) -> None:
+                outcome = "no answer" if response is None else short(response, 120)
+                self.log(f"context/beforeInference {inference_id}: answering after {outcome}")
+                self.reply(rid, result)
+                self.control.emit({**event, "result": result})
+
+            ask = {
+                "featureSet": ASSIST_FEATURE_SET,
+                "messages": copy.deepcopy(INFER_FIRST_MESSAGES),
+            }
+            if self._infer(ask, answer) is None:
+                self.log(f"context/beforeInference {inference_id}: could not ask; not answering")
+            return NO_REPLY
+        self.control.emit({**event, "result": result})
+        return result
+
+    def _on_lifecycle(self, params: dict[str, Any]) -> None:
+        inference_id = params.get("inferenceId")
+        phase = params.get("phase")
+        self.log(f"inference/lifecycle {inference_id}: {phase}")
+        if not self.options.context:
+            self.problem("inference/lifecycle sent to a lobby that did not advertise it")
+            return
+        if self.granted is not None and not is_granted(self.granted, "inferenceLifecycle"):
+            self.problem(f"inference/lifecycle {inference_id} without the inferenceLifecycle grant")
+        if not isinstance(inference_id, str) or phase not in LIFECYCLE_PHASES:
+            self.problem("malformed inference/lifecycle: " + short(params))
+            return
+        if "content" in params or "messages" in params:
+            self.problem(f"inference/lifecycle {inference_id} carries content")
+        if "usage" in params and phase != "completed":
+            self.problem(f"inference/lifecycle {inference_id} carries usage on {phase}")
+        if "model" in params and self.granted is not None:
+            if not is_granted(self.granted, "modelInfo"):
+                self.problem(f"inference/lifecycle {inference_id} carries model without modelInfo")
+        seen = self._inferences.get(inference_id)
+        if phase == "started":
+            if seen is not None:
+                self.problem(f"inference/lifecycle {inference_id}: started again")
+            self._inferences[inference_id] = "started"
+        elif seen is None:
+            self.problem(f"inference/lifecycle {inference_id}: {phase} without started")
+            self._inferences[inference_id] = "ended"
+        elif seen == "ended":
+            self.problem(f"inference/lifecycle {inference_id}: a second terminal phase ({phase})")
+        else:
+            self._inferences[inference_id] = "ended"
+        while len(self._inferences) > 10_000:
+            del self._inferences[next(iter(self._inferences))]
+
+    # ---- lobby.assist: inferences the lobby asks for ---------------------------------------------
+
+    def _infer(
+        self,
+        params: dict[str, Any],
+        on_answer: Callable[[dict[str, Any] | None], None] | None = None,
+    ) -> dict[str, Any] | None:
+        """Send inference/request; a streaming one collects its inference/chunk notifications."""
+        streaming = params.get("stream") is True
+        rid: Any = None
+
+        def done(response: dict[str, Any] | None) -> None:
+            chunks = self._streams.pop(rid, None) if streaming else None
+            if chunks is not None:
+                self.log(f"inference/request #{rid}: {len(chunks)} chunk(s) before the answer")
+            if on_answer is not None:
+                on_answer(response)
+
+        request = self.request("inference/request", params, on_answer=done)
+        if request is not None:
+            rid = request["id"]
+            if streaming:
+                self._streams[rid] = []
+        return request
+
+    def _on_chunk(self, params: dict[str, Any]) -> None:
+        rid: Any = params.get("requestId")
+        index = params.get("index")
+        chunks = self._streams.get(rid) if valid_id(rid) else None
+        if chunks is None:
+            self.problem("inference/chunk for no streaming inference/request: " + short(params))
+            return
+        if type(index) is not int or index != len(chunks):
+            self.problem(f"inference/chunk #{rid}: index {index!r}, expected {len(chunks)}")
+        chunks.append(params.get("delta"))
+        self.log(f"inference/chunk #{rid} [{index}]: {short(params.get('delta'))}")
 
     def _known_channel(self, params: dict[str, Any]) -> str:
         cid = params.get("channelId")
@@ -1013,9 +1356,11 @@ class Session:
         "channels/open": _channels_open,
         "channels/close": _channels_close,
         "channels/list": _channels_list,
+        "context/beforeInference": _context_before_inference,
+        "state/rollback": _state_rollback,
     }
 
-    # ---- requests to the host ----------------------------------------------------------------
+    # ---- requests to the host --------------------------------------------------------------------
 
     def _allocate_id(self) -> int:
         while self._next_id in self._pending:
@@ -1044,17 +1389,19 @@ class Session:
         *,
         raw: dict[str, Any] | None = None,
         on_answer: Callable[[dict[str, Any] | None], None] | None = None,
-    ) -> None:
+    ) -> dict[str, Any] | None:
         """Send one of our requests right now; its answer (and any retry) is awaited in a task.
 
         Sending synchronously keeps the wire order equal to the order of decisions, e.g. the
         ``channels/register`` request goes out right after the featureSets/update receipt.
+        Returns the request sent (None when the session is over).
         """
         if self._tasks is None:
             self.log(f"not sending {method}: the session is over")
-            return
+            return None
         first = self._send_request(method, params, raw)
         self._tasks.start_soon(self._complete, method, params, raw, first, on_answer)
+        return first[0]
 
     async def _complete(
         self,
@@ -1079,6 +1426,7 @@ class Session:
                 self.control.emit(
                     {
                         "event": "response",
+                        "method": method,
                         "request": request,
                         "response": None,
                         "timedOut": True,
@@ -1104,6 +1452,7 @@ class Session:
             self.control.emit(
                 {
                     "event": "response",
+                    "method": method,
                     "request": request,
                     "response": response,
                     "attempts": attempts,
@@ -1148,6 +1497,35 @@ class Session:
                 f"{r[key]}={'ok' if r['accepted'] else r.get('reason', 'refused')}" for r in results
             )
             self.log(f"{method}: {verdicts}")
+        elif method == "inference/request":
+            usage = result.get("usage") if isinstance(result, dict) else None
+            if not (
+                isinstance(result, dict)
+                and isinstance(result.get("content"), str)
+                and isinstance(result.get("model"), str)
+                and result.get("finishReason") in FINISH_REASONS
+                and isinstance(usage, dict)
+                and all(type(usage.get(k)) is int for k in ("inputTokens", "outputTokens"))
+            ):
+                self.problem("inference/request answer is malformed: " + short(result))
+                return
+            self.log(
+                f"inference/request: {result['model']} ({result['finishReason']}): "
+                + short(result["content"])
+            )
+        elif method == "model/info":
+            caps = result.get("capabilities") if isinstance(result, dict) else None
+            if not (
+                isinstance(result, dict)
+                and isinstance(result.get("id"), str)
+                and isinstance(result.get("vendor"), str)
+                and type(result.get("contextWindow")) is int
+                and isinstance(caps, list)
+                and all(isinstance(c, str) for c in caps)
+            ):
+                self.problem("model/info answer is malformed: " + short(result))
+                return
+            self.log(f"model/info: {result['vendor']} {result['id']}")
 
     def _event_params(
         self,
@@ -1190,7 +1568,7 @@ class Session:
             message["threadId"] = thread_id
         return message
 
-    # ---- scripted people ---------------------------------------------------------------------
+    # ---- scripted people -------------------------------------------------------------------------
 
     async def _script(self) -> None:
         channel_ids = ("lobby:#general", "lobby:#random")
@@ -1217,7 +1595,7 @@ class Session:
                 else:
                     self.log("pushEvents not granted; the clock stays silent")
 
-    # ---- control commands --------------------------------------------------------------------
+    # ---- control commands ------------------------------------------------------------------------
 
     async def _control_reader(self, scope: trio.CancelScope) -> None:
         assert self._control_link is not None
@@ -1310,6 +1688,56 @@ class Session:
             if not isinstance(text, str):
                 raise TypeError("text must be a string")
             self.send_line(text)
+        elif name == "hook":  # how later context/beforeInference requests are answered
+            mode = cmd["mode"]
+            if mode not in HOOK_MODES:
+                raise ValueError(f"mode must be one of {HOOK_MODES}")
+            injections = cmd.get("injections")
+            if injections is not None and not isinstance(injections, list):
+                raise TypeError("injections must be a list")
+            feature_set = cmd.get("featureSet", HOOK_FEATURE_SET)
+            if not isinstance(feature_set, str):
+                raise TypeError("featureSet must be a string")
+            self.hook_mode = mode
+            self.hook_injections = injections
+            self.hook_feature_set = feature_set
+            self.log(f"hooks: mode {mode}, injections {short(injections)}")
+            self.control.emit(
+                {
+                    "event": "hook_mode",
+                    "mode": mode,
+                    "injections": injections,
+                    "featureSet": feature_set,
+                }
+            )
+        elif name == "infer":
+            messages = cmd["messages"]
+            if not isinstance(messages, list):
+                raise TypeError("messages must be a list")
+            stream = cmd.get("stream", False)
+            if not isinstance(stream, bool):
+                raise TypeError("stream must be a boolean")
+            feature_set = cmd.get("featureSet", ASSIST_FEATURE_SET)
+            if not isinstance(feature_set, str):
+                raise TypeError("featureSet must be a string")
+            params = {"featureSet": feature_set, "messages": messages, "stream": stream}
+            if cmd.get("conversationId") is not None:
+                params["conversationId"] = cmd["conversationId"]
+            if cmd.get("maxTokens") is not None:
+                max_tokens = cmd["maxTokens"]
+                if type(max_tokens) is not int:
+                    raise TypeError("maxTokens must be an integer")
+                params["preferences"] = {"maxTokens": max_tokens}
+            self._infer(params)
+        elif name == "model_info":
+            self.request("model/info", {})
+        elif name == "rollback_mode":
+            mode = cmd["mode"]
+            if mode not in ROLLBACK_MODES:
+                raise ValueError(f"mode must be one of {ROLLBACK_MODES}")
+            self.rollback_mode = mode
+            self.log(f"state/rollback mode: {mode}")
+            self.control.emit({"event": "rollback_mode", "mode": mode})
         elif name == "flood":
             count = cmd["count"]
             if type(count) is not int or not 0 <= count <= 100_000:
@@ -1361,6 +1789,17 @@ TOOLS = [
         "inputSchema": {"type": "object", "properties": {}},
     },
 ]
+
+# Listed only with --notes.
+NOTE_TOOL = {
+    "name": "note",
+    "description": "Add a note to the lobby notebook; returns the notebook",
+    "inputSchema": {
+        "type": "object",
+        "properties": {"text": {"type": "string"}},
+        "required": ["text"],
+    },
+}
 
 
 # --------------------------------------------------------------------------------------------

@@ -276,7 +276,7 @@ async def test_say_streams_to_the_delta_sink(tmp_path: Path):
     m = model(tmp_path, WEATHER)
     await ask(m, user("hello"), on_delta=sink)
     await ask(m, user("nothing"), on_delta=sink)
-    assert deltas == ["Hi there!"]
+    assert deltas == ["Hi ", "there!"]  # word by word, as a provider streams
 
 
 # -- fill: properties -------------------------------------------------------------------------

@@ -1,0 +1,224 @@
+"""One turn's dealings with the servers an agent hears (SPEC §10): the context hooks and the
+inference lifecycle.
+
+``context/beforeInference`` goes, in parallel, to every ready server granted ``observe`` or an
+``inject.*`` leaf (an inject-only server gets ``userMessage: null``), each under the server's
+``hook_timeout_s``; a server that fails or stays silent is left out (fail-open). Each injection is
+authorized by its own position against the grant in force when the answer arrives, and its
+content goes through the block conversion naming the server that answered.
+
+``inference/lifecycle`` is metadata only: ``started`` once, then exactly one terminal, sent to
+the servers granted ``inferenceLifecycle`` at the moment of sending. Notifications never wait: a
+turn that is being cancelled still reports ``aborted``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import trio
+
+from protocol.hooks import (
+    HookAnswer,
+    Injection,
+    ModelInfo,
+    before_inference_params,
+    channel_context,
+    hook_role,
+    lifecycle_params,
+    read_hook_result,
+)
+
+from .context import HostContext
+from .errors import ActorDied, MailboxFull
+from .messages import Call, Notify, WakeTarget
+
+log = logging.getLogger("mcplive.hooks")
+
+LIFECYCLE = "inferenceLifecycle"
+MODEL_INFO = "modelInfo"
+
+
+class TurnHooks:
+    def __init__(
+        self,
+        ctx: HostContext,
+        agent: str,
+        servers: Sequence[str],
+        *,
+        model: ModelInfo,
+        inference_id: str,
+        conversation_id: str,
+        turn_index: int,
+    ) -> None:
+        self.ctx = ctx
+        self.agent = agent
+        self.servers = tuple(servers)
+        self.model = model
+        self.inference_id = inference_id
+        self.conversation_id = conversation_id
+        self.turn_index = turn_index
+        self._started = False
+        self._ended = False
+
+    def _grant(self, sid: str) -> frozenset[str]:
+        status = self.ctx.statuses.get(sid)
+        if status is None or not status.ready or status.mcp_only:
+            return frozenset()
+        grant: frozenset[str] = status.grant
+        return grant
+
+    def _trace(self, kind: str, sid: str | None = None, **data: Any) -> None:
+        self.ctx.trace.emit(kind, agent=self.agent, server_id=sid, data=data)
+
+    # -- lifecycle ------------------------------------------------------------------------
+    def started(self) -> None:
+        if not self._started:
+            self._started = True
+            self._lifecycle("started", None)
+
+    def ended(self, phase: str, usage: tuple[int, int] | None = None) -> None:
+        """The one terminal of this inference (later calls and calls before ``started`` are
+        ignored, so every exit path may call it)."""
+        if self._started and not self._ended:
+            self._ended = True
+            self._lifecycle(phase, usage)
+
+    def _lifecycle(self, phase: str, usage: tuple[int, int] | None) -> None:
+        for sid in self.servers:
+            grant = self._grant(sid)
+            if LIFECYCLE not in grant:
+                continue
+            params = lifecycle_params(
+                phase=phase,
+                inference_id=self.inference_id,
+                conversation_id=self.conversation_id,
+                turn_index=self.turn_index,
+                model=self.model,
+                model_granted=MODEL_INFO in grant,
+                usage=usage,
+            )
+            ref = self.ctx.connections.get(sid)
+            if ref is None:
+                continue
+            try:
+                ref.tell_nowait(Notify(method="inference/lifecycle", params=params))
+            except (MailboxFull, ActorDied):
+                self._trace("diagnostic", sid, text=f"inference/lifecycle {phase} not sent")
+
+    # -- context hooks --------------------------------------------------------------------
+    async def before_inference(
+        self,
+        user_message: str | None,
+        target: WakeTarget | None,
+        candidates: Mapping[str, Sequence[str]],
+    ) -> list[Injection]:
+        """Call every hooked server at once; the injections they answered with, in configured
+        server order (each server's own order kept)."""
+        answers: dict[str, HookAnswer] = {}
+        async with trio.open_nursery() as nursery:
+            for sid in self.servers:
+                role = hook_role(self._grant(sid))
+                if role is not None:
+                    nursery.start_soon(
+                        self._call_hook,
+                        sid,
+                        role == "observe",
+                        user_message,
+                        target,
+                        tuple(candidates.get(sid, ())),
+                        answers,
+                    )
+        injections: list[Injection] = []
+        for sid in self.servers:
+            if sid in answers:
+                injections.extend(answers[sid].injections)
+        return injections
+
+    async def _call_hook(
+        self,
+        sid: str,
+        observe: bool,
+        user_message: str | None,
+        target: WakeTarget | None,
+        candidates: tuple[str, ...],
+        answers: dict[str, HookAnswer],
+    ) -> None:
+        server = self.ctx.config.server(sid)
+        ref = self.ctx.connections.get(sid)
+        if server is None or ref is None:
+            return
+        here = target is not None and target.server_id == sid
+        channels = channel_context(
+            incoming=(target.channel_id, target.message_id, target.thread_id)
+            if here and target is not None
+            else None,
+            default_outgoing=target.channel_id if here and target is not None else None,
+            candidates=candidates,
+        )
+        params = before_inference_params(
+            inference_id=self.inference_id,
+            conversation_id=self.conversation_id,
+            turn_index=self.turn_index,
+            user_message=user_message,
+            observe=observe,
+            model=self.model,
+            channels=channels,
+        )
+        deadline = server.hook_timeout_s
+        result: Any = None
+        with trio.move_on_after(deadline) as scope:
+            try:
+                result = await ref.ask(
+                    Call(
+                        method="context/beforeInference",
+                        params=params,
+                        timeout=deadline,
+                        hook=True,
+                    ),
+                    timeout=deadline,
+                )
+            except Exception as exc:  # fail-open: the turn goes on without this server
+                self._trace("hook-failed", sid, error=str(exc) or type(exc).__name__)
+                return
+        if scope.cancelled_caught:
+            self._trace("hook-failed", sid, error=f"no answer in {deadline:g}s")
+            return
+        # Authorized against the grant in force now, when the answer has arrived.
+        answer = read_hook_result(result, sid, self._grant(sid))
+        for dropped in answer.dropped:
+            self._trace(
+                "injection-dropped",
+                sid,
+                index=dropped.index,
+                position=dropped.position if isinstance(dropped.position, str) else None,
+                reason=dropped.reason,
+            )
+        if answer.injections and sid not in self.ctx.injections_noticed:
+            self.ctx.injections_noticed.add(sid)
+            self._trace(
+                "diagnostic",
+                sid,
+                text=f"{sid} injects context, which MCPL deprecates (RFC-010); the injections "
+                "are applied for this version only",
+            )
+        answers[sid] = answer
+
+
+def injection_messages(injections: Sequence[Injection]) -> dict[str, list[dict[str, Any]]]:
+    """Rendered per position: ``system`` as text for the system prompt, the others as user
+    messages introduced by the server and namespace they came from. Never stored."""
+    out: dict[str, list[dict[str, Any]]] = {"system": [], "beforeUser": [], "afterUser": []}
+    for inj in injections:
+        intro = {"type": "text", "text": f"[context from {inj.server_id} · {inj.namespace}]"}
+        out[inj.position].append(
+            {
+                "role": "user",
+                "blocks": [intro, *inj.blocks],
+                "metadata": {"injection": {"server_id": inj.server_id, "namespace": inj.namespace}},
+                "prefix": 1,
+            }
+        )
+    return out
