@@ -61,6 +61,19 @@ def format_event(e: TraceEvent) -> str | None:
         text = " ".join(b.get("text", "") for b in d.get("content", []) if isinstance(b, Mapping))
         flag = " (error)" if d.get("is_error") else ""
         return f"  {d.get('tool')}{flag} → {_excerpt(text)}"
+    if k == "context-injected":
+        parts = "; ".join(f"{i['position']}: {i['text']}" for i in d.get("injections", []))
+        return f"  {e.server_id} adds context for {e.agent} ({_excerpt(parts)})"
+    if k == "injection-dropped":
+        return f"! {e.server_id}: an injection for {e.agent} dropped: {d.get('reason')}"
+    if k == "hook-failed":
+        return f"? {e.server_id}: context hook for {e.agent} skipped: {d.get('error')}"
+    if k == "turn-aborted":
+        return f"! {e.agent}: turn aborted"
+    if k == "inference-request":
+        return f"· {e.server_id} asked {d.get('model')} for an inference ({d.get('feature_set')})"
+    if k == "rolled-back":
+        return f"· {e.agent}: rolled back to {d.get('to')}"
     if k == "error":
         return f"! {e.agent or e.server_id}: {d.get('error')}"
     if k == "disconnected":

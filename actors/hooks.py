@@ -204,6 +204,19 @@ class TurnHooks:
                 text=f"{sid} injects context, which MCPL deprecates (RFC-010); the injections "
                 "are applied for this version only",
             )
+        if answer.injections:
+            self._trace(
+                "context-injected",
+                sid,
+                injections=[
+                    {
+                        "position": i.position,
+                        "namespace": i.namespace,
+                        "text": " ".join(str(b.get("text", "")) for b in i.blocks)[:200],
+                    }
+                    for i in answer.injections
+                ],
+            )
         answers[sid] = answer
 
 
