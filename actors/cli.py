@@ -117,6 +117,14 @@ async def _run(config: Any, duration: float | None, out: Any) -> None:
             nursery.cancel_scope.cancel()
 
 
+def _config_problems(exc: ConfigError) -> int:
+    """Print each configuration problem on its own line; the exit status for them."""
+    problems = exc.problems if isinstance(exc, ConfigErrors) else [str(exc)]
+    for problem in problems:
+        print(f"mcplive: {problem}", file=sys.stderr)
+    return 2
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     config: Any = args.config
     if config is None:
@@ -126,13 +134,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         if not isinstance(config, dict):
             load_config(config)  # report problems before anything starts
         trio.run(_run, config, args.duration, sys.stdout)
-    except ConfigErrors as exc:
-        for p in exc.problems:
-            print(f"mcplive: {p}", file=sys.stderr)
-        return 2
     except ConfigError as exc:
-        print(f"mcplive: {exc}", file=sys.stderr)
-        return 2
+        return _config_problems(exc)
     except KeyboardInterrupt:
         print("· stopped", file=sys.stderr)
     return 0
@@ -343,13 +346,8 @@ def cmd_rollback(args: argparse.Namespace) -> int:
     try:
         cfg = load_config(config)
         return trio.run(_rollback, cfg, args.agent, args.to)
-    except ConfigErrors as exc:
-        for p in exc.problems:
-            print(f"mcplive: {p}", file=sys.stderr)
-        return 2
     except ConfigError as exc:
-        print(f"mcplive: {exc}", file=sys.stderr)
-        return 2
+        return _config_problems(exc)
 
 
 async def _rollback(cfg: Any, agent: str, to: str) -> int:
