@@ -249,7 +249,10 @@ class AgentActor(Actor):
     async def _execute(self, msg: ExecuteTool, reply: Reply) -> None:
         runtime = ToolRuntime(self.ctx, self.cfg.name, self.servers)
         outcome = await runtime.call(msg.tool, msg.arguments)
-        outcome.pop("state", None)  # nothing is stored for an in-process call to anchor it
+        state = outcome.pop("state", None)
+        if state is not None:
+            # Nothing is stored to anchor it, but the server's state has moved.
+            await self._record_checkpoints([state])
         reply.value(outcome)
 
     async def _store(

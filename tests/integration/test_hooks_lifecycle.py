@@ -7,6 +7,7 @@ saw, a small recording model (``RecordingModel``) stands in for the agent's mode
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -45,6 +46,7 @@ ADA_MODEL = {
     "capabilities": ["tools"],
 }
 OBSERVE = "contextHooks.beforeInference.observe"
+LIFECYCLE_KEYS = {"inferenceId", "conversationId", "turnIndex", "phase", "model", "usage"}
 INJECT_SYSTEM = "contextHooks.beforeInference.inject.system"
 
 
@@ -125,11 +127,15 @@ def lifecycle_seen(ctl: Any, phase: str, n: int = 1) -> Callable[[dict[str, Any]
     )
 
 
-async def barrier(ctl: Any, tag: str) -> None:
-    """A round trip over the lobby's stdio: everything the host sent before it answered this
-    (refused, it wakes nobody) has been received by the lobby once this returns."""
+_barriers = itertools.count(1)
+
+
+async def barrier(ctl: Any) -> None:
+    """A round trip over the lobby's stdio and control socket: everything the host sent the
+    lobby before it answered this (refused: it wakes nobody) is in ``ctl.events`` afterwards."""
+    tag = f"barrier-{next(_barriers)}"
     send_incoming(ctl, "nowhere", tag, "sync")
-    await ctl.wait_for(incoming_answered(tag), f"barrier {tag}")
+    await ctl.wait_for(incoming_answered(tag), tag)
 
 
 def responses(ctl: Any, method: str) -> list[dict[str, Any]]:
@@ -161,7 +167,7 @@ async def test_hook_params_user_message_ids_model_and_channels(
             send_incoming(ctl, "lobby:#random", "m1", "hello there")
             await ctl.wait_for(publish_received("Hi there!"), "Ada's reply")
             await lb.host.run_until_idle()
-            await barrier(ctl, "sync")
+            await barrier(ctl)
             [params] = hook_params(ctl)
             assert params["userMessage"] == ("hello there" if observe else None)
             assert isinstance(params["inferenceId"], str) and params["inferenceId"]
@@ -211,6 +217,7 @@ async def test_injections_are_authorized_per_position_and_placed_around_the_user
             ctl.send({"cmd": "hook", "mode": "answer", "injections": []})
             await ctl.wait_for(lambda e: e["event"] == "hook_mode", "hook mode set")
             send_incoming(ctl, "lobby:#general", "m1", "first message")
+            await ctl.wait_for(publish_received("noted"), "the first reply")
             await wait_trace(lb.stream, lambda e: e.kind == "turn-end", "the first turn")
             await lb.host.run_until_idle()
 
@@ -220,6 +227,7 @@ async def test_injections_are_authorized_per_position_and_placed_around_the_user
             send_incoming(ctl, "lobby:#general", "m2", "second message")
             seen: list[Any] = []
             await wait_trace(lb.stream, lambda e: e.kind == "turn-end", "the second turn", seen)
+            await ctl.wait_for(publish_received("noted"), "the second reply", since=mark)
             dropped = [e for e in seen if e.kind == "injection-dropped"]
             if system == "denied":
                 [drop] = dropped
@@ -252,6 +260,7 @@ async def test_injections_are_authorized_per_position_and_placed_around_the_user
             stored = [t for m in lb.host.history("Ada") for t in text_blocks(m)]
             assert not any("TEXT" in t or "[context from" in t for t in stored)
             assert publishes(ctl) == [("lobby:#general", "noted")] * 2
+            await barrier(ctl)
             assert lobby_errors(ctl) == []
 
 
@@ -272,6 +281,7 @@ async def test_scripted_rules_match_the_incoming_message_not_an_after_user_injec
             send_incoming(ctl, "lobby:#general", "m1", "hello there")
             await wait_trace(lb.stream, lambda e: e.kind == "turn-end", "Ada's turn")
             await lb.host.run_until_idle()
+            await barrier(ctl)
             assert received(ctl, "context/beforeInference")  # the hook did run
             assert publishes(ctl) == [("lobby:#general", "Hi there!")]
 
@@ -306,6 +316,7 @@ async def test_an_injection_with_invalid_content_is_dropped_and_the_valid_ones_k
                 ["[context from lobby · ns.two]", "KEEP-TWO"],
             ]
             assert text_blocks(msgs[1])[-1] == "the message"  # between the two kept ones
+            await barrier(ctl)
             assert lobby_errors(ctl) == []
 
 
@@ -360,6 +371,8 @@ async def test_silent_hook_server_delays_only_its_agent_and_fails_open(tmp_path:
                 assert publishes(quick) == [("lobby:#general", "pong")]
                 assert len(received(slow, "context/beforeInference")) == 1
                 assert received(quick, "context/beforeInference") == []  # no hooks advertised
+                await barrier(slow)
+                await barrier(quick)
                 assert lobby_errors(slow) == [] and lobby_errors(quick) == []
 
 
@@ -378,7 +391,7 @@ async def test_lifecycle_started_then_one_completed_per_turn(tmp_path: Path, ass
                 send_incoming(ctl, "lobby:#general", mid, f"hello #{n}")
                 await ctl.wait_for(lifecycle_seen(ctl, "completed", n), f"turn {n} completed")
                 await lb.host.run_until_idle()
-            await barrier(ctl, "sync")
+            await barrier(ctl)
 
             events = lifecycle(ctl)
             phases = phases_by_inference(ctl)
@@ -388,7 +401,7 @@ async def test_lifecycle_started_then_one_completed_per_turn(tmp_path: Path, ass
             for p in events:
                 assert p["conversationId"] == "agent:Ada"
                 assert p["turnIndex"] == list(phases).index(p["inferenceId"])
-                assert not {"content", "messages", "text"} & set(p)
+                assert set(p) <= LIFECYCLE_KEYS  # ids, phase, model, usage: never content
                 assert ("usage" in p) is (p["phase"] == "completed")
                 if assist:
                     assert p["model"] == ADA_MODEL
@@ -413,6 +426,7 @@ async def test_lifecycle_started_then_one_completed_per_turn(tmp_path: Path, ass
             ]
             assert order == turn + turn
             assert publishes(ctl) == [("lobby:#general", "Hi there!")] * 2
+            await barrier(ctl)
             assert lobby_errors(ctl) == []
 
 
@@ -427,7 +441,7 @@ async def test_lifecycle_failed_once_when_the_model_fails(
             send_incoming(ctl, "lobby:#general", "m1", "anyone?")
             await ctl.wait_for(lifecycle_seen(ctl, "failed"), "failed")
             await lb.host.run_until_idle()
-            await barrier(ctl, "sync")
+            await barrier(ctl)
             assert list(phases_by_inference(ctl).values()) == [["started", "failed"]]
             assert all("usage" not in p for p in lifecycle(ctl))
             assert len(model.seen) == 1
@@ -466,8 +480,9 @@ async def test_lifecycle_aborted_once_then_the_next_wake_answers(
             send_incoming(ctl, "lobby:#general", "m2", "are you there?")
             await ctl.wait_for(publish_received("back again"), "the next reply")
             await ctl.wait_for(lifecycle_seen(ctl, "completed"), "completed")
-            await lb.host.run_until_idle()
-            await barrier(ctl, "sync")
+            # no run_until_idle here: after an abort in the hook, the host keeps waiting for
+            # the abandoned hook answer until its deadline (see the xfail test below)
+            await barrier(ctl)
             phases = list(phases_by_inference(ctl).values())
             assert phases == [["started", "aborted"], ["started", "completed"]]
             assert [p["turnIndex"] for p in lifecycle(ctl)] == [0, 0, 1, 1]
@@ -475,6 +490,41 @@ async def test_lifecycle_aborted_once_then_the_next_wake_answers(
             assert len(model.seen) == (2 if where == "model" else 1)
             assert publishes(ctl) == [("lobby:#general", "back again")]
             assert lobby_errors(ctl) == []
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="actors/hooks.py _call_hook / actors/connection.py _do_call: aborting a turn does not "
+    "cancel its context/beforeInference request; the connection keeps it (and "
+    "link.hooks_in_flight) until hook_timeout_s, so the server's inference/request is refused "
+    "-32600 and run_until_idle blocks although no turn runs",
+)
+async def test_an_aborted_turn_releases_its_hook(tmp_path: Path) -> None:
+    helper = scripted(tmp_path, "helper", '[[rules]]\nwhen = "summarize"\nsay = "A summary."\n')
+    with trio.fail_after(60):
+        async with running_lobby(
+            tmp_path,
+            {"Ada": ""},
+            "--context",
+            "--assist",
+            hook_timeout_s=50,
+            inference_models={"lobby.assist": helper},
+        ) as lb:
+            ctl = lb.ctl
+            ctl.send({"cmd": "hook", "mode": "never"})
+            await ctl.wait_for(lambda e: e["event"] == "hook_mode", "hook mode set")
+            send_incoming(ctl, "lobby:#general", "m1", "take your time")
+            await ctl.wait_for(lambda e: e["event"] == "hook_reply", "the hook held")
+            assert await lb.host.abort_turn("Ada") is True
+            await wait_trace(lb.stream, lambda e: e.kind == "turn-aborted", "turn aborted")
+            await ctl.wait_for(lifecycle_seen(ctl, "aborted"), "aborted")
+            # no hook of a running turn is in flight any more: the server may ask again
+            ctl.send({"cmd": "infer", "messages": [{"role": "user", "content": "summarize"}]})
+            served = await ctl.wait_for(
+                lambda e: e["event"] == "response" and e["method"] == "inference/request",
+                "the inference answer",
+            )
+            assert served["response"].get("result", {}).get("content") == "A summary.", served
 
 
 # ---- 5. a hook must not start inference ------------------------------------------------------
@@ -525,6 +575,7 @@ async def test_inference_request_inside_a_hook_is_refused_and_the_turn_goes_on(
             )
             assert served["response"]["result"]["content"] == "A summary."
             assert publishes(ctl) == [("lobby:#general", "Hi there!")]
+            await barrier(ctl)
             assert lobby_errors(ctl) == []
 
 
@@ -549,4 +600,5 @@ async def test_model_info_answers_only_when_granted(tmp_path: Path, granted: boo
                 assert "result" not in response
                 assert response["error"]["code"] == -32002
             assert len(responses(ctl, "model/info")) == 1
+            await barrier(ctl)
             assert lobby_errors(ctl) == []

@@ -177,6 +177,19 @@ def rollbacks_received(ctl: LobbyControl) -> list[dict[str, Any]]:
     return [m["params"] for m in received(ctl, "state/rollback")]
 
 
+_pings = iter(range(1, 1_000_000))
+
+
+async def barrier(ctl: LobbyControl) -> None:
+    """Read the lobby's control events up to now: the lobby reports what it received before it
+    answers, and its events keep their order, so once the pong of a ping sent now is read, every
+    message the host already had answered is in ``ctl.events``."""
+    ping = f"barrier-{next(_pings)}"
+    mark = ctl.mark()
+    ctl.send({"cmd": "ping", "id": ping})
+    await ctl.wait_for(lambda e: e["event"] == "pong" and e["id"] == ping, ping, since=mark)
+
+
 async def rollback_seen(ctl: LobbyControl, mark: int) -> dict[str, Any]:
     """The lobby's ``notes`` event for the rollback it handled after ``mark``."""
     return await ctl.wait_for(
@@ -261,14 +274,27 @@ async def test_streamed_inference_sends_ordered_chunks_before_the_result(tmp_pat
             assert "".join(c["delta"] for c in chunks) == result["content"]
             assert lobby_errors(ctl) == []
 
-            # a second streamed request counts its chunks from 0 again, under its own id
-            again = await infer(ctl, "summarize once more", stream=True)
-            rid2 = again["request"]["id"]
-            assert rid2 != rid
+            # two streamed requests at once: each has its own requestId and its own count
+            mark = ctl.mark()
+            texts = ("summarize one", "summarize two")
+            for text in texts:
+                ctl.send(
+                    {
+                        "cmd": "infer",
+                        "messages": [{"role": "user", "content": text}],
+                        "stream": True,
+                    }
+                )
+            both = [await ctl.wait_for(infer_answered(t), t, since=mark) for t in texts]
+            rids = [e["request"]["id"] for e in both]
+            assert len({rid, *rids}) == 3
             later = [m["params"] for m in received(ctl, "inference/chunk")][len(chunks) :]
-            assert [c["requestId"] for c in later] == [rid2] * len(later)
-            assert [c["index"] for c in later] == list(range(len(later)))
-            assert "".join(c["delta"] for c in later) == again["response"]["result"]["content"]
+            assert {c["requestId"] for c in later} == set(rids)
+            for event, one in zip(both, rids, strict=True):
+                mine = [c for c in later if c["requestId"] == one]
+                assert [c["index"] for c in mine] == list(range(len(mine)))
+                assert "".join(c["delta"] for c in mine) == event["response"]["result"]["content"]
+            assert lobby_errors(ctl) == []
 
 
 def assist_manifest(uses: list[str]) -> dict[str, Any]:
@@ -311,29 +337,16 @@ async def test_streaming_not_granted_answers_unstreamed(tmp_path: Path) -> None:
             assert "inferenceRequest" in grant and "inferenceRequest.streaming" not in grant
             # lobby.assist as the lobby declares it uses the denied streaming capability, so
             # the whole feature set is off (SPEC §6.4): a request for it is refused
-            assert "lobby.assist" not in update["enabled"]
             refused = await infer(ctl, "summarize while the set is off", stream=True)
             assert refused["response"]["error"]["code"] == -32001
+            assert refused["response"]["error"]["data"] == {"featureSet": "lobby.assist"}
             # a lobby whose lobby.assist asks only for unstreamed inference is served, and a
             # request that still asks for a stream is answered whole
-            mark = ctl.mark()
             ctl.send({"cmd": "manifest", "manifest": assist_manifest(["inferenceRequest"])})
-            await ctl.wait_for(
-                lambda e: (
-                    e["event"] == "received"
-                    and e["message"].get("method") == "featureSets/update"
-                    and "lobby.assist" in e["message"]["params"]["enabled"]
-                ),
-                "lobby.assist enabled",
-                since=mark,
+            changed = await wait_trace(
+                lb.stream, lambda e: e.kind == "manifest-changed", "the new manifest"
             )
-            await ctl.wait_for(
-                lambda e: (
-                    e["event"] == "response" and e["request"]["method"] == "featureSets/update"
-                ),
-                "the receipt",
-                since=mark,
-            )
+            assert "inferenceRequest.streaming" not in changed.data["grant"]
             event = await infer(ctl, "summarize, please stream", stream=True)
             assert event["request"]["params"]["stream"] is True
             result = event["response"]["result"]
@@ -376,7 +389,7 @@ async def test_routing_exact_over_pattern_then_host_default_else_refused(tmp_pat
             assert error["code"] == -32603
             assert "no model" in error["message"] and "inference_model" in error["message"]
             assert "result" not in answers["none"]["response"]
-            # the refused server is still served otherwise
+            # the route holds: the same server is answered by the same model again
             assert (await infer(ctls["both"], "and again"))["response"]["result"]["content"] == (
                 "from the exact route"
             )
@@ -426,6 +439,7 @@ async def test_malformed_and_undeclared_requests_are_refused_and_the_lobby_stays
         routes = {"lobby.assist": scripted(tmp_path, "assist", ASSIST)}
         async with running_lobby(tmp_path, {"Ada": ""}, "--assist", inference_models=routes) as lb:
             ctl = lb.ctl
+            watched = lb.host.trace(kinds={"inference-request", "disconnected"})
             missing = await raw_request(
                 ctl, "no-messages", "inference/request", {"featureSet": "lobby.assist"}
             )
@@ -450,11 +464,10 @@ async def test_malformed_and_undeclared_requests_are_refused_and_the_lobby_stays
             assert good["response"]["result"]["content"] == ANSWER
             assert lobby_errors(ctl) == []
             seen: list[Any] = []
-            with trio.move_on_after(0):  # what the trace holds now, without waiting
-                async for e in lb.stream:
+            with trio.move_on_after(0):  # what the stream holds now, without waiting
+                async for e in watched:
                     seen.append(e.kind)
-            assert "disconnected" not in seen
-            assert seen.count("inference-request") == 1  # only the good one ran a model
+            assert seen == ["inference-request"]  # only the good one ran a model; no disconnect
 
 
 # ---- 6-7: rollback -----------------------------------------------------------------------------
@@ -478,6 +491,14 @@ async def test_rollback_exact_then_forward_tracks_the_current_checkpoint(tmp_pat
             assert [m["role"] for m in before] == ["user", "assistant", "tool", "assistant"] * 3
             to = recorded_at(before, "cp-1")
             assert ids.index(to) == 2
+            assert before[2]["metadata"]["checkpoints"] == [
+                {
+                    "server": "lobby",
+                    "feature_set": "lobby.notes",
+                    "checkpoint": "cp-1",
+                    "parent": None,
+                }
+            ]
 
             # 1. exact: back at cp-1
             mark = ctl.mark()
@@ -535,6 +556,7 @@ async def test_rollback_exact_then_forward_tracks_the_current_checkpoint(tmp_pat
             # 4. and once cp-1 is current, the same rollback asks the lobby for nothing
             report = await host.rollback("Ada", to=to)
             assert report == {"to": to, "set_aside": 0, "state": []}
+            await barrier(ctl)
             assert len(rollbacks_received(ctl)) == 3
             final = host.history("Ada")
             assert sum(is_marker(m) for m in final) == 4
@@ -593,6 +615,7 @@ async def test_rollback_to_an_unknown_message_is_refused_and_stores_nothing(
             with pytest.raises(ValueError, match="Ada has no message 'no-such-id'"):
                 await host.rollback("Ada", to="no-such-id")
             assert host.history("Ada") == before
+            await barrier(ctl)
             assert rollbacks_received(ctl) == []
             # a message set aside by a rollback is no longer a place to go back to
             report = await host.rollback("Ada", to=recorded_at(before, "cp-1"))
@@ -601,6 +624,7 @@ async def test_rollback_to_an_unknown_message_is_refused_and_stores_nothing(
             with pytest.raises(ValueError, match="has no message"):
                 await host.rollback("Ada", to=before[-1]["id"])
             assert host.history("Ada") == stored
+            await barrier(ctl)
             assert len(rollbacks_received(ctl)) == 1
 
 
@@ -619,6 +643,7 @@ async def test_a_checkpoint_the_restarted_server_lost_is_reported_per_server(
             before = host.history("Ada")
             to = recorded_at(before, "cp-1")
             report = await host.rollback("Ada", to=to)
+            await barrier(second)
             assert rollbacks_received(second) == [
                 {"featureSet": "lobby.notes", "checkpoint": "cp-1"}
             ]
@@ -736,3 +761,25 @@ async def test_cli_rollback_prints_the_outcome_and_refuses_unknown_ids(tmp_path:
         markers = [m for m in stored if is_marker(m)]
         assert [m["metadata"]["to"] for m in markers] == [cp2, cp1]
         assert markers[1]["metadata"]["set_aside"] == ids[3:7]
+
+
+async def test_an_in_process_tool_call_moves_the_current_checkpoint(tmp_path: Path) -> None:
+    with trio.fail_after(60):
+        async with running_lobby(tmp_path, {"Ada": NOTES}, "--notes") as lb:
+            host, ctl = lb.host, lb.ctl
+            for i, word in enumerate(("alpha", "beta"), 1):
+                await add_note(host, ctl, word, f"n{i}")
+            mark = ctl.mark()
+            direct = await host.execute_tool_call("Ada", "lobby--note", {"text": "aside"})
+            assert direct["is_error"] is False and "state" not in direct
+            aside = await ctl.wait_for(
+                lambda e: e["event"] == "notes" and e["cause"] == "note", "the aside", since=mark
+            )
+            assert (aside["current"], aside["notes"]) == ("cp-3", ["alpha", "beta", "aside"])
+            # the conversation goes back to where cp-2 was current: the notebook must follow,
+            # since the server's state is at cp-3 now, whoever made that call
+            to = recorded_at(host.history("Ada"), "cp-2")
+            report = await host.rollback("Ada", to=to)
+            await barrier(ctl)
+            assert rollbacks_received(ctl) == [{"featureSet": "lobby.notes", "checkpoint": "cp-2"}]
+            assert report["state"] == [notes_entry("cp-2", "cp-2", forward=False)]
