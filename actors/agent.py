@@ -367,7 +367,7 @@ class AgentActor(Actor):
             request = ModelRequest(
                 agent=self.cfg.name,
                 system=system,
-                messages=context,
+                messages=tuple(context),  # the request keeps what this round saw
                 tools=tools,
             )
             reply = await self.model.complete(request)

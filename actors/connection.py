@@ -70,6 +70,7 @@ from .errors import NotConnected
 from .kernel import Actor, BatchQueue, Reply, backoff_delay
 from .messages import (
     Call,
+    CancelCall,
     ChannelInfo,
     ConnStatus,
     Describe,
@@ -100,6 +101,7 @@ INBOUND_CAP += MAX_HANDLERS + PRE_READY_CAP
 HOT_LANES = frozenset({"push/event", "channels/incoming"})
 WRITE_BATCH = 256
 MAX_TOOLS = 1000
+MAX_KEYED_CALLS = 1024
 BACKOFF_BASE_S = 5.0
 BACKOFF_CAP_S = 300.0
 HEALTHY_AFTER_S = 60.0
@@ -167,6 +169,9 @@ class Link:
     probing: bool = False
     nursery: trio.Nursery | None = None
     hooks_in_flight: int = 0  # our context/beforeInference calls awaiting this server
+    # keyed calls that a CancelCall may stop (at most MAX_KEYED_CALLS; past it, a call simply
+    # runs to its deadline)
+    calls: dict[str, trio.CancelScope] = attrs.field(factory=dict)
 
 
 class ConnectionActor(Actor):
@@ -203,7 +208,16 @@ class ConnectionActor(Actor):
             if link is None or not link.ready:
                 reply.error(NotConnected(f"server {self.sid} is not connected"))
                 return
-            self.spawn(self._do_call, link, msg, reply)
+            scope = trio.CancelScope()
+            if msg.key is not None and len(link.calls) < MAX_KEYED_CALLS:
+                link.calls[msg.key] = scope  # before the task starts, so no cancel is missed
+            self.spawn(self._do_call, link, msg, reply, scope)
+        elif isinstance(msg, CancelCall):
+            link = self.link
+            cancelled = link.calls.pop(msg.key, None) if link is not None else None
+            if cancelled is not None:
+                cancelled.cancel()
+            reply.value(cancelled is not None)
         elif isinstance(msg, Notify):
             self._notify_nowait(msg)
             reply.value(None)
@@ -242,10 +256,14 @@ class ConnectionActor(Actor):
             else {},
         )
 
-    async def _do_call(self, link: Link, msg: Call, reply: Reply) -> None:
+    async def _do_call(self, link: Link, msg: Call, reply: Reply, scope: trio.CancelScope) -> None:
         link.hooks_in_flight += msg.hook
         try:
-            result = await self.request(link, msg.method, dict(msg.params), timeout=msg.timeout)
+            with scope:
+                result = await self.request(link, msg.method, dict(msg.params), timeout=msg.timeout)
+            if scope.cancelled_caught:
+                reply.error(RpcError(code=INTERNAL_ERROR, message=f"{msg.method} cancelled"))
+                return
         except RpcError as exc:
             if msg.notify_fallback and exc.code == METHOD_NOT_FOUND:
                 await self.notify(link, msg.method, dict(msg.params))
@@ -258,6 +276,8 @@ class ConnectionActor(Actor):
             reply.value(result)
         finally:
             link.hooks_in_flight -= msg.hook
+            if msg.key is not None and link.calls.get(msg.key) is scope:
+                del link.calls[msg.key]
 
     # -- requests of ours -------------------------------------------------------------------
     async def request(
@@ -289,11 +309,29 @@ class ConnectionActor(Actor):
             raise RequestTimeout(f"{self.sid}: {method} got no answer in {t:g}s") from None
         except (trio.EndOfChannel, trio.BrokenResourceError, trio.ClosedResourceError):
             raise NotConnected(f"server {self.sid} disconnected during {method}") from None
+        except trio.Cancelled:
+            self._cancelled(link, rid, "the host no longer needs the answer")
+            raise
         finally:
             link.waiters.pop(rid, None)
             link.session.cancel(rid)
             recv.close()
         return result.unwrap()
+
+    def _cancelled(self, link: Link, rid: rpc.Id, reason: str) -> None:
+        """Tell the server (MCP ``notifications/cancelled``) that an answer is not awaited any
+        more; never waits, so it works inside a cancelled scope."""
+        if not link.ready or link.mcp_only:
+            return
+        try:
+            line = link.session.send_notification(
+                "notifications/cancelled", {"requestId": rid, "reason": reason}
+            )
+            link.outbox_send.send_nowait([line])
+        except (trio.WouldBlock, trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
+        except rpc.LocalProtocolError:
+            pass
 
     async def _probe(self, link: Link) -> None:
         """After a request timed out: is the server still there? Any answer to ``ping`` (an

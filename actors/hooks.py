@@ -14,6 +14,7 @@ turn that is being cancelled still reports ``aborted``.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -33,7 +34,7 @@ from protocol.hooks import (
 
 from .context import HostContext
 from .errors import ActorDied, MailboxFull
-from .messages import Call, Notify, WakeTarget
+from .messages import Call, CancelCall, Notify, WakeTarget
 
 log = logging.getLogger("mcplive.hooks")
 
@@ -168,18 +169,19 @@ class TurnHooks:
             channels=channels,
         )
         deadline = server.hook_timeout_s
+        key = f"{self.inference_id}/{sid}"
+        call = Call(
+            method="context/beforeInference", params=params, timeout=deadline, hook=True, key=key
+        )
         result: Any = None
         with trio.move_on_after(deadline) as scope:
             try:
-                result = await ref.ask(
-                    Call(
-                        method="context/beforeInference",
-                        params=params,
-                        timeout=deadline,
-                        hook=True,
-                    ),
-                    timeout=deadline,
-                )
+                result = await ref.ask(call, timeout=deadline)
+            except trio.Cancelled:
+                # The turn was aborted: the server must not keep counting this hook as live.
+                with contextlib.suppress(MailboxFull, ActorDied):
+                    ref.tell_nowait(CancelCall(key=key))
+                raise
             except Exception as exc:  # fail-open: the turn goes on without this server
                 self._trace("hook-failed", sid, error=str(exc) or type(exc).__name__)
                 return

@@ -25,6 +25,15 @@ class Call:
     notify_fallback: bool = False
     timeout: float | None = None  # None: the server's request_timeout_s
     hook: bool = False  # a context hook: the server may not start inference meanwhile
+    key: str | None = None  # names the call for a later ``CancelCall``
+
+
+@attrs.frozen(kw_only=True)
+class CancelCall:
+    """The asker of the ``Call`` with this key gave up: stop waiting for the server's answer
+    (the server is told with ``notifications/cancelled``)."""
+
+    key: str
 
 
 @attrs.frozen(kw_only=True)

@@ -119,6 +119,12 @@ def _tokens(text: str) -> int:
     return len(text) // 4 + 1
 
 
+def _is_inbound(message: Mapping[str, Any]) -> bool:
+    """A user message that was stored, not context a server injected for this turn."""
+    meta = message.get("metadata")
+    return message.get("role") == "user" and not (isinstance(meta, Mapping) and "injection" in meta)
+
+
 class ScriptedModel:
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -137,7 +143,7 @@ class ScriptedModel:
         return {"input_tokens": _tokens(seen), "output_tokens": _tokens(output) if output else 0}
 
     def _match(self, messages: Sequence[Mapping[str, Any]]) -> tuple[Rule, re.Match[str]] | None:
-        newest = next((m for m in reversed(messages) if m.get("role") == "user"), None)
+        newest = next((m for m in reversed(messages) if _is_inbound(m)), None)
         if newest is None:
             return None
         body = body_of(newest)

@@ -264,11 +264,6 @@ async def test_injections_are_authorized_per_position_and_placed_around_the_user
             assert lobby_errors(ctl) == []
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="actors/scripted.py ScriptedModel._match takes the newest role=user message, which "
-    "is the afterUser injection placed after the incoming one, so rules never see the message",
-)
 async def test_scripted_rules_match_the_incoming_message_not_an_after_user_injection(
     tmp_path: Path,
 ) -> None:
@@ -480,8 +475,7 @@ async def test_lifecycle_aborted_once_then_the_next_wake_answers(
             send_incoming(ctl, "lobby:#general", "m2", "are you there?")
             await ctl.wait_for(publish_received("back again"), "the next reply")
             await ctl.wait_for(lifecycle_seen(ctl, "completed"), "completed")
-            # no run_until_idle here: after an abort in the hook, the host keeps waiting for
-            # the abandoned hook answer until its deadline (see the xfail test below)
+            await lb.host.run_until_idle()  # the aborted hook is not left waiting
             await barrier(ctl)
             phases = list(phases_by_inference(ctl).values())
             assert phases == [["started", "aborted"], ["started", "completed"]]
@@ -492,13 +486,6 @@ async def test_lifecycle_aborted_once_then_the_next_wake_answers(
             assert lobby_errors(ctl) == []
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="actors/hooks.py _call_hook / actors/connection.py _do_call: aborting a turn does not "
-    "cancel its context/beforeInference request; the connection keeps it (and "
-    "link.hooks_in_flight) until hook_timeout_s, so the server's inference/request is refused "
-    "-32600 and run_until_idle blocks although no turn runs",
-)
 async def test_an_aborted_turn_releases_its_hook(tmp_path: Path) -> None:
     helper = scripted(tmp_path, "helper", '[[rules]]\nwhen = "summarize"\nsay = "A summary."\n')
     with trio.fail_after(60):
