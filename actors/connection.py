@@ -169,8 +169,9 @@ class Link:
     probing: bool = False
     nursery: trio.Nursery | None = None
     hooks_in_flight: int = 0  # our context/beforeInference calls awaiting this server
-    # keyed calls that a CancelCall may stop (at most MAX_KEYED_CALLS; past it, a call simply
-    # runs to its deadline)
+    # keyed calls that a CancelCall may stop: only hooks are keyed, one per agent's running
+    # turn, so this holds at most one entry per agent; MAX_KEYED_CALLS still caps it (past it,
+    # a call runs to its deadline instead of being cancellable)
     calls: dict[str, trio.CancelScope] = attrs.field(factory=dict)
 
 
