@@ -247,7 +247,7 @@ class AgentActor(Actor):
         self._note_wake(Wake(lane="local"))
 
     async def _execute(self, msg: ExecuteTool, reply: Reply) -> None:
-        runtime = ToolRuntime(self.ctx, self.cfg.name, self.servers)
+        runtime = ToolRuntime(self.ctx, self.cfg.name, self.servers, in_process=True)
         outcome = await runtime.call(msg.tool, msg.arguments)
         state = outcome.pop("state", None)
         if state is not None:

@@ -43,6 +43,7 @@ from .messages import (
     Unregister,
     Wake,
 )
+from .references import resolve_references
 
 OPEN_STATE_NS = "channel_open"
 MAX_RECEIPTS = 1024  # publish receipts kept for echo detection; oldest forgotten first
@@ -159,11 +160,18 @@ class ChannelActor(Actor):
         """Convert every item, then hand all the writes to the store at once."""
         built: list[tuple[Append, tuple[Any, ...]] | RpcError] = []
         now = time.time()
+        converted: list[list[dict[str, Any]] | RpcError] = []
         for msg in items:
             try:
-                built.append(self._ingest(msg, now, accepted_at))
+                converted.append(self._convert(msg))
             except RpcError as exc:
-                built.append(exc)
+                converted.append(exc)
+        converted = await self._bind_references(converted)
+        for msg, blocks in zip(items, converted, strict=True):
+            if isinstance(blocks, RpcError):
+                built.append(blocks)
+                continue
+            built.append(self._ingest(msg, blocks, now, accepted_at))
         ops = [b[0] for b in built if not isinstance(b, RpcError)]
         futures = iter(await self.ctx.store.submit_many(ops))
         return [
@@ -173,14 +181,39 @@ class ChannelActor(Actor):
             for b in built
         ]
 
+    def _convert(self, msg: IncomingMessage | PushEvent) -> list[dict[str, Any]]:
+        """The item's content converted, naming this channel's server as its sender."""
+        if isinstance(msg, IncomingMessage):
+            content, lane = msg.content, "incoming"
+        else:
+            content, lane = msg.payload_content, "push"
+        try:
+            return convert_blocks(list(content), self.sid, lane)
+        except ContentError as exc:
+            raise RpcError(code=INVALID_PARAMS, message=f"Invalid params: {exc}") from None
+
+    async def _bind_references(
+        self, converted: list[list[dict[str, Any]] | RpcError]
+    ) -> list[list[dict[str, Any]] | RpcError]:
+        """Register the batch's references with this channel's server (one ask) and put their
+        stubs in place; a batch without references costs one scan."""
+        lists = [c for c in converted if not isinstance(c, RpcError)]
+        if not any(b.get("type") == "reference" for blocks in lists for b in blocks):
+            return converted
+        resolved = iter(await resolve_references(self.ctx.references, lists, self.sid))
+        return [c if isinstance(c, RpcError) else next(resolved) for c in converted]
+
     def _ingest(
-        self, msg: IncomingMessage | PushEvent, now: float, accepted_at: str
+        self,
+        msg: IncomingMessage | PushEvent,
+        blocks: list[dict[str, Any]],
+        now: float,
+        accepted_at: str,
     ) -> tuple[Append, tuple[Any, ...]]:
         """The write of one item, and (blocks, wakes, author) for its ``Prepared``."""
         hearers = self.hearers
         if isinstance(msg, IncomingMessage):
             m = msg
-            content, provenance = m.content, "incoming"
             tags, _ = expand_tags(m.tags)
             author_agent = self._receipts.get(m.message_id)
             from_self = author_agent is not None or "chat:from-self" in tags
@@ -201,7 +234,6 @@ class ChannelActor(Actor):
             source_message: str | None = m.message_id
         else:
             e = msg
-            content, provenance = e.payload_content, "push"
             tags, _ = expand_tags(e.tags)
             author_agent = None
             lane, message_id, thread_id, from_self = "push", None, None, False
@@ -218,10 +250,6 @@ class ChannelActor(Actor):
             dedupe = ("event", self.sid, e.event_id)
             author = ""
             source_message = None
-        try:
-            blocks = convert_blocks(list(content), self.sid, provenance)
-        except ContentError as exc:
-            raise RpcError(code=INVALID_PARAMS, message=f"Invalid params: {exc}") from None
         meta["inbound_source"] = {
             "lane": lane,
             "server": self.sid,
@@ -232,6 +260,9 @@ class ChannelActor(Actor):
             "reply_to": None,
             "accepted_at": accepted_at,
         }
+        refs = [b["ref_id"] for b in blocks if "ref_id" in b]
+        if refs:
+            meta["references"] = refs
         stored = tuple(blocks)
         records = tuple(
             MessageRecord(

@@ -250,8 +250,11 @@ def _server(i: int, s: Mapping[str, Any], base: Path, problems: list[str]) -> Se
             problems.append(f"{where}.{key}: unknown key; see the README for server keys")
     command = s.get("command")
     url = s.get("url")
-    if (command is None) == (url is None):
-        problems.append(f"{where}: set exactly one of command (a list) or url (ws:// or wss://)")
+    if command is None and url is None:
+        problems.append(
+            f"{where}: set command (a list: a stdio server) or url (ws:// or wss://), or both "
+            "(a websocket server the host starts)"
+        )
     if command is not None and (
         not isinstance(command, list) or not command or not all(isinstance(c, str) for c in command)
     ):

@@ -43,8 +43,10 @@ class HostContext:
         self.channel_factory: Callable[[str, str | None], Any] | None = None
         self._create_lock = trio.Lock()
         self.closing = False
-        # Set by the Host: the InferenceRouter every connection shares.
+        # Set by the Host: the InferenceRouter every connection shares, and the reference
+        # registry's ref.
         self.inference: Any = None
+        self.references: Any = None
         # Servers whose deprecated context injections were already reported (RFC-010): at most
         # one entry per configured server.
         self.injections_noticed: set[str] = set()

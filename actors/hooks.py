@@ -19,6 +19,7 @@ import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import attrs
 import trio
 
 from protocol.hooks import (
@@ -35,6 +36,7 @@ from protocol.hooks import (
 from .context import HostContext
 from .errors import ActorDied, MailboxFull
 from .messages import Call, CancelCall, Notify, WakeTarget
+from .references import resolve_references
 
 log = logging.getLogger("mcplive.hooks")
 
@@ -138,6 +140,20 @@ class TurnHooks:
                 injections.extend(answers[sid].injections)
         return injections
 
+    async def _bind_references(self, sid: str, answer: HookAnswer) -> HookAnswer:
+        """Register the answer's references with ``sid``, the server whose answer carried them,
+        and put their stubs in place."""
+        if not _has_references(answer):
+            return answer
+        lists = await resolve_references(
+            self.ctx.references, [list(i.blocks) for i in answer.injections], sid
+        )
+        injections = tuple(
+            attrs.evolve(i, blocks=tuple(blocks))
+            for i, blocks in zip(answer.injections, lists, strict=True)
+        )
+        return attrs.evolve(answer, injections=injections)
+
     async def _call_hook(
         self,
         sid: str,
@@ -190,6 +206,7 @@ class TurnHooks:
             return
         # Authorized against the grant in force now, when the answer has arrived.
         answer = read_hook_result(result, sid, self._grant(sid))
+        answer = await self._bind_references(sid, answer)
         for dropped in answer.dropped:
             self._trace(
                 "injection-dropped",
@@ -220,6 +237,10 @@ class TurnHooks:
                 ],
             )
         answers[sid] = answer
+
+
+def _has_references(answer: HookAnswer) -> bool:
+    return any(b.get("type") == "reference" for i in answer.injections for b in i.blocks)
 
 
 def injection_messages(injections: Sequence[Injection]) -> dict[str, list[dict[str, Any]]]:

@@ -21,6 +21,7 @@ from .errors import ConfigError
 from .inference import InferenceRouter
 from .kernel import Work
 from .models import Model
+from .references import ReferenceRegistry
 from .scripted import ScriptedModel
 from .storage import StoreClient
 from .trace import TraceBus, TraceEvent
@@ -72,6 +73,7 @@ class Host:
         try:
             async with trio.open_nursery() as nursery:
                 ctx.channel_nursery = nursery
+                ctx.references = await nursery.start(ReferenceRegistry(cfg, work).run)
                 ctx.channel_factory = lambda sid, cid: ChannelActor(sid, cid, ctx)
                 for a in cfg.agents:
                     ctx.agents[a.name] = await nursery.start(AgentActor(a, models[a.name], ctx).run)

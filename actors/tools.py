@@ -13,12 +13,14 @@ import attrs
 
 from protocol.content import ContentError, convert_blocks
 from protocol.errors import RpcError
+from protocol.references import fetch_result_text
 from protocol.state import StateError, read_tool_state
 
 from .context import HostContext
 from .errors import AskTimeout, NotConnected
 from .messages import Call, ChannelInfo, ConnStatus, Describe, Publish, SetOpen, WakeTarget
 from .models import ToolSpec
+from .references import FetchError, FetchRef, resolve_references
 
 SEP = "--"
 
@@ -74,9 +76,26 @@ HOST_TOOLS: tuple[ToolSpec, ...] = (
             "required": ["content"],
         },
     ),
+    ToolSpec(
+        name="fetch_reference",
+        description="Fetch the payload of a reference (a [ref_…] id shown in a tool result, "
+        "event or message) into a workspace file. The host fetches it only from the server that "
+        "delivered it (on that server's own origin), within size limits, and verifies its digest "
+        "when one was claimed; it returns the saved path with the verified size and type. Small "
+        "payloads may already be saved: their stubs name the path.",
+        input_schema={
+            "type": "object",
+            "properties": {
+                "ref_id": {"type": "string"},
+                "max_bytes": {"type": "integer", "minimum": 1, "maximum": 268_435_456},
+            },
+            "required": ["ref_id"],
+        },
+    ),
 )
 HOST_TOOL_NAMES = frozenset(t.name for t in HOST_TOOLS)
 MAX_BACKSCROLL = 100
+FETCH_ASK_TIMEOUT_S = 90.0  # the fetch's own 60 s deadline, and time to queue
 
 
 def error(text: str) -> dict[str, Any]:
@@ -95,6 +114,7 @@ class ToolRuntime:
     agent: str
     servers: tuple[str, ...]
     route: WakeTarget | None = None
+    in_process: bool = False  # Host.execute_tool_call: register only, never fetch eagerly
 
     def _timeout(self, sid: str) -> float:
         for s in self.ctx.config.servers:
@@ -155,7 +175,26 @@ class ToolRuntime:
             blocks = convert_blocks(result.get("content", []), sid, "tool_result")
         except ContentError as exc:
             return error(f"{sid}{SEP}{name}: {exc}")
-        out: dict[str, Any] = {"is_error": bool(result.get("isError")), "content": blocks}
+        failed = bool(result.get("isError"))
+        if not (failed and self.in_process):
+            # The called server delivered these references. An agent's own call fetches the
+            # small ones now; an in-process call's caller may never show them to an agent, so
+            # it only registers them (and only when the call succeeded).
+            (blocks,) = await resolve_references(
+                self.ctx.references,
+                [blocks],
+                sid,
+                eager=not self.in_process,
+                on_error=lambda ref_id, why: self.ctx.trace.emit(
+                    "diagnostic",
+                    agent=self.agent,
+                    server_id=sid,
+                    data={"text": f"eager fetch of {ref_id} failed: {why}"},
+                ),
+            )
+        if failed:  # a failure shows only its text
+            blocks = [b for b in blocks if b.get("type") == "text" and "ref_id" not in b]
+        out: dict[str, Any] = {"is_error": failed, "content": blocks}
         checkpoint = self._checkpoint(sid, name, result, status)
         if checkpoint is not None:
             out["state"] = checkpoint
@@ -193,6 +232,29 @@ class ToolRuntime:
             "checkpoint": state.checkpoint,
             "parent": state.parent,
         }
+
+    # -- references -------------------------------------------------------------------------
+    async def _fetch_reference(self, args: Mapping[str, Any]) -> dict[str, Any]:
+        ref_id = args.get("ref_id")
+        max_bytes = args.get("max_bytes")
+        if max_bytes is not None and (
+            isinstance(max_bytes, bool) or not isinstance(max_bytes, int | float) or max_bytes < 1
+        ):
+            return error("fetch_reference: max_bytes must be a positive number")
+        try:
+            saved = await self.ctx.references.ask(
+                FetchRef(
+                    ref_id=ref_id if isinstance(ref_id, str) and ref_id else None,
+                    max_bytes=int(max_bytes) if max_bytes is not None else None,
+                ),
+                timeout=FETCH_ASK_TIMEOUT_S,
+            )
+        except FetchError as exc:
+            return error(str(exc))
+        text = fetch_result_text(
+            saved.path, saved.bytes, saved.mime_type, saved.digest_verified, saved.digest_claimed
+        )
+        return ok(text)
 
     # -- channels ---------------------------------------------------------------------------
     async def _channels(self) -> list[ChannelInfo]:

@@ -5,6 +5,7 @@ frame). Both yield a ``Transport`` whose ``receive()`` returns a text message, a
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import subprocess
@@ -208,9 +209,62 @@ async def open_websocket(cfg: ServerConfig) -> AsyncIterator[WebsocketTransport]
 async def open_transport(
     cfg: ServerConfig, on_stderr: Callable[[str], None]
 ) -> AsyncIterator[Transport]:
-    if cfg.command is not None:
+    if cfg.command is not None and cfg.url is not None:
+        async with open_launched(cfg, on_stderr) as w:
+            yield w
+    elif cfg.command is not None:
         async with open_stdio(cfg, on_stderr) as t:
             yield t
     else:
         async with open_websocket(cfg) as w:
             yield w
+
+
+#: How long a launched websocket server may take to start listening.
+LAUNCH_TIMEOUT_S = 30.0
+LAUNCH_RETRY_S = 0.1
+
+
+@asynccontextmanager
+async def open_launched(
+    cfg: ServerConfig, on_stderr: Callable[[str], None]
+) -> AsyncIterator[WebsocketTransport]:
+    """A websocket server the host starts itself (``command`` and ``url`` both set): the process
+    runs for as long as the link, and the host dials ``url`` once it accepts connections. Its
+    stdout and stderr are both read as log lines."""
+    proc = await trio.lowlevel.open_process(
+        server_argv(cfg),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=server_env(cfg),
+        cwd=str(cfg.cwd) if cfg.cwd else None,
+        start_new_session=True,
+    )
+    try:
+        async with trio.open_nursery() as nursery, contextlib.AsyncExitStack() as stack:
+            assert proc.stderr is not None and proc.stdout is not None
+            nursery.start_soon(_drain_stderr, proc.stderr, on_stderr)
+            nursery.start_soon(_drain_stderr, proc.stdout, on_stderr)
+            with trio.fail_after(LAUNCH_TIMEOUT_S):
+                while True:
+                    if proc.returncode is not None:
+                        raise OSError(f"the server exited with code {proc.returncode}")
+                    try:
+                        ws = await stack.enter_async_context(open_websocket(cfg))
+                        break
+                    except (OSError, trio_websocket.HandshakeError):
+                        await trio.sleep(LAUNCH_RETRY_S)  # not listening yet
+            try:
+                yield ws
+            finally:
+                nursery.cancel_scope.cancel()
+    finally:
+        with trio.move_on_after(3) as scope:
+            scope.shield = True
+            proc.terminate()
+            with trio.move_on_after(2):
+                await proc.wait()
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()

@@ -21,20 +21,32 @@ Opt-in features, each adding one feature set to the manifest:
   not) and for ``model/info``, when the control socket tells it to.
 * ``--notes``: ``lobby.notes`` adds a ``note`` tool whose results carry checkpoints, and answers
   ``state/rollback``.
+
+``--files`` (with ``--ws``): the websocket port also answers plain HTTP/1.1 ``GET /files/<name>``
+for a small built-in set of files (``board.png``, ``notes.txt``), so the lobby can hand the host
+references (RFC-005 ``resource`` content blocks) on its own origin. Each connection's request
+head is read first: a websocket upgrade is replayed to trio_websocket and becomes a session as
+usual, anything else gets one HTTP answer and is closed. The ``share`` control command (and,
+in the default script, Alice) sends a ``push/event`` carrying such a reference; every HTTP
+request served is reported to the live sessions' control sockets as an ``http`` event.
 """
 
 from __future__ import annotations
 
 import argparse
+import base64
 import copy
 import datetime as dt
+import hashlib
 import hmac
 import itertools
 import json
 import math
 import os
 import random
+import struct
 import sys
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -162,6 +174,9 @@ SCRIPT_LINES: tuple[tuple[str, list[str]], ...] = (
     ("@Ada can you roll a die for me?", ["chat:mention"]),
 )
 CHIME = "The lobby clock chimes."
+SHARE_EVENT_ID = "share-board"  # stable, so a reconnect's replay is recognised as a duplicate
+SHARE_FILE = "board.png"
+SHARE_TEXT = "Alice shared a photo of the board game night."
 
 
 # --------------------------------------------------------------------------------------------
@@ -187,6 +202,7 @@ class LobbyOptions:
     context: bool = False  # lobby.context: context hooks and inference lifecycle
     assist: bool = False  # lobby.assist: inference/request and model/info
     notes: bool = False  # lobby.notes: the note tool, checkpoints and state/rollback
+    files: bool = False  # --ws only: plain HTTP GET /files/<name> on the websocket port
 
     @property
     def effective_script(self) -> str:
@@ -293,6 +309,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="feature set lobby.notes (rollback): a 'note' tool whose results carry "
         "checkpoints, and state/rollback",
     )
+    p.add_argument(
+        "--files",
+        action="store_true",
+        help="with --ws: also answer plain HTTP 'GET /files/<name>' on the websocket port "
+        "(board.png, notes.txt), for references shared by push events",
+    )
     return p
 
 
@@ -314,6 +336,7 @@ def parse_args(argv: list[str] | None = None) -> LobbyOptions:
         context=ns.context,
         assist=ns.assist,
         notes=ns.notes,
+        files=ns.files,
     )
 
 
@@ -622,6 +645,252 @@ class _NoControl:
 
 
 # --------------------------------------------------------------------------------------------
+# files (--files): plain HTTP downloads on the websocket port
+
+MAX_HEAD_BYTES = 16 * 1024
+HEAD_TIMEOUT = 30.0  # seconds for a connection to send its request head
+WS_HANDSHAKE_TIMEOUT = 60.0  # as trio_websocket.serve_websocket's connect timeout
+WS_CLOSE_TIMEOUT = 60.0  # as its disconnect timeout
+
+
+def _png(width: int, height: int, rgb: tuple[int, int, int]) -> bytes:
+    """A valid truecolour PNG of one solid colour."""
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        crc = zlib.crc32(kind + data) & 0xFFFFFFFF
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", crc)
+
+    row = b"\x00" + bytes(rgb) * width  # filter type 0, then the pixels
+    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)  # 8-bit RGB
+    return (
+        b"\x89PNG\r\n\x1a\n"
+        + chunk(b"IHDR", header)
+        + chunk(b"IDAT", zlib.compress(row * height, 9))
+        + chunk(b"IEND", b"")
+    )
+
+
+NOTES_TXT = (
+    "Board game night -- notes\n"
+    "\n"
+    "* Alice won Carcassonne by 4 points.\n"
+    "* Bob rolled three 20s in a row (suspicious).\n"
+    "* Next time: Ticket to Ride; Bob brings snacks.\n"
+)
+
+
+def digest_of(data: bytes) -> str:
+    """The RFC-005 digest form: sha256, unpadded base64url."""
+    raw = hashlib.sha256(data).digest()
+    return "sha256:" + base64.urlsafe_b64encode(raw).rstrip(b"=").decode("ascii")
+
+
+@dataclass(frozen=True)
+class LobbyFile:
+    name: str
+    mime_type: str
+    data: bytes
+
+    @property
+    def size(self) -> int:
+        return len(self.data)
+
+    @property
+    def digest(self) -> str:
+        return digest_of(self.data)
+
+
+def builtin_files() -> dict[str, LobbyFile]:
+    files = [
+        LobbyFile("board.png", "image/png", _png(16, 16, (0x2E, 0x7D, 0x32))),
+        LobbyFile("notes.txt", "text/plain", NOTES_TXT.encode("utf-8")),
+    ]
+    return {f.name: f for f in files}
+
+
+def display_host(host: str) -> str:
+    """How a client dials a listener bound to ``host`` (as in the LISTENING line)."""
+    if host in ("0.0.0.0", "", "localhost"):
+        return "127.0.0.1"
+    if host == "::":
+        return "[::1]"
+    return f"[{host}]" if ":" in host else host
+
+
+class LobbyFiles:
+    """The files one websocket listener serves, its origin, and the controls to report to."""
+
+    def __init__(self, base_url: str, files: dict[str, LobbyFile] | None = None) -> None:
+        self.base_url = base_url  # e.g. http://127.0.0.1:8765, no trailing slash
+        self.files = files if files is not None else builtin_files()
+        self.controls: set[ControlLink] = set()  # of the live sessions
+
+    def url(self, name: str) -> str:
+        return f"{self.base_url}/files/{name}"
+
+    def reference(self, name: str, uri: str | None = None) -> dict[str, Any]:
+        """The ``resource`` content block for one of our files; KeyError if unknown."""
+        f = self.files[name]
+        return {
+            "type": "resource",
+            "uri": uri if uri is not None else self.url(name),
+            "mimeType": f.mime_type,
+            "sizeBytes": f.size,
+            "digest": f.digest,
+            "name": f.name,
+        }
+
+    def emit(self, event: dict[str, Any]) -> None:
+        for control in list(self.controls):
+            control.emit(event)
+
+
+class ReplayStream(trio.abc.Stream):
+    """A stream whose first reads return bytes already taken from the wrapped one."""
+
+    def __init__(self, stream: trio.SocketStream, buffered: bytes) -> None:
+        self.stream = stream
+        self._buffered = bytearray(buffered)
+
+    async def receive_some(self, max_bytes: int | None = None) -> bytes:
+        if self._buffered:
+            await trio.lowlevel.checkpoint()
+            n = len(self._buffered) if max_bytes is None else max_bytes
+            data = bytes(self._buffered[:n])
+            del self._buffered[:n]
+            return data
+        return await self.stream.receive_some(max_bytes)
+
+    async def send_all(self, data: bytes | bytearray | memoryview) -> None:
+        await self.stream.send_all(data)
+
+    async def wait_send_all_might_not_block(self) -> None:
+        await self.stream.wait_send_all_might_not_block()
+
+    async def aclose(self) -> None:
+        await self.stream.aclose()
+
+    def __repr__(self) -> str:  # trio_websocket shows it as the request's remote end
+        try:
+            addr, port, *_ = self.stream.socket.getpeername()
+        except OSError:
+            return "<closed connection>"
+        return f"{addr}:{port}"
+
+
+class RequestHead:
+    """The request line and headers of one HTTP/1.1 request."""
+
+    def __init__(self, raw: bytes) -> None:
+        lines = raw.decode("latin-1").split("\r\n")
+        parts = lines[0].split(" ")
+        if len(parts) != 3 or not parts[2].startswith("HTTP/"):
+            raise ValueError(f"bad request line {short(lines[0])}")
+        self.method, self.target, self.version = parts
+        self.headers: list[tuple[str, str]] = []
+        for line in lines[1:]:
+            if not line:
+                continue
+            name, sep, value = line.partition(":")
+            if not sep or not name or name != name.strip():
+                raise ValueError(f"bad header line {short(line)}")
+            self.headers.append((name.lower(), value.strip()))
+
+    def header(self, name: str) -> str | None:
+        for key, value in self.headers:
+            if key == name:
+                return value
+        return None
+
+    @property
+    def path(self) -> str:
+        target = self.target.partition("?")[0].partition("#")[0]
+        if "://" in target:  # absolute-form
+            target = "/" + target.partition("://")[2].partition("/")[2]
+        return target
+
+    def is_websocket_upgrade(self) -> bool:
+        return any(
+            key == "upgrade" and "websocket" in [t.strip().lower() for t in value.split(",")]
+            for key, value in self.headers
+        )
+
+
+async def read_head(stream: trio.abc.ReceiveStream) -> tuple[bytes, bytes | None]:
+    """Everything read so far, and the request head (None: too long, or the peer went away)."""
+    buf = bytearray()
+    while True:
+        end = buf.find(b"\r\n\r\n")
+        if 0 <= end <= MAX_HEAD_BYTES:
+            return bytes(buf), bytes(buf[:end])
+        if end > MAX_HEAD_BYTES or len(buf) > MAX_HEAD_BYTES:
+            return bytes(buf), None
+        try:
+            data = await stream.receive_some(65536)
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+            data = b""
+        if not data:
+            return bytes(buf), None
+        buf += data
+
+
+def http_response(
+    status: int, reason: str, body: bytes, headers: list[tuple[str, str]] | None = None
+) -> bytes:
+    lines = [f"HTTP/1.1 {status} {reason}"]
+    lines += [f"{name}: {value}" for name, value in headers or ()]
+    lines += [f"Content-Length: {len(body)}", "Connection: close", "", ""]
+    return "\r\n".join(lines).encode("latin-1") + body
+
+
+REASONS = {400: "Bad Request", 431: "Request Header Fields Too Large"}
+
+
+async def answer_http(
+    stream: trio.SocketStream,
+    head: RequestHead | None,
+    files: LobbyFiles,
+    label: str,
+    *,
+    refuse: int = 431,
+) -> None:
+    """Answer one plain HTTP request and report it; without a head, refuse it (400 or 431)."""
+    if head is None:
+        status, reason, body, headers = refuse, REASONS[refuse], b"", []
+        method = path = authorization = None
+    else:
+        method, path = head.method, head.path
+        authorization = head.header("authorization")
+        name = path.removeprefix("/files/") if path.startswith("/files/") else None
+        headers = []
+        if method != "GET":
+            status, reason, body = 405, "Method Not Allowed", b"only GET\n"
+            headers.append(("Allow", "GET"))
+        elif name is None or name not in files.files:
+            status, reason, body = 404, "Not Found", b"no such file\n"
+        else:
+            f = files.files[name]
+            status, reason, body = 200, "OK", f.data
+            headers.append(("Content-Type", f.mime_type))
+    if status != 200:
+        headers.append(("Content-Type", "text/plain"))
+    log(f"{label}: HTTP {method} {path} -> {status} (authorization: {short(authorization)})")
+    files.emit(
+        {
+            "event": "http",
+            "method": method,
+            "path": path,
+            "status": status,
+            "authorization": authorization,
+        }
+    )
+    try:
+        await stream.send_all(http_response(status, reason, body, headers))
+    except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+        log(f"{label}: HTTP answer not sent: {exc!r}")
+
+
+# --------------------------------------------------------------------------------------------
 # the session
 
 
@@ -642,9 +911,11 @@ class Session:
         options: LobbyOptions,
         control: ControlLink | None = None,
         label: str = "",
+        files: LobbyFiles | None = None,
     ) -> None:
         self.transport = transport
         self.options = options
+        self.files = files  # --files: what the listener serves over plain HTTP
         self.control: ControlLink | _NoControl = control or _NoControl()
         self._control_link = control
         self.label = label
@@ -665,6 +936,7 @@ class Session:
         self._out_counter = itertools.count(1)
         self._msg_counter = itertools.count(1)
         self._event_counter = itertools.count(1)
+        self._share_counter = itertools.count(1)
         self._out_send, self._out_recv = trio.open_memory_channel[str](math.inf)
         self._followups: list[Callable[[], object]] = []  # run right after the current reply
         self._tasks: trio.Nursery | None = None
@@ -1535,12 +1807,14 @@ class Session:
         tags: list[Any] | None = None,
         origin: Any = None,
         feature_set: str = "lobby.events",
+        extra_content: list[dict[str, Any]] | None = None,
     ) -> dict[str, Any]:
+        content = [{"type": "text", "text": text}, *(extra_content or ())]
         params: dict[str, Any] = {
             "featureSet": feature_set,
             "eventId": event_id,
             "timestamp": now_iso(),
-            "payload": {"content": [{"type": "text", "text": text}]},
+            "payload": {"content": content},
             "tags": list(tags) if tags is not None else [],
         }
         if origin is not None:
@@ -1585,6 +1859,14 @@ class Session:
                 self.request("channels/incoming", {"messages": [message]})
             else:
                 self.log("channels.incoming not granted; the people keep quiet")
+            if tick == 2 and self.files is not None:
+                if self.allows("pushEvents"):
+                    self.log(f"push/event {SHARE_EVENT_ID}: {SHARE_TEXT}")
+                    self.request(
+                        "push/event", self._share_params(SHARE_EVENT_ID, SHARE_FILE, SHARE_TEXT)
+                    )
+                else:
+                    self.log("pushEvents not granted; Alice keeps her photo")
             if tick % 3 == 0:
                 if self.allows("pushEvents"):
                     n = next(self._event_counter)
@@ -1594,6 +1876,32 @@ class Session:
                     self.request("push/event", params)
                 else:
                     self.log("pushEvents not granted; the clock stays silent")
+
+    def _share_params(
+        self,
+        event_id: str,
+        name: str,
+        text: str,
+        *,
+        uri: str | None = None,
+        tags: list[Any] | None = None,
+        origin: Any = None,
+        feature_set: str = "lobby.events",
+    ) -> dict[str, Any]:
+        """A push/event whose content is the text plus a reference to one of our files."""
+        if self.files is None:
+            raise ValueError("no files to share: start the lobby with --ws and --files")
+        if name not in self.files.files:
+            raise ValueError(f"unknown file {name!r}; known: {sorted(self.files.files)}")
+        reference = self.files.reference(name, uri)
+        return self._event_params(
+            event_id,
+            text,
+            tags=tags,
+            origin=origin,
+            feature_set=feature_set,
+            extra_content=[reference],
+        )
 
     # ---- control commands ------------------------------------------------------------------------
 
@@ -1652,6 +1960,26 @@ class Session:
                 origin=cmd.get("origin"),
                 feature_set=cmd.get("featureSet", "lobby.events"),
             )
+            self.request("push/event", params)
+        elif name == "share":  # a push/event carrying a reference to one of our files
+            file_name = cmd["file"]
+            text = cmd.get("text", f"Shared {file_name}.")
+            event_id = cmd.get("eventId") or f"share-{next(self._share_counter)}"
+            uri = cmd.get("uri")  # a test may point the reference elsewhere (another origin)
+            if not all(isinstance(v, str) for v in (file_name, text, event_id)):
+                raise TypeError("file, text and eventId must be strings")
+            if uri is not None and not isinstance(uri, str):
+                raise TypeError("uri must be a string")
+            params = self._share_params(
+                event_id,
+                file_name,
+                text,
+                uri=uri,
+                tags=cmd.get("tags"),
+                origin=cmd.get("origin"),
+                feature_set=cmd.get("featureSet", "lobby.events"),
+            )
+            self.log(f"push/event {event_id}: {text} [{params['payload']['content'][1]['uri']}]")
             self.request("push/event", params)
         elif name == "register":
             descriptors = cmd["channels"]
@@ -1819,15 +2147,22 @@ async def _open_control(options: LobbyOptions, label: str) -> ControlLink | None
 
 
 async def run_session(
-    transport: StdioTransport | WsTransport, options: LobbyOptions, label: str = ""
+    transport: StdioTransport | WsTransport,
+    options: LobbyOptions,
+    label: str = "",
+    files: LobbyFiles | None = None,
 ) -> None:
     control = await _open_control(options, label)
     if control is not None:
         control.emit({"event": "hello", "pid": os.getpid(), "transport": transport.kind})
+        if files is not None:
+            files.controls.add(control)  # it hears of HTTP requests while the session lasts
     try:
-        await Session(transport, options, control, label).run()
+        await Session(transport, options, control, label, files).run()
     finally:
         if control is not None:
+            if files is not None:
+                files.controls.discard(control)
             await control.aclose()
 
 
@@ -1857,34 +2192,98 @@ async def serve_ws(
     *,
     task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Serve lobby sessions over websockets until cancelled; ``task_status.started(port)``."""
+    """Serve lobby sessions over websockets until cancelled; ``task_status.started(port)``.
+
+    With ``options.files`` the same port also answers plain HTTP ``GET /files/<name>``.
+    """
     opts = options or LobbyOptions()
     counter = itertools.count(1)
+    http_counter = itertools.count(1)
+    files: LobbyFiles | None = None
 
-    async def handler(request: trio_websocket.WebSocketRequest) -> None:
-        label = f"ws#{next(counter)}"
+    async def session(
+        request: trio_websocket.WebSocketRequest, label: str
+    ) -> trio_websocket.WebSocketConnection | None:
+        """Check the token, accept and run one session; the connection, if accepted."""
         if opts.token is not None and not _authorized(request, opts.token):
             log(f"{label}: rejecting a websocket client without the right bearer token")
             await request.reject(
                 401, extra_headers=[(b"WWW-Authenticate", b"Bearer")], body=b"unauthorized\n"
             )
-            return
+            return None
         try:
             ws = await request.accept()
         except trio_websocket.ConnectionClosed:
-            return
+            return None
         log(f"{label}: connected from {request.remote}")
-        await run_session(WsTransport(ws), opts, label)
+        await run_session(WsTransport(ws), opts, label, files)
         log(f"{label}: session over")
+        return ws
+
+    async def handler(request: trio_websocket.WebSocketRequest) -> None:
+        await session(request, f"ws#{next(counter)}")
 
     async def serve(*, task_status: trio.TaskStatus[Any]) -> None:
         await trio_websocket.serve_websocket(
             handler, host, port, None, max_message_size=MAX_LINE_BYTES, task_status=task_status
         )
 
+    async def websocket(stream: ReplayStream, label: str) -> None:
+        """What serve_websocket does for one connection, on a stream whose head was read."""
+        try:
+            async with trio.open_nursery() as nursery:
+                request = None
+                with trio.move_on_after(WS_HANDSHAKE_TIMEOUT):
+                    request = await trio_websocket.wrap_server_stream(
+                        nursery, stream, max_message_size=MAX_LINE_BYTES
+                    )
+                if request is not None:
+                    ws = await session(request, label)
+                    if ws is not None:
+                        with trio.move_on_after(WS_CLOSE_TIMEOUT):
+                            await ws.aclose()
+                nursery.cancel_scope.cancel()  # the connection's reader task
+        finally:
+            with trio.CancelScope(shield=True), trio.move_on_after(1):
+                await stream.aclose()
+
+    async def connection(stream: trio.SocketStream) -> None:
+        """One connection to the --files listener: a websocket session or one HTTP answer."""
+        assert files is not None
+        raw, head_bytes = b"", None
+        with trio.move_on_after(HEAD_TIMEOUT):
+            raw, head_bytes = await read_head(stream)
+        try:
+            head = None
+            if head_bytes is not None:
+                try:
+                    head = RequestHead(head_bytes)
+                except ValueError as exc:
+                    log(f"unreadable HTTP request: {exc}")
+                    await answer_http(stream, None, files, f"http#{next(http_counter)}", refuse=400)
+                    return
+            if head is not None and head.is_websocket_upgrade():
+                await websocket(ReplayStream(stream, raw), f"ws#{next(counter)}")
+            elif head is not None:
+                await answer_http(stream, head, files, f"http#{next(http_counter)}")
+            elif len(raw) > MAX_HEAD_BYTES:
+                await answer_http(stream, None, files, f"http#{next(http_counter)}", refuse=431)
+            # else: the peer went away (or said nothing in time) before its head was complete
+        finally:
+            with trio.CancelScope(shield=True), trio.move_on_after(1):
+                await stream.aclose()
+
     async with trio.open_nursery() as nursery:
-        ws_server = await nursery.start(serve)
-        task_status.started(ws_server.port)
+        if not opts.files:
+            ws_server = await nursery.start(serve)
+            task_status.started(ws_server.port)
+            return
+        listeners = await trio.open_tcp_listeners(port, host=host)
+        bound = listeners[0].socket.getsockname()[1]
+        files = LobbyFiles(f"http://{display_host(host)}:{bound}")
+        log(f"serving files at {files.base_url}/files/: {', '.join(files.files)}")
+        await nursery.start(trio.serve_listeners, connection, listeners)
+        task_status.started(bound)
 
 
 async def _amain(options: LobbyOptions) -> None:
@@ -1892,12 +2291,13 @@ async def _amain(options: LobbyOptions) -> None:
         host, port = split_host_port(options.ws)
         async with trio.open_nursery() as nursery:
             bound = await nursery.start(serve_ws, host, port, options)
-            shown = "127.0.0.1" if host in ("0.0.0.0", "", "localhost") else host
-            print(f"LISTENING ws://{shown}:{bound}", flush=True)
+            print(f"LISTENING ws://{display_host(host)}:{bound}", flush=True)
             log(f"serving websockets on {host}:{bound}")
     else:
         if options.token:
             log("--token only applies to --ws; ignored")
+        if options.files:
+            log("--files only applies to --ws; ignored")
         await serve_stdio(options)
 
 

@@ -274,7 +274,6 @@ CASES: list[tuple[str, Callable[[dict[str, Any]], None], tuple[str, ...]]] = [
     ("server id with --", server(id="a--b"), ("servers[a--b].id",)),
     ("server id with a space", server(id="a b"), (".id",)),
     ("server id too long", server(id="a" * 65), (".id",)),
-    ("both command and url", server(url="ws://h"), ("servers[lobby]", "command", "url")),
     ("neither command nor url", server(command=DELETE), ("servers[lobby]", "command", "url")),
     ("empty command", server(command=[]), ("servers[lobby].command",)),
     ("command as a string", server(command="python x"), ("servers[lobby].command",)),
@@ -356,7 +355,7 @@ def test_all_problems_are_reported_at_once(tmp_path: Path, monkeypatch: pytest.M
         "extra": 1,
         "host": {"data_dir": 3},
         "servers": [
-            {"id": "lobby", "command": ["x"], "url": "ws://h"},
+            {"id": "lobby"},  # neither command nor url
             {"command": ["y"], "colour": "red"},  # no id, and an unknown key
             {"id": "lobby", "url": "http://h", "token_env": "MCPLIVE_TEST_UNSET"},
         ],
@@ -369,7 +368,7 @@ def test_all_problems_are_reported_at_once(tmp_path: Path, monkeypatch: pytest.M
     expected = [
         "extra",
         "host.data_dir",
-        "servers[lobby]: set exactly one",
+        "servers[lobby]: set command",
         "servers[1].id",
         "servers[1].colour",
         "servers[lobby].url",
@@ -453,3 +452,14 @@ def test_a_bad_server_url_is_one_line_naming_the_reason(url: str, reason: str) -
     (line,) = [p for p in caught.value.problems if "url" in p]
     assert line.startswith("servers[a].url: must be an mcpl://, wss:// or ws:// address")
     assert reason in line
+
+
+def test_command_and_url_together_name_a_websocket_server_the_host_starts(tmp_path: Path) -> None:
+    cfg = load_config(
+        {
+            "servers": [{"id": "lobby", "command": ["python", "-m", "x"], "url": "ws://h:1/m"}],
+            "agents": [{"name": "Ada", "model": "anthropic:claude-test"}],
+        }
+    )
+    (server,) = cfg.servers
+    assert server.command == ("python", "-m", "x") and server.endpoint == "ws://h:1/m"

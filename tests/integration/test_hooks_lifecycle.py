@@ -290,7 +290,7 @@ async def test_an_injection_with_invalid_content_is_dropped_and_the_valid_ones_k
         {"namespace": "ns.one", "position": "beforeUser", "content": "KEEP-ONE"},
         {"namespace": "ns.bad", "position": "beforeUser", "content": [{"type": "text", "text": 4}]},
         {"namespace": "ns.two", "position": "afterUser", "content": "KEEP-TWO"},
-        {"namespace": "ns.worse", "position": "afterUser", "content": [{"type": "hologram"}]},
+        {"namespace": "ns.worse", "position": "afterUser", "content": [{"type": 5}]},
     ]
     with trio.fail_after(60):
         async with running_lobby(tmp_path, {"Ada": ""}, "--context") as lb:
@@ -303,7 +303,7 @@ async def test_an_injection_with_invalid_content_is_dropped_and_the_valid_ones_k
             dropped = [e.data for e in seen if e.kind == "injection-dropped"]
             assert [d["index"] for d in dropped] == [1, 3]
             assert "text" in dropped[0]["reason"]
-            assert "hologram" in dropped[1]["reason"]
+            assert "not a content block" in dropped[1]["reason"]
             [call] = model.seen
             msgs = call.messages
             assert [text_blocks(m) for m in msgs if "[context from" in text_blocks(m)[0]] == [

@@ -292,7 +292,7 @@ def test_injections_that_are_not_an_array(value: Any) -> None:
         (entry(content=5), "content"),
         (entry(content={"type": "text", "text": "x"}), "content"),
         (entry(content=[]), "empty"),
-        (entry(content=[{"type": "video", "uri": "u"}]), "video"),
+        (entry(content=[{"type": 5, "uri": "u"}]), "content block"),
         (entry(content=[{"type": "text", "text": "ok"}, {"type": "text"}]), "text"),
         (entry(content="x" * (MAX_TEXT_CHARS + 1)), "over"),
     ],
