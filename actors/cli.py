@@ -6,6 +6,7 @@ import argparse
 import json
 import logging
 import signal
+import socket
 import sys
 import tempfile
 from collections.abc import Mapping, Sequence
@@ -95,8 +96,15 @@ async def _run(config: Any, duration: float | None, out: Any) -> None:
         stream = host.trace()
 
         async def show() -> None:
+            last_context: dict[tuple[str | None, str | None], str] = {}  # one per server, agent
             async for event in stream:
                 line = format_event(event)
+                if event.kind == "context-injected" and line is not None:
+                    # the same status line before every turn is shown once, until it changes
+                    key = (event.server_id, event.agent)
+                    if last_context.get(key) == line or len(last_context) >= 1024:
+                        continue
+                    last_context[key] = line
                 if line is not None:
                     print(line, file=out, flush=True)
 
@@ -151,10 +159,24 @@ def _bundled_config(data_dir: Path) -> dict[str, Any]:
         model = agent.get("model", "")
         if model.startswith("scripted:"):
             agent["model"] = "scripted:" + str(base / model.removeprefix("scripted:"))
+    port = str(_free_port())
     for server in raw.get("servers", []):
         server.setdefault("env", {})["PYTHONPATH"] = str(base.parent)
+        # the example's websocket lobby listens on a port that is free right now
+        if "url" in server:
+            server["url"] = server["url"].replace(EXAMPLE_PORT, port)
+        server["command"] = [arg.replace(EXAMPLE_PORT, port) for arg in server.get("command", [])]
     raw.setdefault("host", {})["data_dir"] = str(data_dir.resolve())
     return raw
+
+
+EXAMPLE_PORT = "8765"  # the port written in the bundled example's config
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
 
 
 def cmd_check(args: argparse.Namespace) -> int:

@@ -5,11 +5,11 @@ frame). Both yield a ``Transport`` whose ``receive()`` returns a text message, a
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import subprocess
 import sys
+import urllib.parse
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -225,6 +225,25 @@ LAUNCH_TIMEOUT_S = 30.0
 LAUNCH_RETRY_S = 0.1
 
 
+async def _until_listening(cfg: ServerConfig, proc: trio.Process) -> None:
+    """Wait until the launched server accepts connections on its url's host and port."""
+    assert cfg.endpoint is not None
+    url = urllib.parse.urlsplit(cfg.endpoint)
+    host = url.hostname or "127.0.0.1"
+    port = url.port or (443 if url.scheme == "wss" else 80)
+    with trio.fail_after(LAUNCH_TIMEOUT_S):
+        while True:
+            if proc.returncode is not None:
+                raise OSError(f"the server exited with code {proc.returncode}")
+            try:
+                stream = await trio.open_tcp_stream(host, port)
+            except OSError:
+                await trio.sleep(LAUNCH_RETRY_S)  # not listening yet
+                continue
+            await stream.aclose()
+            return
+
+
 @asynccontextmanager
 async def open_launched(
     cfg: ServerConfig, on_stderr: Callable[[str], None]
@@ -242,21 +261,14 @@ async def open_launched(
         start_new_session=True,
     )
     try:
-        async with trio.open_nursery() as nursery, contextlib.AsyncExitStack() as stack:
+        async with trio.open_nursery() as nursery:
             assert proc.stderr is not None and proc.stdout is not None
             nursery.start_soon(_drain_stderr, proc.stderr, on_stderr)
             nursery.start_soon(_drain_stderr, proc.stdout, on_stderr)
-            with trio.fail_after(LAUNCH_TIMEOUT_S):
-                while True:
-                    if proc.returncode is not None:
-                        raise OSError(f"the server exited with code {proc.returncode}")
-                    try:
-                        ws = await stack.enter_async_context(open_websocket(cfg))
-                        break
-                    except (OSError, trio_websocket.HandshakeError):
-                        await trio.sleep(LAUNCH_RETRY_S)  # not listening yet
+            await _until_listening(cfg, proc)
             try:
-                yield ws
+                async with open_websocket(cfg) as ws:
+                    yield ws
             finally:
                 nursery.cancel_scope.cancel()
     finally:

@@ -28,7 +28,8 @@ async def test_bundled_example_talks_and_stops_cleanly_on_ctrl_c(tmp_path: Path)
         assert proc.stdout is not None
         seen = ""
         try:
-            while " → " not in seen:  # an agent published a reply
+            # an agent published a reply, and Ada fetched the photo Alice shared
+            while " → " not in seen or "fetch_reference → " not in seen:
                 chunk = await proc.stdout.receive_some(65536)
                 assert chunk, f"mcplive exited early: {seen}"
                 seen += chunk.decode()
@@ -38,6 +39,10 @@ async def test_bundled_example_talks_and_stops_cleanly_on_ctrl_c(tmp_path: Path)
         assert proc.returncode == 0
         assert "lobby ready: MCPL" in seen
         assert "registered lobby:#general" in seen
+        assert '"digest_verified":true' in seen
+    saved = list((tmp_path / "mcplive-data" / "workspace" / "refs").iterdir())
+    assert [p.suffix for p in saved] == [".png"]
+    assert saved[0].read_bytes().startswith(b"\x89PNG")
     history = run("history", "--json", cwd=tmp_path)
     assert history.returncode == 0
     messages = [json.loads(line) for line in history.stdout.splitlines()]
@@ -46,6 +51,7 @@ async def test_bundled_example_talks_and_stops_cleanly_on_ctrl_c(tmp_path: Path)
         assert set(m) == {"id", "agent", "role", "blocks", "metadata"}
         assert m["role"] in ("user", "assistant", "tool", "system")
     assert any(m["role"] == "assistant" for m in messages)
+    assert "http://127.0.0.1" not in history.stdout  # a reference's uri is never stored
     inbound = [m for m in messages if m["role"] == "user"]
     assert all(m["metadata"]["server_id"] == "lobby" for m in inbound)
     first_text = inbound[0]["blocks"][0]["text"]
