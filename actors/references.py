@@ -10,9 +10,12 @@ share one request. A server's address is the URL the host dials for it (a websoc
 
 from __future__ import annotations
 
+import os
 import random
+import re
 import time
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import attrs
@@ -127,6 +130,19 @@ def _view(record: Record) -> RefView:
     )
 
 
+_SAVED = re.compile(r"ref_([0-9a-z]+)_[0-9a-z]{4}\.")
+
+
+def highest_saved_counter(workspace: Path) -> int:
+    """The highest id counter among the files earlier runs saved under ``workspace/refs``."""
+    try:
+        names = [entry.name for entry in os.scandir(workspace / "refs")]
+    except OSError:
+        return 0
+    counters = [int(m.group(1), 36) for n in names if (m := _SAVED.match(n))]
+    return max(counters, default=0)
+
+
 def server_addresses(config: HostConfig) -> dict[str, str | None]:
     """Each configured server's address: the websocket URL dialled for it, or None (stdio)."""
     return {s.id: s.endpoint if s.url is not None else None for s in config.servers}
@@ -138,10 +154,12 @@ class ReferenceRegistry(Actor):
     def __init__(self, config: HostConfig, work: Work, *, rng: random.Random | None = None) -> None:
         super().__init__("references", work)
         self.config = config
-        self.state = RegistryState(rng or random.Random())
+        self.workspace = config.data_dir / "workspace"
+        self.state = RegistryState(
+            rng or random.Random(), counter_after=highest_saved_counter(self.workspace)
+        )
         self.addresses = server_addresses(config)
         self.servers: Mapping[str, ServerConfig] = {s.id: s for s in config.servers}
-        self.workspace = config.data_dir / "workspace"
         self.used: dict[str, int] = {}  # bytes charged per dialed server; never renews
         self.reserved: dict[str, int] = {}  # bytes fetches in flight may still take
         self.waiting: dict[str, list[Reply]] = {}  # ref id -> askers sharing one fetch

@@ -579,12 +579,16 @@ class RegistryState:
     a new id.
     """
 
-    def __init__(self, rng: Rng, max_records: int = MAX_RECORDS) -> None:
+    def __init__(self, rng: Rng, max_records: int = MAX_RECORDS, *, counter_after: int = 0) -> None:
+        """``counter_after``: the highest counter already used (by an earlier process whose
+        files remain), so no new id can name an existing file."""
         if max_records < 1:
             raise ValueError("max_records must be at least 1")
+        if counter_after < 0:
+            raise ValueError("counter_after must be >= 0")
         self._rng = rng
         self._max = max_records
-        self._counter = 0
+        self._counter = counter_after
         self._by_uri: dict[str, Record] = {}  # insertion order = first registration
         self._by_id: dict[str, Record] = {}
 

@@ -112,6 +112,7 @@ class Origin:
         self.origin = f"http://127.0.0.1:{port}"
         self.routes: dict[str, Route] = {}
         self.requests: list[Request] = []
+        self._arrived = trio.Event()  # replaced after each request: wakes wait_for_requests
 
     def route(self, path: str, route: Route) -> None:
         self.routes[path] = route
@@ -121,6 +122,11 @@ class Origin:
 
     def ws_url(self, path: str = "/mcpl") -> str:
         return f"ws://127.0.0.1:{self.port}{path}"
+
+    async def wait_for_requests(self, n: int) -> None:
+        """Return once ``n`` requests (any path) have arrived."""
+        while len(self.requests) < n:
+            await self._arrived.wait()
 
     def count(self, path: str | None = None) -> int:
         return sum(1 for r in self.requests if path is None or _path_only(r.path) == path)
@@ -136,6 +142,8 @@ class Origin:
                 request, keep_alive, body_length = head
                 del buffer[:body_length]  # requests here have no body worth keeping
                 self.requests.append(request)
+                self._arrived.set()
+                self._arrived = trio.Event()
                 try:
                     await self._answer(stream, request)
                 finally:
