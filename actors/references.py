@@ -39,6 +39,8 @@ from .kernel import Actor, Reply, Work
 
 #: The most fetches running at once; past it a fetch is refused for now.
 MAX_FETCHES = 32
+#: The most askers sharing one fetch; past it an asker is refused for now.
+MAX_WAITERS = 64
 FETCH_TIMEOUT_S = 60.0
 EAGER_TIMEOUT_S = 10.0
 
@@ -202,7 +204,11 @@ class ReferenceRegistry(Actor):
                 reply.value(None)
                 return
         if record.ref_id in self.waiting:
-            self.waiting[record.ref_id].append(reply)  # one request serves every asker
+            waiting = self.waiting[record.ref_id]
+            if len(waiting) >= MAX_WAITERS:
+                reply.error(FetchError(f"{MAX_WAITERS} askers already wait for this fetch; retry"))
+                return
+            waiting.append(reply)  # one request serves every asker
             return
         if not isinstance(chosen, Chosen):
             reply.error(FetchError(chosen.message))

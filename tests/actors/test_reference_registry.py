@@ -136,6 +136,34 @@ async def test_at_the_cap_of_fetches_in_flight_a_fetch_is_refused(
                     nursery.cancel_scope.cancel()
 
 
+async def test_at_the_cap_of_askers_sharing_one_fetch_the_next_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(references, "MAX_WAITERS", 2)
+    with trio.fail_after(30):
+        async with serve_origin() as origin:
+            origin.route("/slow", Route(hang=True))
+            async with registry(host_config(tmp_path, origin)) as ref:
+                ref_id = await register(ref, origin, "/slow")
+                refused: list[str] = []
+                one_refused = trio.Event()
+
+                async def ask() -> None:
+                    try:
+                        await ref.ask(FetchRef(ref_id=ref_id), timeout=20)
+                    except FetchError as exc:
+                        refused.append(str(exc))
+                        one_refused.set()
+
+                async with trio.open_nursery() as nursery:
+                    for _ in range(3):  # the fetch hangs: two share it, the third is refused
+                        nursery.start_soon(ask)
+                    await one_refused.wait()
+                    assert len(refused) == 1 and "2 askers already wait" in refused[0]
+                    assert origin.count() <= 1
+                    nursery.cancel_scope.cancel()
+
+
 async def test_unknown_and_missing_ids_are_refused_by_the_tool_text(tmp_path: Path) -> None:
     with trio.fail_after(30):
         async with serve_origin() as origin:
