@@ -1860,13 +1860,8 @@ class Session:
             else:
                 self.log("channels.incoming not granted; the people keep quiet")
             if tick == 2 and self.files is not None:
-                if self.allows("pushEvents"):
-                    self.log(f"push/event {SHARE_EVENT_ID}: {SHARE_TEXT}")
-                    self.request(
-                        "push/event", self._share_params(SHARE_EVENT_ID, SHARE_FILE, SHARE_TEXT)
-                    )
-                else:
-                    self.log("pushEvents not granted; Alice keeps her photo")
+                # half a tick after Bob's question, so the photo is the newest thing Ada sees
+                self.spawn(self._share_photo)
             if tick % 3 == 0:
                 if self.allows("pushEvents"):
                     n = next(self._event_counter)
@@ -1876,6 +1871,14 @@ class Session:
                     self.request("push/event", params)
                 else:
                     self.log("pushEvents not granted; the clock stays silent")
+
+    async def _share_photo(self) -> None:
+        await trio.sleep(self.options.interval / 2)
+        if self.allows("pushEvents"):
+            self.log(f"push/event {SHARE_EVENT_ID}: {SHARE_TEXT}")
+            self.request("push/event", self._share_params(SHARE_EVENT_ID, SHARE_FILE, SHARE_TEXT))
+        else:
+            self.log("pushEvents not granted; Alice keeps her photo")
 
     def _share_params(
         self,
