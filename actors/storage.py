@@ -83,7 +83,9 @@ class StoreClient:
         self.work = work
         self.writer = GroupCommitWriter(self.path)
         self.reader = Reader(self.path)
-        self._slots = trio.Semaphore(MAX_IN_FLIGHT)
+        # writes handed over and not yet committed (at most MAX_IN_FLIGHT); counted per batch
+        self._in_flight = 0
+        self._room = trio.Event()  # set (and replaced) whenever commits free room
         self._token = trio.lowlevel.current_trio_token()
         self._read_limiter = trio.CapacityLimiter(1)
         self._lock = threading.Lock()
@@ -99,20 +101,23 @@ class StoreClient:
 
     async def submit_many(self, ops: list[Any]) -> list[StoreFuture]:
         """Hand several ops to the writer in one go; waits only while no slot is free."""
-        for _ in ops:
-            try:
-                self._slots.acquire_nowait()
-            except trio.WouldBlock:
-                await self._slots.acquire()
-        batch = _Completion(self, len(ops))
+        n = len(ops)
+        if n > MAX_IN_FLIGHT:  # more than may ever be in flight: hand it over in parts
+            futures: list[StoreFuture] = []
+            for i in range(0, n, MAX_IN_FLIGHT):
+                futures.extend(await self.submit_many(ops[i : i + MAX_IN_FLIGHT]))
+            return futures
+        while self._in_flight + n > MAX_IN_FLIGHT:
+            await self._room.wait()
+        self._in_flight += n
+        batch = _Completion(self, n)
         self.work.inc(len(ops))
         try:
             done = batch.done
             self.writer.submit_many([(op, done) for op in ops])
         except BaseException:
-            for _ in ops:
-                self._slots.release()
-            self.work.dec(len(ops))
+            self._free(n)
+            self.work.dec(n)
             raise
         return batch.futures
 
@@ -135,9 +140,13 @@ class StoreClient:
             self._scheduled = False
         for batch in completed:
             batch.settled.set()
-            for _ in batch.futures:
-                self._slots.release()
+            self._free(len(batch.futures))
             self.work.dec(len(batch.futures))
+
+    def _free(self, n: int) -> None:
+        self._in_flight -= n
+        room, self._room = self._room, trio.Event()
+        room.set()
 
     async def write(self, op: Any) -> Any:
         return await (await self.submit(op)).wait()
