@@ -402,9 +402,11 @@ class Reader:
     ) -> list[dict[str, Any]]:
         """Messages whose body text (:func:`~store.bodytext.body_text`) matches, oldest first.
 
-        Substring matching is case-insensitive; ``regex=True`` is a :mod:`re` search where ``^``
-        anchors at the body's start (a bad pattern raises :class:`re.error`). ``limit`` keeps the
-        newest N matches.
+        Matching reads the body without its stored source header
+        (:func:`~store.bodytext.without_header`), so a channel's label or id matches only where a
+        sender wrote it; the messages come back whole, header included. Substring matching is
+        case-insensitive; ``regex=True`` is a :mod:`re` search where ``^`` anchors at the body's
+        start (a bad pattern raises :class:`re.error`). ``limit`` keeps the newest N matches.
         """
         if limit is not None and limit < 0:
             raise ValueError(f"limit must be >= 0, got {limit}")
