@@ -24,8 +24,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from protocol.content import ContentError, convert_blocks
+from protocol.digests import body_digest
 from protocol.errors import INVALID_PARAMS, RpcError
 from protocol.lanes import ChannelDescriptor, IncomingMessage, PushEvent
+from protocol.source import channel_header, mark_openings, unscoped_header
 from protocol.tags import expand_tags, is_addressed
 from store import Append, MessageRecord, PutState
 
@@ -58,6 +60,17 @@ _id_counter = itertools.count(1)
 def new_id() -> str:
     """A unique id for a stored message: a random per-process prefix and a counter."""
     return f"m_{_ID_PREFIX}{next(_id_counter):08x}"
+
+
+def _marked(blocks: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The blocks with every header-shaped opening in their text marked (one string across the
+    text blocks, so an opening split between blocks is marked too)."""
+    texts = [b["text"] if b.get("type") == "text" else None for b in blocks]
+    marked = mark_openings(texts)
+    return [
+        b if new is None or new == old else {**b, "text": new}
+        for b, old, new in zip(blocks, texts, marked, strict=True)
+    ]
 
 
 class ChannelActor(Actor):
@@ -232,6 +245,9 @@ class ChannelActor(Actor):
             dedupe = ("incoming", self.sid, f"{self.cid}\x00{m.message_id}")
             author = m.author.name or m.author.id
             source_message: str | None = m.message_id
+            reply_to = m.reply_to
+            if reply_to is None and m.metadata and isinstance(m.metadata.get("replyTo"), str):
+                reply_to = m.metadata["replyTo"]
         else:
             e = msg
             tags, _ = expand_tags(e.tags)
@@ -250,6 +266,9 @@ class ChannelActor(Actor):
             dedupe = ("event", self.sid, e.event_id)
             author = ""
             source_message = None
+            reply_to = None
+            thread = e.origin.get("threadId") if e.origin and self.cid is not None else None
+            thread_id = thread if isinstance(thread, str) and thread else None
         meta["inbound_source"] = {
             "lane": lane,
             "server": self.sid,
@@ -257,13 +276,23 @@ class ChannelActor(Actor):
             "thread": thread_id,
             "message": source_message,
             "label": self.label or None,
-            "reply_to": None,
+            "reply_to": reply_to,
             "accepted_at": accepted_at,
         }
         refs = [b["ref_id"] for b in blocks if "ref_id" in b]
         if refs:
             meta["references"] = refs
-        stored = tuple(blocks)
+        # The header is rendered once, from what was frozen above; the sender's text is marked
+        # so that nothing in it reads as the host's own attribution (refs-and-headers F.1).
+        if self.cid is None:
+            header = unscoped_header(self.sid)
+        else:
+            header = channel_header(self.sid, self.cid, self.label or None, thread_id, reply_to)
+        meta["source_body_digest"] = body_digest(blocks)
+        body = _marked(blocks)
+        stored = ({"type": "text", "text": header}, *body)
+        meta["source_header"] = header
+        meta["stored_body_digest"] = body_digest(stored)
         records = tuple(
             MessageRecord(
                 id=new_id(),
@@ -277,7 +306,7 @@ class ChannelActor(Actor):
             if agent != author_agent
         )
         wakes = self._wakes(lane, message_id, thread_id, tags, from_self)
-        return Append(records=records, dedupe=dedupe), (stored, wakes, author)
+        return Append(records=records, dedupe=dedupe), (tuple(body), wakes, author)
 
     def _wakes(
         self,

@@ -65,6 +65,7 @@ class IncomingMessage:
     thread_id: str | None = None
     metadata: Mapping[str, Any] | None = None
     tags: tuple[Any, ...] = ()
+    reply_to: str | None = None  # the message this one answers, as the server names it
 
 
 @attrs.frozen(kw_only=True)
@@ -273,6 +274,7 @@ def _fast_incoming(raw: Any) -> IncomingMessage | None:
     name = author.get("name", "")
     timestamp = raw.get("timestamp", "")
     thread = raw.get("threadId")
+    reply = raw.get("replyTo")
     metadata = raw.get("metadata")
     tags = raw.get("tags", [])
     if not (
@@ -280,6 +282,7 @@ def _fast_incoming(raw: Any) -> IncomingMessage | None:
         and type(name) is str
         and type(timestamp) is str
         and (thread is None or type(thread) is str)
+        and (reply is None or type(reply) is str)
         and (metadata is None or type(metadata) is dict)
         and type(tags) is list
     ):
@@ -293,6 +296,7 @@ def _fast_incoming(raw: Any) -> IncomingMessage | None:
         thread_id=thread,
         metadata=metadata,
         tags=tuple(tags),
+        reply_to=reply,
     )
 
 

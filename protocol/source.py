@@ -23,6 +23,7 @@ in time linear in its input.
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Sequence
 from typing import Final
@@ -192,6 +193,7 @@ def _needs_quoting(text: str) -> bool:
     return _UNSEEN.search(_EMOJI.sub("", text)) is not None
 
 
+@functools.lru_cache(maxsize=4096)  # ids and labels repeat from item to item
 def header_value(text: str) -> str:
     """A server id, channel id, thread id or reply id as the header shows it.
 
@@ -202,6 +204,7 @@ def header_value(text: str) -> str:
     return quoted(text) if _needs_quoting(text) else text
 
 
+@functools.lru_cache(maxsize=4096)
 def label_value(text: str) -> str:
     """A channel label as the header shows it.
 

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from actors import Host
+from store.bodytext import without_header
 from actors.host import TraceStream
 from actors.trace import TraceEvent
 from examples.lobby_control import ControlListener, LobbyControl, open_control_listener
@@ -55,10 +56,12 @@ def received(ctl: Any, method: str) -> list[dict[str, Any]]:
 
 
 def texts(messages: list[dict[str, Any]], role: str | None = None) -> list[str]:
+    """The text of each message (of ``role``), without its source header."""
     out = []
     for m in messages:
         if role is None or m["role"] == role:
-            out.append(" ".join(b.get("text", "") for b in m["blocks"] if b.get("type") == "text"))
+            blocks = without_header(m["blocks"], m.get("metadata") or {})
+            out.append(" ".join(b.get("text", "") for b in blocks if b.get("type") == "text"))
     return out
 
 

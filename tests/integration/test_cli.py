@@ -54,9 +54,17 @@ async def test_bundled_example_talks_and_stops_cleanly_on_ctrl_c(tmp_path: Path)
     assert "http://127.0.0.1" not in history.stdout  # a reference's uri is never stored
     inbound = [m for m in messages if m["role"] == "user"]
     assert all(m["metadata"]["server_id"] == "lobby" for m in inbound)
-    first_text = inbound[0]["blocks"][0]["text"]
+    # every inbound item starts with its stored source header
+    header = inbound[0]["metadata"]["source_header"]
+    assert (
+        header.startswith("[source: lobby / lobby:#") and inbound[0]["blocks"][0]["text"] == header
+    )
+    first_text = inbound[0]["blocks"][1]["text"]
     found = run("history", "--search", first_text[:6], "--agent", "Ada", cwd=tmp_path)
     assert found.returncode == 0 and first_text in found.stdout
+    assert header in run("history", "--agent", "Ada", cwd=tmp_path).stdout  # shown in history
+    unfound = run("history", "--search", "[source: lobby", "--agent", "Ada", cwd=tmp_path)
+    assert unfound.returncode == 0 and unfound.stdout == ""  # the search skips headers
     assert run("history", "--search", "(", "--regex", cwd=tmp_path).returncode == 2
 
 
