@@ -10,10 +10,10 @@ from pathlib import Path
 from typing import Any
 
 from actors import Host
-from store.bodytext import without_header
 from actors.host import TraceStream
 from actors.trace import TraceEvent
 from examples.lobby_control import ControlListener, LobbyControl, open_control_listener
+from store.bodytext import without_header
 
 LOBBY = [sys.executable, "-m", "examples.lobby_server"]
 
