@@ -23,6 +23,7 @@ from typing import Any
 import attrs
 import trio
 
+from protocol.source import mark_text
 from protocol.state import Recorded, read_rollback_result, rollback_params, rollback_targets
 from store import Append, MessageRecord, PutState
 
@@ -34,7 +35,7 @@ from .kernel import Actor, Reply
 from .messages import Call, Wake, WakeTarget
 from .models import Model, ModelError, ModelRequest
 from .scripted import body_of
-from .tools import ToolRuntime
+from .tools import AUTHORITY, ToolRuntime
 
 MAX_TOOL_ROUNDS = 8
 TOOL_TIMEOUT_S = 120.0
@@ -69,6 +70,18 @@ class Rollback:
 
     to: str
 
+
+#: Where the names of the agents already told about source headers are kept (a JSON list).
+EXPLAINED = ("framework", "source_headers_explained")
+MAX_EXPLAINED = 10_000  # names kept; the oldest go first
+NOTICE_KIND = "source-header-notice"
+SCAN_ALL = 2**62  # the scan reads everything stored since the last one
+HEADER_NOTICE = (
+    "[source] Messages from connected servers begin with a header the host writes, naming where "
+    "each came from: [source: <server> / <channel-id> · <label> · thread <id> · reply to <id>], "
+    "with the label, thread and reply parts only when known. A push that belongs to no channel "
+    "reads [source: server · unscoped]. " + AUTHORITY
+)
 
 #: The most messages one rollback may set aside.
 MAX_ROLLBACK_SPAN = 10_000
@@ -182,6 +195,9 @@ class AgentActor(Actor):
         self._turns = 0  # turnIndex of the next turn (counted from this process's start)
         self.conversation_id = f"agent:{cfg.name}"
         self._turn_scope: trio.CancelScope | None = None
+        self._scan_seq = 0  # how far the header-notice scan has read the agent's history
+        self._sees_header = False
+        self._notice_given = False
 
     def _trace(self, kind: str, target: WakeTarget | None = None, **data: Any) -> None:
         self.ctx.trace.emit(
@@ -201,7 +217,9 @@ class AgentActor(Actor):
                 id=new_id(),
                 agent=self.cfg.name,
                 role="user",
-                blocks=({"type": "text", "text": msg.text},),
+                # no header: the operator is not a connected server; the text is marked like
+                # any sender's, so it cannot pass for one
+                blocks=({"type": "text", "text": mark_text(msg.text)},),
                 metadata={"lane": "local"},
                 created_at=time.time(),
             )
@@ -347,6 +365,7 @@ class AgentActor(Actor):
         """One turn; its token usage (input, output) summed over the model calls."""
         runtime = ToolRuntime(self.ctx, self.cfg.name, self.servers, route=target)
         self._trace("turn-start", target, wakes=wakes, model=self.model.name)
+        await self._explain_headers()
         context = await self._context()
         newest = next((m for m in reversed(context) if m.get("role") == "user"), None)
         candidates = {target.server_id: [target.channel_id]} if target is not None else {}
@@ -441,6 +460,48 @@ class AgentActor(Actor):
                     )
         self._trace("turn-end", target)
         return used_in, used_out
+
+    # -- the one-time notice about source headers (refs-and-headers G) ---------------------
+    async def _explain_headers(self) -> None:
+        """Before the first turn whose history holds an item with a source header (however far
+        back), store the notice explaining them; then record this agent as told. A notice
+        already stored counts as given (only the host's own: ``system`` true and its kind)."""
+        try:
+            state = await self.ctx.store.read(self.ctx.store.reader.state, EXPLAINED[0])
+        except Exception:
+            return  # no record to read: no notice this turn
+        told = state.get(EXPLAINED[1])
+        names = [n for n in told if isinstance(n, str)] if isinstance(told, list) else []
+        if self.cfg.name in names:
+            return
+        sees, given = await self._scan_for_headers()
+        if not given:
+            if not sees:
+                return
+            try:
+                await self._store(
+                    "system",
+                    [{"type": "text", "text": HEADER_NOTICE}],
+                    system=True,
+                    kind=NOTICE_KIND,
+                )
+            except Exception:
+                return  # not stored: not recorded either, so the next turn tries again
+            self._trace("header-notice")
+        names = [*names, self.cfg.name][-MAX_EXPLAINED:]
+        await self.ctx.store.write(PutState(namespace=EXPLAINED[0], key=EXPLAINED[1], value=names))
+
+    async def _scan_for_headers(self) -> tuple[bool, bool]:
+        """(some stored item has a source header, the notice is already stored), reading only
+        what was stored since the last scan."""
+        fresh, self._scan_seq = await self.ctx.store.read(
+            self.ctx.store.reader.history_after, self.cfg.name, self._scan_seq, SCAN_ALL
+        )
+        for m in fresh:
+            meta = m.get("metadata") or {}
+            self._sees_header |= isinstance(meta.get("source_header"), str)
+            self._notice_given |= meta.get("system") is True and meta.get("kind") == NOTICE_KIND
+        return self._sees_header, self._notice_given
 
     # -- state (SPEC §8) ----------------------------------------------------------------
     async def _record_checkpoints(self, checkpoints: Sequence[Mapping[str, Any]]) -> None:

@@ -17,6 +17,7 @@ once.
 from __future__ import annotations
 
 import itertools
+import json
 import secrets
 import time
 from collections import OrderedDict
@@ -27,7 +28,14 @@ from protocol.content import ContentError, convert_blocks
 from protocol.digests import body_digest
 from protocol.errors import INVALID_PARAMS, RpcError
 from protocol.lanes import ChannelDescriptor, IncomingMessage, PushEvent
-from protocol.source import channel_header, mark_openings, unscoped_header
+from protocol.source import (
+    channel_header,
+    mark_openings,
+    mark_text,
+    notice_label,
+    notice_value,
+    unscoped_header,
+)
 from protocol.tags import expand_tags, is_addressed
 from store import Append, MessageRecord, PutState
 
@@ -293,6 +301,7 @@ class ChannelActor(Actor):
         stored = ({"type": "text", "text": header}, *body)
         meta["source_header"] = header
         meta["stored_body_digest"] = body_digest(stored)
+        invited = self._invited(lane, message_id, tags, from_self)
         records = tuple(
             MessageRecord(
                 id=new_id(),
@@ -302,11 +311,54 @@ class ChannelActor(Actor):
                 metadata=meta,
                 created_at=now,
             )
+            if agent not in invited
+            else self._invitation(agent, stored, meta, author, now)
             for agent in hearers
             if agent != author_agent
         )
         wakes = self._wakes(lane, message_id, thread_id, tags, from_self)
         return Append(records=records, dedupe=dedupe), (tuple(body), wakes, author)
+
+    def _invited(
+        self, lane: str, message_id: str | None, tags: tuple[str, ...], from_self: bool
+    ) -> frozenset[str]:
+        """The agents this channel message is addressed to while the channel is closed for
+        them: their copy carries an invitation to open it."""
+        if lane != "incoming" or from_self or message_id in self._receipts:
+            return frozenset()
+        if not is_addressed(tags):
+            return frozenset()
+        return frozenset(a for a in self.hearers if not self.is_open(a))
+
+    def _invitation(
+        self,
+        agent: str,
+        stored: tuple[dict[str, Any], ...],
+        meta: dict[str, Any],
+        author: str,
+        now: float,
+    ) -> MessageRecord:
+        """The copy of an item for an agent invited to a channel it has not opened: the item
+        with a host notice after it (names shown by the notice rule, ids as JSON strings, the
+        whole marked like what the sender wrote), stored as a host notice."""
+        where = notice_label(self.label) if self.label else notice_value(self.cid or "")
+        text = mark_text(
+            f"[invitation] {notice_label(author or '?')} addressed you in {where} on "
+            f"{notice_value(self.sid)}, a channel you have not opened. To follow it, call "
+            f"channel_open with channel_id {json.dumps(self.cid)} and server_id "
+            f"{json.dumps(self.sid)} (add backscroll to read what came before); or leave it "
+            "closed and ignore this."
+        )
+        blocks = (*stored, {"type": "text", "text": text})
+        invited = {
+            **meta,
+            "system": True,
+            "kind": "channel-invitation",
+            "stored_body_digest": body_digest(blocks),
+        }
+        return MessageRecord(
+            id=new_id(), agent=agent, role="user", blocks=blocks, metadata=invited, created_at=now
+        )
 
     def _wakes(
         self,

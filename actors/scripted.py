@@ -17,6 +17,7 @@ from typing import Any
 import attrs
 
 from protocol.hooks import ModelInfo
+from store.bodytext import without_header
 
 from .errors import ConfigError
 from .models import DeltaSink, ModelReply, ModelRequest
@@ -100,13 +101,9 @@ def _group(match: re.Match[str], n: int) -> str:
 
 def body_of(message: Mapping[str, Any]) -> str:
     """The body of a stored message as the sender wrote it: no header, no context prefix."""
-    blocks = list(message.get("blocks", ()))
     skip = int(message.get("prefix", 0) or 0)
     meta = message.get("metadata") or {}
-    header = meta.get("source_header") if isinstance(meta, Mapping) else None
-    blocks = blocks[skip:]
-    if header is not None and blocks and blocks[0].get("text") == header:
-        blocks = blocks[1:]
+    blocks = without_header(list(message.get("blocks", ()))[skip:], meta)
     return "\n".join(str(b.get("text", "")) for b in blocks if b.get("type") == "text")
 
 

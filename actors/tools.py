@@ -14,6 +14,7 @@ import attrs
 from protocol.content import ContentError, convert_blocks
 from protocol.errors import RpcError
 from protocol.references import fetch_result_text
+from protocol.source import channel_header, mark_openings, mark_text
 from protocol.state import StateError, read_tool_state
 
 from .context import HostContext
@@ -319,7 +320,12 @@ class ToolRuntime:
                     Call(method="channels/open", params=params),
                     timeout=self._timeout(found.server_id) + 5,
                 )
-                notes.extend(_backscroll_lines(result))
+                labels = {
+                    c.channel_id: c.label
+                    for c in await self._channels()
+                    if c.server_id == found.server_id and c.channel_id and c.label
+                }
+                notes.extend(_backscroll_lines(result, found.server_id, labels))
             except (RpcError, NotConnected, AskTimeout) as exc:
                 notes.append(f"(the server did not confirm the open: {exc})")
         if args.get("set_speech_target") is True:
@@ -394,18 +400,68 @@ def _receipt(result: Any) -> str:
     return "sent"
 
 
-def _backscroll_lines(result: Any) -> list[str]:
+def _backscroll_lines(result: Any, server_id: str, labels: Mapping[str, str]) -> list[str]:
     history = result.get("history") if isinstance(result, Mapping) else None
     if not isinstance(history, list):
         return []
     lines = []
-    for item in history[:MAX_BACKSCROLL]:
+    for item in backscroll_items(history[:MAX_BACKSCROLL], server_id, labels):
         if not isinstance(item, Mapping):
             continue
         author = item.get("author")
         who = author.get("name") or author.get("id") if isinstance(author, Mapping) else "?"
-        text = " ".join(
-            str(b.get("text", "")) for b in item.get("content", []) if isinstance(b, Mapping)
-        )
-        lines.append(f"{who}: {text}")
+        content = item.get("content")
+        if isinstance(content, str):
+            text = content
+        elif isinstance(content, list):
+            text = " ".join(str(b.get("text", "")) for b in content if isinstance(b, Mapping))
+        else:
+            text = ""
+        source = item.get("source")
+        lines.append(f"{source} {who}: {text}" if isinstance(source, str) else f"{who}: {text}")
     return lines
+
+
+def backscroll_items(items: list[Any], server_id: str, labels: Mapping[str, str]) -> list[Any]:
+    """History items from ``channels/open`` as the agent gets them (refs-and-headers H): each
+    item naming a channel gains ``source``, the header of its own channel (the label the host
+    registered for it, else the item's ``channelLabel``); an adapter's own ``source`` moves to
+    ``adapter_source``; text is marked like any sender's; a malformed entry passes as it came."""
+    out: list[Any] = []
+    for item in items:
+        if not isinstance(item, Mapping):
+            out.append(item)
+            continue
+        new = dict(item)
+        if "source" in new:
+            new["adapter_source"] = new.pop("source")
+        cid = item.get("channelId")
+        if isinstance(cid, str) and cid:
+            own = item.get("channelLabel")
+            label = labels.get(cid) or (own if isinstance(own, str) else None)
+            meta = item.get("metadata")
+            reply = meta.get("replyTo") if isinstance(meta, Mapping) else None
+            thread = item.get("threadId")
+            new["source"] = channel_header(
+                server_id,
+                cid,
+                label,
+                thread if isinstance(thread, str) else None,
+                reply if isinstance(reply, str) else None,
+            )
+        content = item.get("content")
+        if isinstance(content, str):
+            new["content"] = mark_text(content)
+        elif isinstance(content, list) and all(isinstance(b, Mapping) for b in content):
+            texts = [
+                b.get("text")
+                if b.get("type") == "text" and isinstance(b.get("text"), str)
+                else None
+                for b in content
+            ]
+            marked = mark_openings(texts)
+            new["content"] = [
+                b if m is None else {**b, "text": m} for b, m in zip(content, marked, strict=True)
+            ]
+        out.append(new)
+    return out

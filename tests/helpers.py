@@ -55,10 +55,22 @@ def received(ctl: Any, method: str) -> list[dict[str, Any]]:
     ]
 
 
+def is_header_notice(message: Mapping[str, Any]) -> bool:
+    """The host's one-time notice explaining source headers."""
+    meta = message.get("metadata") or {}
+    return meta.get("system") is True and meta.get("kind") == "source-header-notice"
+
+
+def without_notices(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The messages, less the host's one-time notice about source headers."""
+    return [m for m in messages if not is_header_notice(m)]
+
+
 def texts(messages: list[dict[str, Any]], role: str | None = None) -> list[str]:
-    """The text of each message (of ``role``), without its source header."""
+    """The text of each message (of ``role``), without its source header; the one-time notice
+    about headers is left out."""
     out = []
-    for m in messages:
+    for m in without_notices(messages):
         if role is None or m["role"] == role:
             blocks = without_header(m["blocks"], m.get("metadata") or {})
             out.append(" ".join(b.get("text", "") for b in blocks if b.get("type") == "text"))

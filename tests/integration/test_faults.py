@@ -25,6 +25,7 @@ from tests.helpers import (
     send_incoming,
     texts,
     wait_trace,
+    without_notices,
 )
 
 pytestmark = pytest.mark.slow
@@ -42,7 +43,7 @@ async def test_crashed_server_is_reconnected_with_a_fresh_handshake(tmp_path: Pa
             second.send({"cmd": "push", "eventId": "after", "text": "back again"})
             await second.wait_for(answered("push/event", "eventId", "after"), "push after restart")
             await lb.host.run_until_idle()
-            assert texts(lb.host.history("Ada")) == ["back again"]
+            assert texts(without_notices(lb.host.history("Ada"))) == ["back again"]
 
 
 async def test_unanswered_request_hits_its_deadline_while_other_agents_work(tmp_path: Path) -> None:
@@ -111,7 +112,7 @@ async def test_garbage_and_oversized_lines_leave_the_connection_alive(tmp_path: 
             assert any('"jsonrpc": "2.0"' in n for n in notes)
             assert any("max_line_bytes" in n for n in notes)
             assert not any(e.kind == "disconnected" for e in seen)
-            assert texts(lb.host.history("Ada")) == ["still fine"]
+            assert texts(without_notices(lb.host.history("Ada"))) == ["still fine"]
             refusal = [
                 e for e in ctl.events if e["event"] == "received" and e["message"].get("id") == 77
             ]
@@ -126,7 +127,7 @@ async def test_a_flood_of_pushes_is_stored_once_each(tmp_path: Path) -> None:
                 lambda e: e["event"] == "flood_done", "flood done", timeout=100
             )
             await lb.host.run_until_idle()
-            ids = [m["metadata"]["event_id"] for m in lb.host.history("Ada")]
+            ids = [m["metadata"]["event_id"] for m in without_notices(lb.host.history("Ada"))]
             assert len(ids) == len(set(ids)) == done["accepted"]
             assert done["accepted"] >= 1  # refused ones were answered with an error, not lost
 
@@ -171,7 +172,7 @@ async def test_acknowledged_items_survive_sigkill_and_retries_are_not_stored_twi
                 if proc.returncode is None:
                     proc.kill()
             reader = Reader(tmp_path / "data" / "store.sqlite3")
-            before = [m["metadata"]["event_id"] for m in reader.history("Ada")]
+            before = [m["metadata"]["event_id"] for m in without_notices(reader.history("Ada"))]
             assert sorted(before) == sorted(ids)  # every acknowledged item is durable
             # the server restarts with the host and retries the same events
             proc = await trio.lowlevel.open_process(argv, env=env, stdout=subprocess.DEVNULL)
@@ -188,7 +189,7 @@ async def test_acknowledged_items_survive_sigkill_and_retries_are_not_stored_twi
                 if proc.returncode is None:
                     proc.kill()
                     await proc.wait()
-            after = [m["metadata"]["event_id"] for m in reader.history("Ada")]
+            after = [m["metadata"]["event_id"] for m in without_notices(reader.history("Ada"))]
             assert sorted(after) == sorted([*ids, "fresh"])
             reader.close()
 

@@ -33,6 +33,7 @@ from tests.helpers import (
     scripted,
     send_incoming,
     wait_trace,
+    without_notices,
 )
 
 pytestmark = pytest.mark.slow
@@ -241,7 +242,7 @@ async def test_injections_are_authorized_per_position_and_placed_around_the_user
             assert len(model.seen) == 2
             first, second = model.seen
             assert all("[context from" not in t for m in first.messages for t in text_blocks(m))
-            msgs = second.messages
+            msgs = without_notices(list(second.messages))
             roles = [m["role"] for m in msgs]
             assert roles == ["user", "assistant", "user", "user", "user"]
             assert text_blocks(msgs[0])[-1] == "first message"

@@ -40,6 +40,7 @@ from tests.helpers import (
     scripted,
     send_incoming,
     wait_trace,
+    without_notices,
 )
 
 pytestmark = pytest.mark.slow
@@ -241,7 +242,7 @@ async def test_unstreamed_inference_request_is_answered_by_the_routed_model(
             assert received(lb.ctl, "inference/chunk") == []
             assert lobby_errors(lb.ctl) == []
             # the agent's history is not where a server's inference goes
-            assert lb.host.history("Ada") == []
+            assert without_notices(lb.host.history("Ada")) == []
 
 
 async def test_streamed_inference_sends_ordered_chunks_before_the_result(tmp_path: Path) -> None:
@@ -486,7 +487,7 @@ async def test_rollback_exact_then_forward_tracks_the_current_checkpoint(tmp_pat
                 ("cp-2", "cp-1", ["alpha", "beta"]),
                 ("cp-3", "cp-2", ["alpha", "beta", "gamma"]),
             ]
-            before = host.history("Ada")
+            before = without_notices(host.history("Ada"))
             ids = [m["id"] for m in before]
             assert [m["role"] for m in before] == ["user", "assistant", "tool", "assistant"] * 3
             to = recorded_at(before, "cp-1")
@@ -511,7 +512,7 @@ async def test_rollback_exact_then_forward_tracks_the_current_checkpoint(tmp_pat
                 "set_aside": 9,
                 "state": [notes_entry("cp-1", "cp-1", forward=False)],
             }
-            after = host.history("Ada")
+            after = without_notices(host.history("Ada"))
             assert [m["id"] for m in after[:-1]] == ids  # nothing deleted
             marker = after[-1]
             assert is_marker(marker)
@@ -558,7 +559,7 @@ async def test_rollback_exact_then_forward_tracks_the_current_checkpoint(tmp_pat
             assert report == {"to": to, "set_aside": 0, "state": []}
             await barrier(ctl)
             assert len(rollbacks_received(ctl)) == 3
-            final = host.history("Ada")
+            final = without_notices(host.history("Ada"))
             assert sum(is_marker(m) for m in final) == 4
             assert set(ids) <= {m["id"] for m in final}
             assert lobby_errors(ctl) == []
@@ -588,7 +589,7 @@ async def test_the_next_turn_does_not_see_set_aside_messages(
                 await add_note(host, ctl, word, f"n{i}")
             seen_before = json.dumps(script.requests[-1].body["messages"])
             assert "note beta" in seen_before and "noted beta" in seen_before
-            to = recorded_at(host.history("Ada"), "cp-1")
+            to = recorded_at(without_notices(host.history("Ada")), "cp-1")
             await host.rollback("Ada", to=to)
 
             mark = ctl.mark()
@@ -611,19 +612,19 @@ async def test_rollback_to_an_unknown_message_is_refused_and_stores_nothing(
             host, ctl = lb.host, lb.ctl
             for i, word in enumerate(("alpha", "beta"), 1):
                 await add_note(host, ctl, word, f"n{i}")
-            before = host.history("Ada")
+            before = without_notices(host.history("Ada"))
             with pytest.raises(ValueError, match="Ada has no message 'no-such-id'"):
                 await host.rollback("Ada", to="no-such-id")
-            assert host.history("Ada") == before
+            assert without_notices(host.history("Ada")) == before
             await barrier(ctl)
             assert rollbacks_received(ctl) == []
             # a message set aside by a rollback is no longer a place to go back to
             report = await host.rollback("Ada", to=recorded_at(before, "cp-1"))
             assert report["set_aside"] == 5
-            stored = host.history("Ada")
+            stored = without_notices(host.history("Ada"))
             with pytest.raises(ValueError, match="has no message"):
                 await host.rollback("Ada", to=before[-1]["id"])
-            assert host.history("Ada") == stored
+            assert without_notices(host.history("Ada")) == stored
             await barrier(ctl)
             assert len(rollbacks_received(ctl)) == 1
 
@@ -640,7 +641,7 @@ async def test_a_checkpoint_the_restarted_server_lost_is_reported_per_server(
             await wait_trace(lb.stream, lambda e: e.kind == "disconnected", "the crash")
             second = await lb.listener.accept(timeout=60)
             await ready(second)  # a new process: its notebook is empty
-            before = host.history("Ada")
+            before = without_notices(host.history("Ada"))
             to = recorded_at(before, "cp-1")
             report = await host.rollback("Ada", to=to)
             await barrier(second)
@@ -657,7 +658,7 @@ async def test_a_checkpoint_the_restarted_server_lost_is_reported_per_server(
             assert "success" not in entry and "checkpoint" not in entry
             # the context rollback happened all the same
             assert report["set_aside"] == 5
-            after = host.history("Ada")
+            after = without_notices(host.history("Ada"))
             assert [m["id"] for m in after[:-1]] == [m["id"] for m in before]
             assert is_marker(after[-1])
             assert after[-1]["metadata"]["set_aside"] == [m["id"] for m in before[3:]]
@@ -712,7 +713,7 @@ async def test_cli_rollback_prints_the_outcome_and_refuses_unknown_ids(tmp_path:
                 await ready(ctl)
                 for i, word in enumerate(("alpha", "beta"), 1):
                     await add_note(host, ctl, word, f"n{i}")
-                history = host.history("Ada")
+                history = without_notices(host.history("Ada"))
             await ctl.aclose()
             ids = [m["id"] for m in history]
             cp1, cp2 = recorded_at(history, "cp-1"), recorded_at(history, "cp-2")
@@ -756,7 +757,7 @@ async def test_cli_rollback_prints_the_outcome_and_refuses_unknown_ids(tmp_path:
             capture_stdout=True,
             capture_stderr=True,
         )
-        stored = [json.loads(line) for line in shown.stdout.decode().splitlines()]
+        stored = without_notices([json.loads(line) for line in shown.stdout.decode().splitlines()])
         assert [m["id"] for m in stored[: len(ids)]] == ids  # nothing deleted
         markers = [m for m in stored if is_marker(m)]
         assert [m["metadata"]["to"] for m in markers] == [cp2, cp1]
@@ -778,7 +779,7 @@ async def test_an_in_process_tool_call_moves_the_current_checkpoint(tmp_path: Pa
             assert (aside["current"], aside["notes"]) == ("cp-3", ["alpha", "beta", "aside"])
             # the conversation goes back to where cp-2 was current: the notebook must follow,
             # since the server's state is at cp-3 now, whoever made that call
-            to = recorded_at(host.history("Ada"), "cp-2")
+            to = recorded_at(without_notices(host.history("Ada")), "cp-2")
             report = await host.rollback("Ada", to=to)
             await barrier(ctl)
             assert rollbacks_received(ctl) == [{"featureSet": "lobby.notes", "checkpoint": "cp-2"}]

@@ -21,6 +21,7 @@ from tests.helpers import (
     send_incoming,
     texts,
     wait_trace,
+    without_notices,
 )
 
 pytestmark = pytest.mark.slow
@@ -74,7 +75,7 @@ async def test_featuresets_update_notification_fallback(tmp_path: Path) -> None:
             answer = await lb.ctl.wait_for(answered("push/event", "eventId", "e1"), "push answer")
             assert answer["response"]["result"] == {"accepted": True}
             await lb.host.run_until_idle()
-            assert "after fallback" in texts(lb.host.history("Ada"))
+            assert "after fallback" in texts(without_notices(lb.host.history("Ada")))
 
 
 async def test_featuresets_update_never_answered_runs_mcp_only(tmp_path: Path) -> None:
@@ -89,7 +90,7 @@ async def test_featuresets_update_never_answered_runs_mcp_only(tmp_path: Path) -
             answer = await lb.ctl.wait_for(answered("push/event", "eventId", "e1"), "push answer")
             assert answer["response"]["error"]["code"] == -32601
             await lb.host.run_until_idle()
-            assert lb.host.history("Ada") == []
+            assert without_notices(lb.host.history("Ada")) == []
 
 
 async def test_push_is_stored_then_wakes_without_publishing(tmp_path: Path) -> None:
@@ -101,7 +102,7 @@ async def test_push_is_stored_then_wakes_without_publishing(tmp_path: Path) -> N
             held = await wait_trace(lb.stream, lambda e: e.kind == "speech-held", "the reply")
             assert held.agent == "Ada"
             await lb.host.run_until_idle()
-            history = lb.host.history("Ada")
+            history = without_notices(lb.host.history("Ada"))
             assert history[0]["metadata"]["event_id"] == "e1"
             assert history[0]["metadata"]["server_id"] == "lobby"
             assert texts(history, "assistant") == ["Hi there, hello to you!"]
@@ -117,7 +118,7 @@ async def test_incoming_reply_goes_to_its_channel_and_echo_does_not_wake(tmp_pat
             await lb.ctl.wait_for(incoming_answered("out-1"), "the echo answered")
             await lb.host.run_until_idle()
             assert publishes(lb.ctl) == [("lobby:#random", "Hi there, hello to you!")]
-            ada = lb.host.history("Ada")
+            ada = without_notices(lb.host.history("Ada"))
             assert texts(ada, "assistant") == ["Hi there, hello to you!"]
             assert texts(ada, "user") == ["hello all"]  # the echo is not stored for its author
             grace = texts(lb.host.history("Grace"), "user")
@@ -148,9 +149,9 @@ async def test_agent_calls_an_mcpl_tool(tmp_path: Path) -> None:
             await host.run_until_idle()
             calls = received(ctl, "tools/call")
             assert calls[0]["params"] == {"name": "forecast", "arguments": {"city": "Oslo"}}
-            roles = [m["role"] for m in host.history("Ada")]
+            roles = [m["role"] for m in without_notices(host.history("Ada"))]
             assert roles == ["user", "assistant", "tool", "assistant"]
-            result = host.history("Ada")[2]["blocks"][0]
+            result = without_notices(host.history("Ada"))[2]["blocks"][0]
             assert result["type"] == "tool_result" and result["is_error"] is False
             assert "Forecast for Oslo" in result["content"][0]["text"]
             assert publishes(ctl) == [("lobby:#general", "I looked up Oslo.")]
@@ -159,7 +160,7 @@ async def test_agent_calls_an_mcpl_tool(tmp_path: Path) -> None:
                 "is_error": False,
                 "content": [{"type": "text", "text": "Forecast for Rome: sunny, 21°C"}],
             }
-            assert len(host.history("Ada")) == 4  # in-process calls are not stored
+            assert len(without_notices(host.history("Ada"))) == 4  # in-process calls are not stored
 
 
 async def test_retried_items_are_stored_once_and_unknown_channels_refused(tmp_path: Path) -> None:
@@ -174,7 +175,10 @@ async def test_retried_items_are_stored_once_and_unknown_channels_refused(tmp_pa
                 {"messageId": "n1", "accepted": False, "reason": "unknown_channel"}
             ]
             await lb.host.run_until_idle()
-            assert sorted(texts(lb.host.history("Ada"))) == ["said twice", "twice sent"]
+            assert sorted(texts(without_notices(lb.host.history("Ada")))) == [
+                "said twice",
+                "twice sent",
+            ]
 
 
 async def test_closed_channel_stores_but_wakes_only_when_addressed(tmp_path: Path) -> None:
@@ -188,7 +192,7 @@ async def test_closed_channel_stores_but_wakes_only_when_addressed(tmp_path: Pat
             send_incoming(ctl, "lobby:#quiet", "q1", "psst")
             await ctl.wait_for(answered("channels/incoming"), "q1 answered", since=ctl.mark())
             await host.run_until_idle()
-            assert texts(host.history("Ada")) == ["psst"]
+            assert texts(without_notices(host.history("Ada"))) == ["psst"]
             assert publishes(ctl) == []
             send_incoming(ctl, "lobby:#quiet", "q2", "@Ada psst", tags=["chat:mention"])
             await ctl.wait_for(publish_received(), "reply to the mention")
