@@ -124,20 +124,24 @@ async def _drain_stderr(stream: trio.abc.ReceiveStream, on_line: Callable[[str],
             return
 
 
-@asynccontextmanager
-async def open_stdio(
-    cfg: ServerConfig, on_stderr: Callable[[str], None]
-) -> AsyncIterator[StdioTransport]:
-    argv = server_argv(cfg)
-    proc = await trio.lowlevel.open_process(
-        argv,
-        stdin=subprocess.PIPE,
+async def _spawn(cfg: ServerConfig, *, stdin: int) -> trio.Process:
+    """Start a server's command: its own session, the allowed environment, output piped."""
+    return await trio.lowlevel.open_process(
+        server_argv(cfg),
+        stdin=stdin,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         env=server_env(cfg),
         cwd=str(cfg.cwd) if cfg.cwd else None,
         start_new_session=True,
     )
+
+
+@asynccontextmanager
+async def open_stdio(
+    cfg: ServerConfig, on_stderr: Callable[[str], None]
+) -> AsyncIterator[StdioTransport]:
+    proc = await _spawn(cfg, stdin=subprocess.PIPE)
     try:
         async with trio.open_nursery() as nursery:
             assert proc.stderr is not None
@@ -251,15 +255,7 @@ async def open_launched(
     """A websocket server the host starts itself (``command`` and ``url`` both set): the process
     runs for as long as the link, and the host dials ``url`` once it accepts connections. Its
     stdout and stderr are both read as log lines."""
-    proc = await trio.lowlevel.open_process(
-        server_argv(cfg),
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        env=server_env(cfg),
-        cwd=str(cfg.cwd) if cfg.cwd else None,
-        start_new_session=True,
-    )
+    proc = await _spawn(cfg, stdin=subprocess.DEVNULL)
     try:
         async with trio.open_nursery() as nursery:
             assert proc.stderr is not None and proc.stdout is not None

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import subprocess
 import sys
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import trio
 
 from actors import Host
 from actors.host import TraceStream
@@ -20,6 +23,28 @@ LOBBY = [sys.executable, "-m", "examples.lobby_server"]
 
 def lobby(address: str, *extra: str, sid: str = "lobby", **keys: Any) -> dict[str, Any]:
     return {"id": sid, "command": [*LOBBY, "--control-connect", address, *extra], **keys}
+
+
+@asynccontextmanager
+async def ws_lobby(*extra: str) -> AsyncIterator[str]:
+    """A lobby serving websockets as a subprocess; yields its ws:// address."""
+    proc = await trio.lowlevel.open_process(
+        [*LOBBY, "--ws", "127.0.0.1:0", *extra], stdout=subprocess.PIPE
+    )
+    try:
+        assert proc.stdout is not None
+        buf = b""
+        while b"\n" not in buf:
+            chunk = await proc.stdout.receive_some(4096)
+            assert chunk, "the lobby exited before listening"
+            buf += chunk
+        line = buf.split(b"\n", 1)[0].decode()
+        assert line.startswith("LISTENING ")
+        yield line.split(" ", 1)[1]
+    finally:
+        proc.kill()
+        with trio.CancelScope(shield=True):
+            await proc.wait()
 
 
 def scripted(tmp_path: Path, name: str, rules: str) -> str:

@@ -25,7 +25,6 @@ from __future__ import annotations
 import itertools
 import json
 import re
-import subprocess
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -49,7 +48,15 @@ from examples.lobby_server import (
     read_head,
 )
 from protocol.hooks import ModelInfo
-from tests.helpers import LOBBY, config, incoming_answered, lobby, ready, received, scripted
+from tests.helpers import (
+    config,
+    incoming_answered,
+    lobby,
+    ready,
+    received,
+    scripted,
+    ws_lobby,
+)
 from tests.origin import Origin, Route, serve_origin
 
 pytestmark = pytest.mark.slow
@@ -73,28 +80,6 @@ _tags = itertools.count(1)
 
 
 # ---- servers -----------------------------------------------------------------------------------
-
-
-@asynccontextmanager
-async def ws_lobby(*extra: str) -> AsyncIterator[str]:
-    """A lobby serving websockets as a subprocess; yields its ws:// address."""
-    proc = await trio.lowlevel.open_process(
-        [*LOBBY, "--ws", "127.0.0.1:0", *extra], stdout=subprocess.PIPE
-    )
-    try:
-        assert proc.stdout is not None
-        buf = b""
-        while b"\n" not in buf:
-            chunk = await proc.stdout.receive_some(4096)
-            assert chunk, "the lobby exited before listening"
-            buf += chunk
-        line = buf.split(b"\n", 1)[0].decode()
-        assert line.startswith("LISTENING ")
-        yield line.split(" ", 1)[1]
-    finally:
-        proc.kill()
-        with trio.CancelScope(shield=True):
-            await proc.wait()
 
 
 def http_of(ws_url: str) -> str:

@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import subprocess
 import sys
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
@@ -22,7 +19,6 @@ from tests.fake_anthropic import (
     tool_use_block,
 )
 from tests.helpers import (
-    LOBBY,
     config,
     publish_received,
     publishes,
@@ -33,31 +29,10 @@ from tests.helpers import (
     send_incoming,
     texts,
     wait_trace,
+    ws_lobby,
 )
 
 pytestmark = pytest.mark.slow
-
-
-@asynccontextmanager
-async def ws_lobby(*extra: str) -> AsyncIterator[str]:
-    """A lobby serving websockets as a subprocess; yields its ws:// address."""
-    proc = await trio.lowlevel.open_process(
-        [*LOBBY, "--ws", "127.0.0.1:0", *extra], stdout=subprocess.PIPE
-    )
-    try:
-        assert proc.stdout is not None
-        buf = b""
-        while b"\n" not in buf:
-            chunk = await proc.stdout.receive_some(4096)
-            assert chunk, "the lobby exited before listening"
-            buf += chunk
-        line = buf.split(b"\n", 1)[0].decode()
-        assert line.startswith("LISTENING ")
-        yield line.split(" ", 1)[1]
-    finally:
-        proc.kill()
-        with trio.CancelScope(shield=True):
-            await proc.wait()
 
 
 async def test_websocket_server_with_token(tmp_path: Path) -> None:
