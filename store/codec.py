@@ -19,11 +19,28 @@ def to_plain(value: Any) -> Any:
     return value
 
 
+def well_formed(value: Any) -> Any:
+    """A plain copy of ``value`` whose strings (keys too) hold no lone surrogate: each becomes
+    U+FFFD, as a JSON peer reading the same text would have it."""
+    if isinstance(value, str):
+        return value.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
+    if isinstance(value, Mapping):
+        return {well_formed(k): well_formed(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [well_formed(v) for v in value]
+    return value
+
+
 def encode_value(value: Any) -> bytes:
-    """CBOR bytes of ``value``; :class:`StoreError` when it cannot be encoded."""
+    """CBOR bytes of ``value``; :class:`StoreError` when it cannot be encoded.
+
+    Text is stored as UTF-8, which cannot hold a lone surrogate (a server may send one as a
+    ``\\udXXX`` escape); such text is stored with U+FFFD in its place rather than refused."""
     try:
         # cbor2 takes dicts, lists and tuples as they are; only other mappings need copying.
         return cbor2.dumps(value)
+    except UnicodeEncodeError:
+        value = well_formed(value)
     except (cbor2.CBORError, TypeError):
         pass
     try:

@@ -113,3 +113,13 @@ def test_op_validation() -> None:
         Append(records=(), dedupe=("event", "lobby"))  # type: ignore[arg-type]
     with pytest.raises(TypeError):
         PutState(namespace=1, key="k", value=1)  # type: ignore[arg-type]
+
+
+@given(st.lists(st.sampled_from(["a", "\ud800", "\udfff", "\ud83c", "\udf89", "é", "\U0001f389"])))
+def test_lone_surrogates_are_stored_as_replacement_characters(parts: list[str]) -> None:
+    text = "".join(parts)
+    stored = decode_value(encode_value({"k" + text: [text]}))
+    ((key, [value]),) = stored.items()
+    expected = text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
+    assert key == "k" + expected and value == expected
+    value.encode("utf-8")  # well-formed now: this does not raise

@@ -1,0 +1,407 @@
+"""Two small MCPL chat servers for integration tests, run in-process over websockets.
+
+Each server listens on 127.0.0.1 (``serve_websocket`` in the test's nursery); the host dials its
+``url``. The test scripts exactly what the server sends and every call waits for the host's
+answer, so a test needs no sleeps::
+
+    discord, zulip = DiscordServer(), ZulipServer()
+    async with running_chat(tmp_path, discord, zulip) as host:
+        await discord.say("discord:g1:general", "d1", "hello")      # answered once stored
+        await discord.push("e1", "tick")                               # unscoped push
+        await discord.rename("discord:g1:general", "#lobby (Guild One)")
+        stored = stored_by_message(host, "Ada")["d1"]
+
+What a server does on its own: it answers ``initialize`` (with ``capabilities.experimental.mcpl``,
+one feature set using every channel capability and ``pushEvents``), takes
+``notifications/initialized``, answers ``featureSets/update`` with ``{"accepted": true}`` and then
+registers its channels; :attr:`ChatServer.ready` is set once the host accepted them all.
+``channels/publish`` is answered with a fresh message id; any other host request gets -32601.
+
+Everything the host sent is kept in :attr:`ChatServer.received`; every request the server made,
+with the host's whole answer, in :attr:`ChatServer.answers`.
+
+* :class:`DiscordServer` (server id ``discord``): two guilds sharing a channel name
+  (``discord:g1:general`` ``#general (Guild One)``, ``discord:g2:general``
+  ``#general (Guild Two)``), a room ``discord:g1:room`` (``#room (Guild One)``) and a DM
+  ``discord:dm:42`` (``@alice``); a reply names its parent with ``replyTo``.
+* :class:`ZulipServer` (server id ``zulip``): streams as channels (``zulip:s:design``
+  ``#design``, ``zulip:s:general`` ``#general``), topics as threads (``threadId`` = the topic name,
+  e.g. ``ideas / v2``).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from collections.abc import AsyncIterator, Mapping, Sequence
+from contextlib import asynccontextmanager
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import trio
+import trio_websocket
+
+from actors import Host
+
+PROTOCOL_VERSION = "2024-11-05"
+CHANNEL_USES = ["channels.register", "channels.publish", "channels.incoming", "channels.lifecycle"]
+METHOD_NOT_FOUND = -32601
+
+#: A body: one text, or blocks (a string among them is a text block).
+Content = str | Sequence[Mapping[str, Any] | str]
+
+
+class HostRefused(AssertionError):
+    """The host answered one of our requests with an error, or refused an item in it."""
+
+
+def now_iso() -> str:
+    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def text_content(content: Content) -> list[dict[str, Any]]:
+    """``content`` as a list of blocks: a string is one text block."""
+    if isinstance(content, str):
+        return [{"type": "text", "text": content}]
+    return [{"type": "text", "text": b} if isinstance(b, str) else dict(b) for b in content]
+
+
+def descriptor(channel_id: str, label: str, kind: str = "chat") -> dict[str, Any]:
+    return {"id": channel_id, "type": kind, "label": label, "direction": "bidirectional"}
+
+
+class ChatServer:
+    """One MCPL server over a websocket it serves itself; one connection at a time."""
+
+    def __init__(
+        self,
+        server_id: str,
+        channels: Sequence[Mapping[str, Any]],
+        *,
+        author: Mapping[str, str] | None = None,
+    ) -> None:
+        self.server_id = server_id
+        self.feature_set = f"{server_id}.chat"
+        self.channels: dict[str, dict[str, Any]] = {c["id"]: dict(c) for c in channels}
+        self.author = dict(author or {"id": "u1", "name": "someone"})
+        self.url = ""
+        self.ready = trio.Event()
+        self.received: list[dict[str, Any]] = []
+        self.answers: list[tuple[dict[str, Any], dict[str, Any]]] = []
+        self._ids = itertools.count(1)
+        self._published = itertools.count(1)
+        self._waiting: dict[int, tuple[trio.Event, list[dict[str, Any]]]] = {}
+        self._ws: trio_websocket.WebSocketConnection | None = None
+        self._send_lock = trio.Lock()
+        self._connected = trio.Event()
+
+    # -- the websocket ---------------------------------------------------------------------------
+    async def serve(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        """Listen on 127.0.0.1 (any free port); ``nursery.start(server.serve)`` returns the url."""
+        async with trio.open_nursery() as nursery:
+            listener = await nursery.start(
+                trio_websocket.serve_websocket, self._accept, "127.0.0.1", 0, None
+            )
+            self.url = f"ws://127.0.0.1:{listener.port}"
+            task_status.started(self.url)
+
+    def server_config(self, **keys: Any) -> dict[str, Any]:
+        """This server's entry in the host's ``servers``."""
+        return {"id": self.server_id, "url": self.url, **keys}
+
+    async def _accept(self, request: trio_websocket.WebSocketRequest) -> None:
+        ws = await request.accept()
+        self._ws = ws
+        self._connected.set()
+        async with trio.open_nursery() as nursery:
+            while True:
+                try:
+                    raw = await ws.get_message()
+                except trio_websocket.ConnectionClosed:
+                    break
+                msg = json.loads(raw)
+                self.received.append(msg)
+                if "method" in msg and "id" in msg:
+                    nursery.start_soon(self._answer_host, msg, nursery)
+                elif "method" not in msg:
+                    waiting = self._waiting.pop(msg.get("id"), None)
+                    if waiting is not None:
+                        waiting[1].append(msg)
+                        waiting[0].set()
+            nursery.cancel_scope.cancel()
+        for event, _ in self._waiting.values():  # the link ended: nobody will answer now
+            event.set()
+
+    async def _send(self, msg: Mapping[str, Any]) -> None:
+        assert self._ws is not None, "the host has not connected"
+        async with self._send_lock:
+            await self._ws.send_message(json.dumps(msg))
+
+    # -- answering the host ----------------------------------------------------------------------
+    def manifest(self) -> dict[str, Any]:
+        return {
+            "version": "0.5",
+            "pushEvents": True,
+            "channels": {"register": True, "publish": True, "incoming": True, "lifecycle": True},
+            "featureSets": {
+                self.feature_set: {
+                    "description": f"Chat on {self.server_id}.",
+                    "uses": [*CHANNEL_USES, "pushEvents"],
+                }
+            },
+        }
+
+    async def _answer_host(self, msg: dict[str, Any], nursery: trio.Nursery) -> None:
+        method, rid = msg["method"], msg["id"]
+        result: Any = None
+        error: dict[str, Any] | None = None
+        if method == "initialize":
+            result = {
+                "protocolVersion": PROTOCOL_VERSION,
+                "capabilities": {"experimental": {"mcpl": self.manifest()}},
+                "serverInfo": {"name": f"{self.server_id}-test", "version": "0"},
+            }
+        elif method == "featureSets/update":
+            result = {"accepted": True}
+            nursery.start_soon(self._register_all)  # after the answer, as a real server does
+        elif method == "ping":
+            result = {}
+        elif method == "channels/publish":
+            result = {"messageId": f"{self.server_id}-pub-{next(self._published)}"}
+        else:
+            error = {"code": METHOD_NOT_FOUND, "message": f"Method not found: {method}"}
+        reply: dict[str, Any] = {"jsonrpc": "2.0", "id": rid}
+        if error is not None:
+            reply["error"] = error
+        else:
+            reply["result"] = result
+        await self._send(reply)
+
+    async def _register_all(self) -> None:
+        await self.register(*self.channels.values())
+        self.ready.set()
+
+    # -- requests to the host --------------------------------------------------------------------
+    async def request(self, method: str, params: Mapping[str, Any]) -> dict[str, Any]:
+        """Send one request and return the host's whole answer (``result`` or ``error``)."""
+        await self._connected.wait()
+        rid = next(self._ids)
+        event, slot = trio.Event(), list[dict[str, Any]]()
+        self._waiting[rid] = (event, slot)
+        msg = {"jsonrpc": "2.0", "id": rid, "method": method, "params": dict(params)}
+        await self._send(msg)
+        await event.wait()
+        if not slot:
+            raise HostRefused(f"the host closed the link before answering {method}")
+        self.answers.append((msg, slot[0]))
+        return slot[0]
+
+    async def call(self, method: str, params: Mapping[str, Any]) -> Any:
+        """:meth:`request`, raising :class:`HostRefused` on an error answer; the ``result``."""
+        answer = await self.request(method, params)
+        if "error" in answer:
+            raise HostRefused(f"{method} refused: {answer['error']}")
+        return answer["result"]
+
+    async def register(self, *descriptors: Mapping[str, Any]) -> None:
+        for d in descriptors:
+            self.channels[d["id"]] = dict(d)
+        result = await self.call("channels/register", {"channels": [dict(d) for d in descriptors]})
+        refused = [r for r in result["results"] if not r.get("accepted")]
+        if refused:
+            raise HostRefused(f"channels/register refused: {refused}")
+
+    async def rename(self, channel_id: str, label: str) -> None:
+        """``channels/changed`` with the channel's descriptor ``updated`` to ``label``."""
+        updated = {**self.channels[channel_id], "label": label}
+        self.channels[channel_id] = updated
+        result = await self.call("channels/changed", {"updated": [updated]})
+        refused = [r for r in result["results"] if not r.get("accepted")]
+        if refused:
+            raise HostRefused(f"channels/changed refused: {refused}")
+
+    def message(
+        self,
+        channel_id: str,
+        message_id: str,
+        content: Content,
+        *,
+        author: Mapping[str, str] | None = None,
+        thread_id: str | None = None,
+        reply_to: str | None = None,
+        metadata: Mapping[str, Any] | None = None,
+        tags: Sequence[Any] | None = None,
+    ) -> dict[str, Any]:
+        """One ``channels/incoming`` message as this server shapes it."""
+        msg: dict[str, Any] = {
+            "channelId": channel_id,
+            "messageId": message_id,
+            "author": dict(author or self.author),
+            "timestamp": now_iso(),
+            "content": text_content(content),
+        }
+        if thread_id is not None:
+            msg["threadId"] = thread_id
+        if reply_to is not None:
+            msg["replyTo"] = reply_to
+        if metadata is not None:
+            msg["metadata"] = dict(metadata)
+        if tags is not None:
+            msg["tags"] = list(tags)
+        return msg
+
+    async def incoming(self, *messages: Mapping[str, Any]) -> list[dict[str, Any]]:
+        """One ``channels/incoming`` request; raises unless the host accepted every message.
+        Returns the host's per-message results (the host answers once they are stored)."""
+        result = await self.call("channels/incoming", {"messages": [dict(m) for m in messages]})
+        results: list[dict[str, Any]] = result["results"]
+        if not all(r.get("accepted") for r in results) or len(results) != len(messages):
+            raise HostRefused(f"channels/incoming not all accepted: {results}")
+        return results
+
+    async def say(
+        self, channel_id: str, message_id: str, content: Content, **fields: Any
+    ) -> dict[str, Any]:
+        """One message in one request (see :meth:`message`); returns the message sent."""
+        msg = self.message(channel_id, message_id, content, **fields)
+        await self.incoming(msg)
+        return msg
+
+    async def push(
+        self,
+        event_id: str,
+        content: Content,
+        *,
+        origin: Mapping[str, Any] | None = None,
+        tags: Sequence[Any] | None = None,
+    ) -> dict[str, Any]:
+        """One ``push/event`` (``origin`` may scope it: ``mcplChannelId``, ``threadId``);
+        raises unless accepted. Returns the params sent."""
+        params: dict[str, Any] = {
+            "featureSet": self.feature_set,
+            "eventId": event_id,
+            "timestamp": now_iso(),
+            "payload": {"content": text_content(content)},
+            "tags": list(tags or ()),
+        }
+        if origin is not None:
+            params["origin"] = dict(origin)
+        result = await self.call("push/event", params)
+        if result.get("accepted") is not True:
+            raise HostRefused(f"push/event {event_id} not accepted: {result}")
+        return params
+
+    def published(self) -> list[dict[str, Any]]:
+        """The params of every ``channels/publish`` the host sent, oldest first."""
+        return [m["params"] for m in self.received if m.get("method") == "channels/publish"]
+
+
+class DiscordServer(ChatServer):
+    """Guilds sharing a channel name, a room, and DMs (server id ``discord``)."""
+
+    GENERAL_1 = "discord:g1:general"
+    GENERAL_2 = "discord:g2:general"
+    ROOM = "discord:g1:room"
+    DM = "discord:dm:42"
+
+    def __init__(self, server_id: str = "discord") -> None:
+        super().__init__(
+            server_id,
+            [
+                descriptor(self.GENERAL_1, "#general (Guild One)", "text"),
+                descriptor(self.GENERAL_2, "#general (Guild Two)", "text"),
+                descriptor(self.ROOM, "#room (Guild One)", "text"),
+                descriptor(self.DM, "@alice", "dm"),
+            ],
+            author={"id": "42", "name": "alice"},
+        )
+
+
+class ZulipServer(ChatServer):
+    """Streams as channels, topics as threads (server id ``zulip``)."""
+
+    DESIGN = "zulip:s:design"
+    GENERAL = "zulip:s:general"
+
+    def __init__(self, server_id: str = "zulip") -> None:
+        super().__init__(
+            server_id,
+            [descriptor(self.DESIGN, "#design", "stream"), descriptor(self.GENERAL, "#general")],
+            author={"id": "7", "name": "bea"},
+        )
+
+    async def post(
+        self, stream: str, topic: str, message_id: str, content: Content
+    ) -> dict[str, Any]:
+        """A stream message under ``topic`` (the thread)."""
+        return await self.say(stream, message_id, content, thread_id=topic)
+
+
+def host_config(
+    tmp_path: Path, servers: Sequence[ChatServer], agents: Sequence[str] = ("Ada",)
+) -> dict[str, Any]:
+    """A host config dialling ``servers``; each agent runs a scripted model that never speaks."""
+    entries = []
+    for name in agents:
+        rules = tmp_path / f"{name.lower()}-silent.toml"
+        rules.write_text("", encoding="utf-8")
+        entries.append({"name": name, "model": f"scripted:{rules}"})
+    return {
+        "host": {"data_dir": str(tmp_path / "data")},
+        "servers": [s.server_config() for s in servers],
+        "agents": entries,
+    }
+
+
+@asynccontextmanager
+async def running_chat(
+    tmp_path: Path, *servers: ChatServer, agents: Sequence[str] = ("Ada",)
+) -> AsyncIterator[Host]:
+    """Serve ``servers``, open a host dialling them, and yield it once every server's channels
+    are registered. On exit the host has settled (``run_until_idle``) and is closed.
+
+    A single failure comes out as itself, not inside the servers' nursery's exception group,
+    so a failing test shows the real exception first."""
+    try:
+        async with trio.open_nursery() as nursery:
+            for server in servers:
+                await nursery.start(server.serve)
+            async with Host.open(host_config(tmp_path, servers, agents)) as host:
+                for server in servers:
+                    await server.ready.wait()
+                yield host
+                await host.run_until_idle()
+            nursery.cancel_scope.cancel()
+    except BaseExceptionGroup as group:
+        leaves = _leaves(group)
+        if len(leaves) == 1 and not isinstance(leaves[0], trio.Cancelled):
+            raise leaves[0] from None
+        raise
+
+
+def _leaves(group: BaseExceptionGroup[BaseException]) -> list[BaseException]:
+    out: list[BaseException] = []
+    for exc in group.exceptions:
+        out.extend(_leaves(exc) if isinstance(exc, BaseExceptionGroup) else [exc])
+    return out
+
+
+def stored_channel_items(host: Host, agent: str = "Ada") -> list[dict[str, Any]]:
+    """The agent's stored items from MCPL servers (either lane), oldest first."""
+    return [
+        m
+        for m in host.ctx.store.reader.history(agent)
+        if "inbound_source" in (m.get("metadata") or {})
+    ]
+
+
+def stored_by_message(host: Host, agent: str = "Ada") -> dict[str, dict[str, Any]]:
+    """The agent's stored channel messages by their ``messageId`` (push events by ``eventId``)."""
+    out: dict[str, dict[str, Any]] = {}
+    for m in stored_channel_items(host, agent):
+        meta = m["metadata"]
+        key = meta.get("message_id") or meta.get("event_id")
+        assert key not in out, f"{key} stored twice"
+        out[key] = m
+    return out
