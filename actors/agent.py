@@ -466,6 +466,11 @@ class AgentActor(Actor):
         """Before the first turn whose history holds an item with a source header (however far
         back), store the notice explaining them; then record this agent as told. A notice
         already stored counts as given (only the host's own: ``system`` true and its kind)."""
+        # the record is one list for every agent: one read-modify-write at a time
+        async with self.ctx.explained_lock:
+            await self._explain_headers_locked()
+
+    async def _explain_headers_locked(self) -> None:
         try:
             state = await self.ctx.store.read(self.ctx.store.reader.state, EXPLAINED[0])
         except Exception:

@@ -52,6 +52,8 @@ class HostContext:
         self.injections_noticed: set[str] = set()
         # The current checkpoint of every state lineage (server, feature set), host-wide.
         self.lineages = Lineages()
+        # Serializes updates of the record of agents told about source headers.
+        self.explained_lock = trio.Lock()
 
     def agents_hearing(self, server_id: str) -> list[str]:
         return [a.name for a in self.config.agents if a.hears(server_id)]

@@ -14,7 +14,7 @@ import attrs
 from protocol.content import ContentError, convert_blocks
 from protocol.errors import RpcError
 from protocol.references import fetch_result_text
-from protocol.source import channel_header, mark_openings, mark_text
+from protocol.source import channel_header, mark_openings, mark_text, notice_label
 from protocol.state import StateError, read_tool_state
 
 from .context import HostContext
@@ -409,7 +409,10 @@ def _backscroll_lines(result: Any, server_id: str, labels: Mapping[str, str]) ->
         if not isinstance(item, Mapping):
             continue
         author = item.get("author")
-        who = author.get("name") or author.get("id") if isinstance(author, Mapping) else "?"
+        who = (
+            (author.get("name") or author.get("id") or "?") if isinstance(author, Mapping) else "?"
+        )
+        who = notice_label(str(who))  # a name cannot start a line of its own
         content = item.get("content")
         if isinstance(content, str):
             text = content
