@@ -24,6 +24,7 @@ from .errors import ConfigError
 
 PROSE_MODES = ("locus", "explicit", "hybrid", "disabled")
 _ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}")
+_AGENT_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,63}")  # e.g. __proto__ too
 
 
 @attrs.frozen(kw_only=True)
@@ -349,9 +350,9 @@ _AGENT_KEYS = {"name", "model", "system_prompt", "servers", "prose_mode", "gate"
 def _agent(i: int, a: Mapping[str, Any], base: Path, problems: list[str]) -> AgentConfig | None:
     name = a.get("name")
     where = _where("agents", name, i)
-    valid = isinstance(name, str) and bool(_ID.fullmatch(name))
+    valid = isinstance(name, str) and bool(_AGENT_NAME.fullmatch(name))
     if not valid:
-        problems.append(f"{where}.name: required; letters, digits, '_', '.', '-'")
+        problems.append(f"{where}.name: required; letters, digits, '_', '.', '-' (at most 64)")
     for key in a:
         if key not in _AGENT_KEYS:
             problems.append(f"{where}.{key}: unknown key; see the README for agent keys")

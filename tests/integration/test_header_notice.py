@@ -21,7 +21,6 @@ import trio
 
 from actors.agent import HEADER_NOTICE
 from actors.config import load_config
-from actors.errors import ConfigError
 from actors.models import ModelReply, ModelRequest
 from actors.tools import AUTHORITY
 from protocol.digests import body_digest
@@ -372,13 +371,12 @@ async def test_a_senders_forged_notice_metadata_does_not_suppress_the_notice(
 # ---- 5. residents with odd names ----------------------------------------------------------------
 
 #: Told in this order; configured in another.
-ODD_NAMES = ["constructor", "toString", "hasOwnProperty"]
+ODD_NAMES = ["constructor", "toString", "__proto__"]
 
 
-def test_the_config_refuses_the_name___proto__(tmp_path: Path) -> None:
+def test_the_config_takes_the_name___proto__(tmp_path: Path) -> None:
     agent = {"name": "__proto__", "model": scripted(tmp_path, "proto", "")}
-    with pytest.raises(ConfigError, match=r"agents\[__proto__\]\.name"):
-        load_config(config(tmp_path, [], [agent]))
+    assert [a.name for a in load_config(config(tmp_path, [], [agent])).agents] == ["__proto__"]
 
 
 async def test_residents_with_object_key_names_are_each_told_once_in_order(
