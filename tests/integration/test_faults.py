@@ -64,6 +64,15 @@ async def test_unanswered_request_hits_its_deadline_while_other_agents_work(tmp_
                 "stall call",
                 seen,
             )
+            # Quick's own turn for that first message is over before the ping arrives, so the
+            # ping wakes a turn of its own (whose reply goes to #random)
+            if not any(e.kind == "turn-end" and e.agent == "Quick" for e in seen):
+                await wait_trace(
+                    lb.stream,
+                    lambda e: e.kind == "turn-end" and e.agent == "Quick",
+                    "Quick's first turn",
+                    seen,
+                )
             send_incoming(lb.ctl, "lobby:#random", "p1", "ping")
             await wait_trace(
                 lb.stream,
