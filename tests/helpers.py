@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Callable, Mapping
@@ -10,12 +11,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import attrs
+import pytest
 import trio
 
 from actors import Host
 from actors.host import TraceStream
+from actors.models import ModelError, ModelReply, ModelRequest
 from actors.trace import TraceEvent
 from examples.lobby_control import ControlListener, LobbyControl, open_control_listener
+from protocol.hooks import ModelInfo
 from store.bodytext import without_header
 
 LOBBY = [sys.executable, "-m", "examples.lobby_server"]
@@ -78,6 +83,65 @@ def received(ctl: Any, method: str) -> list[dict[str, Any]]:
         for e in ctl.events
         if e.get("event") == "received" and e["message"].get("method") == method
     ]
+
+
+@attrs.frozen
+class Seen:
+    """One model call as the model saw it (a copy: the agent appends to its list later)."""
+
+    agent: str
+    system: str
+    messages: list[dict[str, Any]]
+
+
+class RecordingModel:
+    """A model (``actors.models.Model``) that records every request.
+
+    ``mode``: ``reply`` answers ``say`` (nothing at all when ``say`` is empty); ``fail`` raises
+    ``ModelError``; ``block-first`` blocks its first call until it is cancelled. After
+    :meth:`hold`, the next call waits until the returned event is set. ``entered`` is set once a
+    call waits.
+    """
+
+    def __init__(self, mode: str = "reply", say: str = "") -> None:
+        self.name = "recorder"
+        self.info = ModelInfo(
+            id="recorder-1", vendor="tests", context_window=8192, capabilities=("tools",)
+        )
+        self.mode = mode
+        self.say = say
+        self.seen: list[Seen] = []
+        self.entered = trio.Event()
+        self._gate: trio.Event | None = None
+        self._never = trio.Event()
+
+    def hold(self) -> trio.Event:
+        self._gate = trio.Event()
+        return self._gate
+
+    def calls(self, agent: str) -> list[Seen]:
+        return [s for s in self.seen if s.agent == agent]
+
+    async def complete(self, request: ModelRequest, on_delta: Any = None) -> ModelReply:
+        messages = copy.deepcopy([dict(m) for m in request.messages])
+        self.seen.append(Seen(request.agent, request.system, messages))
+        if self.mode == "fail":
+            raise ModelError("the provider is down")
+        gate, self._gate = self._gate, None
+        if self.mode == "block-first" and len(self.seen) == 1:
+            gate = self._never
+        if gate is not None:
+            self.entered.set()
+            await gate.wait()
+        blocks = ({"type": "text", "text": self.say},) if self.say else ()
+        return ModelReply(
+            blocks=blocks, model=self.name, usage={"input_tokens": 11, "output_tokens": 3}
+        )
+
+
+def install(monkeypatch: pytest.MonkeyPatch, model: RecordingModel) -> None:
+    """Every agent of the next ``Host.open`` gets ``model``."""
+    monkeypatch.setattr("actors.host.make_model", lambda cfg: model)
 
 
 def is_header_notice(message: Mapping[str, Any]) -> bool:

@@ -9,29 +9,27 @@ saw, a recording model stands in for every agent's model.
 
 from __future__ import annotations
 
-import copy
 import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
-import attrs
 import pytest
 import trio
 
 from actors.agent import HEADER_NOTICE
 from actors.config import load_config
-from actors.models import ModelReply, ModelRequest
 from actors.tools import AUTHORITY
 from protocol.digests import body_digest
-from protocol.hooks import ModelInfo
 from store import PutState, Reader, db_path
 from tests.chat_servers import DiscordServer, running_chat
 from tests.helpers import (
+    RecordingModel,
     RunningLobby,
     answered,
     config,
     incoming_answered,
+    install,
     is_header_notice,
     running_lobby,
     scripted,
@@ -47,53 +45,6 @@ UNSCOPED_LITERAL = "[source: server · unscoped]"
 
 
 # ---- helpers ---------------------------------------------------------------------------------
-
-
-@attrs.frozen
-class Seen:
-    """One model call as the model saw it (copied: the agent appends to its list later)."""
-
-    agent: str
-    messages: list[dict[str, Any]]
-
-
-class RecordingModel:
-    """A model (``actors.models.Model``) that records every request and answers ``say`` (no
-    blocks at all when ``say`` is empty). After :meth:`hold`, its next call waits until the
-    returned event is set (``entered`` is set once it waits)."""
-
-    def __init__(self, say: str = "") -> None:
-        self.name = "recorder"
-        self.info = ModelInfo(
-            id="recorder-1", vendor="tests", context_window=8192, capabilities=("tools",)
-        )
-        self.say = say
-        self.seen: list[Seen] = []
-        self.entered = trio.Event()
-        self._gate: trio.Event | None = None
-
-    def hold(self) -> trio.Event:
-        self._gate = trio.Event()
-        return self._gate
-
-    def calls(self, agent: str) -> list[Seen]:
-        return [s for s in self.seen if s.agent == agent]
-
-    async def complete(self, request: ModelRequest, on_delta: Any = None) -> ModelReply:
-        self.seen.append(Seen(request.agent, copy.deepcopy([dict(m) for m in request.messages])))
-        gate, self._gate = self._gate, None
-        if gate is not None:
-            self.entered.set()
-            await gate.wait()
-        blocks = ({"type": "text", "text": self.say},) if self.say else ()
-        return ModelReply(
-            blocks=blocks, model=self.name, usage={"input_tokens": 1, "output_tokens": 1}
-        )
-
-
-def install(monkeypatch: pytest.MonkeyPatch, model: RecordingModel) -> None:
-    """Every agent of the next ``Host.open`` gets ``model``."""
-    monkeypatch.setattr("actors.host.make_model", lambda cfg: model)
 
 
 async def turn_ended(lb: RunningLobby, agent: str) -> None:

@@ -12,18 +12,17 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import attrs
 import pytest
 import trio
 
 from actors import Host
-from actors.models import ModelError, ModelReply, ModelRequest
 from examples.lobby_control import open_control_listener
-from protocol.hooks import ModelInfo
 from tests.helpers import (
+    RecordingModel,
     agent_configs,
     config,
     incoming_answered,
+    install,
     lobby,
     publish_received,
     publishes,
@@ -52,51 +51,6 @@ INJECT_SYSTEM = "contextHooks.beforeInference.inject.system"
 
 
 # ---- helpers ---------------------------------------------------------------------------------
-
-
-@attrs.frozen
-class Seen:
-    """One model call as the model saw it (copied: the agent appends to its list later)."""
-
-    system: str
-    messages: list[dict[str, Any]]
-
-
-class RecordingModel:
-    """A model (``actors.models.Model``) that records every request.
-
-    ``mode``: ``reply`` answers ``say``; ``fail`` raises ``ModelError``; ``block-first`` blocks
-    its first call on an event nobody sets (only a cancellation ends it), then answers.
-    """
-
-    def __init__(self, mode: str = "reply", say: str = "noted") -> None:
-        self.name = "recorder"
-        self.info = ModelInfo(
-            id="recorder-1", vendor="tests", context_window=8192, capabilities=("tools",)
-        )
-        self.mode = mode
-        self.say = say
-        self.seen: list[Seen] = []
-        self.entered = trio.Event()  # set when a call is blocked
-        self._never = trio.Event()
-
-    async def complete(self, request: ModelRequest, on_delta: Any = None) -> ModelReply:
-        self.seen.append(Seen(request.system, [dict(m) for m in request.messages]))
-        if self.mode == "fail":
-            raise ModelError("the provider is down")
-        if self.mode == "block-first" and len(self.seen) == 1:
-            self.entered.set()
-            await self._never.wait()
-        return ModelReply(
-            blocks=({"type": "text", "text": self.say},),
-            model=self.name,
-            usage={"input_tokens": 11, "output_tokens": 3},
-        )
-
-
-def install(monkeypatch: pytest.MonkeyPatch, model: RecordingModel) -> None:
-    """Every agent of the next ``Host.open`` gets ``model``."""
-    monkeypatch.setattr("actors.host.make_model", lambda cfg: model)
 
 
 def lobby_errors(ctl: Any) -> list[str]:
@@ -429,7 +383,7 @@ async def test_lifecycle_started_then_one_completed_per_turn(tmp_path: Path, ass
 async def test_lifecycle_failed_once_when_the_model_fails(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    model = RecordingModel(mode="fail")
+    model = RecordingModel(mode="fail", say="noted")
     install(monkeypatch, model)
     with trio.fail_after(60):
         async with running_lobby(tmp_path, {"Ada": ""}, "--context") as lb:

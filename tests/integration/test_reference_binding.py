@@ -35,7 +35,6 @@ import trio
 import trio_websocket
 
 from actors import Host
-from actors.models import ModelReply, ModelRequest
 from actors.references import LookupRefs
 from actors.trace import TraceEvent
 from examples.lobby_control import ControlListener, LobbyControl, open_control_listener
@@ -47,8 +46,9 @@ from examples.lobby_server import (
     now_iso,
     read_head,
 )
-from protocol.hooks import ModelInfo
 from tests.helpers import (
+    RecordingModel,
+    Seen,
     config,
     incoming_answered,
     lobby,
@@ -452,22 +452,7 @@ def third_party(uri_origin: str, dialed: str) -> str:
     return f"third-party origin ({uri_origin} != dialed {dialed}); not fetched by this host"
 
 
-class RecordingModel:
-    """A model that records what it was shown and says nothing."""
-
-    def __init__(self) -> None:
-        self.name = "recorder"
-        self.info = ModelInfo(
-            id="recorder-1", vendor="tests", context_window=8192, capabilities=("tools",)
-        )
-        self.seen: list[ModelRequest] = []
-
-    async def complete(self, request: ModelRequest, on_delta: Any = None) -> ModelReply:
-        self.seen.append(request)
-        return ModelReply(blocks=(), model=self.name)
-
-
-def texts_of(request: ModelRequest) -> list[str]:
+def texts_of(request: Seen) -> list[str]:
     """Every text the model was shown: the system prompt and each text block."""
     out = [request.system]
     for m in request.messages:
