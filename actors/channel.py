@@ -30,7 +30,7 @@ from protocol.errors import INVALID_PARAMS, RpcError
 from protocol.lanes import ChannelDescriptor, IncomingMessage, PushEvent
 from protocol.source import (
     channel_header,
-    mark_openings,
+    mark_blocks,
     mark_text,
     notice_label,
     notice_value,
@@ -68,17 +68,6 @@ _id_counter = itertools.count(1)
 def new_id() -> str:
     """A unique id for a stored message: a random per-process prefix and a counter."""
     return f"m_{_ID_PREFIX}{next(_id_counter):08x}"
-
-
-def _marked(blocks: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The blocks with every header-shaped opening in their text marked (one string across the
-    text blocks, so an opening split between blocks is marked too)."""
-    texts = [b["text"] if b.get("type") == "text" else None for b in blocks]
-    marked = mark_openings(texts)
-    return [
-        b if new is None or new == old else {**b, "text": new}
-        for b, old, new in zip(blocks, texts, marked, strict=True)
-    ]
 
 
 class ChannelActor(Actor):
@@ -297,7 +286,7 @@ class ChannelActor(Actor):
         else:
             header = channel_header(self.sid, self.cid, self.label or None, thread_id, reply_to)
         meta["source_body_digest"] = body_digest(blocks)
-        body = _marked(blocks)
+        body = mark_blocks(blocks)
         stored = ({"type": "text", "text": header}, *body)
         meta["source_header"] = header
         meta["stored_body_digest"] = body_digest(stored)
@@ -333,7 +322,7 @@ class ChannelActor(Actor):
     def _invitation(
         self,
         agent: str,
-        stored: tuple[dict[str, Any], ...],
+        stored: tuple[Mapping[str, Any], ...],
         meta: dict[str, Any],
         author: str,
         now: float,

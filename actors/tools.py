@@ -14,7 +14,7 @@ import attrs
 from protocol.content import ContentError, convert_blocks
 from protocol.errors import RpcError
 from protocol.references import fetch_result_text
-from protocol.source import channel_header, mark_openings, mark_text, notice_label
+from protocol.source import channel_header, mark_blocks, mark_text, notice_label
 from protocol.state import StateError, read_tool_state
 
 from .context import HostContext
@@ -456,15 +456,6 @@ def backscroll_items(items: list[Any], server_id: str, labels: Mapping[str, str]
         if isinstance(content, str):
             new["content"] = mark_text(content)
         elif isinstance(content, list) and all(isinstance(b, Mapping) for b in content):
-            texts = [
-                b.get("text")
-                if b.get("type") == "text" and isinstance(b.get("text"), str)
-                else None
-                for b in content
-            ]
-            marked = mark_openings(texts)
-            new["content"] = [
-                b if m is None else {**b, "text": m} for b, m in zip(content, marked, strict=True)
-            ]
+            new["content"] = mark_blocks(content)
         out.append(new)
     return out

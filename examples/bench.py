@@ -35,7 +35,7 @@ import trio
 from actors import Host
 from examples import bench_marking
 from protocol.digests import body_digest
-from protocol.source import channel_header, mark_openings
+from protocol.source import channel_header, mark_blocks
 from store import Append, Database, MessageRecord
 from store.codec import encode_body
 from store.sqlite import connect
@@ -69,11 +69,7 @@ def _record(i: int, message: dict[str, Any]) -> MessageRecord:
     body = list(message["content"])
     header = channel_header("bench", channel, "load", message.get("threadId"))
     metadata["source_body_digest"] = body_digest(body)
-    marked = mark_openings([b.get("text") for b in body])
-    blocks = (
-        {"type": "text", "text": header},
-        *({**b, "text": t} if t is not None else b for b, t in zip(body, marked, strict=True)),
-    )
+    blocks = ({"type": "text", "text": header}, *mark_blocks(body))
     metadata["source_header"] = header
     metadata["stored_body_digest"] = body_digest(blocks)
     return MessageRecord(

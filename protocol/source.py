@@ -25,8 +25,8 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Sequence
-from typing import Final
+from collections.abc import Mapping, Sequence
+from typing import Any, Final
 
 import attrs
 import regex
@@ -36,6 +36,7 @@ __all__ = [
     "channel_header",
     "header_value",
     "label_value",
+    "mark_blocks",
     "mark_openings",
     "mark_text",
     "notice_label",
@@ -391,6 +392,21 @@ def mark_openings(texts: Sequence[str | None]) -> list[str | None]:
         out.append(text)
         offset = end
     return out
+
+
+def mark_blocks(blocks: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """Content blocks with :func:`mark_openings` applied across their text blocks (a block
+    whose ``text`` is not a string counts as a non-text block). A block with nothing to mark
+    comes back as it was; a marked one is a new dict. The input is untouched."""
+    texts = [
+        text if b.get("type") == "text" and isinstance(text := b.get("text"), str) else None
+        for b in blocks
+    ]
+    marked = mark_openings(texts)
+    return [
+        b if new is None or new == old else {**b, "text": new}
+        for b, old, new in zip(blocks, texts, marked, strict=True)
+    ]
 
 
 def mark_text(text: str) -> str:

@@ -10,7 +10,7 @@ import regex
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from protocol.source import mark_openings, mark_text
+from protocol.source import mark_blocks, mark_openings, mark_text
 from tests.protocol.test_source import ALL_POINTS, CONTROLS, INVISIBLE, JS_SPACE
 
 #: E.1's filler: JavaScript whitespace, any control, any invisible character.
@@ -357,3 +357,27 @@ def test_long_runs_of_filler_and_false_starts() -> None:
     assert mark_text(almost * 2_000) == almost * 2_000
     padded = "[" + " \u200b\x00" * 100_000 + "source]"
     assert mark_text(padded * 3) == ("\\" + padded) * 3
+
+
+_BLOCKS = st.lists(
+    st.one_of(
+        st.sampled_from(["[sou", "rce: x]", "a", ""]).map(lambda t: {"type": "text", "text": t}),
+        st.just({"type": "image", "uri": "u"}),
+        st.just({"type": "text", "text": 5}),
+    ),
+    max_size=6,
+)
+
+
+@given(_BLOCKS)
+def test_mark_blocks_marks_the_text_blocks_as_one_string(blocks: list[dict[str, object]]) -> None:
+    before = copy.deepcopy(blocks)
+    texts = [b.get("text") if isinstance(b.get("text"), str) else None for b in blocks]
+    marked = mark_blocks(blocks)
+    assert blocks == before  # the input is untouched
+    expected = mark_openings(texts)
+    for block, original, new in zip(marked, blocks, expected, strict=True):
+        if new is None:  # not a text block: as it was
+            assert block is original
+        else:
+            assert block == {**original, "text": new}
