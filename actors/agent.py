@@ -348,12 +348,7 @@ class AgentActor(Actor):
             self._tail, self._seen_seq = ContextTail(self.cfg.context_tokens), 0
             return await self._context()
         self._seen_seq = seen
-        # A marker sets aside only messages older than itself, so the markers of this read
-        # are all that can hide anything in it.
-        hidden = {i for m in fresh if _is_rollback(m) for i in m["metadata"].get("set_aside", ())}
-        rendered = [
-            render_for_model(m) for m in fresh if not _is_rollback(m) and m["id"] not in hidden
-        ]
+        rendered = [render_for_model(m) for m in _live(fresh)]
         for m in rendered:
             m["tokens"] = estimate_tokens(m)
         self._tail.extend(rendered)
@@ -528,8 +523,7 @@ class AgentActor(Actor):
 
     async def _roll_back(self, to: str) -> dict[str, Any]:
         history = await self.ctx.store.read(self.ctx.store.reader.history, self.cfg.name)
-        hidden = {i for m in history if _is_rollback(m) for i in m["metadata"].get("set_aside", ())}
-        live = [m for m in history if not _is_rollback(m) and m["id"] not in hidden]
+        live = _live(history)
         order = [m["id"] for m in live]
         if to not in order:
             raise ValueError(f"{self.cfg.name} has no message {to!r} in its context")
@@ -616,6 +610,13 @@ def _is_rollback(message: Mapping[str, Any]) -> bool:
         and isinstance(meta, Mapping)
         and meta.get("kind") == "rollback"
     )
+
+
+def _live(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The messages still in context: no rollback marker, and nothing a marker among them set
+    aside (a marker only sets aside older messages, so the markers of the list are enough)."""
+    hidden = {i for m in messages if _is_rollback(m) for i in m["metadata"].get("set_aside", ())}
+    return [m for m in messages if not _is_rollback(m) and m["id"] not in hidden]
 
 
 def _place(

@@ -208,10 +208,11 @@ class ChannelActor(Actor):
         """Register the batch's references with this channel's server (one ask) and put their
         stubs in place; a batch without references costs one scan."""
         lists = [c for c in converted if not isinstance(c, RpcError)]
-        if not any(b.get("type") == "reference" for blocks in lists for b in blocks):
+        resolved = await resolve_references(self.ctx.references, lists, self.sid)
+        if resolved is lists:  # nothing to register
             return converted
-        resolved = iter(await resolve_references(self.ctx.references, lists, self.sid))
-        return [c if isinstance(c, RpcError) else next(resolved) for c in converted]
+        parts = iter(resolved)
+        return [c if isinstance(c, RpcError) else next(parts) for c in converted]
 
     def _ingest(
         self,

@@ -143,14 +143,13 @@ class TurnHooks:
     async def _bind_references(self, sid: str, answer: HookAnswer) -> HookAnswer:
         """Register the answer's references with ``sid``, the server whose answer carried them,
         and put their stubs in place."""
-        if not _has_references(answer):
+        lists = [list(i.blocks) for i in answer.injections]
+        resolved = await resolve_references(self.ctx.references, lists, sid)
+        if resolved is lists:  # nothing to register
             return answer
-        lists = await resolve_references(
-            self.ctx.references, [list(i.blocks) for i in answer.injections], sid
-        )
         injections = tuple(
             attrs.evolve(i, blocks=tuple(blocks))
-            for i, blocks in zip(answer.injections, lists, strict=True)
+            for i, blocks in zip(answer.injections, resolved, strict=True)
         )
         return attrs.evolve(answer, injections=injections)
 
@@ -237,10 +236,6 @@ class TurnHooks:
                 ],
             )
         answers[sid] = answer
-
-
-def _has_references(answer: HookAnswer) -> bool:
-    return any(b.get("type") == "reference" for i in answer.injections for b in i.blocks)
 
 
 def injection_messages(injections: Sequence[Injection]) -> dict[str, list[dict[str, Any]]]:

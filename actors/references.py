@@ -309,7 +309,8 @@ async def resolve_references(
     """Each list of converted blocks with its pending references registered (with
     ``server_id``, the server that delivered them) and replaced by their stubs; one ask for all.
     With ``eager``, the eligible ones are fetched first, so their stubs already name the saved
-    file; a failed eager fetch is only reported to ``on_error``."""
+    file; a failed eager fetch is only reported to ``on_error``. Without any reference, the
+    very ``lists`` object comes back (and nothing is asked)."""
     where = [(i, j) for i, blocks in enumerate(lists) for j, b in enumerate(blocks) if _pending(b)]
     if not where:
         return lists
