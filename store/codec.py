@@ -10,24 +10,20 @@ import cbor2
 from store.errors import CorruptRecord, StoreError
 
 
-def to_plain(value: Any) -> Any:
-    """Copy ``value`` with every mapping turned into a dict and every list or tuple into a list."""
-    if isinstance(value, Mapping):
-        return {k: to_plain(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [to_plain(v) for v in value]
-    return value
+def to_plain(value: Any, *, well_formed: bool = False) -> Any:
+    """Copy ``value`` with every mapping turned into a dict and every list or tuple into a list.
 
-
-def well_formed(value: Any) -> Any:
-    """A plain copy of ``value`` whose strings (keys too) hold no lone surrogate: each becomes
+    With ``well_formed``, every string (keys too) also loses its lone surrogates: each becomes
     U+FFFD, as a JSON peer reading the same text would have it."""
-    if isinstance(value, str):
+    if well_formed and isinstance(value, str):
         return value.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
     if isinstance(value, Mapping):
-        return {well_formed(k): well_formed(v) for k, v in value.items()}
+        return {
+            to_plain(k, well_formed=well_formed): to_plain(v, well_formed=well_formed)
+            for k, v in value.items()
+        }
     if isinstance(value, list | tuple):
-        return [well_formed(v) for v in value]
+        return [to_plain(v, well_formed=well_formed) for v in value]
     return value
 
 
@@ -40,7 +36,7 @@ def encode_value(value: Any) -> bytes:
         # cbor2 takes dicts, lists and tuples as they are; only other mappings need copying.
         return cbor2.dumps(value)
     except UnicodeEncodeError:
-        value = well_formed(value)
+        value = to_plain(value, well_formed=True)
     except (cbor2.CBORError, TypeError):
         pass
     try:
