@@ -580,12 +580,10 @@ class AgentActor(Actor):
         if not isinstance(declared, Mapping) or declared.get("rollback") is not True:
             entry["error"] = f"{sid} does not declare rollback for feature set {feature_set}"
             return entry
-        server = self.ctx.config.server(sid)
-        timeout = server.request_timeout_s if server is not None else 60.0
         try:
             result = await ref.ask(
                 Call(method="state/rollback", params=rollback_params(feature_set, checkpoint)),
-                timeout=timeout + 5,
+                timeout=self.ctx.config.request_timeout(sid) + 5,
             )
             outcome = read_rollback_result(result, checkpoint)
         except Exception as exc:

@@ -419,7 +419,4 @@ class ChannelActor(Actor):
             self._flushing = False
 
     def _timeout(self) -> float:
-        for s in self.ctx.config.servers:
-            if s.id == self.sid:
-                return s.request_timeout_s
-        return 60.0
+        return self.ctx.config.request_timeout(self.sid)

@@ -23,6 +23,7 @@ from protocol.uri import McplUriError, parse_endpoint
 from .errors import ConfigError
 
 PROSE_MODES = ("locus", "explicit", "hybrid", "disabled")
+REQUEST_TIMEOUT_S = 60.0
 _ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}")
 _AGENT_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,63}")  # e.g. __proto__ too
 
@@ -35,7 +36,7 @@ class ServerConfig:
     endpoint: str | None = None  # the address dialled (RFC-004 resolved transport)
     env: Mapping[str, str] = attrs.field(factory=dict)
     token: str | None = attrs.field(default=None, repr=False)
-    request_timeout_s: float = 60.0
+    request_timeout_s: float = REQUEST_TIMEOUT_S
     max_line_bytes: int = 4_194_304
     enabled_capabilities: tuple[str, ...] | None = None
     disabled_capabilities: tuple[str, ...] = ()
@@ -99,6 +100,11 @@ class HostConfig:
 
     def server(self, server_id: str) -> ServerConfig | None:
         return next((s for s in self.servers if s.id == server_id), None)
+
+    def request_timeout(self, server_id: str) -> float:
+        """The server's ``request_timeout_s`` (the default for a server not configured)."""
+        server = self.server(server_id)
+        return server.request_timeout_s if server is not None else REQUEST_TIMEOUT_S
 
 
 class ConfigErrors(ConfigError):
@@ -300,7 +306,7 @@ def _server(i: int, s: Mapping[str, Any], base: Path, problems: list[str]) -> Se
             f"{where}.{key}", s.get(key), default, problems, integer=isinstance(default, int)
         )
         for key, default in (
-            ("request_timeout_s", 60.0),
+            ("request_timeout_s", REQUEST_TIMEOUT_S),
             ("max_line_bytes", 4_194_304),
             ("eager_limit_bytes", 262_144),
             ("fetch_ceiling_bytes", 268_435_456),

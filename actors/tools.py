@@ -122,10 +122,7 @@ class ToolRuntime:
     in_process: bool = False  # Host.execute_tool_call: register only, never fetch eagerly
 
     def _timeout(self, sid: str) -> float:
-        for s in self.ctx.config.servers:
-            if s.id == sid:
-                return s.request_timeout_s
-        return 60.0
+        return self.ctx.config.request_timeout(sid)
 
     def statuses(self) -> list[ConnStatus]:
         return [st for sid in self.servers if (st := self.ctx.statuses.get(sid)) is not None]
