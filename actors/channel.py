@@ -291,7 +291,15 @@ class ChannelActor(Actor):
         stored = ({"type": "text", "text": header}, *body)
         meta["source_header"] = header
         meta["stored_body_digest"] = body_digest(stored)
-        invited = self._invited(lane, message_id, tags, from_self)
+        # what the host itself published wakes nobody; a message addressed to agents for whom
+        # the channel is closed carries, in their copy, an invitation to open it
+        echo = from_self or (message_id is not None and message_id in self._receipts)
+        addressed = not echo and is_addressed(tags)
+        invited = (
+            frozenset(a for a in hearers if not self.is_open(a))
+            if addressed and lane == "incoming"
+            else frozenset()
+        )
         records = tuple(
             MessageRecord(
                 id=new_id(),
@@ -306,19 +314,8 @@ class ChannelActor(Actor):
             for agent in hearers
             if agent != author_agent
         )
-        wakes = self._wakes(lane, message_id, thread_id, tags, from_self)
+        wakes = self._wakes(lane, message_id, thread_id, echo, addressed)
         return Append(records=records, dedupe=dedupe), (tuple(body), wakes, author)
-
-    def _invited(
-        self, lane: str, message_id: str | None, tags: tuple[str, ...], from_self: bool
-    ) -> frozenset[str]:
-        """The agents this channel message is addressed to while the channel is closed for
-        them: their copy carries an invitation to open it."""
-        if lane != "incoming" or from_self or message_id in self._receipts:
-            return frozenset()
-        if not is_addressed(tags):
-            return frozenset()
-        return frozenset(a for a in self.hearers if not self.is_open(a))
 
     def _invitation(
         self,
@@ -355,14 +352,13 @@ class ChannelActor(Actor):
         lane: str,
         message_id: str | None,
         thread_id: str | None,
-        tags: tuple[str, ...],
-        from_self: bool,
+        echo: bool,
+        addressed: bool,
     ) -> tuple[tuple[str, Wake], ...]:
-        """Who this item wakes: nobody for what the host itself published; in a closed channel
-        only those it is addressed to."""
-        if from_self or (message_id is not None and message_id in self._receipts):
+        """Who this item wakes: nobody for what the host itself published (``echo``); in a
+        closed channel only those it is ``addressed`` to."""
+        if echo:
             return ()
-        addressed = is_addressed(tags)
         woken = [agent for agent in self.hearers if addressed or self.is_open(agent)]
         if not woken:
             return ()
