@@ -1,0 +1,299 @@
+"""Host notices about where an agent's speech went: receipts, holds, bounces, drafts, sleep.
+
+Every value a connector chose (labels, channel, thread and server ids, reasons) is shown
+through :func:`protocol.source.notice_label` or :func:`protocol.source.notice_value`, so it
+reads as itself or as a one-line JSON string literal and never adds a line or a header to a
+notice. Resend examples in :func:`drafts_list` write every value with :func:`json.dumps`, so
+they can be copied into a tool call as they are.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from typing import Final
+
+import attrs
+
+from protocol.source import notice_label, notice_value, quoted
+
+__all__ = [
+    "Delivery",
+    "DraftView",
+    "Place",
+    "bounce_notice",
+    "delivered_receipt",
+    "describe_place",
+    "drafts_list",
+    "hold_notice",
+    "human_duration",
+    "sleep_announcement",
+    "target_error_notice",
+    "unroutable_notice",
+]
+
+MAX_BOUNCE_CANDIDATES: Final = 10
+
+_RESEND_HOW: Final = (
+    'To send it, use the drafts tool with action "resend" and a destination, start a message '
+    "with >>target, or open a channel with channel_open."
+)
+_DRAFTS_HOW: Final = "use the drafts tool to list, resend or dismiss them"
+
+_UNROUTABLE_WHY: Final = {
+    "untargetable": "the server does not declare where posts land in this channel",
+    "thread": "the channel cannot take posts in a thread",
+    "unresolved": "the channel is not registered now",
+}
+_TARGET_WHY: Final = {
+    "unknown": "no channel matches it",
+    "ambiguous": "several channels match it",
+}
+
+
+@attrs.frozen(kw_only=True)
+class Place:
+    """Where something went or was meant to go; ``thread_id`` ``None`` is the channel root."""
+
+    server_id: str
+    channel_id: str
+    label: str = ""
+    thread_id: str | None = None
+
+
+def _segments(count: int) -> str:
+    return f"{count} segment" if count == 1 else f"{count} segments"
+
+
+def _label(label: str) -> str:
+    shown = notice_label(label)
+    if label.startswith("#") or shown != label:
+        return shown
+    return "#" + shown
+
+
+def describe_place(p: Place) -> str:
+    """A place as notices name it: ``#general (lobby / c1, thread t1)``, or without a label
+    ``lobby / c1 (thread t1)``."""
+    where = f"{notice_value(p.server_id)} / {notice_value(p.channel_id)}"
+    thread = None if p.thread_id is None else f"thread {notice_value(p.thread_id)}"
+    if p.label:
+        inner = where if thread is None else f"{where}, {thread}"
+        return f"{_label(p.label)} ({inner})"
+    return where if thread is None else f"{where} ({thread})"
+
+
+@attrs.frozen(kw_only=True)
+class Delivery:
+    """What became of ``count`` segments sent to ``place``: ``status`` is ``"delivered"``,
+    ``"unconfirmed"``, ``"failed"`` or ``"unknown"``."""
+
+    place: Place
+    status: str
+    reason: str | None = None
+    count: int = 1
+
+
+_STATUS_HEADINGS: Final = (
+    ("unconfirmed", "Not confirmed"),
+    ("failed", "Failed"),
+    ("unknown", "Outcome unknown"),
+)
+
+
+def _grouped(deliveries: Sequence[Delivery], status: str) -> list[str]:
+    """One entry per place and reason, in order of first appearance, with summed counts."""
+    counts: dict[tuple[Place, str | None], int] = {}
+    for d in deliveries:
+        if d.status == status:
+            key = (d.place, d.reason)
+            counts[key] = counts.get(key, 0) + d.count
+    entries = []
+    for (place, reason), count in counts.items():
+        entry = f"{_segments(count)} to {describe_place(place)}"
+        if reason:
+            entry += f" ({notice_value(reason)})"
+        entries.append(entry)
+    return entries
+
+
+def delivered_receipt(
+    deliveries: Sequence[Delivery],
+    *,
+    drafts: int = 0,
+    suppressed: int = 0,
+    disabled: bool = False,
+) -> str:
+    """The ``[delivered]`` receipt of a turn: where speech landed, what did not land or is not
+    known to have landed, how many segments were kept as drafts, and what was held back.
+
+    ``suppressed`` counts segments neither sent nor kept; with ``disabled`` they are the ones
+    held because prose publishing is disabled for the agent. Any status other than the four
+    known ones is reported as an unknown outcome.
+    """
+    known = {"delivered", *(status for status, _ in _STATUS_HEADINGS)}
+    deliveries = [d if d.status in known else attrs.evolve(d, status="unknown") for d in deliveries]
+    parts: list[str] = []
+    landed = _grouped(deliveries, "delivered")
+    if landed:
+        parts.append("; ".join(landed))
+    for status, heading in _STATUS_HEADINGS:
+        entries = _grouped(deliveries, status)
+        if entries:
+            parts.append(f"{heading}: " + "; ".join(entries))
+    if drafts:
+        parts.append(f"Kept as drafts: {_segments(drafts)} ({_DRAFTS_HOW})")
+    if disabled:
+        held = f"Prose publishing is disabled for this agent: {_segments(suppressed)} held"
+        if not landed:
+            held += ", nothing published"
+        parts.append(held)
+    elif suppressed:
+        parts.append(f"Withheld, not published: {_segments(suppressed)}")
+    if not parts:
+        return "[delivered] nothing"
+    return "[delivered] " + ". ".join(parts) + "."
+
+
+def _places(places: Sequence[Place]) -> str:
+    return "; ".join(describe_place(p) for p in places)
+
+
+def hold_notice(conversations: Sequence[Place], *, multiple_unknown: bool = False) -> str:
+    """The ``[held]`` notice of a turn woken by several conversations."""
+    listed = _places(conversations)
+    if multiple_unknown:
+        more = "more conversations than can be listed"
+        listed = f"{listed}; and {more}" if listed else more
+    return (
+        "[held] This turn was woken by several conversations, so unaddressed prose was not "
+        f"published; it is kept as drafts. Competing: {listed}. {_RESEND_HOW}"
+    )
+
+
+def unroutable_notice(place: Place, reason: str) -> str:
+    """The ``[held]`` notice of prose that could not go to the one conversation of a turn."""
+    why = _UNROUTABLE_WHY.get(reason, notice_value(reason))
+    return (
+        f"[held] Unaddressed prose was not published to {describe_place(place)}: {why}. "
+        f"It is kept as drafts. {_RESEND_HOW}"
+    )
+
+
+def bounce_notice(draft_ids: Sequence[str], mode: str, candidates: Sequence[str]) -> str:
+    """The ``[bounced]`` notice of prose without a target prefix, which the speech ``mode``
+    requires (``>>`` in explicit mode, ``>>>`` in hybrid mode)."""
+    prefix = ">>>" if mode == "hybrid" else ">>"
+    ids = ", ".join(notice_value(i) for i in draft_ids) or "none"
+    text = (
+        f"[bounced] In {notice_value(mode)} mode, prose without a {prefix}target prefix is not "
+        f"sent. Kept as drafts: {ids}. To send, start the message with a target, for example "
+        f"{prefix}#label your text."
+    )
+    if candidates:
+        shown = ", ".join(notice_label(c) for c in candidates[:MAX_BOUNCE_CANDIDATES])
+        rest = len(candidates) - MAX_BOUNCE_CANDIDATES
+        if rest > 0:
+            shown += f" and {rest} more"
+        text += f" Targets: {shown}."
+    return text
+
+
+def target_error_notice(token: str, reason: str, candidates: Sequence[Place]) -> str:
+    """The ``[target]`` notice of a ``>>`` target that names no channel or several."""
+    why = _TARGET_WHY.get(reason, notice_value(reason))
+    text = f"[target] The target {notice_value(token)} was not used: {why}. Nothing was sent."
+    if candidates:
+        text += f" Candidates: {_places(candidates)}."
+    return text
+
+
+@attrs.frozen(kw_only=True)
+class DraftView:
+    """A kept draft as the drafts list shows it; ``reason`` says why it was kept and
+    ``destination`` where it was meant to go, when known."""
+
+    id: str
+    text: str
+    reason: str
+    destination: Place | None = None
+
+
+def resend_example(draft_id: str, place: Place) -> str:
+    """A drafts tool call that resends ``draft_id`` to ``place``; every value is JSON."""
+    parts = [
+        'drafts action: "resend"',
+        f"ids: {json.dumps([draft_id])}",
+        f"destination: {json.dumps(place.channel_id)}",
+        f"server_id: {json.dumps(place.server_id)}",
+    ]
+    if place.thread_id is not None:
+        parts.append(f"thread_id: {json.dumps(place.thread_id)}")
+    return ", ".join(parts)
+
+
+def drafts_list(drafts: Sequence[DraftView], *, preview_chars: int = 200) -> str:
+    """The ``[drafts]`` listing: one entry per draft with its id, reason, intended place, a
+    one-line preview of its text, and a resend example when the place is known."""
+    if not drafts:
+        return "[drafts] none kept"
+    lines = [f"[drafts] {len(drafts)} kept"]
+    for d in drafts:
+        preview = quoted(d.text[:preview_chars])
+        if len(d.text) > preview_chars:
+            more = len(d.text) - preview_chars
+            preview += f" ({more} more character{'' if more == 1 else 's'})"
+        entry = f"- {notice_value(d.id)} ({notice_value(d.reason)})"
+        if d.destination is not None:
+            entry += f" for {describe_place(d.destination)}"
+        lines.append(f"{entry}: {preview}")
+        if d.destination is not None:
+            lines.append(f"  resend: {resend_example(d.id, d.destination)}")
+    return "\n".join(lines)
+
+
+def sleep_announcement(seconds: float, message: str | None = None) -> str:
+    """What the agent posts when it goes quiet: ``message`` when it has text, else a default
+    naming the duration."""
+    if message is not None and message.strip():
+        return message
+    return (
+        f"💤 Going quiet for {human_duration(seconds)}. "
+        "I'll still see messages, but won't respond until I wake."
+    )
+
+
+_UNITS: Final = (("day", 86_400), ("hour", 3_600), ("minute", 60), ("second", 1))
+
+
+def _count(n: int, unit: str) -> str:
+    return f"{n} {unit}" if n == 1 else f"{n} {unit}s"
+
+
+def human_duration(seconds: float) -> str:
+    """``seconds`` in words, at most two adjacent units, the largest first: ``45 seconds``,
+    ``1 hour 30 minutes``, ``2 days``.
+
+    Rounded half up to whole seconds, then to the smaller unit shown. Negative and NaN count
+    as zero; infinity is ``an unlimited time``.
+    """
+    if math.isnan(seconds) or seconds <= 0:
+        return "0 seconds"
+    if math.isinf(seconds):
+        return "an unlimited time"
+    total = math.floor(seconds + 0.5)
+    if total == 0:
+        return "0 seconds"
+    index = next(i for i, (_, size) in enumerate(_UNITS) if total >= size)
+    big_name, big = _UNITS[index]
+    if index + 1 == len(_UNITS):
+        return _count(total, big_name)
+    small_name, small = _UNITS[index + 1]
+    total = (total + small // 2) // small * small
+    if index > 0 and total >= _UNITS[index - 1][1]:
+        # Rounding carried into the next unit, of which it is an exact single.
+        return _count(1, _UNITS[index - 1][0])
+    words = _count(total // big, big_name)
+    rest = total % big // small
+    return f"{words} {_count(rest, small_name)}" if rest else words
