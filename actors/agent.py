@@ -14,6 +14,7 @@ alone publishes nothing.
 from __future__ import annotations
 
 import json
+import os
 import time
 import uuid
 from collections import deque
@@ -23,18 +24,30 @@ from typing import Any
 import attrs
 import trio
 
+from protocol.gate import Drained, Gate, GateEvent, WakeBuffer
+from protocol.routes import Candidate, Route, decide_route
 from protocol.source import mark_text
 from protocol.state import Recorded, read_rollback_result, rollback_params, rollback_targets
 from store import Append, MessageRecord, PutState
 
 from .channel import new_id
-from .config import AgentConfig
+from .config import AgentConfig, load_gate
 from .context import HostContext
+from .errors import ActorDied, MailboxFull
 from .hooks import TurnHooks, injection_messages
 from .kernel import Actor, Reply
-from .messages import Call, Wake, WakeTarget
+from .messages import Call, Notify, Wake, WakeTarget
 from .models import Model, ModelError, ModelRequest
 from .scripted import body_of
+from .speech import (
+    SILENCING_TOOLS,
+    Drafts,
+    SpeechSender,
+    TurnSpeech,
+    Typing,
+    channel_views,
+    typing_allowed,
+)
 from .tools import AUTHORITY, ToolRuntime
 
 MAX_TOOL_ROUNDS = 8
@@ -89,10 +102,27 @@ MAX_ROLLBACK_SPAN = 10_000
 CHECKPOINTS = ("checkpoints", "current")
 
 
-@attrs.define
-class _Pending:
-    count: int = 0
-    target: WakeTarget | None = None
+#: Tags of items that are not conversation (they never count for the speech route).
+NOT_CONVERSATIONAL = frozenset({"chat:reaction", "chat:system"})
+#: How often (in seconds of the host's clock) the gate file's modification time is checked.
+GATE_RELOAD_S = 1.0
+
+
+def candidate_of(wake: Wake) -> Candidate | None:
+    """The route candidate a wake stands for: channel items only (a gate batch or local input
+    names no conversation)."""
+    if wake.lane not in ("incoming", "push") or not wake.server_id or not wake.channel_id:
+        return None
+    return Candidate(
+        server_id=wake.server_id,
+        channel_id=wake.channel_id,
+        thread_id=wake.thread_id,
+        message_id=wake.message_id,
+        addressed=wake.addressed,
+        conversational=not NOT_CONVERSATIONAL.intersection(wake.tags),
+        place=wake.place,
+        registered=wake.registered,
+    )
 
 
 MIN_MESSAGE_TOKENS = 8
@@ -187,7 +217,7 @@ class AgentActor(Actor):
         self.model = model
         self.ctx = ctx
         self.servers = tuple(s.id for s in ctx.config.servers if cfg.hears(s.id))
-        self.pending = _Pending()
+        self.buffer: WakeBuffer[Wake] = WakeBuffer()
         self.turn_running = False
         self.system = cfg.system_prompt or DEFAULT_PROMPT.format(name=cfg.name)
         self._tail = ContextTail(cfg.context_tokens)  # the context as of the last turn
@@ -198,6 +228,33 @@ class AgentActor(Actor):
         self._scan_seq = 0  # how far the header-notice scan has read the agent's history
         self._sees_header = False
         self._notice_given = False
+        # speech: the outgoing queue, the drafts, the turn's speech while one runs, and how
+        # many ended turns still wait for their speech to settle (their receipts)
+        self.sender = SpeechSender(ctx, cfg.name, self.spawn, self._maybe_start, self._trace_at)
+        self.drafts = Drafts(ctx, cfg.name)
+        self.speech: TurnSpeech | None = None
+        self._settling = 0
+        self._parked = False
+        # the event gate, its file's last seen modification time, and the timer it needs
+        self.gate = Gate(load_gate(cfg.gate) if cfg.gate is not None else None)
+        self._gate_mtime = _mtime(cfg.gate)
+        self._gate_checked = -1e18
+        self._timer_changed = trio.Event()
+        self._sleep_until: float | None = None
+
+    async def on_start(self) -> None:
+        await self.drafts.load()
+        self.spawn(self._timers, counted=False)
+
+    def _trace_at(self, kind: str, place: Any = None, **data: Any) -> None:
+        """A trace event naming a place (anything with ``server_id`` and ``channel_id``)."""
+        self.ctx.trace.emit(
+            kind,
+            agent=self.cfg.name,
+            server_id=place.server_id if place is not None else None,
+            channel_id=place.channel_id if place is not None else None,
+            data=data,
+        )
 
     def _trace(self, kind: str, target: WakeTarget | None = None, **data: Any) -> None:
         self.ctx.trace.emit(
@@ -241,22 +298,125 @@ class AgentActor(Actor):
             raise TypeError(f"unexpected message {msg!r}")
 
     def _note_wake(self, wake: Wake) -> None:
-        self.pending.count += wake.count
-        if wake.lane == "incoming" and wake.server_id and wake.channel_id:
-            self.pending.target = WakeTarget(
-                server_id=wake.server_id,
-                channel_id=wake.channel_id,
-                message_id=wake.message_id,
-                thread_id=wake.thread_id,
-            )
+        """Take a wake: the gate decides whether a channel item wakes the agent at all (it is
+        stored either way); what does is buffered for the next turn (at most 100; the oldest
+        go first, their conversations still counted for the route)."""
+        if wake.lane in ("incoming", "push") and not self._gate_admits(wake):
+            return
+        candidate = candidate_of(wake)
+        if self.speech is not None and candidate is not None:
+            self.speech.arrival(candidate)
+        self.buffer.add(wake, candidate.conversation if candidate is not None else None)
         self._maybe_start()
 
-    def _maybe_start(self) -> None:
-        if self.turn_running or not self.pending.count:
+    def _gate_admits(self, wake: Wake) -> bool:
+        now = trio.current_time()
+        self._reload_gate(now)
+        event = GateEvent(
+            kind=wake.lane,
+            server_id=wake.server_id or "",
+            channel_id=wake.channel_id,
+            thread_id=wake.thread_id,
+            text=wake.text,
+            tags=wake.tags,
+            author=wake.author,
+            metadata={"addressed": wake.addressed},
+        )
+        decision = self.gate.decide(event, now)
+        if decision.wake:
+            return True
+        self._trace(
+            "gate-decision",
+            _target_of(wake),
+            wake=False,
+            policy=decision.policy,
+            behavior=decision.behavior,
+        )
+        if decision.due is not None:
+            self._timer_changed.set()
+        return False
+
+    def _reload_gate(self, now: float) -> None:
+        """Re-read the gate file when it changed (checked at most once a second); a file that
+        does not parse leaves the running policies in force."""
+        path = self.cfg.gate
+        if path is None or now - self._gate_checked < GATE_RELOAD_S:
             return
-        pending, self.pending = self.pending, _Pending()
+        self._gate_checked = now
+        mtime = _mtime(path)
+        if mtime == self._gate_mtime:
+            return
+        self._gate_mtime = mtime
+        try:
+            config = load_gate(path)
+        except Exception as exc:
+            self._trace("diagnostic", text=f"gate file not reloaded, the old policies stay: {exc}")
+            return
+        for batch in self.gate.reload(config, now):
+            self._gate_batch(batch)
+        self._trace("gate-reloaded", path=str(path))
+        self._timer_changed.set()
+
+    def _gate_batch(self, batch: Any) -> None:
+        """A debounced batch came due: one wake carrying its count (never a speech route)."""
+        self._trace("gate-batch", policy=batch.policy, count=batch.count)
+        self.buffer.add(Wake(lane="gate", count=batch.count), None)
+        self._maybe_start()
+
+    async def _timers(self) -> None:
+        """The gate's debounce deadlines and the end of a sleep, on the host's clock."""
+        while True:
+            due = self.gate.next_due()
+            if self._sleep_until is not None:
+                due = self._sleep_until if due is None else min(due, self._sleep_until)
+            self._timer_changed = trio.Event()
+            if due is None:
+                await self._timer_changed.wait()
+                continue
+            with trio.move_on_at(due):
+                await self._timer_changed.wait()
+                continue
+            now = trio.current_time()
+            for batch in self.gate.due(now):
+                self._gate_batch(batch)
+            if self._sleep_until is not None and now >= self._sleep_until:
+                self._sleep_until = None
+                self._trace("awake", reason="the sleep is over")
+                self.buffer.add(Wake(lane="self"), None)
+                self._maybe_start()
+
+    def go_to_sleep(self, seconds: float) -> float:
+        """Sleep: only privileged authors wake the agent until ``seconds`` pass, then it wakes
+        by itself. Returns the deadline."""
+        until = trio.current_time() + seconds
+        self.gate.sleep(until)
+        self._sleep_until = until
+        self._timer_changed.set()
+        self._trace("asleep", seconds=seconds)
+        return until
+
+    def wake_up(self) -> bool:
+        """End a sleep now; False when the agent was not asleep."""
+        was = self._sleep_until is not None
+        self.gate.wake_up()
+        self._sleep_until = None
+        self._timer_changed.set()
+        return was
+
+    def _maybe_start(self) -> None:
+        if self.turn_running or not len(self.buffer):
+            return
+        if self.sender.unsettled or self._settling:
+            # the previous turn's speech has not settled: this agent's wake waits for it,
+            # nothing else does
+            if not self._parked:
+                self._parked = True
+                self._trace("wake-parked", unsettled=self.sender.unsettled)
+            return
+        self._parked = False
+        drained = self.buffer.drain()
         self.turn_running = True
-        self.spawn(self._turn, pending)
+        self.spawn(self._turn, drained)
 
     async def _store_local(self, record: MessageRecord, reply: Reply) -> None:
         await self.ctx.store.write(Append(records=(record,)))
@@ -265,7 +425,9 @@ class AgentActor(Actor):
         self._note_wake(Wake(lane="local"))
 
     async def _execute(self, msg: ExecuteTool, reply: Reply) -> None:
-        runtime = ToolRuntime(self.ctx, self.cfg.name, self.servers, in_process=True)
+        runtime = ToolRuntime(
+            self.ctx, self.cfg.name, self.servers, in_process=True, agent_actor=self
+        )
         outcome = await runtime.call(msg.tool, msg.arguments)
         state = outcome.pop("state", None)
         if state is not None:
@@ -293,24 +455,66 @@ class AgentActor(Actor):
             "metadata": meta,
         }
 
-    async def _turn(self, pending: _Pending) -> None:
-        target = pending.target
+    async def _turn(self, drained: Drained[Wake]) -> None:
+        inference_id = f"inf_{uuid.uuid4().hex}"
+        candidates = [c for w in drained.items if (c := candidate_of(w)) is not None]
+        evicted = {(s, c, t) for s, c, t in drained.evicted if c is not None}
+        decision = decide_route(candidates, evicted=evicted, evicted_overflow=drained.overflow)
+        route = decision if isinstance(decision, Route) else None
+        target = (
+            WakeTarget(
+                server_id=route.server_id,
+                channel_id=route.channel_id,
+                message_id=route.reply_to,
+                thread_id=route.thread_id,
+            )
+            if route is not None
+            else None
+        )
         hooks = TurnHooks(
             self.ctx,
             self.cfg.name,
             self.servers,
             model=self.model.info,
-            inference_id=f"inf_{uuid.uuid4().hex}",
+            inference_id=inference_id,
             conversation_id=self.conversation_id,
             turn_index=self._turns,
         )
         self._turns += 1
         phase, usage = "failed", None
+        speech: TurnSpeech | None = None
+        typing: Typing | None = None
         try:
             with trio.CancelScope() as scope:
                 self._turn_scope = scope
                 hooks.started()
-                usage = await self._run_turn(target, pending.count, hooks)
+                channels, places = await channel_views(self.ctx, self.servers)
+                speech = TurnSpeech(
+                    ctx=self.ctx,
+                    agent=self.cfg.name,
+                    mode=self.cfg.prose_mode,
+                    decision=decision,
+                    channels=channels,
+                    places=places,
+                    inference_id=inference_id,
+                    sender=self.sender,
+                    drafts=self.drafts,
+                    trace=self._trace_at,
+                )
+                self.speech = speech
+                here = speech.route_place()
+                if (
+                    here is not None
+                    and self.cfg.prose_mode != "disabled"
+                    and typing_allowed(
+                        self.ctx, here, places.get((here.server_id, here.channel_id))
+                    )
+                ):
+                    typing = Typing(self.ctx, here, self._trace_at)
+                    typing.start()
+                    self.spawn(typing.refresh, counted=False)
+                wakes = sum(w.count for w in drained.items) + drained.dropped
+                usage = await self._run_turn(target, wakes, hooks, speech, candidates)
                 phase = "completed"
             if scope.cancelled_caught:
                 phase = "aborted"
@@ -330,10 +534,61 @@ class AgentActor(Actor):
             self._trace("error", target, error=f"{type(exc).__name__}: {exc}", where="turn")
             raise
         finally:
+            if typing is not None:
+                typing.stop()
             hooks.ended(phase, usage if phase == "completed" else None)
             self._turn_scope = None
+            self.speech = None
+            if speech is not None:
+                self._complete_streams(speech)
+                self._settling += 1
+                self.spawn(self._settle, speech)
             self.turn_running = False
             self._maybe_start()
+
+    def _complete_streams(self, speech: TurnSpeech) -> None:
+        """One ``channels/outgoing/complete`` per channel this turn streamed into, whatever
+        way the turn ended."""
+        for sid, params in speech.completes():
+            ref = self.ctx.connections.get(sid)
+            if ref is None:
+                continue
+            try:
+                ref.tell_nowait(Notify(method="channels/outgoing/complete", params=params))
+            except (MailboxFull, ActorDied):
+                self._trace("diagnostic", text=f"channels/outgoing/complete to {sid} not sent")
+
+    async def _settle(self, speech: TurnSpeech) -> None:
+        """Once the turn's speech has settled: store its notices and its receipt, save the
+        drafts, and let a parked wake start the next turn."""
+        try:
+            for text in await speech.settle():
+                kind = "delivered-receipt" if text.startswith("[delivered]") else "speech-notice"
+                await self._store(
+                    "system", [{"type": "text", "text": text}], system=True, kind=kind
+                )
+                self._trace(kind, text=text)
+            await self.drafts.save()
+        finally:
+            self._settling -= 1
+            self._maybe_start()
+
+    def _chunk(self, speech: TurnSpeech, place: Any, piece: str) -> None:
+        """One streamed piece: traced with its channel id as a plain string (or None), and sent
+        as ``channels/outgoing/chunk`` where streaming is allowed."""
+        self._trace_at("tokens", place, delta=piece, inference_id=speech.inference_id)
+        if place is None:
+            return
+        params = speech.chunk(place, piece)
+        if params is None:
+            return
+        ref = self.ctx.connections.get(place.server_id)
+        if ref is None:
+            return
+        try:
+            ref.tell_nowait(Notify(method="channels/outgoing/chunk", params=params))
+        except (MailboxFull, ActorDied):
+            self._trace_at("diagnostic", place, text="channels/outgoing/chunk not sent")
 
     async def _context(self) -> list[Mapping[str, Any]]:
         """The agent's context from the store: only what was stored since the last turn is read
@@ -355,17 +610,27 @@ class AgentActor(Actor):
         return self._tail.messages()
 
     async def _run_turn(
-        self, target: WakeTarget | None, wakes: int, hooks: TurnHooks
+        self,
+        target: WakeTarget | None,
+        wakes: int,
+        hooks: TurnHooks,
+        speech: TurnSpeech,
+        candidates: list[Candidate],
     ) -> tuple[int, int]:
         """One turn; its token usage (input, output) summed over the model calls."""
-        runtime = ToolRuntime(self.ctx, self.cfg.name, self.servers, route=target)
+        runtime = ToolRuntime(
+            self.ctx, self.cfg.name, self.servers, speech=speech, agent_actor=self
+        )
         self._trace("turn-start", target, wakes=wakes, model=self.model.name)
         await self._explain_headers()
         context = await self._context()
         newest = next((m for m in reversed(context) if m.get("role") == "user"), None)
-        candidates = {target.server_id: [target.channel_id]} if target is not None else {}
+        by_server: dict[str, list[str]] = {}
+        for c in candidates:
+            if c.channel_id not in by_server.setdefault(c.server_id, []):
+                by_server[c.server_id].append(c.channel_id)
         injections = await hooks.before_inference(
-            body_of(newest) if newest is not None else None, target, candidates
+            body_of(newest) if newest is not None else None, target, by_server
         )
         placed = injection_messages(injections)
         system = self.system
@@ -375,8 +640,12 @@ class AgentActor(Actor):
             )
         context = _place(context, placed["beforeUser"], placed["afterUser"])
         tools = await runtime.specs()
-        text = ""
         used_in, used_out = 0, 0
+
+        async def on_delta(delta: str) -> None:
+            for place, piece in speech.stream(delta):
+                self._chunk(speech, place, piece)
+
         for round_no in range(MAX_TOOL_ROUNDS + 1):
             request = ModelRequest(
                 agent=self.cfg.name,
@@ -384,7 +653,10 @@ class AgentActor(Actor):
                 messages=tuple(context),  # the request keeps what this round saw
                 tools=tools,
             )
-            reply = await self.model.complete(request)
+            speech.start_round()
+            reply = await self.model.complete(request, on_delta)
+            for place, piece in speech.end_stream():
+                self._chunk(speech, place, piece)
             used_in += int(reply.usage.get("input_tokens", 0))
             used_out += int(reply.usage.get("output_tokens", 0))
             if not reply.blocks:
@@ -394,8 +666,13 @@ class AgentActor(Actor):
             )
             context.append(render_for_model(said))
             uses = reply.tool_uses
+            # The round's prose is queued before any of its calls runs, so whatever a call
+            # says afterwards (the sleep announcement) follows it, where the newest pin points.
+            silencer = next(
+                (str(u.get("name")) for u in uses if u.get("name") in SILENCING_TOOLS), None
+            )
+            speech.submit(reply.text, silenced=silencer)
             if not uses:
-                text = reply.text
                 break
             if round_no == MAX_TOOL_ROUNDS:
                 self._trace(
@@ -432,27 +709,9 @@ class AgentActor(Actor):
             context.append(render_for_model(await self._store("tool", results, **meta)))
             if checkpoints:
                 await self._record_checkpoints(checkpoints)
-        route = runtime.route
-        if text.strip():
-            if route is None:
-                self._trace(
-                    "speech-held",
-                    text=text,
-                    reason="no conversation to answer (woken by pushes or local input)",
-                )
-            else:
-                try:
-                    result = await runtime.publish(route, text, route.thread_id)
-                    self._trace(
-                        "published",
-                        route,
-                        text=text,
-                        receipt=dict(result) if isinstance(result, Mapping) else {},
-                    )
-                except Exception as exc:
-                    self._trace(
-                        "error", route, error=f"publish failed: {exc}", where="publish", text=text
-                    )
+            if runtime.end_turn:
+                break  # skip_reply or sleep: the turn ends at the tool results
+        await speech.sent()  # this agent's own wait: nobody else's work stops for it
         self._trace("turn-end", target)
         return used_in, used_out
 
@@ -599,6 +858,26 @@ class AgentActor(Actor):
         if outcome.success:
             self.ctx.lineages.record((sid, feature_set), outcome.checkpoint)
         return entry
+
+
+def _target_of(wake: Wake) -> WakeTarget | None:
+    if not wake.server_id or not wake.channel_id:
+        return None
+    return WakeTarget(
+        server_id=wake.server_id,
+        channel_id=wake.channel_id,
+        message_id=wake.message_id,
+        thread_id=wake.thread_id,
+    )
+
+
+def _mtime(path: Any) -> float | None:
+    if path is None:
+        return None
+    try:
+        return float(os.stat(path).st_mtime_ns)
+    except OSError:
+        return None
 
 
 def _is_rollback(message: Mapping[str, Any]) -> bool:

@@ -26,8 +26,16 @@ from typing import Any
 
 from protocol.content import ContentError, convert_blocks
 from protocol.digests import body_digest
-from protocol.errors import INVALID_PARAMS, RpcError
+from protocol.errors import INVALID_PARAMS, METHOD_NOT_FOUND, RpcError
 from protocol.lanes import ChannelDescriptor, IncomingMessage, PushEvent
+from protocol.routes import (
+    ABSENT,
+    PublishOutcome,
+    classify_error,
+    classify_publish,
+    place_problem,
+    publish_thread_param,
+)
 from protocol.source import (
     channel_header,
     mark_blocks,
@@ -40,12 +48,14 @@ from protocol.tags import expand_tags, is_addressed
 from store import Append, MessageRecord, PutState
 
 from .context import HostContext
+from .errors import ActorDied, AskTimeout, MailboxFull, NotConnected
 from .kernel import Actor, Reply
 from .messages import (
     Call,
     ChannelInfo,
     Describe,
     IngestBatch,
+    Notify,
     Prepared,
     Publish,
     Register,
@@ -54,6 +64,24 @@ from .messages import (
     Wake,
 )
 from .references import resolve_references
+
+#: Why a publish was refused before it was sent (by ``place_problem``'s answer).
+REFUSALS = {
+    "untargetable": "the server does not declare where a post to this channel lands",
+    "thread": "this channel takes no posts in a thread",
+    "unresolved": "the channel is not registered",
+}
+WAKE_TEXT_CHARS = 2000  # what a wake carries of the body, for the gate's filters
+
+
+def _wake_text(blocks: list[dict[str, Any]]) -> str:
+    text = "\n".join(str(b.get("text", "")) for b in blocks if b.get("type") == "text")
+    return text[:WAKE_TEXT_CHARS]
+
+
+def _now_iso() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
 
 OPEN_STATE_NS = "channel_open"
 MAX_RECEIPTS = 1024  # publish receipts kept for echo detection; oldest forgotten first
@@ -87,6 +115,16 @@ class ChannelActor(Actor):
         self._publishing = 0
         self._flushing = False
         self._deferred: list[tuple[IngestBatch, Reply]] = []
+
+    @property
+    def place(self) -> str | None:
+        """Where the server says a post to this channel lands (RFC-011): ``"exact"``,
+        ``"root"``, or None when it does not say."""
+        desc = self.descriptor
+        caps = desc.capabilities if desc is not None else None
+        publish = caps.get("publish") if isinstance(caps, Mapping) else None
+        target = publish.get("target") if isinstance(publish, Mapping) else None
+        return target if target in ("exact", "root") else None
 
     @property
     def label(self) -> str:
@@ -161,6 +199,7 @@ class ChannelActor(Actor):
             registered=self.registered,
             open_for={a: self.is_open(a) for a in self.ctx.agents_hearing(self.sid)},
             descriptor=wire,
+            place=self.place,
         )
 
     # -- ingest -----------------------------------------------------------------------------
@@ -314,7 +353,9 @@ class ChannelActor(Actor):
             for agent in hearers
             if agent != author_agent
         )
-        wakes = self._wakes(lane, message_id, thread_id, echo, addressed)
+        wakes = self._wakes(
+            lane, message_id, thread_id, echo, addressed, _wake_text(blocks), tags, author or None
+        )
         return Append(records=records, dedupe=dedupe), (tuple(body), wakes, author)
 
     def _invitation(
@@ -354,6 +395,9 @@ class ChannelActor(Actor):
         thread_id: str | None,
         echo: bool,
         addressed: bool,
+        text: str = "",
+        tags: tuple[str, ...] = (),
+        author: str | None = None,
     ) -> tuple[tuple[str, Wake], ...]:
         """Who this item wakes: nobody for what the host itself published (``echo``); in a
         closed channel only those it is ``addressed`` to."""
@@ -368,39 +412,73 @@ class ChannelActor(Actor):
             channel_id=self.cid,
             message_id=message_id,
             thread_id=thread_id,
+            addressed=addressed,
+            text=text,
+            tags=tags,
+            author=author,
+            place=self.place,
+            registered=self.registered,
         )
         return tuple((agent, wake) for agent in woken)
 
     # -- publish ----------------------------------------------------------------------------
     async def _publish(self, msg: Publish, reply: Reply) -> None:
         try:
-            conn = self.ctx.connections.get(self.sid)
-            if conn is None or self.cid is None:
-                raise RpcError(code=-32023, message=f"no channel {self.cid!r} on {self.sid}")
-            params: dict[str, Any] = {
-                "conversationId": msg.agent,
-                "channelId": self.cid,
-                "content": [dict(b) for b in msg.blocks],
-            }
-            if msg.thread_id is not None:
-                params["threadId"] = msg.thread_id
-            timeout = self._timeout() + 5
-            result = await conn.ask(
-                Call(method="channels/publish", params=params, notify_fallback=True),
-                timeout=timeout,
-            )
-            mid = result.get("messageId") if isinstance(result, Mapping) else None
-            if isinstance(mid, str | int) and not isinstance(mid, bool):
-                self._receipts[str(mid)] = msg.agent
-                while len(self._receipts) > MAX_RECEIPTS:
-                    self._receipts.popitem(last=False)
-            reply.value(result)
+            reply.value(await self._send_publish(msg))
         except Exception as exc:
             reply.error(exc)
         finally:
             self._publishing -= 1
             if not self._publishing and not self._flushing:
                 await self._flush_deferred()
+
+    async def _send_publish(self, msg: Publish) -> tuple[PublishOutcome, Any]:
+        """Send one publish (or refuse it unsent); its classified outcome and raw result."""
+        conn = self.ctx.connections.get(self.sid)
+        if conn is None or self.cid is None:
+            return PublishOutcome(status="failed", reason="no such channel"), None
+        place = self.place
+        problem = place_problem(place, msg.thread_id)
+        if problem is not None and (msg.prose or msg.thread_id is not None):
+            return PublishOutcome(status="failed", reason=REFUSALS[problem]), None
+        thread = publish_thread_param(place, msg.thread_id)
+        params: dict[str, Any] = {
+            "conversationId": msg.agent,
+            "channelId": self.cid,
+            "content": [dict(b) for b in msg.blocks],
+        }
+        if thread is not ABSENT:
+            params["threadId"] = thread
+        if msg.key is not None:
+            params["idempotencyKey"] = msg.key
+        params["writtenAt"] = _now_iso()
+        try:
+            result = await conn.ask(
+                # RFC-011: a publish naming its place is a request, never a notification
+                Call(method="channels/publish", params=params, notify_fallback=thread is ABSENT),
+                timeout=self._timeout() + 5,
+            )
+        except NotConnected as exc:
+            return PublishOutcome(status="failed", reason=str(exc)), None
+        except RpcError as exc:
+            if exc.code == METHOD_NOT_FOUND and place == "root" and thread is None:
+                # a root-only channel whose server takes only the notification form: without a
+                # thread id the post lands at the root all the same; delivery stays unknown
+                params.pop("threadId", None)
+                try:
+                    conn.tell_nowait(Notify(method="channels/publish", params=params))
+                except (MailboxFull, ActorDied):
+                    return PublishOutcome(status="failed", reason="not sent"), None
+                return PublishOutcome(status="unknown"), {"outcome": "unknown"}
+            return classify_error(str(exc) or type(exc).__name__), None
+        except (AskTimeout, ActorDied) as exc:
+            return classify_error(str(exc) or type(exc).__name__), None
+        outcome = classify_publish(result, thread)
+        if outcome.message_id is not None:
+            self._receipts[outcome.message_id] = msg.agent
+            while len(self._receipts) > MAX_RECEIPTS:
+                self._receipts.popitem(last=False)
+        return outcome, result
 
     async def _flush_deferred(self) -> None:
         self._flushing = True

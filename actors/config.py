@@ -17,6 +17,7 @@ from typing import Any
 import attrs
 
 from protocol import grants
+from protocol.gate import GateConfig, GateConfigError, parse_gate
 from protocol.mcpl import FeatureSet
 from protocol.uri import McplUriError, parse_endpoint
 
@@ -353,6 +354,22 @@ def _server(i: int, s: Mapping[str, Any], base: Path, problems: list[str]) -> Se
 _AGENT_KEYS = {"name", "model", "system_prompt", "servers", "prose_mode", "gate", "context_tokens"}
 
 
+def load_gate(path: Path) -> GateConfig:
+    """An agent's gate policy file (JSON when it ends in ``.json``, else TOML); any problem is
+    a ``ConfigError`` of one line."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read the gate file ({exc.strerror})") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path}: not UTF-8 text") from None
+    fmt = "json" if path.suffix.lower() == ".json" else "toml"
+    try:
+        return parse_gate(text, fmt)
+    except GateConfigError as exc:
+        raise ConfigError(f"{path}: {exc}") from None
+
+
 def _agent(i: int, a: Mapping[str, Any], base: Path, problems: list[str]) -> AgentConfig | None:
     name = a.get("name")
     where = _where("agents", name, i)
@@ -384,6 +401,10 @@ def _agent(i: int, a: Mapping[str, Any], base: Path, problems: list[str]) -> Age
             problems.append(f"{where}.gate: must be a path string")
         else:
             gate_path = (base / gate).resolve()
+            try:
+                load_gate(gate_path)
+            except ConfigError as exc:
+                problems.append(f"{where}.gate: {exc}")
     servers = _str_list(f"{where}.servers", a.get("servers"), problems)
     context_tokens = _number(
         f"{where}.context_tokens", a.get("context_tokens"), 60_000, problems, integer=True

@@ -100,9 +100,18 @@ class Prepared:
 
 @attrs.frozen(kw_only=True)
 class Publish:
+    """Post into the channel. The answer is ``(PublishOutcome, raw result)``.
+
+    The channel applies RFC-011: where its server declares the place of a post, the request
+    names it (``threadId``: the thread, or null for the root); where it does not, no thread is
+    sent, a thread is refused, and so is ``prose`` (speech is only published where its place is
+    known). Nothing refused is sent."""
+
     agent: str
     blocks: tuple[Mapping[str, Any], ...]
     thread_id: str | None = None
+    key: str | None = None  # idempotency key
+    prose: bool = False
 
 
 @attrs.frozen(kw_only=True)
@@ -126,6 +135,7 @@ class ChannelInfo:
     registered: bool
     open_for: Mapping[str, bool]
     descriptor: Mapping[str, Any]
+    place: str | None = None  # RFC-011: "exact", "root", or None when undeclared
 
 
 # --- to an AgentActor ----------------------------------------------------------------------
@@ -141,6 +151,12 @@ class Wake:
     message_id: str | None = None
     thread_id: str | None = None
     count: int = 1  # wakes folded into this one
+    addressed: bool = False
+    text: str = ""  # the body, cut short: what the gate's filters read
+    tags: tuple[str, ...] = ()
+    author: str | None = None
+    place: str | None = None  # where the channel's server says a post lands (RFC-011)
+    registered: bool = True
 
 
 @attrs.frozen(kw_only=True)

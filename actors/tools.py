@@ -6,6 +6,7 @@ never an exception.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from typing import Any
 
@@ -13,15 +14,26 @@ import attrs
 
 from protocol.content import ContentError, convert_blocks
 from protocol.errors import RpcError
+from protocol.prose import ChannelView, TargetError, resolve_target
+from protocol.receipts import (
+    Place,
+    describe_place,
+    drafts_list,
+    human_duration,
+    sleep_announcement,
+    target_error_notice,
+)
 from protocol.references import fetch_result_text
+from protocol.routes import PublishOutcome, place_problem
 from protocol.source import channel_header, mark_blocks, mark_text, notice_label
 from protocol.state import StateError, read_tool_state
 
 from .context import HostContext
 from .errors import AskTimeout, NotConnected
-from .messages import Call, ChannelInfo, ConnStatus, Describe, Publish, SetOpen, WakeTarget
+from .messages import Call, ChannelInfo, ConnStatus, Describe, SetOpen
 from .models import ToolSpec
 from .references import FetchError, FetchRef, resolve_references
+from .speech import Drafts, Ticket, TurnSpeech, new_key, place_of, publish
 
 SEP = "--"
 
@@ -44,7 +56,8 @@ HOST_TOOLS: tuple[ToolSpec, ...] = (
     ToolSpec(
         name="channel_open",
         description="Open a channel so its messages wake you; optionally fetch recent messages "
-        "(backscroll) and make it where your replies go. " + AUTHORITY,
+        "(backscroll). Unless set_speech_target is false, your unaddressed replies for the rest "
+        "of this turn go there. " + AUTHORITY,
         input_schema={
             "type": "object",
             "properties": {
@@ -68,8 +81,9 @@ HOST_TOOLS: tuple[ToolSpec, ...] = (
     ),
     ToolSpec(
         name="channel_publish",
-        description="Post a message to a channel (by default the conversation you are answering). "
-        + AUTHORITY,
+        description="Post a message to a channel. Without channel_id it goes where your replies "
+        "go this turn; when the host could not tell which conversation you are answering, name "
+        "the channel. A round that calls this tool keeps its other prose as drafts. " + AUTHORITY,
         input_schema={
             "type": "object",
             "properties": {
@@ -97,9 +111,64 @@ HOST_TOOLS: tuple[ToolSpec, ...] = (
             "required": ["ref_id"],
         },
     ),
+    ToolSpec(
+        name="drafts",
+        description="Your drafts: prose the host kept instead of publishing (a held or "
+        "silenced turn, an unknown target, a failed post). action list shows them with a "
+        "ready resend call; read gives whole texts; resend posts the given drafts, in order, "
+        "to one destination (a channel id, #label or @name, with server_id when an id is on "
+        "several servers); dismiss forgets them.",
+        input_schema={
+            "type": "object",
+            "properties": {
+                "action": {"type": "string", "enum": ["list", "read", "resend", "dismiss"]},
+                "ids": {"type": "array", "items": {"type": "string"}},
+                "destination": {"type": "string"},
+                "server_id": {"type": "string"},
+                "thread_id": {"type": "string"},
+            },
+            "required": ["action"],
+        },
+    ),
+    ToolSpec(
+        name="sleep",
+        description="Go quiet for a while: new messages are still stored, but only privileged "
+        "people wake you until the time is up; then you wake by yourself. An announcement (or "
+        "your message) is posted where your replies go. Ends the turn.",
+        input_schema={
+            "type": "object",
+            "properties": {
+                "seconds": {"type": "number", "minimum": 1, "maximum": 604_800},
+                "message": {"type": "string"},
+            },
+            "required": ["seconds"],
+        },
+    ),
+    ToolSpec(
+        name="wake",
+        description="End a sleep now.",
+        input_schema={"type": "object", "properties": {}},
+    ),
+    ToolSpec(
+        name="skip_reply",
+        description="Say nothing this turn: the turn ends, and any prose of this round is kept "
+        "as a draft.",
+        input_schema={"type": "object", "properties": {"reason": {"type": "string"}}},
+    ),
+    ToolSpec(
+        name="think",
+        description="Write a private thought; it is sent nowhere, and other prose of the same "
+        "round is kept as a draft.",
+        input_schema={
+            "type": "object",
+            "properties": {"content": {"type": "string"}},
+            "required": ["content"],
+        },
+    ),
 )
 HOST_TOOL_NAMES = frozenset(t.name for t in HOST_TOOLS)
 MAX_BACKSCROLL = 100
+MAX_SLEEP_S = 604_800.0
 FETCH_ASK_TIMEOUT_S = 90.0  # the fetch's own 60 s deadline, and time to queue
 
 
@@ -118,8 +187,10 @@ class ToolRuntime:
     ctx: HostContext
     agent: str
     servers: tuple[str, ...]
-    route: WakeTarget | None = None
+    speech: TurnSpeech | None = None  # the running turn's speech; None for in-process calls
     in_process: bool = False  # Host.execute_tool_call: register only, never fetch eagerly
+    agent_actor: Any = None  # the AgentActor (its speech queue, drafts, sleep)
+    end_turn: bool = False  # set by skip_reply and sleep
 
     def _timeout(self, sid: str) -> float:
         return self.ctx.config.request_timeout(sid)
@@ -325,14 +396,23 @@ class ToolRuntime:
                 notes.extend(_backscroll_lines(result, found.server_id, labels))
             except (RpcError, NotConnected, AskTimeout) as exc:
                 notes.append(f"(the server did not confirm the open: {exc})")
-        if args.get("set_speech_target") is True:
-            self.route = WakeTarget(
+        if args.get("set_speech_target", True) is not False and self.speech is not None:
+            view = ChannelView(
                 server_id=found.server_id,
                 channel_id=found.channel_id,
-                message_id=None,
-                thread_id=None,
+                label=found.label,
+                type=found.type,
             )
-            notes.append("your replies now go to this channel")
+            self.speech.add_channel(view, found.place)
+            self.speech.set_route(place_of(view))
+            problem = place_problem(found.place, None)
+            if problem is None:
+                notes.append("your replies for the rest of this turn go to this channel")
+            else:
+                notes.append(
+                    "replies would go here, but its server does not declare where a post lands, "
+                    "so they will be kept as drafts"
+                )
         return ok("\n".join(notes))
 
     async def _channel_close(self, args: Mapping[str, Any]) -> dict[str, Any]:
@@ -357,33 +437,167 @@ class ToolRuntime:
         content = args.get("content")
         if not isinstance(content, str) or not content.strip():
             return error("content must be non-empty text")
+        thread = args.get("thread_id")
+        if thread is not None and not (isinstance(thread, str) and thread):
+            return error("thread_id must be a non-empty string")
         if "channel_id" in args:
             found = await self._find(args)
             if not isinstance(found, ChannelInfo):
                 return found
             assert found.channel_id is not None
-            target = WakeTarget(
+            place = Place(
                 server_id=found.server_id,
                 channel_id=found.channel_id,
-                message_id=None,
-                thread_id=None,
+                label=found.label,
+                thread_id=thread,
             )
-        elif self.route is not None:
-            target = self.route
         else:
-            return error("no channel_id given and no current conversation to answer")
-        thread = args.get("thread_id", target.thread_id)
-        result = await self.publish(target, content, thread if isinstance(thread, str) else None)
-        return ok(f"published to {target.server_id} / {target.channel_id}: {_receipt(result)}")
+            here = self.speech.route_place() if self.speech is not None else None
+            if here is None:
+                return error(
+                    "no channel_id given, and this turn has no route to reply on (the host "
+                    "never guesses one); name the channel"
+                )
+            place = attrs.evolve(here, thread_id=thread) if thread is not None else here
+        outcome = await self.send(place, content)
+        where = describe_place(place)
+        if outcome.status == "delivered":
+            return ok(f"published to {where}: delivered as {outcome.message_id}")
+        if outcome.status == "failed":
+            return error(f"not published to {where}: {outcome.reason}")
+        why = f" ({outcome.reason})" if outcome.reason else ""
+        return ok(f"sent to {where}; delivery {outcome.status}{why}")
 
-    async def publish(self, target: WakeTarget, text: str, thread_id: str | None) -> Any:
-        ref = await self.ctx.channel(target.server_id, target.channel_id)
-        return await ref.ask(
-            Publish(
-                agent=self.agent, blocks=({"type": "text", "text": text},), thread_id=thread_id
-            ),
-            timeout=self._timeout(target.server_id) + 10,
-        )
+    async def send(self, place: Place, text: str) -> PublishOutcome:
+        """An explicit post (a tool's, not prose): through the agent's speech queue, behind
+        anything it already queued for that channel, when there is one."""
+        if self.speech is not None:
+            ticket = self.speech.send_explicit(place, text)
+            if ticket is None:
+                return PublishOutcome(status="failed", reason="the speech queue is full")
+            await ticket.done.wait()
+            return ticket.outcome or PublishOutcome(status="unknown", reason="not sent")
+        if self.agent_actor is not None:
+            ticket = Ticket(place=place, text=text, key=f"tool:{new_key()}", prose=False)
+            if not self.agent_actor.sender.send(ticket):
+                return PublishOutcome(status="failed", reason="the speech queue is full")
+            await ticket.done.wait()
+            return ticket.outcome or PublishOutcome(status="unknown", reason="not sent")
+        outcome, _ = await publish(self.ctx, self.agent, place, text)
+        return outcome
+
+    # -- speech tools ------------------------------------------------------------------------
+    async def _skip_reply(self, args: Mapping[str, Any]) -> dict[str, Any]:
+        self.end_turn = True
+        return ok("Turn ended; nothing sent.")
+
+    async def _think(self, args: Mapping[str, Any]) -> dict[str, Any]:
+        if not isinstance(args.get("content", ""), str):
+            return error("content must be text")
+        return ok("Thought recorded (private; not sent anywhere).")
+
+    async def _sleep(self, args: Mapping[str, Any]) -> dict[str, Any]:
+        seconds = args.get("seconds")
+        if (
+            isinstance(seconds, bool)
+            or not isinstance(seconds, int | float)
+            or not 1 <= seconds <= MAX_SLEEP_S
+        ):
+            return error(f"seconds must be a number from 1 to {int(MAX_SLEEP_S)}")
+        message = args.get("message")
+        if message is not None and not isinstance(message, str):
+            return error("message must be text")
+        if self.agent_actor is None:
+            return error("sleep is only available to an agent")
+        text = sleep_announcement(float(seconds), message)
+        place = self.speech.announce(text) if self.speech is not None else None
+        self.agent_actor.go_to_sleep(float(seconds))
+        self.end_turn = True
+        said = f"announced in {describe_place(place)}" if place else "not announced (no route)"
+        return ok(f"Sleeping for {human_duration(float(seconds))}; {said}.")
+
+    async def _wake(self, args: Mapping[str, Any]) -> dict[str, Any]:
+        if self.agent_actor is None:
+            return error("wake is only available to an agent")
+        was = self.agent_actor.wake_up()
+        return ok("Awake." if was else "You were not asleep.")
+
+    async def _drafts(self, args: Mapping[str, Any]) -> dict[str, Any]:
+        if self.agent_actor is None:
+            return error("drafts are only available to an agent")
+        drafts: Drafts = self.agent_actor.drafts
+        action = args.get("action")
+        ids = args.get("ids")
+        if ids is not None and not (isinstance(ids, list) and all(isinstance(i, str) for i in ids)):
+            return error("ids must be a list of draft ids")
+        if action == "list":
+            return ok(drafts_list([d.view() for d in drafts.items.values()]))
+        if action not in ("read", "resend", "dismiss"):
+            return error("action must be list, read, resend or dismiss")
+        if not ids:
+            return error(f"{action} needs ids (see drafts with action list)")
+        unknown = [i for i in ids if i not in drafts.items]
+        if unknown:
+            return error("no draft " + ", ".join(json.dumps(i) for i in unknown))
+        if action == "read":
+            return ok("\n\n".join(f"[{i}] {drafts.items[i].text}" for i in ids))
+        if action == "dismiss":
+            busy = [i for i in ids if i in drafts.in_flight]
+            if busy:
+                return error("being resent now: " + ", ".join(busy))
+            for i in ids:
+                del drafts.items[i]
+            await drafts.save()
+            return ok(f"dismissed {len(ids)} draft(s)")
+        return await self._resend(drafts, ids, args)
+
+    async def _resend(
+        self, drafts: Drafts, ids: list[str], args: Mapping[str, Any]
+    ) -> dict[str, Any]:
+        destination = args.get("destination")
+        sid = args.get("server_id")
+        thread = args.get("thread_id")
+        if not isinstance(destination, str) or not destination:
+            return error("resend needs a destination: a channel id, #label or @name")
+        if sid is not None and not isinstance(sid, str):
+            return error("server_id must be text")
+        if thread is not None and not (isinstance(thread, str) and thread):
+            return error("thread_id must be a non-empty string")
+        views = [
+            ChannelView(server_id=i.server_id, channel_id=i.channel_id, label=i.label, type=i.type)
+            for i in await self._channels()
+            if i.channel_id is not None and i.registered and (sid is None or i.server_id == sid)
+        ]
+        found = resolve_target(destination, views)
+        if isinstance(found, TargetError):
+            return error(
+                target_error_notice(
+                    destination, found.reason, [place_of(v) for v in found.candidates]
+                )
+            )
+        # the resolved server travels with the destination from here on
+        place = place_of(found, thread)
+        lines = []
+        failed = False
+        for draft_id in ids:
+            draft = drafts.items.get(draft_id)
+            if draft is None:
+                continue
+            drafts.in_flight.add(draft_id)
+            try:
+                outcome = await self.send(place, draft.text)
+            finally:
+                drafts.in_flight.discard(draft_id)
+            if outcome.status == "delivered":
+                drafts.items.pop(draft_id, None)
+                lines.append(f"{draft_id}: delivered as {outcome.message_id}")
+            else:
+                failed = failed or outcome.status == "failed"
+                why = f" ({outcome.reason})" if outcome.reason else ""
+                lines.append(f"{draft_id}: {outcome.status}{why}")
+        await drafts.save()
+        text = f"resent to {describe_place(place)}:\n" + "\n".join(lines)
+        return error(text) if failed else ok(text)
 
 
 def _receipt(result: Any) -> str:

@@ -20,6 +20,9 @@ registers its channels; :attr:`ChatServer.ready` is set once the host accepted t
 Everything the host sent is kept in :attr:`ChatServer.received`; every request the server made,
 with the host's whole answer, in :attr:`ChatServer.answers`.
 
+Every channel declares where a post lands (RFC-011 ``capabilities.publish.target``): Discord's
+``root``, Zulip's ``exact``; a publish naming a place gets it echoed as ``threadId``.
+
 * :class:`DiscordServer` (server id ``discord``): two guilds sharing a channel name
   (``discord:g1:general`` ``#general (Guild One)``, ``discord:g2:general``
   ``#general (Guild Two)``), a room ``discord:g1:room`` (``#room (Guild One)``) and a DM
@@ -67,8 +70,19 @@ def text_content(content: Content) -> list[dict[str, Any]]:
     return [{"type": "text", "text": b} if isinstance(b, str) else dict(b) for b in content]
 
 
-def descriptor(channel_id: str, label: str, kind: str = "chat") -> dict[str, Any]:
-    return {"id": channel_id, "type": kind, "label": label, "direction": "bidirectional"}
+def descriptor(
+    channel_id: str, label: str, kind: str = "chat", place: str | None = None
+) -> dict[str, Any]:
+    """A channel descriptor; ``place`` is its RFC-011 ``capabilities.publish.target``."""
+    out: dict[str, Any] = {
+        "id": channel_id,
+        "type": kind,
+        "label": label,
+        "direction": "bidirectional",
+    }
+    if place is not None:
+        out["capabilities"] = {"publish": {"target": place}}
+    return out
 
 
 class ChatServer:
@@ -168,7 +182,13 @@ class ChatServer:
         elif method == "ping":
             result = {}
         elif method == "channels/publish":
-            result = {"messageId": f"{self.server_id}-pub-{next(self._published)}"}
+            params = msg.get("params") or {}
+            result = {
+                "delivered": True,
+                "messageId": f"{self.server_id}-pub-{next(self._published)}",
+            }
+            if "threadId" in params:  # RFC-011: the place is echoed
+                result["threadId"] = params["threadId"]
         else:
             error = {"code": METHOD_NOT_FOUND, "message": f"Method not found: {method}"}
         reply: dict[str, Any] = {"jsonrpc": "2.0", "id": rid}
@@ -309,10 +329,10 @@ class DiscordServer(ChatServer):
         super().__init__(
             server_id,
             [
-                descriptor(self.GENERAL_1, "#general (Guild One)", "text"),
-                descriptor(self.GENERAL_2, "#general (Guild Two)", "text"),
-                descriptor(self.ROOM, "#room (Guild One)", "text"),
-                descriptor(self.DM, "@alice", "dm"),
+                descriptor(self.GENERAL_1, "#general (Guild One)", "text", "root"),
+                descriptor(self.GENERAL_2, "#general (Guild Two)", "text", "root"),
+                descriptor(self.ROOM, "#room (Guild One)", "text", "root"),
+                descriptor(self.DM, "@alice", "dm", "root"),
             ],
             author={"id": "42", "name": "alice"},
         )
@@ -327,7 +347,10 @@ class ZulipServer(ChatServer):
     def __init__(self, server_id: str = "zulip") -> None:
         super().__init__(
             server_id,
-            [descriptor(self.DESIGN, "#design", "stream"), descriptor(self.GENERAL, "#general")],
+            [
+                descriptor(self.DESIGN, "#design", "stream", "exact"),
+                descriptor(self.GENERAL, "#general", "chat", "exact"),
+            ],
             author={"id": "7", "name": "bea"},
         )
 

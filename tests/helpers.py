@@ -150,9 +150,19 @@ def is_header_notice(message: Mapping[str, Any]) -> bool:
     return meta.get("system") is True and meta.get("kind") == "source-header-notice"
 
 
+#: Host notices about an agent's own speech (stored after its turns).
+SPEECH_NOTICES = frozenset({"delivered-receipt", "speech-notice"})
+
+
+def is_speech_notice(message: Mapping[str, Any]) -> bool:
+    meta = message.get("metadata") or {}
+    return meta.get("system") is True and meta.get("kind") in SPEECH_NOTICES
+
+
 def without_notices(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The messages, less the host's one-time notice about source headers."""
-    return [m for m in messages if not is_header_notice(m)]
+    """The messages, less the host's one-time notice about source headers and the notices and
+    receipts about the agent's own speech."""
+    return [m for m in messages if not is_header_notice(m) and not is_speech_notice(m)]
 
 
 def texts(messages: list[dict[str, Any]], role: str | None = None) -> list[str]:

@@ -159,6 +159,8 @@ def test_relative_paths_resolve_from_the_config_files_folder(
     folder = tmp_path / "conf"
     (folder / "models").mkdir(parents=True)
     (folder / "models" / "ada.toml").write_text("")
+    (folder / "gates").mkdir()
+    (folder / "gates" / "ada.toml").write_text("")
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     monkeypatch.chdir(elsewhere)

@@ -32,6 +32,7 @@ from tests.helpers import (
     AgentSpec,
     agent_configs,
     config,
+    is_header_notice,
     lobby,
     publish_received,
     ready,
@@ -168,6 +169,13 @@ def recorded_at(history: list[dict[str, Any]], checkpoint: str) -> str:
     ]
     assert len(found) == 1, f"{checkpoint} recorded by {found}"
     return found[0]
+
+
+def later_ids(history: list[dict[str, Any]], to: str) -> list[str]:
+    """The ids stored after message ``to``, speech receipts included (a rollback sets those
+    aside too), the one-time header notice left out."""
+    ids = [m["id"] for m in history if not is_header_notice(m)]
+    return ids[ids.index(to) + 1 :]
 
 
 def is_marker(message: Mapping[str, Any]) -> bool:
@@ -502,6 +510,8 @@ async def test_rollback_exact_then_forward_tracks_the_current_checkpoint(tmp_pat
             ]
 
             # 1. exact: back at cp-1
+            later = later_ids(host.history("Ada"), to)
+            assert len(later) == 9 + 3  # three turns' messages after cp-1, and their receipts
             mark = ctl.mark()
             report = await host.rollback("Ada", to=to)
             seen = await rollback_seen(ctl, mark)
@@ -509,7 +519,7 @@ async def test_rollback_exact_then_forward_tracks_the_current_checkpoint(tmp_pat
             assert (seen["current"], seen["notes"]) == ("cp-1", ["alpha"])
             assert report == {
                 "to": to,
-                "set_aside": 9,
+                "set_aside": len(later),
                 "state": [notes_entry("cp-1", "cp-1", forward=False)],
             }
             after = without_notices(host.history("Ada"))
@@ -517,7 +527,7 @@ async def test_rollback_exact_then_forward_tracks_the_current_checkpoint(tmp_pat
             marker = after[-1]
             assert is_marker(marker)
             assert marker["metadata"]["to"] == to
-            assert marker["metadata"]["set_aside"] == ids[3:]
+            assert marker["metadata"]["set_aside"] == later
             assert marker["metadata"]["state"] == report["state"]
 
             # the next note builds on cp-1: the lobby and the host agree where the notebook is
@@ -534,7 +544,7 @@ async def test_rollback_exact_then_forward_tracks_the_current_checkpoint(tmp_pat
             report = await host.rollback("Ada", to=to)
             seen = await rollback_seen(ctl, mark)
             assert (seen["current"], seen["parent"], seen["notes"]) == ("cp-5", "cp-1", ["alpha"])
-            assert report["set_aside"] == 4  # delta's four messages
+            assert report["set_aside"] == 5  # delta's four messages and its receipt
             assert report["state"] == [notes_entry("cp-1", "cp-5", forward=True)]
             assert rollbacks_received(ctl)[-1] == {
                 "featureSet": "lobby.notes",
@@ -620,7 +630,7 @@ async def test_rollback_to_an_unknown_message_is_refused_and_stores_nothing(
             assert rollbacks_received(ctl) == []
             # a message set aside by a rollback is no longer a place to go back to
             report = await host.rollback("Ada", to=recorded_at(before, "cp-1"))
-            assert report["set_aside"] == 5
+            assert report["set_aside"] == 5 + 2  # with the two turns' receipts
             stored = without_notices(host.history("Ada"))
             with pytest.raises(ValueError, match="has no message"):
                 await host.rollback("Ada", to=before[-1]["id"])
@@ -643,6 +653,7 @@ async def test_a_checkpoint_the_restarted_server_lost_is_reported_per_server(
             await ready(second)  # a new process: its notebook is empty
             before = without_notices(host.history("Ada"))
             to = recorded_at(before, "cp-1")
+            later = later_ids(host.history("Ada"), to)
             report = await host.rollback("Ada", to=to)
             await barrier(second)
             assert rollbacks_received(second) == [
@@ -657,11 +668,11 @@ async def test_a_checkpoint_the_restarted_server_lost_is_reported_per_server(
             assert "-32005" in entry["error"]
             assert "success" not in entry and "checkpoint" not in entry
             # the context rollback happened all the same
-            assert report["set_aside"] == 5
+            assert report["set_aside"] == len(later) == 5 + 2  # with the two turns' receipts
             after = without_notices(host.history("Ada"))
             assert [m["id"] for m in after[:-1]] == [m["id"] for m in before]
             assert is_marker(after[-1])
-            assert after[-1]["metadata"]["set_aside"] == [m["id"] for m in before[3:]]
+            assert after[-1]["metadata"]["set_aside"] == later
             assert after[-1]["metadata"]["state"] == report["state"]
 
 
@@ -713,7 +724,8 @@ async def test_cli_rollback_prints_the_outcome_and_refuses_unknown_ids(tmp_path:
                 await ready(ctl)
                 for i, word in enumerate(("alpha", "beta"), 1):
                     await add_note(host, ctl, word, f"n{i}")
-                history = without_notices(host.history("Ada"))
+                everything = host.history("Ada")
+                history = without_notices(everything)
             await ctl.aclose()
             ids = [m["id"] for m in history]
             cp1, cp2 = recorded_at(history, "cp-1"), recorded_at(history, "cp-2")
@@ -734,7 +746,8 @@ async def test_cli_rollback_prints_the_outcome_and_refuses_unknown_ids(tmp_path:
             )
             out = ok.stdout.decode()
             assert ok.returncode == 0, out + ok.stderr.decode()
-            assert out.splitlines() == [f"· Ada: rolled back to {cp2}; 1 later messages set aside"]
+            # the reply to the second note, and its receipt
+            assert out.splitlines() == [f"· Ada: rolled back to {cp2}; 2 later messages set aside"]
             assert rollbacks_received(lobby_ctl) == []
 
             # to cp-1's message: the new lobby process never had cp-1, which is reported
@@ -744,7 +757,11 @@ async def test_cli_rollback_prints_the_outcome_and_refuses_unknown_ids(tmp_path:
             out = lost.stdout.decode()
             assert lost.returncode == 1, out + lost.stderr.decode()
             lines = out.splitlines()
-            assert lines[0] == f"· Ada: rolled back to {cp1}; 4 later messages set aside"
+            first_set_aside = later_ids(everything, cp1)[:-2]  # not the two set aside before
+            assert lines[0] == (
+                f"· Ada: rolled back to {cp1}; {len(first_set_aside)} later messages set aside"
+            )
+            assert len(first_set_aside) == 4 + 1  # and the first reply's receipt
             assert lines[1].startswith("  lobby / lobby.notes: not rolled back to cp-1: -32005")
             assert len(lines) == 2
             assert rollbacks_received(lobby_ctl) == [
@@ -761,7 +778,7 @@ async def test_cli_rollback_prints_the_outcome_and_refuses_unknown_ids(tmp_path:
         assert [m["id"] for m in stored[: len(ids)]] == ids  # nothing deleted
         markers = [m for m in stored if is_marker(m)]
         assert [m["metadata"]["to"] for m in markers] == [cp2, cp1]
-        assert markers[1]["metadata"]["set_aside"] == ids[3:7]
+        assert markers[1]["metadata"]["set_aside"] == later_ids(everything, cp1)[:-2]
 
 
 async def test_an_in_process_tool_call_moves_the_current_checkpoint(tmp_path: Path) -> None:

@@ -186,7 +186,13 @@ async def test_closed_channel_stores_but_wakes_only_when_addressed(tmp_path: Pat
         rules = '[[rules]]\nwhen = "."\nsay = "heard you"\n'
         async with running_lobby(tmp_path, {"Ada": rules}) as lb:
             host, ctl = lb.host, lb.ctl
-            quiet = {"id": "lobby:#quiet", "type": "chat", "label": "quiet", "initiallyOpen": False}
+            quiet = {
+                "id": "lobby:#quiet",
+                "type": "chat",
+                "label": "quiet",
+                "initiallyOpen": False,
+                "capabilities": {"publish": {"target": "root"}},
+            }
             ctl.send({"cmd": "register", "channels": [quiet]})
             await ctl.wait_for(answered("channels/register"), "registered", since=ctl.mark())
             send_incoming(ctl, "lobby:#quiet", "q1", "psst")
