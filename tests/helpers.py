@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import itertools
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Callable, Mapping
@@ -174,6 +175,19 @@ def texts(messages: list[dict[str, Any]], role: str | None = None) -> list[str]:
             blocks = without_header(m["blocks"], m.get("metadata") or {})
             out.append(" ".join(b.get("text", "") for b in blocks if b.get("type") == "text"))
     return out
+
+
+_pings = itertools.count(1)
+
+
+async def barrier(ctl: Any) -> None:
+    """Read the lobby's control events up to now: the lobby reports what it received before it
+    answers, and its events keep their order, so once the pong of a ping sent now is read, every
+    message the host already had answered is in ``ctl.events``."""
+    ping = f"barrier-{next(_pings)}"
+    mark = ctl.mark()
+    ctl.send({"cmd": "ping", "id": ping})
+    await ctl.wait_for(lambda e: e["event"] == "pong" and e["id"] == ping, ping, since=mark)
 
 
 async def ready(ctl: Any) -> None:

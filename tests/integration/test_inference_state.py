@@ -31,6 +31,7 @@ from tests.helpers import (
     LOBBY,
     AgentSpec,
     agent_configs,
+    barrier,
     config,
     is_header_notice,
     lobby,
@@ -186,17 +187,6 @@ def rollbacks_received(ctl: LobbyControl) -> list[dict[str, Any]]:
     return [m["params"] for m in received(ctl, "state/rollback")]
 
 
-_pings = iter(range(1, 1_000_000))
-
-
-async def barrier(ctl: LobbyControl) -> None:
-    """Read the lobby's control events up to now: the lobby reports what it received before it
-    answers, and its events keep their order, so once the pong of a ping sent now is read, every
-    message the host already had answered is in ``ctl.events``."""
-    ping = f"barrier-{next(_pings)}"
-    mark = ctl.mark()
-    ctl.send({"cmd": "ping", "id": ping})
-    await ctl.wait_for(lambda e: e["event"] == "pong" and e["id"] == ping, ping, since=mark)
 
 
 async def rollback_seen(ctl: LobbyControl, mark: int) -> dict[str, Any]:
