@@ -569,6 +569,9 @@ class AgentActor(Actor):
                 )
                 self._trace(kind, text=text)
             await self.drafts.save()
+            if speech.rewake:
+                self._trace("awake", reason="a segment asked to go on ( ! )")
+                self.buffer.add(Wake(lane="self"), None)
         finally:
             self._settling -= 1
             self._maybe_start()

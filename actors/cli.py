@@ -50,9 +50,18 @@ def format_event(e: TraceEvent) -> str | None:
     if k == "push":
         return f"{where} | (push) {_excerpt(d.get('text'))}"
     if k == "published":
-        return f"{where} | {e.agent} → {_excerpt(d.get('text'))}"
+        outcome = d.get("outcome")
+        note = "" if outcome in (None, "delivered") else f" ({outcome}: {d.get('reason')})"
+        return f"{where} | {e.agent} → {_excerpt(d.get('text'))}{note}"
     if k == "speech-held":
-        return f"{e.agent} (not published: {d.get('reason')}): {_excerpt(d.get('text'))}"
+        draft = f" [{d['draft']}]" if d.get("draft") else ""
+        return f"{e.agent} (kept as a draft{draft}: {d.get('reason')}): {_excerpt(d.get('text'))}"
+    if k == "asleep":
+        return f"· {e.agent} sleeps for {d.get('seconds')}s"
+    if k == "awake":
+        return f"· {e.agent} wakes: {d.get('reason')}"
+    if k == "gate-batch":
+        return f"· {e.agent}: {d.get('count')} events batched by gate policy {d.get('policy')}"
     if k == "local":
         return f"operator → {e.agent}: {_excerpt(d.get('text'))}"
     if k == "tool-call":

@@ -154,7 +154,9 @@ class ScriptedModel:
         self, request: ModelRequest, on_delta: DeltaSink | None = None
     ) -> ModelReply:
         messages = list(request.messages)
-        last = messages[-1].get("role") if messages else None
+        # the host's own notices (a delivery receipt after a reply) do not count as new input
+        said = [m for m in messages if m.get("role") != "system"]
+        last = said[-1].get("role") if said else None
         if last == "assistant":
             return ModelReply(blocks=(), model=self.name)  # it already spoke on this wake
         hit = self._match(messages)

@@ -321,7 +321,7 @@ class TurnSpeech:
         self.suppressed = 0
         self.notices: list[str] = []
         self._keys = itertools.count(1)
-        self._held_noticed = False
+        self.rewake = False  # a segment asked for another turn right after this one (" !")
         # streaming: the round's router, the pin as the stream has seen it, one chunk counter
         self._router: ProseStreamRouter | None = None
         self._stream_pin: Place | None = None
@@ -418,6 +418,7 @@ class TurnSpeech:
             return
         for seg in split_segments(text, self.mode):
             body = seg.body.strip()
+            self.rewake = self.rewake or seg.continue_turn
             if seg.target == SKIP:
                 if body:
                     self.suppressed += 1

@@ -129,6 +129,15 @@ async def test_after_the_agent_spoke_it_is_silent(tmp_path: Path):
     assert (await ask(m, user("hello"), spoke)).blocks == ()
 
 
+async def test_a_host_notice_after_its_reply_is_not_new_input(tmp_path: Path):
+    m = model(tmp_path, WEATHER)
+    spoke = assistant({"type": "text", "text": "Hi there!"})
+    receipt = {"role": "system", "blocks": [{"type": "text", "text": "[delivered] #general"}]}
+    assert (await ask(m, user("hello"), spoke, receipt)).blocks == ()
+    # a new message after the notice is answered
+    assert (await ask(m, user("hello"), spoke, receipt, user("hello again"))).text == "Hi there!"
+
+
 async def test_the_newest_incoming_message_is_matched(tmp_path: Path):
     m = model(tmp_path, WEATHER)
     history = [
