@@ -15,10 +15,13 @@ A test listens, starts the lobby (directly or through the host) with ``--control
 
 Events from the lobby: ``hello`` {pid, transport}, ``ready``, ``received`` {message},
 ``response`` {request, response, attempts, timedOut?}, ``error`` {text}, ``flood_done``
-{accepted, count}, ``hung``, ``pong`` {id}; with ``--files``, ``http`` {method, path, status,
-authorization} for every plain HTTP request the listener answered (sent to every live session's
-control connection). Commands are listed in ``examples/lobby_server.py`` (``Session.on_command``),
-e.g. ``{"cmd": "share", "file": "board.png", "text": ..., "eventId"?, "uri"?}`` with ``--files``.
+{accepted, count}, ``hung``, ``pong`` {id}, ``streamed`` {inferenceId, channelId, text} (on each
+``channels/outgoing/complete``), the acknowledgements ``threads`` {channelId, threads},
+``publish_echo_thread`` {mode} and ``open_mode`` {mode}; with ``--files``, ``http`` {method, path,
+status, authorization} for every plain HTTP request the listener answered (sent to every live
+session's control connection). Commands are listed in ``examples/lobby_server.py``
+(``Session.on_command``), e.g. ``{"cmd": "share", "file": "board.png", "text": ..., "eventId"?,
+"uri"?}`` with ``--files``.
 
 Every lobby process (or websocket connection) connects once; after a restart, ``accept()`` again.
 """

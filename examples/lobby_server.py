@@ -13,6 +13,20 @@ sharing them.
   JSON lines with it: events about what the lobby saw, commands telling it what to send
   (see ``examples/lobby_control.py`` for the test side).
 
+Channels: #general and #random declare ``capabilities.publish.target: "root"`` (RFC-011); the
+``register`` control command can add channels declaring ``"exact"`` or no target. A
+``channels/publish`` request's ``threadId`` is honoured exactly or refused: absent is legacy
+(the root, no ``threadId`` in the result), ``null`` is the root of a declared channel, a string
+is a thread of an ``exact`` channel that exists (seen on one of the lobby's incoming messages,
+or declared by the ``threads`` command). A refusal is the result ``{delivered: false, reason}``
+with nothing posted; a publish notification carrying ``threadId`` is refused as a problem. The
+``publish_echo_thread`` command makes results omit or falsify their ``threadId`` echo. Echoes of
+posts in a thread carry its id. ``channels/outgoing/chunk``/``complete`` (``channels.streaming``)
+and ``channels/typing`` notifications are checked (known channel; one index counter per
+inference, from 0; one complete per inferenceId and channel; ``threadId`` only on a channel with
+a declared target); each complete reports the streamed text as a ``streamed`` control event.
+``--open-mode never`` (or the ``open_mode`` command) leaves ``channels/open`` unanswered.
+
 Opt-in features, each adding one feature set to the manifest:
 
 * ``--context``: ``lobby.context`` answers ``context/beforeInference`` with a short status line
@@ -78,6 +92,9 @@ MAX_LINE_BYTES = 16 * 1024 * 1024
 MODES = ("request", "notification-only", "never")
 HOOK_MODES = ("answer", "never", "error", "infer-first")
 ROLLBACK_MODES = ("exact", "forward")
+OPEN_MODES = ("answer", "never")
+ECHO_THREAD_MODES = ("echo", "omit", "wrong")
+PUBLISH_TARGETS = ("exact", "root")
 LIFECYCLE_PHASES = ("started", "completed", "aborted", "failed")
 FINISH_REASONS = ("end_turn", "max_tokens", "stop_sequence")
 
@@ -89,6 +106,8 @@ FEATURE_SETS: dict[str, dict[str, Any]] = {
             "channels.publish",
             "channels.incoming",
             "channels.lifecycle",
+            "channels.streaming",
+            "channels.typing",
         ],
     },
     "lobby.events": {
@@ -159,6 +178,9 @@ MCPL_METHODS = frozenset(
         "state/rollback",
         "inference/lifecycle",
         "inference/chunk",
+        "channels/outgoing/chunk",
+        "channels/outgoing/complete",
+        "channels/typing",
     }
 )
 
@@ -194,6 +216,7 @@ class LobbyOptions:
     stray_stdout: bool = False
     fsu_mode: str = "request"
     publish_mode: str = "request"
+    open_mode: str = "answer"
     no_echo: bool = False
     script: str | None = None  # None: "default", or "none" when control_connect is set
     interval: float = 3.0
@@ -240,7 +263,9 @@ def _positive_float(text: str) -> float:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m examples.lobby_server",
-        description="A chat lobby MCPL server (stdio by default).",
+        description="A chat lobby MCPL server (stdio by default). channels/publish honours an "
+        "RFC-011 threadId exactly or refuses it ({delivered: false, reason}); streamed "
+        "channels/outgoing/* and channels/typing notifications are checked.",
     )
     p.add_argument("--ws", metavar="HOST:PORT", type=_host_port_arg, help="serve websockets")
     p.add_argument("--token", metavar="T", help="websocket clients must send 'Bearer T'")
@@ -268,6 +293,12 @@ def build_parser() -> argparse.ArgumentParser:
         choices=MODES,
         default="request",
         help="channels/publish, with the same three behaviours as --fsu-mode",
+    )
+    p.add_argument(
+        "--open-mode",
+        choices=OPEN_MODES,
+        default="answer",
+        help="channels/open: answer it (answer) or log it and never answer (never)",
     )
     p.add_argument("--no-echo", action="store_true", help="do not echo published messages")
     p.add_argument(
@@ -328,6 +359,7 @@ def parse_args(argv: list[str] | None = None) -> LobbyOptions:
         stray_stdout=ns.stray_stdout,
         fsu_mode=ns.fsu_mode,
         publish_mode=ns.publish_mode,
+        open_mode=ns.open_mode,
         no_echo=ns.no_echo,
         script=ns.script,
         interval=ns.interval,
@@ -391,6 +423,19 @@ def channel_descriptor(name: str) -> dict[str, Any]:
     }
 
 
+def publish_target(descriptor: Any) -> str | None:
+    """A descriptor's RFC-011 ``capabilities.publish.target``: "exact", "root" or None."""
+    caps = descriptor.get("capabilities") if isinstance(descriptor, dict) else None
+    publish = caps.get("publish") if isinstance(caps, dict) else None
+    target = publish.get("target") if isinstance(publish, dict) else None
+    return target if target in PUBLISH_TARGETS else None
+
+
+def valid_thread(value: Any) -> bool:
+    """A place inside a channel: a non-empty string (a thread) or None (the root)."""
+    return value is None or (isinstance(value, str) and value != "")
+
+
 def channel_label(channel_id: Any) -> str:
     text = str(channel_id)
     return text.removeprefix("lobby:")
@@ -419,7 +464,14 @@ def manifest(options: LobbyOptions) -> dict[str, Any]:
     result: dict[str, Any] = {
         "version": version,
         "pushEvents": True,
-        "channels": {"register": True, "publish": True, "incoming": True, "lifecycle": True},
+        "channels": {
+            "register": True,
+            "publish": True,
+            "incoming": True,
+            "lifecycle": True,
+            "streaming": True,
+            "typing": True,
+        },
     }
     if options.context:
         result["contextHooks"] = {
@@ -465,6 +517,7 @@ class RpcError(Exception):
 
 
 NO_REPLY = object()  # a handler result meaning "deliberately never answer"
+LEGACY = object()  # a publish without threadId: lands at the channel root, no echo of a place
 
 
 class InputError(Exception):
@@ -902,6 +955,20 @@ class _Pending:
         self.response: dict[str, Any] | None = None
 
 
+class _OutStream:
+    """One (inferenceId, channelId) pair of channels/outgoing/*: its deltas and its place."""
+
+    __slots__ = ("completed", "deltas", "thread")
+
+    def __init__(self, thread: Any) -> None:
+        self.deltas: list[str] = []
+        self.thread = thread  # the first message's threadId, LEGACY when it had none
+        self.completed = False
+
+
+MAX_TRACKED = 10_000  # inferences and streams remembered per session
+
+
 class Session:
     """One connection to a host: the lobby's whole conversation with it."""
 
@@ -931,6 +998,15 @@ class Session:
             d["id"]: d for d in (channel_descriptor("general"), channel_descriptor("random"))
         }
         self.open_channels: set[str] = set(self.channels)
+        # RFC-011: the threads each channel has (seen on our incoming messages or declared by
+        # the "threads" command), and how a publish result echoes the threadId it honoured
+        self.threads: dict[str, set[str]] = {}
+        self.echo_thread_mode = "echo"  # set by the "publish_echo_thread" command
+        self.open_mode = options.open_mode  # set by the "open_mode" command
+        # channels/outgoing/*: the next chunk index per inference (one counter across all
+        # channels) and the stream of each (inferenceId, channelId) pair
+        self._next_index: dict[str, int] = {}
+        self._out_streams: dict[tuple[str, str], _OutStream] = {}
         self._pending: dict[int | str, _Pending] = {}
         self._next_id = 1
         self._out_counter = itertools.count(1)
@@ -1156,6 +1232,12 @@ class Session:
             self._on_lifecycle(params)
         elif method == "inference/chunk":
             self._on_chunk(params)
+        elif method == "channels/outgoing/chunk":
+            self._on_outgoing_chunk(params)
+        elif method == "channels/outgoing/complete":
+            self._on_outgoing_complete(params)
+        elif method == "channels/typing":
+            self._on_typing(params)
         else:
             self.log(f"ignoring notification {method}")
 
@@ -1542,14 +1624,50 @@ class Session:
             raise RpcError(UNKNOWN_CHANNEL, "Unknown channel", {"channelId": cid})
         return cid
 
-    def _deliver(self, params: dict[str, Any]) -> str:
-        """Log a message the host published and queue its echo (sent after the reply)."""
+    def _note_thread(self, cid: Any, thread: Any) -> None:
+        """A thread of a channel exists from now on (a publish may target it)."""
+        if isinstance(cid, str) and isinstance(thread, str) and thread:
+            self.threads.setdefault(cid, set()).add(thread)
+
+    def _place(self, cid: str, params: dict[str, Any]) -> tuple[Any, str | None]:
+        """Where a publish lands (RFC-011): ``(place, None)`` or ``(None, why it is refused)``.
+
+        The place is LEGACY (no threadId: the root, as before RFC-011), None (the root, asked
+        for) or a thread id. Never redirected: what cannot land exactly there is refused.
+        """
+        if "threadId" not in params:
+            return LEGACY, None
+        thread = params["threadId"]
+        if not valid_thread(thread):
+            return None, f"invalid threadId {short(thread, 60)}"
+        target = publish_target(self.channels[cid])
+        if target is None:
+            return None, "the channel declares no publish target"
+        if thread is None:
+            return None, None
+        if target == "root":
+            return None, "the channel has no threads (target root)"
+        if thread not in self.threads.get(cid, ()):
+            return None, f"unknown thread {thread!r}"
+        return thread, None
+
+    def _deliver(self, params: dict[str, Any]) -> tuple[str | None, Any, str | None]:
+        """Post a message the host published: log it and queue its echo (sent after the reply).
+
+        Returns ``(messageId, place, None)``, or ``(None, None, reason)`` when it is refused
+        and nothing is posted. A malformed publish raises RpcError.
+        """
         cid = self._known_channel(params)
         content = params.get("content")
         if not isinstance(content, list):
             raise RpcError(INVALID_PARAMS, "content must be an array of content blocks")
+        place, reason = self._place(cid, params)
+        if reason is not None:
+            return None, None, reason
+        thread = place if isinstance(place, str) else None
         message_id = f"out-{next(self._out_counter)}"
-        self.log(f"{channel_label(cid)} <- {text_of(content)}")
+        where = f" [{thread}]" if thread is not None else ""
+        self.log(f"{channel_label(cid)}{where} <- {text_of(content)}")
         if not self.options.no_echo:
             message: dict[str, Any] = {
                 "channelId": cid,
@@ -1559,11 +1677,11 @@ class Session:
                 "content": content,
                 "tags": [],
             }
-            if params.get("threadId") is not None:
-                message["threadId"] = params["threadId"]
+            if thread is not None:
+                message["threadId"] = thread
             echo = {"messages": [message]}
             self._followups.append(lambda: self.request("channels/incoming", echo))
-        return message_id
+        return message_id, place, None
 
     def _channels_publish(self, params: dict[str, Any]) -> Any:
         mode = self.options.publish_mode
@@ -1573,12 +1691,29 @@ class Session:
         if mode == "never":
             self.log(f"not answering channels/publish (--publish-mode never): {short(params)}")
             return NO_REPLY
-        message_id = self._deliver(params)
-        return {"delivered": True, "messageId": message_id}
+        message_id, place, reason = self._deliver(params)
+        if reason is not None:
+            self.log(f"channels/publish refused, nothing posted: {reason}")
+            return {"delivered": False, "reason": reason}
+        result: dict[str, Any] = {"delivered": True, "messageId": message_id}
+        if place is not LEGACY:
+            if self.echo_thread_mode == "echo":
+                result["threadId"] = place
+            elif self.echo_thread_mode == "wrong":
+                result["threadId"] = f"{place}-wrong" if isinstance(place, str) else "wrong"
+            self.log(f"publish {message_id}: threadId echo {self.echo_thread_mode}")
+        return result
 
     def _on_publish_notification(self, params: dict[str, Any]) -> None:
         if self.options.publish_mode == "never":
             self.log(f"ignoring channels/publish (--publish-mode never): {short(params)}")
+            return
+        if "threadId" in params:
+            # RFC-011: a publish carrying threadId must be a request; nothing is posted
+            self.problem(
+                f"channels/publish notification carries threadId {short(params['threadId'], 60)}"
+                " (a targeted publish must be a request); refused, nothing posted"
+            )
             return
         try:
             self._deliver(params)
@@ -1589,6 +1724,9 @@ class Session:
         self._run_followups()
 
     def _channels_open(self, params: dict[str, Any]) -> Any:
+        if self.open_mode == "never":
+            self.log(f"not answering channels/open (open mode never): {short(params)}")
+            return NO_REPLY
         cid = params.get("channelId")
         if isinstance(cid, str) and cid in self.channels:
             desc = self.channels[cid]
@@ -1616,6 +1754,133 @@ class Session:
 
     def _channels_list(self, params: dict[str, Any]) -> Any:
         return {"channels": list(self.channels.values())}
+
+    # ---- channels/outgoing/* and channels/typing -------------------------------------------------
+
+    def _thread_problem(self, cid: str, params: dict[str, Any]) -> str | None:
+        """What is wrong with the threadId of a stream or typing notification, if anything."""
+        if "threadId" not in params:
+            return None
+        thread = params["threadId"]
+        if not valid_thread(thread):
+            return f"invalid threadId {short(thread, 60)}"
+        target = publish_target(self.channels[cid])
+        if target is None:
+            return f"threadId {short(thread, 60)} on a channel without a declared publish target"
+        if target == "root" and thread is not None:
+            return f"thread {thread!r} on a channel without threads (target root)"
+        return None
+
+    def _outgoing_pair(self, method: str, params: dict[str, Any]) -> tuple[str, str] | None:
+        """Check what every channels/outgoing/* carries; its (inferenceId, channelId) if usable."""
+        if self.granted is not None and not is_granted(self.granted, "channels.streaming"):
+            self.problem(f"{method} without the channels.streaming grant")
+        inference_id = params.get("inferenceId")
+        cid = params.get("channelId")
+        if not isinstance(inference_id, str) or not inference_id:
+            self.problem(f"{method}: inferenceId must be a non-empty string: {short(params)}")
+            return None
+        if not isinstance(cid, str) or cid not in self.channels:
+            self.problem(f"{method} {inference_id}: unknown channel {short(cid)}")
+            return None
+        why = self._thread_problem(cid, params)
+        if why is not None:
+            self.problem(f"{method} {inference_id} on {cid}: {why}")
+        return inference_id, cid
+
+    def _out_stream(self, method: str, pair: tuple[str, str], params: dict[str, Any]) -> _OutStream:
+        """The pair's stream (a new one on its first message); its place must not change."""
+        thread = params.get("threadId", LEGACY)
+        stream = self._out_streams.get(pair)
+        if stream is None:
+            stream = self._out_streams[pair] = _OutStream(thread)
+            while len(self._out_streams) > MAX_TRACKED:
+                del self._out_streams[next(iter(self._out_streams))]
+        elif stream.thread is not thread and stream.thread != thread:
+            before = "none" if stream.thread is LEGACY else short(stream.thread, 60)
+            now = "none" if thread is LEGACY else short(thread, 60)
+            self.problem(
+                f"{method} {pair[0]} on {pair[1]}: threadId {now}, the stream had {before}"
+            )
+        return stream
+
+    def _on_outgoing_chunk(self, params: dict[str, Any]) -> None:
+        method = "channels/outgoing/chunk"
+        index = params.get("index")
+        delta = params.get("delta")
+        self.log(
+            f"{method} {short(params.get('inferenceId'), 60)} "
+            f"{channel_label(params.get('channelId'))} [{short(index, 20)}]: {short(delta)}"
+        )
+        pair = self._outgoing_pair(method, params)
+        if pair is None:
+            return
+        inference_id, cid = pair
+        expected = self._next_index.get(inference_id, 0)
+        if type(index) is not int or index != expected:
+            self.problem(f"{method} {inference_id} on {cid}: index {index!r}, expected {expected}")
+        self._next_index[inference_id] = index + 1 if type(index) is int else expected + 1
+        while len(self._next_index) > MAX_TRACKED:
+            del self._next_index[next(iter(self._next_index))]
+        if not isinstance(delta, str):
+            self.problem(f"{method} {inference_id} on {cid}: delta must be a string")
+        stream = self._out_stream(method, pair, params)
+        if stream.completed:
+            self.problem(f"{method} {inference_id} on {cid}: a chunk after the complete")
+        if isinstance(delta, str):
+            stream.deltas.append(delta)
+
+    def _on_outgoing_complete(self, params: dict[str, Any]) -> None:
+        method = "channels/outgoing/complete"
+        pair = self._outgoing_pair(method, params)
+        if pair is None:
+            return
+        inference_id, cid = pair
+        content = params.get("content")
+        if not (
+            isinstance(content, list)
+            and all(isinstance(b, dict) and isinstance(b.get("type"), str) for b in content)
+        ):
+            self.problem(f"{method} {inference_id} on {cid}: content must be a list of blocks")
+            content = []
+        known = pair in self._out_streams
+        stream = self._out_stream(method, pair, params)
+        if stream.completed:
+            self.problem(f"{method} {inference_id} on {cid}: a second complete")
+            return
+        stream.completed = True
+        streamed = "".join(stream.deltas)
+        final = "".join(
+            str(b.get("text", ""))
+            for b in content
+            if isinstance(b, dict) and b.get("type") == "text"
+        )
+        verdict = "same text" if streamed == final else "texts differ"
+        if not known:
+            verdict = "no chunks came before it"
+        self.log(
+            f"{method} {inference_id} {channel_label(cid)}: streamed {short(streamed)!r}, "
+            f"complete {short(final)!r} ({verdict})"
+        )
+        self.control.emit(
+            {"event": "streamed", "inferenceId": inference_id, "channelId": cid, "text": streamed}
+        )
+
+    def _on_typing(self, params: dict[str, Any]) -> None:
+        cid = params.get("channelId")
+        typing = params.get("typing")
+        where = f" [{short(params['threadId'], 60)}]" if "threadId" in params else ""
+        self.log(f"channels/typing {channel_label(cid)}{where}: {short(typing, 20)}")
+        if self.granted is not None and not is_granted(self.granted, "channels.typing"):
+            self.problem("channels/typing without the channels.typing grant")
+        if not isinstance(cid, str) or cid not in self.channels:
+            self.problem(f"channels/typing: unknown channel {short(cid)}")
+            return
+        if not isinstance(typing, bool):
+            self.problem(f"channels/typing on {cid}: typing must be a boolean, got {short(typing)}")
+        why = self._thread_problem(cid, params)
+        if why is not None:
+            self.problem(f"channels/typing on {cid}: {why}")
 
     REQUEST_HANDLERS: ClassVar[dict[str, Callable[[Session, dict[str, Any]], Any]]] = {
         "initialize": _initialize,
@@ -1949,12 +2214,42 @@ class Session:
                 cmd.get("tags"),
                 cmd.get("threadId"),
             )
+            self._note_thread(message["channelId"], message.get("threadId"))
             self.request("channels/incoming", {"messages": [message]})
         elif name == "incoming_batch":
             messages = cmd["messages"]
             if not isinstance(messages, list):
                 raise TypeError("messages must be a list")
+            for m in messages:
+                if isinstance(m, dict):
+                    self._note_thread(m.get("channelId"), m.get("threadId"))
             self.request("channels/incoming", {"messages": messages})
+        elif name == "threads":  # RFC-011: threads of a channel that a publish may target
+            cid = cmd["channelId"]
+            threads = cmd["threads"]
+            if not isinstance(cid, str):
+                raise TypeError("channelId must be a string")
+            if not isinstance(threads, list) or not all(isinstance(t, str) and t for t in threads):
+                raise TypeError("threads must be a list of non-empty strings")
+            for thread in threads:
+                self._note_thread(cid, thread)
+            known = sorted(self.threads.get(cid, ()))
+            self.log(f"threads of {cid}: {known}")
+            self.control.emit({"event": "threads", "channelId": cid, "threads": known})
+        elif name == "publish_echo_thread":  # how a publish result echoes its threadId
+            mode = cmd["mode"]
+            if mode not in ECHO_THREAD_MODES:
+                raise ValueError(f"mode must be one of {ECHO_THREAD_MODES}")
+            self.echo_thread_mode = mode
+            self.log(f"publish results: threadId echo {mode}")
+            self.control.emit({"event": "publish_echo_thread", "mode": mode})
+        elif name == "open_mode":  # how later channels/open requests are answered
+            mode = cmd["mode"]
+            if mode not in OPEN_MODES:
+                raise ValueError(f"mode must be one of {OPEN_MODES}")
+            self.open_mode = mode
+            self.log(f"channels/open mode: {mode}")
+            self.control.emit({"event": "open_mode", "mode": mode})
         elif name == "push":
             params = self._event_params(
                 cmd["eventId"],

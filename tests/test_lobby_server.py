@@ -28,6 +28,8 @@ ALL_CAPS = [
     "channels.publish",
     "channels.incoming",
     "channels.lifecycle",
+    "channels.streaming",
+    "channels.typing",
 ]
 INIT_PARAMS = {
     "protocolVersion": "2024-11-05",
@@ -42,7 +44,23 @@ GENERAL = {
     "capabilities": {"publish": {"target": "root"}},
 }
 RANDOM = {**GENERAL, "id": "lobby:#random", "label": "random"}
-CHAT_USES = ["channels.register", "channels.publish", "channels.incoming", "channels.lifecycle"]
+CHAT_USES = [
+    "channels.register",
+    "channels.publish",
+    "channels.incoming",
+    "channels.lifecycle",
+    "channels.streaming",
+    "channels.typing",
+]
+# Channels the tests register through the control socket: threads honoured exactly, and no
+# RFC-011 declaration at all.
+DEV = {
+    **GENERAL,
+    "id": "lobby:#dev",
+    "label": "dev",
+    "capabilities": {"publish": {"target": "exact"}},
+}
+PLAIN = {"id": "lobby:#plain", "type": "chat", "label": "plain", "direction": "bidirectional"}
 
 Message = dict[str, Any]
 
@@ -234,6 +252,8 @@ async def test_handshake_object_form_registration_and_clean_exit() -> None:
                 "publish": True,
                 "incoming": True,
                 "lifecycle": True,
+                "streaming": True,
+                "typing": True,
             }
             assert set(mcpl["featureSets"]) == {"lobby.chat", "lobby.events"}
             assert mcpl["featureSets"]["lobby.chat"]["uses"] == CHAT_USES
@@ -474,9 +494,9 @@ async def test_publish_reply_then_echo() -> None:
                     "conversationId": "c1",
                     "channelId": "lobby:#general",
                     "content": content,
-                    "threadId": "t9",
                 },
             )
+            # No threadId: the legacy shape, posted at the root, no threadId echoed anywhere.
             assert reply["result"] == {"delivered": True, "messageId": "out-1"}
             echo = await lobby.server_request("channels/incoming")
             [message] = echo["params"]["messages"]
@@ -484,7 +504,7 @@ async def test_publish_reply_then_echo() -> None:
             assert message["channelId"] == "lobby:#general"
             assert message["author"] == {"id": "host", "name": "mcplive"}
             assert message["content"] == content
-            assert message["threadId"] == "t9"
+            assert "threadId" not in message
             assert isinstance(message["timestamp"], str)
             results = [{"messageId": "out-1", "accepted": True, "conversationId": "c1"}]
             await lobby.answer(echo, {"results": results})
@@ -667,6 +687,427 @@ async def test_control_reports_initialized_not_next_and_hang() -> None:
                 "id": 7,
             }
             await ctl.aclose()
+
+
+# ---- RFC-011 targeted publish -----------------------------------------------------------------
+
+
+@asynccontextmanager
+async def controlled_lobby(*args: str) -> AsyncIterator[tuple[Lobby, LobbyControl]]:
+    """A stdio lobby past its handshake (everything granted), with its control connection."""
+    async with (
+        open_control_listener() as listener,
+        lobby_process("--control-connect", listener.address, *args) as lobby,
+    ):
+        ctl = await listener.accept()
+        async with ctl:
+            await lobby.handshake()
+            await ctl.wait_for(lambda e: e["event"] == "ready", "ready")
+            yield lobby, ctl
+
+
+async def register_channels(lobby: Lobby, ctl: LobbyControl, *channels: Message) -> None:
+    ctl.send({"cmd": "register", "channels": list(channels)})
+    register = await lobby.server_request("channels/register")
+    assert register["params"] == {"channels": list(channels)}
+    await lobby.answer(register, registered(register))
+
+
+async def incoming_in_thread(lobby: Lobby, ctl: LobbyControl, cid: str, thread: str) -> None:
+    """Alice says something in a thread: from now on the lobby knows that thread."""
+    ctl.send(
+        {
+            "cmd": "incoming",
+            "channelId": cid,
+            "messageId": f"in-{thread}",
+            "text": "hi",
+            "threadId": thread,
+        }
+    )
+    incoming = await lobby.server_request("channels/incoming")
+    assert incoming["params"]["messages"][0]["threadId"] == thread
+    await lobby.answer(incoming, {"results": [{"messageId": f"in-{thread}", "accepted": True}]})
+
+
+def text(words: str) -> list[Message]:
+    return [{"type": "text", "text": words}]
+
+
+async def publish(lobby: Lobby, cid: str, **thread: Any) -> Message:
+    """A channels/publish request; ``threadId=...`` is sent only when given (None: JSON null)."""
+    params = {"conversationId": "c1", "channelId": cid, "content": text("hello"), **thread}
+    reply = await lobby.request("channels/publish", params)
+    return reply["result"]
+
+
+async def echo_of(lobby: Lobby, message_id: str) -> Message:
+    echo = await lobby.wait_for(
+        lambda m: (
+            m.get("method") == "channels/incoming"
+            and m["params"]["messages"][0]["messageId"] == message_id
+        ),
+        f"echo of {message_id}",
+    )
+    await lobby.answer(echo, {"results": [{"messageId": message_id, "accepted": True}]})
+    [message] = echo["params"]["messages"]
+    assert message["author"] == {"id": "host", "name": "mcplive"}
+    return message
+
+
+def assert_refused(result: Message) -> None:
+    assert set(result) == {"delivered", "reason"}, result  # no messageId: nothing was posted
+    assert result["delivered"] is False
+    assert isinstance(result["reason"], str) and result["reason"]
+
+
+async def assert_nothing_posted(lobby: Lobby) -> None:
+    """An echo would have been queued right after the refusal, so before the pong."""
+    assert (await lobby.request("ping"))["result"] == {}
+    assert not any(m.get("method") == "channels/incoming" for m in lobby.inbox), lobby.inbox
+
+
+async def test_publish_root_channel_honours_null_and_refuses_threads() -> None:
+    with trio.fail_after(TIMEOUT):
+        async with controlled_lobby() as (lobby, ctl):
+            # null is the root: honoured, echoed as null, and the echo message has no thread.
+            result = await publish(lobby, "lobby:#general", threadId=None)
+            assert result == {"delivered": True, "messageId": "out-1", "threadId": None}
+            assert "threadId" not in await echo_of(lobby, "out-1")
+
+            # A root channel has no threads, even one its incoming messages named.
+            await incoming_in_thread(lobby, ctl, "lobby:#general", "t1")
+            for thread in ("t1", "t-never-seen"):
+                assert_refused(await publish(lobby, "lobby:#general", threadId=thread))
+            await assert_nothing_posted(lobby)
+            # Nothing was posted, so the next post is only the second one.
+            result = await publish(lobby, "lobby:#random", threadId=None)
+            assert result["messageId"] == "out-2"
+            await echo_of(lobby, "out-2")
+            assert await lobby.close_stdin_and_wait() == 0
+            stderr = lobby.stderr_text()
+            assert "#general [t1] <-" not in stderr
+            assert "refused, nothing posted" in stderr
+            assert "ERROR" not in stderr
+
+
+async def test_publish_exact_channel_honours_known_threads_only() -> None:
+    with trio.fail_after(TIMEOUT):
+        async with controlled_lobby() as (lobby, ctl):
+            await register_channels(lobby, ctl, DEV, PLAIN)
+            await incoming_in_thread(lobby, ctl, "lobby:#dev", "t-seen")
+            ctl.send({"cmd": "threads", "channelId": "lobby:#dev", "threads": ["t-declared"]})
+            await ctl.wait_for(lambda e: e["event"] == "threads", "threads declared")
+            # A thread of another channel is no thread of this one.
+            ctl.send({"cmd": "threads", "channelId": "lobby:#elsewhere", "threads": ["t-other"]})
+            await ctl.wait_for(
+                lambda e: e["event"] == "threads" and e["channelId"] == "lobby:#elsewhere",
+                "the other channel's threads",
+            )
+
+            result = await publish(lobby, "lobby:#dev", threadId="t-seen")
+            assert result == {"delivered": True, "messageId": "out-1", "threadId": "t-seen"}
+            assert (await echo_of(lobby, "out-1"))["threadId"] == "t-seen"
+            result = await publish(lobby, "lobby:#dev", threadId="t-declared")
+            assert result == {"delivered": True, "messageId": "out-2", "threadId": "t-declared"}
+            assert (await echo_of(lobby, "out-2"))["threadId"] == "t-declared"
+            result = await publish(lobby, "lobby:#dev", threadId=None)
+            assert result == {"delivered": True, "messageId": "out-3", "threadId": None}
+            assert "threadId" not in await echo_of(lobby, "out-3")
+
+            for thread in ("t-unknown", "t-other"):
+                assert_refused(await publish(lobby, "lobby:#dev", threadId=thread))
+            await assert_nothing_posted(lobby)
+            assert await lobby.close_stdin_and_wait() == 0
+            assert "ERROR" not in lobby.stderr_text()
+
+
+async def test_publish_undeclared_channel_refuses_any_thread_id() -> None:
+    with trio.fail_after(TIMEOUT):
+        async with controlled_lobby() as (lobby, ctl):
+            await register_channels(lobby, ctl, PLAIN)
+            await incoming_in_thread(lobby, ctl, "lobby:#plain", "t1")
+            for thread in ("t1", None):
+                assert_refused(await publish(lobby, "lobby:#plain", threadId=thread))
+            await assert_nothing_posted(lobby)
+            # Without threadId it is a legacy publish, posted as ever.
+            assert await publish(lobby, "lobby:#plain") == {"delivered": True, "messageId": "out-1"}
+            assert "threadId" not in await echo_of(lobby, "out-1")
+            assert await lobby.close_stdin_and_wait() == 0
+
+
+async def test_publish_invalid_thread_values_are_refused() -> None:
+    with trio.fail_after(TIMEOUT):
+        async with controlled_lobby() as (lobby, ctl):
+            await register_channels(lobby, ctl, DEV)
+            await incoming_in_thread(lobby, ctl, "lobby:#dev", "t1")
+            for cid in ("lobby:#dev", "lobby:#general"):
+                for value in (7, 0, "", {"id": "t1"}, ["t1"], True, False):
+                    assert_refused(await publish(lobby, cid, threadId=value))
+            await assert_nothing_posted(lobby)
+            # A malformed publish is still a JSON-RPC error, as before.
+            unknown = await lobby.request(
+                "channels/publish", {"channelId": "lobby:#nowhere", "content": [], "threadId": None}
+            )
+            assert unknown["error"]["code"] == -32023
+            assert await lobby.close_stdin_and_wait() == 0
+
+
+async def test_publish_echo_thread_modes() -> None:
+    with trio.fail_after(TIMEOUT):
+        async with controlled_lobby() as (lobby, ctl):
+            await register_channels(lobby, ctl, DEV)
+            await incoming_in_thread(lobby, ctl, "lobby:#dev", "t1")
+
+            await ctl.send({"cmd": "publish_echo_thread", "mode": "omit"})
+            await ctl.wait_for(
+                lambda e: e == {"event": "publish_echo_thread", "mode": "omit"}, "omit"
+            )
+            result = await publish(lobby, "lobby:#dev", threadId="t1")
+            assert result == {"delivered": True, "messageId": "out-1"}
+            # Posted in the thread all the same: only the result's echo is missing.
+            assert (await echo_of(lobby, "out-1"))["threadId"] == "t1"
+            assert await publish(lobby, "lobby:#dev", threadId=None) == {
+                "delivered": True,
+                "messageId": "out-2",
+            }
+
+            await ctl.send({"cmd": "publish_echo_thread", "mode": "wrong"})
+            await ctl.wait_for(lambda e: e.get("mode") == "wrong", "wrong")
+            result = await publish(lobby, "lobby:#dev", threadId="t1")
+            assert result["delivered"] is True and result["messageId"] == "out-3"
+            assert isinstance(result["threadId"], str) and result["threadId"] != "t1"
+            result = await publish(lobby, "lobby:#dev", threadId=None)
+            assert result["delivered"] is True and result["messageId"] == "out-4"
+            assert "threadId" in result and result["threadId"] is not None
+            # Refusals and legacy publishes are not touched by the mode.
+            assert_refused(await publish(lobby, "lobby:#dev", threadId="t-unknown"))
+            assert await publish(lobby, "lobby:#dev") == {"delivered": True, "messageId": "out-5"}
+
+            await ctl.send({"cmd": "publish_echo_thread", "mode": "echo"})
+            await ctl.wait_for(lambda e: e.get("mode") == "echo", "echo")
+            result = await publish(lobby, "lobby:#dev", threadId="t1")
+            assert result == {"delivered": True, "messageId": "out-6", "threadId": "t1"}
+
+            await ctl.send({"cmd": "publish_echo_thread", "mode": "sometimes"})
+            error = await ctl.wait_for(lambda e: e["event"] == "error", "bad mode refused")
+            assert "publish_echo_thread" in error["text"]
+            assert await lobby.close_stdin_and_wait() == 0
+
+
+async def test_publish_notification_with_thread_id_is_refused_as_a_problem() -> None:
+    with trio.fail_after(TIMEOUT):
+        async with controlled_lobby() as (lobby, ctl):
+            params = {"channelId": "lobby:#general", "content": text("psst")}
+            await lobby.notify("channels/publish", {**params, "threadId": None})
+            await lobby.notify("channels/publish", params)
+            # The first posted message is the second notification's.
+            assert (await echo_of(lobby, "out-1"))["content"] == text("psst")
+            error = await ctl.wait_for(lambda e: e["event"] == "error", "refused notification")
+            assert "threadId" in error["text"]
+            assert await lobby.close_stdin_and_wait() == 0
+
+
+# ---- channels/outgoing/* and channels/typing --------------------------------------------------
+
+
+class Fences:
+    """Which error events the lobby reported for what it read since the last fence.
+
+    A ping request is the fence: the lobby reports each message it reads (``received``) before
+    handling it, so every problem found in earlier messages comes before the ping's event.
+    """
+
+    def __init__(self, lobby: Lobby, ctl: LobbyControl) -> None:
+        self.lobby = lobby
+        self.ctl = ctl
+        self.last: Message | None = None
+
+    async def problems(self) -> list[str]:
+        rid = await self.lobby.send_request("ping")
+        await self.lobby.response_to(rid)
+        fence = await self.ctl.wait_for(
+            lambda e: e["event"] == "received" and e["message"].get("id") == rid, "ping fence"
+        )
+        events = self.ctl.events
+        start = 0 if self.last is None else _index(events, self.last)
+        self.last = fence
+        return [e["text"] for e in events[start : _index(events, fence)] if e["event"] == "error"]
+
+
+def _index(events: list[Message], event: Message) -> int:
+    return next(i for i, e in enumerate(events) if e is event)
+
+
+def chunk(inference: str, cid: str, index: Any, delta: Any, **extra: Any) -> Message:
+    return {
+        "inferenceId": inference,
+        "conversationId": "c1",
+        "channelId": cid,
+        "index": index,
+        "delta": delta,
+        **extra,
+    }
+
+
+def complete(inference: str, cid: str, words: str, **extra: Any) -> Message:
+    params = {"inferenceId": inference, "conversationId": "c1", "channelId": cid}
+    return {**params, "content": text(words), **extra}
+
+
+async def test_outgoing_chunks_one_index_counter_per_inference() -> None:
+    with trio.fail_after(TIMEOUT):
+        async with controlled_lobby() as (lobby, ctl):
+            fences = Fences(lobby, ctl)
+            assert await fences.problems() == []
+            # One inference streaming to two channels: one counter across both.
+            for params in (
+                chunk("i1", "lobby:#general", 0, "Hel"),
+                chunk("i1", "lobby:#random", 1, "Ah"),
+                chunk("i1", "lobby:#general", 2, "lo"),
+                chunk("i1", "lobby:#random", 3, "oy"),
+            ):
+                await lobby.notify("channels/outgoing/chunk", params)
+            await lobby.notify(
+                "channels/outgoing/complete", complete("i1", "lobby:#general", "Hello")
+            )
+            await lobby.notify(
+                "channels/outgoing/complete", complete("i1", "lobby:#random", "Ahoy")
+            )
+            assert await fences.problems() == []
+            streamed = [e for e in ctl.events if e["event"] == "streamed"]
+            assert streamed == [
+                {
+                    "event": "streamed",
+                    "inferenceId": "i1",
+                    "channelId": "lobby:#general",
+                    "text": "Hello",
+                },
+                {
+                    "event": "streamed",
+                    "inferenceId": "i1",
+                    "channelId": "lobby:#random",
+                    "text": "Ahoy",
+                },
+            ]
+
+            # A gap.
+            await lobby.notify("channels/outgoing/chunk", chunk("i2", "lobby:#general", 0, "a"))
+            await lobby.notify("channels/outgoing/chunk", chunk("i2", "lobby:#general", 2, "b"))
+            [gap] = await fences.problems()
+            assert "index 2, expected 1" in gap
+            # A counter per channel instead of per inference.
+            await lobby.notify("channels/outgoing/chunk", chunk("i3", "lobby:#general", 0, "a"))
+            await lobby.notify("channels/outgoing/chunk", chunk("i3", "lobby:#random", 0, "b"))
+            [restart] = await fences.problems()
+            assert "index 0, expected 1" in restart
+            # Not starting at 0, a non-integer index, a non-string delta, an unknown channel.
+            await lobby.notify("channels/outgoing/chunk", chunk("i4", "lobby:#general", 1, "a"))
+            await lobby.notify("channels/outgoing/chunk", chunk("i5", "lobby:#general", "0", "a"))
+            await lobby.notify("channels/outgoing/chunk", chunk("i6", "lobby:#general", 0, 42))
+            await lobby.notify("channels/outgoing/chunk", chunk("i7", "lobby:#nowhere", 0, "a"))
+            assert len(await fences.problems()) == 4
+            assert await lobby.close_stdin_and_wait() == 0
+
+
+async def test_outgoing_thread_ids_only_where_a_target_is_declared() -> None:
+    with trio.fail_after(TIMEOUT):
+        async with controlled_lobby() as (lobby, ctl):
+            await register_channels(lobby, ctl, DEV, PLAIN)
+            fences = Fences(lobby, ctl)
+            assert await fences.problems() == []
+            await lobby.notify(
+                "channels/outgoing/chunk", chunk("i1", "lobby:#dev", 0, "a", threadId="t1")
+            )
+            await lobby.notify(
+                "channels/outgoing/chunk", chunk("i2", "lobby:#general", 0, "a", threadId=None)
+            )
+            assert await fences.problems() == []
+            for params in (
+                chunk("i3", "lobby:#plain", 0, "a", threadId=None),
+                chunk("i4", "lobby:#plain", 0, "a", threadId="t1"),
+                chunk("i5", "lobby:#dev", 0, "a", threadId=7),
+                chunk("i6", "lobby:#dev", 0, "a", threadId=""),
+            ):
+                await lobby.notify("channels/outgoing/chunk", params)
+            assert len(await fences.problems()) == 4
+            assert await lobby.close_stdin_and_wait() == 0
+
+
+async def test_outgoing_complete_once_per_inference_and_channel() -> None:
+    with trio.fail_after(TIMEOUT):
+        async with controlled_lobby() as (lobby, ctl):
+            fences = Fences(lobby, ctl)
+            await lobby.notify("channels/outgoing/chunk", chunk("i1", "lobby:#general", 0, "hi"))
+            await lobby.notify("channels/outgoing/complete", complete("i1", "lobby:#general", "hi"))
+            assert await fences.problems() == []
+            await lobby.notify("channels/outgoing/complete", complete("i1", "lobby:#general", "hi"))
+            [twice] = await fences.problems()
+            assert "second complete" in twice
+            assert [e["text"] for e in ctl.events if e["event"] == "streamed"] == ["hi"]
+            bad = {**complete("i2", "lobby:#general", ""), "content": "hi"}
+            await lobby.notify("channels/outgoing/complete", bad)
+            assert len(await fences.problems()) == 1
+            assert await lobby.close_stdin_and_wait() == 0
+            assert "streamed 'hi', complete 'hi' (same text)" in lobby.stderr_text()
+
+
+async def test_typing_is_validated() -> None:
+    with trio.fail_after(TIMEOUT):
+        async with controlled_lobby() as (lobby, ctl):
+            await register_channels(lobby, ctl, DEV)
+            fences = Fences(lobby, ctl)
+            await lobby.notify("channels/typing", {"channelId": "lobby:#general", "typing": True})
+            await lobby.notify("channels/typing", {"channelId": "lobby:#random", "typing": False})
+            params = {"channelId": "lobby:#dev", "typing": True, "threadId": "t1"}
+            await lobby.notify("channels/typing", params)
+            assert await fences.problems() == []
+            await lobby.notify("channels/typing", {"channelId": "lobby:#nowhere", "typing": True})
+            [unknown] = await fences.problems()
+            assert "unknown channel" in unknown
+            await lobby.notify("channels/typing", {"channelId": "lobby:#general", "typing": "yes"})
+            [not_bool] = await fences.problems()
+            assert "boolean" in not_bool
+            await lobby.notify("channels/typing", {"channelId": "lobby:#general"})
+            assert len(await fences.problems()) == 1
+            params = {"channelId": "lobby:#general", "typing": True, "threadId": "t1"}
+            await lobby.notify("channels/typing", params)
+            assert len(await fences.problems()) == 1
+            assert await lobby.close_stdin_and_wait() == 0
+            assert "channels/typing #general: true" in lobby.stderr_text()
+
+
+# ---- channels/open never answered -------------------------------------------------------------
+
+
+async def test_open_mode_never_leaves_opens_unanswered() -> None:
+    with trio.fail_after(TIMEOUT):
+        async with lobby_process("--script", "none", "--open-mode", "never") as lobby:
+            await lobby.handshake()
+            open_id = await lobby.send_request("channels/open", {"channelId": "lobby:#random"})
+            closed = await lobby.request("channels/close", {"channelId": "lobby:#random"})
+            assert closed["result"] == {"closed": True}
+            listing = await lobby.request("channels/list")
+            assert listing["result"] == {"channels": [GENERAL, RANDOM]}
+            # Answers go out in processing order: an answer to the open would be here by now.
+            assert not any(m.get("id") == open_id for m in lobby.inbox)
+            assert await lobby.close_stdin_and_wait() == 0
+            assert "not answering channels/open" in lobby.stderr_text()
+
+
+async def test_open_mode_command() -> None:
+    with trio.fail_after(TIMEOUT):
+        async with controlled_lobby() as (lobby, ctl):
+            await ctl.send({"cmd": "open_mode", "mode": "never"})
+            await ctl.wait_for(lambda e: e == {"event": "open_mode", "mode": "never"}, "never")
+            open_id = await lobby.send_request("channels/open", {"channelId": "lobby:#random"})
+            assert (await lobby.request("ping"))["result"] == {}
+            assert not any(m.get("id") == open_id for m in lobby.inbox)
+
+            await ctl.send({"cmd": "open_mode", "mode": "answer"})
+            await ctl.wait_for(lambda e: e == {"event": "open_mode", "mode": "answer"}, "answer")
+            opened = await lobby.request("channels/open", {"channelId": "lobby:#random"})
+            assert opened["result"] == {"channel": RANDOM}
+            assert await lobby.close_stdin_and_wait() == 0
 
 
 # ---- websockets -------------------------------------------------------------------------------

@@ -28,8 +28,15 @@ async def test_bundled_example_talks_and_stops_cleanly_on_ctrl_c(tmp_path: Path)
         assert proc.stdout is not None
         seen = ""
         try:
-            # an agent published a reply, and Ada fetched the photo Alice shared
-            while " → " not in seen or "fetch_reference → " not in seen:
+            # Ada answered in #general, Grace (hybrid) in #random and, by a >>>#general line,
+            # in #general too; and Ada fetched the photo Alice shared
+            wanted = (
+                "lobby lobby:#general | Ada → Hi there! Ada here.",
+                "lobby lobby:#random | Grace → Grace is here, and so is Ada.",
+                "lobby lobby:#general | Grace → Someone in #random is asking",
+                "fetch_reference → ",
+            )
+            while not all(w in seen for w in wanted):
                 chunk = await proc.stdout.receive_some(65536)
                 assert chunk, f"mcplive exited early: {seen}"
                 seen += chunk.decode()
@@ -40,6 +47,7 @@ async def test_bundled_example_talks_and_stops_cleanly_on_ctrl_c(tmp_path: Path)
         assert "lobby ready: MCPL" in seen
         assert "registered lobby:#general" in seen
         assert '"digest_verified":true' in seen
+        assert ">>>" not in seen  # the prefix stays in Grace's context, never on the wire
     saved = list((tmp_path / "mcplive-data" / "workspace" / "refs").iterdir())
     assert [p.suffix for p in saved] == [".png"]
     assert saved[0].read_bytes().startswith(b"\x89PNG")

@@ -67,6 +67,8 @@ async def test_an_enabled_mask_grants_only_what_it_matches(tmp_path: Path) -> No
                 "channels.publish",
                 "channels.incoming",
                 "channels.lifecycle",
+                "channels.streaming",
+                "channels.typing",
                 "tools",
             }
             answer = await push_answer(lob, "e1")

@@ -77,15 +77,16 @@ async def test_a_configured_addition_is_granted_once_the_receipt_arrives(tmp_pat
         async with running_lobby(
             tmp_path, {"Ada": ""}, enabled_capabilities=["channels.*", "pushEvents", "tools"]
         ) as lob:
-            fuller = lobby_manifest(pushEvents=True, channels={**CHANNELS, "typing": True})
+            # acknowledge: a channels.* leaf the lobby does not advertise at first
+            fuller = lobby_manifest(pushEvents=True, channels={**CHANNELS, "acknowledge": True})
             mark = lob.ctl.mark()
             lob.ctl.send({"cmd": "manifest", "manifest": fuller})
             event = await wait_trace(lob.stream, lambda e: e.kind == "manifest-changed", "receipt")
-            assert "channels.typing" in event.data["grant"]
+            assert "channels.acknowledge" in event.data["grant"]
             impacts = {(i["impact"], i["subject"]): i["disposition"] for i in event.data["impacts"]}
-            assert impacts[("capability-expansion-pending", "channels.typing")] == "applied"
+            assert impacts[("capability-expansion-pending", "channels.acknowledge")] == "applied"
             update = await lob.ctl.wait_for(update_received, "the update", since=mark)
-            assert "channels.typing" in update["message"]["params"]["effectiveCapabilities"]
+            assert "channels.acknowledge" in update["message"]["params"]["effectiveCapabilities"]
 
 
 async def test_a_partly_invalid_manifest_still_applies_its_removals(tmp_path: Path) -> None:
