@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from actors.config import ConfigErrors, load_config
+from actors.config import ConfigErrors, load_config, load_gate
 from actors.errors import ConfigError
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
@@ -465,3 +465,28 @@ def test_command_and_url_together_name_a_websocket_server_the_host_starts(tmp_pa
     )
     (server,) = cfg.servers
     assert server.command == ("python", "-m", "x") and server.endpoint == "ws://h:1/m"
+
+
+def test_the_readme_gate_example_loads_as_a_gate_file(tmp_path: Path):
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
+    section = readme.split("### The event gate", 1)[1]
+    example = section.split("```toml\n", 1)[1].split("```", 1)[0]
+    path = tmp_path / "gate.toml"
+    path.write_text(example, encoding="utf-8")
+    gate = load_gate(path)
+    assert [p.name for p in gate.policies] == ["clock", "busy-channel"]
+
+
+def test_a_broken_gate_file_is_one_problem_naming_the_agent(tmp_path: Path):
+    (tmp_path / "gate.toml").write_text('[[policies]]\nname = "x"\nbehavior = "sometimes"\n')
+    (tmp_path / "ada.toml").write_text("")
+    path = tmp_path / "mcplive.toml"
+    path.write_text(
+        '[[servers]]\nid = "lobby"\ncommand = ["x"]\n\n'
+        '[[agents]]\nname = "Ada"\nmodel = "scripted:ada.toml"\ngate = "gate.toml"\n'
+    )
+    with pytest.raises(ConfigErrors) as caught:
+        load_config(path)
+    [problem] = caught.value.problems
+    assert problem.startswith("agents[Ada].gate:") and "behavior" in problem
+    assert "\n" not in problem
