@@ -394,3 +394,34 @@ def _scripted(tmp_path: Path, rules: str) -> str:
     path = tmp_path / f"rules{abs(hash(rules))}.toml"
     path.write_text(rules, encoding="utf-8")
     return f"scripted:{path}"
+
+
+async def test_default_outgoing_is_the_route_and_absent_when_the_turn_is_held(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model = RecordingModel(say="ok")
+    install(monkeypatch, model)
+    with trio.fail_after(60):
+        async with running_lobby(tmp_path, {"Ada": ""}, "--context") as lb:
+            host, ctl = lb.host, lb.ctl
+            release = model.hold()
+            send_incoming(ctl, "lobby:#general", "g1", "one")
+            await model.entered.wait()
+            send_incoming(ctl, "lobby:#general", "g2", "two")
+            await ctl.wait_for(incoming_answered("g2"), "g2 stored")
+            send_incoming(ctl, "lobby:#random", "r1", "three")
+            await ctl.wait_for(incoming_answered("r1"), "r1 stored")
+            release.set()
+            await wait_trace(
+                lb.stream, lambda e: e.kind == "speech-held" and e.agent == "Ada", "held turn"
+            )
+            await host.run_until_idle()
+            await barrier(ctl)
+            first, second = [
+                m["params"].get("channels") or {} for m in received(ctl, "context/beforeInference")
+            ]
+            assert first["defaultOutgoing"] == {"channelId": "lobby:#general"}
+            assert first["incoming"] == {"channelId": "lobby:#general", "messageId": "g1"}
+            # two conversations: no route, so no default and no reply edge; both are candidates
+            assert "defaultOutgoing" not in second and "incoming" not in second
+            assert second["candidates"] == ["lobby:#general", "lobby:#random"]
