@@ -404,14 +404,15 @@ class AgentActor(Actor):
         return was
 
     def _maybe_start(self) -> None:
-        if self.turn_running or not len(self.buffer):
+        if not len(self.buffer):
             return
         if self.sender.unsettled or self._settling:
-            # the previous turn's speech has not settled: this agent's wake waits for it,
-            # nothing else does
+            # this agent's speech has not settled: its wake waits for it, nothing else does
             if not self._parked:
                 self._parked = True
                 self._trace("wake-parked", unsettled=self.sender.unsettled)
+            return
+        if self.turn_running:
             return
         self._parked = False
         drained = self.buffer.drain()
@@ -515,6 +516,10 @@ class AgentActor(Actor):
                     self.spawn(typing.refresh, counted=False)
                 wakes = sum(w.count for w in drained.items) + drained.dropped
                 usage = await self._run_turn(target, wakes, hooks, speech, candidates)
+                if typing is not None:
+                    typing.stop()  # the model is done; what is left is delivery
+                await speech.sent()  # this agent's own wait: nobody else's work stops for it
+                self._trace("turn-end", target)
                 phase = "completed"
             if scope.cancelled_caught:
                 phase = "aborted"
@@ -714,8 +719,6 @@ class AgentActor(Actor):
                 await self._record_checkpoints(checkpoints)
             if runtime.end_turn:
                 break  # skip_reply or sleep: the turn ends at the tool results
-        await speech.sent()  # this agent's own wait: nobody else's work stops for it
-        self._trace("turn-end", target)
         return used_in, used_out
 
     # -- the one-time notice about source headers (refs-and-headers G) ---------------------
