@@ -425,3 +425,25 @@ async def test_default_outgoing_is_the_route_and_absent_when_the_turn_is_held(
             # two conversations: no route, so no default and no reply edge; both are candidates
             assert "defaultOutgoing" not in second and "incoming" not in second
             assert second["candidates"] == ["lobby:#general", "lobby:#random"]
+
+
+async def test_an_addressed_message_from_elsewhere_mid_turn_suspends_the_route(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model = RecordingModel(say="ok")
+    install(monkeypatch, model)
+    with trio.fail_after(60):
+        async with running_lobby(tmp_path, {"Ada": ""}) as lb:
+            host, ctl = lb.host, lb.ctl
+            release = model.hold()
+            send_incoming(ctl, "lobby:#general", "g1", "chatter")
+            await model.entered.wait()
+            send_incoming(ctl, "lobby:#random", "r1", "@Ada over here", tags=["chat:mention"])
+            await wait_trace(lb.stream, lambda e: e.kind == "route-suspended", "suspended")
+            release.set()
+            held = await wait_trace(lb.stream, lambda e: e.kind == "speech-held", "held prose")
+            assert held.data["reason"] == "suspended"
+            # the next turn answers the one who addressed Ada
+            await ctl.wait_for(publish_received("ok"), "the reply")
+            await host.run_until_idle()
+            assert publishes(ctl) == [("lobby:#random", "ok")]
