@@ -39,7 +39,15 @@ from protocol.receipts import (
     target_error_notice,
     unroutable_notice,
 )
-from protocol.routes import Hold, PublishOutcome, Route, Unroutable, place_problem
+from protocol.routes import (
+    Candidate,
+    Hold,
+    PublishOutcome,
+    Route,
+    Unroutable,
+    place_problem,
+    suspends,
+)
 from store import PutState
 
 from .context import HostContext
@@ -51,6 +59,8 @@ MAX_SPEECH_QUEUE = 256
 #: Drafts kept per agent; the oldest are forgotten first.
 MAX_DRAFTS = 200
 DRAFTS_NS = "drafts"
+#: Notices one turn stores (unknown targets and the like); past it they are only counted.
+MAX_TURN_NOTICES = 16
 #: How often a typing indicator is renewed while a turn runs (chat typing lasts ~10 s).
 TYPING_REFRESH_S = 7.0
 PUBLISH_ASK_MARGIN_S = 10.0
@@ -320,6 +330,7 @@ class TurnSpeech:
         self.kept: list[tuple[str, str]] = []  # (draft id, reason)
         self.suppressed = 0
         self.notices: list[str] = []
+        self.notices_dropped = 0
         self._keys = itertools.count(1)
         self.rewake = False  # a segment asked for another turn right after this one (" !")
         # streaming: the round's router, the pin as the stream has seen it, one chunk counter
@@ -364,11 +375,9 @@ class TurnSpeech:
             self.channels.append(view)
         self.places[(view.server_id, view.channel_id)] = place
 
-    def arrival(self, candidate: Any) -> None:
+    def arrival(self, candidate: Candidate) -> None:
         """A wake that arrived mid-turn: an addressed (or engaged) one from another
         conversation suspends an inferred route."""
-        from protocol.routes import suspends
-
         if self.route is not None and not self.suspended:
             if suspends(self.route, candidate, engaged=self.engaged):
                 self.suspended = True
@@ -378,14 +387,20 @@ class TurnSpeech:
         found = resolve_target(token, self.channels)
         if isinstance(found, TargetError):
             cands = [place_of(v) for v in found.candidates]
-            self.notices.append(target_error_notice(token, found.reason, cands))
+            self._notice(target_error_notice(token, found.reason, cands))
             return Destination(kept="unresolved target")
         place = place_of(found)
         problem = place_problem(self.places.get((found.server_id, found.channel_id)), None)
         if problem is not None:
-            self.notices.append(unroutable_notice(place, problem))
+            self._notice(unroutable_notice(place, problem))
             return Destination(place=place, kept=problem)
         return Destination(place=place)
+
+    def _notice(self, text: str) -> None:
+        if len(self.notices) < MAX_TURN_NOTICES:
+            self.notices.append(text)
+        else:
+            self.notices_dropped += 1
 
     def _unprefixed(self) -> Destination:
         if self.pin is not None:
@@ -563,6 +578,8 @@ class TurnSpeech:
         """Wait for this turn's segments; the texts to store: notices, then the receipt."""
         await self.sent()
         texts = list(self.notices)
+        if self.notices_dropped:
+            texts.append(f"[notices] {self.notices_dropped} more notices of this turn not shown")
         reasons = [r for _, r in self.kept]
         ids = [i for i, _ in self.kept]
         if "held" in reasons and isinstance(self.decision, Hold):

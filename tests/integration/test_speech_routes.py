@@ -447,3 +447,25 @@ async def test_an_addressed_message_from_elsewhere_mid_turn_suspends_the_route(
             await ctl.wait_for(publish_received("ok"), "the reply")
             await host.run_until_idle()
             assert publishes(ctl) == [("lobby:#random", "ok")]
+
+
+async def test_a_turn_stores_at_most_sixteen_notices_and_counts_the_rest(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    lines = "\n".join(f">>>#nowhere{i} lost {i}" for i in range(20))
+    monkeypatch.setattr("actors.host.make_model", lambda cfg: Rounds([text(lines)]))
+    with trio.fail_after(60):
+        async with running_lobby(
+            tmp_path, {"Ada": {"model": _scripted(tmp_path, ""), "prose_mode": "hybrid"}}
+        ) as lb:
+            host, ctl = lb.host, lb.ctl
+            send_incoming(ctl, "lobby:#general", "g1", "hi")
+            await wait_trace(lb.stream, lambda e: e.kind == "delivered-receipt", "the receipt")
+            await host.run_until_idle()
+            shown = notices(host.history("Ada"), "speech-notice")
+            assert len(shown) == 16 + 1
+            assert all(n.startswith("[target]") for n in shown[:16])
+            assert shown[16] == "[notices] 4 more notices of this turn not shown"
+            assert publishes(ctl) == []
+            [receipt] = notices(host.history("Ada"), "delivered-receipt")
+            assert "20" in receipt  # all twenty segments kept as drafts
