@@ -36,7 +36,7 @@ from .context import HostContext
 from .errors import ActorDied, MailboxFull
 from .hooks import TurnHooks, injection_messages
 from .kernel import Actor, Reply
-from .messages import Call, Notify, Wake, WakeTarget
+from .messages import Call, Notify, Wake, Wakes, WakeTarget
 from .models import Model, ModelError, ModelRequest
 from .scripted import body_of
 from .speech import (
@@ -268,6 +268,10 @@ class AgentActor(Actor):
     async def handle(self, msg: Any, reply: Reply) -> None:
         if isinstance(msg, Wake):
             self._note_wake(msg)
+            reply.value(None)
+        elif isinstance(msg, Wakes):
+            for wake in msg.items:
+                self._note_wake(wake)
             reply.value(None)
         elif isinstance(msg, PostLocal):
             record = MessageRecord(

@@ -81,6 +81,7 @@ from .messages import (
     Status,
     Unregister,
     Wake,
+    Wakes,
 )
 from .trace import TraceEvent
 from .transport import Transport, open_transport
@@ -1016,7 +1017,9 @@ class ConnectionActor(Actor):
                     if line is not None:
                         lines.append(line)
                 await self._send_lines(link, lines)
-                wakes: dict[str, tuple[Wake, int]] = {}
+                # one message per agent, carrying each item's own wake: the gate and the
+                # speech route look at every one of them
+                wakes: dict[str, list[Wake]] = {}
                 publish, sid = self.ctx.trace.publish, self.sid
                 for prepared, trace in done:
                     kind, channel_id, fields = trace
@@ -1025,17 +1028,11 @@ class ConnectionActor(Actor):
                         TraceEvent(kind=kind, server_id=sid, channel_id=channel_id, data=fields)
                     )
                     for agent, wake in prepared.wakes:
-                        count = wakes[agent][1] + 1 if agent in wakes else 1
-                        keep = (
-                            wake
-                            if wake.lane == "incoming" or agent not in wakes
-                            else wakes[agent][0]
-                        )
-                        wakes[agent] = (keep, count)
-                for agent, (wake, count) in wakes.items():
+                        wakes.setdefault(agent, []).append(wake)
+                for agent, items in wakes.items():
                     ref = self.ctx.agents.get(agent)
                     if ref is not None:
-                        await ref.tell(attrs.evolve(wake, count=count))
+                        await ref.tell(Wakes(items=tuple(items)))
             finally:
                 self.work.dec(len(answers))
 

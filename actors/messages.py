@@ -160,6 +160,13 @@ class Wake:
 
 
 @attrs.frozen(kw_only=True)
+class Wakes:
+    """The wakes of one batch of stored items, in order, for one agent."""
+
+    items: tuple[Wake, ...]
+
+
+@attrs.frozen(kw_only=True)
 class WakeTarget:
     server_id: str
     channel_id: str
