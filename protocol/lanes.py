@@ -41,6 +41,7 @@ class PushEvent:
     payload_content: tuple[Any, ...]
     origin: Mapping[str, Any] | None = None
     tags: tuple[Any, ...] = ()
+    coalesce: Any = None  # RFC-006, as sent (validated by protocol.coalesce.parse_coalesce)
 
 
 @attrs.frozen(kw_only=True)
@@ -66,6 +67,8 @@ class IncomingMessage:
     metadata: Mapping[str, Any] | None = None
     tags: tuple[Any, ...] = ()
     reply_to: str | None = None  # the message this one answers, as the server names it
+    event_id: Any = None  # RFC-006: the occurrence, required with ``coalesce``; as sent
+    coalesce: Any = None  # RFC-006, as sent (validated by protocol.coalesce.parse_coalesce)
 
 
 @attrs.frozen(kw_only=True)
@@ -297,6 +300,8 @@ def _fast_incoming(raw: Any) -> IncomingMessage | None:
         metadata=metadata,
         tags=tuple(tags),
         reply_to=reply,
+        event_id=raw.get("eventId"),
+        coalesce=raw.get("coalesce"),
     )
 
 
