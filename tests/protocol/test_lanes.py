@@ -18,6 +18,7 @@ from protocol.lanes import (
     Origin,
     PushEvent,
     parse_descriptors,
+    parse_incoming,
     parse_incoming_batch,
     parse_push,
     structure,
@@ -418,3 +419,31 @@ def test_a_well_formed_incoming_message_takes_the_fast_path() -> None:
     assert fast == structure(raw, IncomingMessage)
     assert _fast_incoming({**raw, "messageId": 7}) is None  # numbers go the general way
     assert structure({**raw, "messageId": 7}, IncomingMessage).message_id == "7"
+
+
+@pytest.mark.parametrize("thread", [None, "t1", 7])  # 7 takes the general (slow) path
+def test_the_coalesce_member_and_event_id_are_kept_as_sent(thread: object) -> None:
+    raw: dict[str, object] = {
+        "channelId": "c",
+        "messageId": "m1",
+        "author": {"id": "a"},
+        "content": [],
+        "eventId": "e2",
+        "coalesce": {"key": "message:m1", "odd": [1]},
+    }
+    if thread is not None:
+        raw["threadId"] = thread
+    message = parse_incoming(raw)
+    assert message.event_id == "e2"
+    assert message.coalesce == {"key": "message:m1", "odd": [1]}
+    push = parse_push(
+        {
+            "featureSet": "f",
+            "eventId": "e",
+            "timestamp": "2026-01-01T00:00:00Z",
+            "payload": {"content": []},
+            "coalesce": "not even an object",
+        }
+    )
+    assert push.coalesce == "not even an object"  # judged later, with a field and a reason
+    assert parse_incoming({**raw, "coalesce": None, "eventId": None}).coalesce is None
