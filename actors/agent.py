@@ -463,7 +463,11 @@ class AgentActor(Actor):
     async def _turn(self, drained: Drained[Wake]) -> None:
         inference_id = f"inf_{uuid.uuid4().hex}"
         candidates = [c for w in drained.items if (c := candidate_of(w)) is not None]
-        evicted = {(s, c, t) for s, c, t in drained.evicted if c is not None}
+        # the buffer forgets in which order the dropped ones came: listed sorted, not at random
+        evicted = sorted(
+            ((s, c, t) for s, c, t in drained.evicted if c is not None),
+            key=lambda k: (k[0], k[1], k[2] or ""),
+        )
         decision = decide_route(candidates, evicted=evicted, evicted_overflow=drained.overflow)
         route = decision if isinstance(decision, Route) else None
         target = (
