@@ -67,6 +67,19 @@ def problems(ctl: LobbyControl) -> list[dict[str, Any]]:
     return [e for e in ctl.events if e.get("event") == "problem"]
 
 
+async def refused_unsent(host: Host, ctl: LobbyControl, channel_id: str, thread: str) -> None:
+    """Ada's post into ``thread`` of ``channel_id`` is refused, and nothing reaches the lobby."""
+    before = len(received(ctl, "channels/publish"))
+    refused = await host.execute_tool_call(
+        "Ada",
+        "channel_publish",
+        {"channel_id": channel_id, "content": "threaded", "thread_id": thread},
+    )
+    assert refused["is_error"] is True
+    await barrier(ctl)
+    assert len(received(ctl, "channels/publish")) == before
+
+
 class Rounds:
     """A model answering each call with the next scripted round (text and tool calls in one
     reply, as a real provider does); silence once the script is spent."""
@@ -219,14 +232,7 @@ async def test_a_channel_that_does_not_declare_its_place_takes_no_prose(
             [sent] = received(ctl, "channels/publish")
             assert "threadId" not in sent["params"]
             # but never into a thread: nothing is sent
-            refused = await host.execute_tool_call(
-                "Ada",
-                "channel_publish",
-                {"channel_id": "lobby:#legacy", "content": "threaded", "thread_id": "t1"},
-            )
-            assert refused["is_error"] is True
-            await barrier(ctl)
-            assert len(received(ctl, "channels/publish")) == 1
+            await refused_unsent(host, ctl, "lobby:#legacy", "t1")
 
 
 async def test_replies_name_their_place_and_a_thread_only_where_it_is_exact(
@@ -254,14 +260,7 @@ async def test_replies_name_their_place_and_a_thread_only_where_it_is_exact(
             assert all(isinstance(p.get("idempotencyKey"), str) for p in sent)
             assert problems(ctl) == []
             # a thread on a root channel is refused before anything is sent
-            refused = await host.execute_tool_call(
-                "Ada",
-                "channel_publish",
-                {"channel_id": "lobby:#general", "content": "x", "thread_id": "t-1"},
-            )
-            assert refused["is_error"] is True
-            await barrier(ctl)
-            assert len(received(ctl, "channels/publish")) == 2
+            await refused_unsent(host, ctl, "lobby:#general", "t-1")
 
 
 async def test_a_reply_whose_place_is_not_echoed_is_reported_unconfirmed(
