@@ -17,11 +17,16 @@ Events from the lobby: ``hello`` {pid, transport}, ``ready``, ``received`` {mess
 ``response`` {request, response, attempts, timedOut?}, ``error`` {text}, ``flood_done``
 {accepted, count}, ``hung``, ``pong`` {id}, ``streamed`` {inferenceId, channelId, text} (on each
 ``channels/outgoing/complete``), the acknowledgements ``threads`` {channelId, threads},
-``publish_echo_thread`` {mode} and ``open_mode`` {mode}; with ``--files``, ``http`` {method, path,
-status, authorization} for every plain HTTP request the listener answered (sent to every live
-session's control connection). Commands are listed in ``examples/lobby_server.py``
-(``Session.on_command``), e.g. ``{"cmd": "share", "file": "board.png", "text": ..., "eventId"?,
-"uri"?}`` with ``--files``.
+``publish_echo_thread`` {mode}, ``open_mode`` {mode} and ``render_mode`` {mode, content,
+delaySeconds}; with ``--files``, ``http`` {method, path, status, authorization} for every plain
+HTTP request the listener answered (sent to every live session's control connection). RFC-006:
+``coalescing`` {advertised, leaves} (the host's ``eventCoalescing`` from ``initialize``),
+``coalesce_withheld`` {method, eventId?, messageId?, coalesce, missing} (sent without the
+member: the host did not advertise those leaves) and ``render`` {requestId, params, mode,
+result? | error?, delaySeconds?} (each ``push/render``). Commands are listed in
+``examples/lobby_server.py`` (``Session.on_command``), e.g. ``{"cmd": "share", "file":
+"board.png", "text": ..., "eventId"?, "uri"?, "coalesce"?, "force"?}`` with ``--files``, or
+``{"cmd": "push", "eventId": ..., "text": ..., "coalesce": {"key": "status"}}``.
 
 Every lobby process (or websocket connection) connects once; after a restart, ``accept()`` again.
 """

@@ -43,6 +43,21 @@ head is read first: a websocket upgrade is replayed to trio_websocket and become
 usual, anything else gets one HTTP answer and is closed. The ``share`` control command (and,
 in the default script, Alice) sends a ``push/event`` carrying such a reference; every HTTP
 request served is reported to the live sessions' control sockets as an ``http`` event.
+
+Event coalescing (RFC-006): the host's ``capabilities.experimental.mcpl.eventCoalescing`` in
+``initialize`` (``true`` or an object of leaves) is recorded and reported as a ``coalescing``
+control event. The ``push``, ``share``, ``incoming`` (with an ``eventId``) and ``incoming_batch``
+commands may carry a ``coalesce`` member; it is sent only if the host advertised every leaf it
+uses (the lane's ``pushEvents``/``channelsIncoming``, ``deferred``, ``channelScopedPush`` for a
+``channelId``), else the event goes out without it (a ``coalesce_withheld`` event), unless the
+command says ``"force": true``. ``push/render`` requests are checked (advertised, granted, known
+channel, key, notices oldest first ending with the latest ``eventId``, integer ``dropped``) and
+answered as the ``render_mode`` command says: ``result`` (the default: the given content, or a
+text such as ``2 updates: {"n":1}, {"n":2}; 0 dropped``), ``empty``, ``error`` (-32603),
+``never``, or ``slow`` (the result after ``delaySeconds``); each is reported as a ``render``
+event. The lobby never sends ``inference/request`` while handling a render. The coalesce
+outcome in the host's answers is logged; an admitted coalesced occurrence whose answer lacks
+one (on a lane the host advertised) is a problem.
 """
 
 from __future__ import annotations
@@ -97,6 +112,13 @@ ECHO_THREAD_MODES = ("echo", "omit", "wrong")
 PUBLISH_TARGETS = ("exact", "root")
 LIFECYCLE_PHASES = ("started", "completed", "aborted", "failed")
 FINISH_REASONS = ("end_turn", "max_tokens", "stop_sequence")
+# RFC-006 event coalescing
+RENDER_MODES = ("result", "empty", "error", "never", "slow")
+DEFAULT_RENDER_DELAY = 10.0  # "slow" renders: beyond the host's recommended 5 s timeout
+COALESCE_LEAVES = ("pushEvents", "channelsIncoming", "deferred", "channelScopedPush")
+MIN_RETRY_WINDOW_MS = 3_600_000
+COALESCE_OUTCOMES = ("first", "replaced", "appended", "retracted", "noted", "consumed")
+MAX_COALESCE_KEY_BYTES = 256
 
 FEATURE_SETS: dict[str, dict[str, Any]] = {
     "lobby.chat": {
@@ -181,6 +203,7 @@ MCPL_METHODS = frozenset(
         "channels/outgoing/chunk",
         "channels/outgoing/complete",
         "channels/typing",
+        "push/render",
     }
 )
 
@@ -265,7 +288,10 @@ def build_parser() -> argparse.ArgumentParser:
         prog="python -m examples.lobby_server",
         description="A chat lobby MCPL server (stdio by default). channels/publish honours an "
         "RFC-011 threadId exactly or refuses it ({delivered: false, reason}); streamed "
-        "channels/outgoing/* and channels/typing notifications are checked.",
+        "channels/outgoing/* and channels/typing notifications are checked. RFC-006: coalesce "
+        "members are sent only where the host's initialize advertised eventCoalescing; "
+        "push/render is checked and answered as the render_mode control command says "
+        "(default: a text summarizing the notices).",
     )
     p.add_argument("--ws", metavar="HOST:PORT", type=_host_port_arg, help="serve websockets")
     p.add_argument("--token", metavar="T", help="websocket clients must send 'Bearer T'")
@@ -496,6 +522,52 @@ def path_matches(pattern: str, path: str) -> bool:
 
 def is_granted(granted: list[str], path: str) -> bool:
     return any(path_matches(p, path) for p in granted)
+
+
+def read_coalescing(value: Any) -> tuple[dict[str, Any], list[str]]:
+    """The host's ``eventCoalescing`` advertisement as leaves, and what is wrong with it.
+
+    ``true`` advertises every leaf (retry window one hour); in the object form an omitted leaf
+    is not advertised; absent (None) or ``false`` advertises nothing.
+    """
+    leaves: dict[str, Any] = {leaf: value is True for leaf in COALESCE_LEAVES}
+    leaves["retryWindowMs"] = MIN_RETRY_WINDOW_MS if value is True else None
+    if value is None or isinstance(value, bool):
+        return leaves, []
+    if not isinstance(value, dict):
+        return leaves, [f"eventCoalescing must be true or an object, got {short(value, 60)}"]
+    problems = []
+    for leaf in COALESCE_LEAVES:
+        given = value.get(leaf, False)
+        if type(given) is not bool:
+            problems.append(f"eventCoalescing.{leaf} must be a boolean, got {short(given, 60)}")
+        leaves[leaf] = given is True
+    window = value.get("retryWindowMs", MIN_RETRY_WINDOW_MS)
+    if type(window) is not int or window < MIN_RETRY_WINDOW_MS:
+        problems.append(
+            f"eventCoalescing.retryWindowMs must be an integer >= {MIN_RETRY_WINDOW_MS}, "
+            f"got {short(window, 60)}"
+        )
+    leaves["retryWindowMs"] = window
+    return leaves, problems
+
+
+def read_timestamp(value: Any) -> dt.datetime | None:
+    """An RFC 3339 timestamp (no zone: UTC), or None if it is not one."""
+    if not isinstance(value, str):
+        return None
+    try:
+        stamp = dt.datetime.fromisoformat(value)
+    except ValueError:
+        return None
+    return stamp if stamp.tzinfo is not None else stamp.replace(tzinfo=dt.UTC)
+
+
+def render_summary(notices: Any, dropped: Any) -> str:
+    """The default rendering of a batch: how many notices, each one's data, how many dropped."""
+    items = notices if isinstance(notices, list) else []
+    parts = [dumps(n["data"]) if isinstance(n, dict) and "data" in n else "-" for n in items]
+    return f"{len(items)} updates: {', '.join(parts)}; {short(dropped, 40)} dropped"
 
 
 def valid_id(value: Any) -> bool:
@@ -1030,6 +1102,13 @@ class Session:
         self.current_checkpoint: str | None = None
         self.rollback_mode = "exact"  # set by the "rollback_mode" command
         self._checkpoint_counter = itertools.count(1)
+        # RFC-006: the host's eventCoalescing advertisement (as sent, and as leaves) and how
+        # push/render requests are answered (the "render_mode" command)
+        self.coalescing_advertised: Any = None
+        self.coalescing, _ = read_coalescing(None)
+        self.render_mode = "result"
+        self.render_content: list[Any] | None = None  # None: a summary of the notices
+        self.render_delay = DEFAULT_RENDER_DELAY
 
     # ---- logging ---------------------------------------------------------------------------------
 
@@ -1271,6 +1350,7 @@ class Session:
         if isinstance(caps, dict) and isinstance(caps.get("experimental"), dict):
             host_mcpl = caps["experimental"].get("mcpl")
         self.log(f"initialize from {short(client)}; host manifest: {short(host_mcpl)}")
+        self._record_coalescing(host_mcpl)
         self.initialized = True
         self._awaiting_initialized = True
         capabilities: dict[str, Any] = {"tools": {}}
@@ -1281,6 +1361,19 @@ class Session:
             "capabilities": capabilities,
             "serverInfo": {"name": SERVER_NAME, "version": SERVER_VERSION},
         }
+
+    def _record_coalescing(self, host_mcpl: Any) -> None:
+        """Keep the host's RFC-006 advertisement; the coalesce members we may send follow it."""
+        advertised = host_mcpl.get("eventCoalescing") if isinstance(host_mcpl, dict) else None
+        self.coalescing_advertised = advertised
+        self.coalescing, problems = read_coalescing(advertised)
+        for text in problems:
+            self.problem(f"initialize: {text}")
+        on = [leaf for leaf in COALESCE_LEAVES if self.coalescing[leaf]]
+        self.log(f"event coalescing advertised: {', '.join(on) or 'nothing'}")
+        self.control.emit(
+            {"event": "coalescing", "advertised": advertised, "leaves": dict(self.coalescing)}
+        )
 
     def _on_initialized(self) -> None:
         if self.got_initialized:
@@ -1882,6 +1975,112 @@ class Session:
         if why is not None:
             self.problem(f"channels/typing on {cid}: {why}")
 
+    # ---- RFC-006: push/render -------------------------------------------------------------------
+
+    def _render_problems(self, params: dict[str, Any]) -> list[str]:
+        """What is wrong with a push/render request (its shape, and whether it may come at all)."""
+        problems = []
+        if not self.coalescing["deferred"]:
+            problems.append("the host did not advertise eventCoalescing.deferred")
+        if self.granted is not None and not is_granted(self.granted, "pushEvents"):
+            problems.append("without the pushEvents grant")
+        feature_set = params.get("featureSet")
+        if not isinstance(feature_set, str) or not feature_set:
+            problems.append(f"featureSet must be a non-empty string, got {short(feature_set, 60)}")
+        if "channelId" in params:
+            cid = params["channelId"]
+            if not isinstance(cid, str) or cid not in self.channels:
+                problems.append(f"unknown channel {short(cid, 60)}")
+        if "key" not in params:
+            problems.append("no key")
+        else:
+            key = params["key"]
+            if not isinstance(key, str) or not key:
+                problems.append(f"key must be a non-empty string, got {short(key, 60)}")
+            elif len(key.encode("utf-8")) > MAX_COALESCE_KEY_BYTES:
+                problems.append(f"key longer than {MAX_COALESCE_KEY_BYTES} bytes")
+        event_id = params.get("eventId")
+        if not isinstance(event_id, str) or not event_id:
+            problems.append(f"eventId must be a non-empty string, got {short(event_id, 60)}")
+        notices = params.get("notices")
+        if not isinstance(notices, list) or not notices:
+            problems.append(f"notices must be a non-empty list, got {short(notices, 60)}")
+            notices = []
+        previous: dt.datetime | None = None
+        for i, notice in enumerate(notices):
+            if not isinstance(notice, dict):
+                problems.append(f"notice {i} is not an object: {short(notice, 60)}")
+                continue
+            nid = notice.get("eventId")
+            if not isinstance(nid, str) or not nid:
+                problems.append(f"notice {i}: eventId must be a non-empty string")
+            stamp = read_timestamp(notice.get("timestamp"))
+            if stamp is None:
+                problems.append(
+                    f"notice {i}: unreadable timestamp {short(notice.get('timestamp'))}"
+                )
+                continue
+            if previous is not None and stamp < previous:
+                problems.append(
+                    f"notices are not oldest first: notice {i} ({notice['timestamp']}) is older "
+                    "than the one before it"
+                )
+            previous = stamp
+        if notices and isinstance(notices[-1], dict) and notices[-1].get("eventId") != event_id:
+            problems.append(
+                f"eventId {short(event_id, 60)} is not the latest notice's "
+                f"({short(notices[-1].get('eventId'), 60)})"
+            )
+        dropped = params.get("dropped")
+        if type(dropped) is not int or dropped < 0:
+            problems.append(f"dropped must be a non-negative integer, got {short(dropped, 60)}")
+        return problems
+
+    def _push_render(self, params: dict[str, Any]) -> Any:
+        """Render a deferred batch (RFC-006 §5) as the render mode says. Never asks for an
+        inference meanwhile (§10.3)."""
+        rid = self._current_rid
+        for text in self._render_problems(params):
+            self.problem(f"push/render: {text}")
+        mode = self.render_mode
+        notices = params.get("notices")
+        count = len(notices) if isinstance(notices, list) else 0
+        self.log(
+            f"push/render {short(params.get('key'), 60)} ({count} notices, "
+            f"{short(params.get('dropped'), 20)} dropped): mode {mode}"
+        )
+        event: dict[str, Any] = {
+            "event": "render",
+            "requestId": rid,
+            "params": params,
+            "mode": mode,
+        }
+        if mode == "never":
+            self.control.emit(event)
+            return NO_REPLY
+        if mode == "error":
+            err = RpcError(INTERNAL_ERROR, "Internal error", {"reason": "render mode 'error'"})
+            self.control.emit({**event, "error": err.to_json()})
+            raise err
+        if mode == "empty":
+            content: list[Any] = []
+        elif self.render_content is not None:
+            content = copy.deepcopy(self.render_content)
+        else:
+            content = [{"type": "text", "text": render_summary(notices, params.get("dropped"))}]
+        result = {"content": content}
+        if mode == "slow":
+            self.control.emit({**event, "result": result, "delaySeconds": self.render_delay})
+            self.spawn(self._answer_later, rid, result, self.render_delay)
+            return NO_REPLY
+        self.control.emit({**event, "result": result})
+        return result
+
+    async def _answer_later(self, rid: Any, result: Any, delay: float) -> None:
+        await trio.sleep(delay)
+        self.log(f"push/render #{rid}: answering after {delay} s")
+        self.reply(rid, result)
+
     REQUEST_HANDLERS: ClassVar[dict[str, Callable[[Session, dict[str, Any]], Any]]] = {
         "initialize": _initialize,
         "ping": _ping,
@@ -1895,6 +2094,7 @@ class Session:
         "channels/list": _channels_list,
         "context/beforeInference": _context_before_inference,
         "state/rollback": _state_rollback,
+        "push/render": _push_render,
     }
 
     # ---- requests to the host --------------------------------------------------------------------
@@ -2011,6 +2211,9 @@ class Session:
                 self.problem("push/event answer lacks a boolean 'accepted': " + short(result))
                 return
             verdict = "accepted" if result["accepted"] else f"declined ({result.get('reason')})"
+            verdict += self._coalesce_outcome(
+                f"push/event {params.get('eventId')}", "pushEvents", params, result
+            )
             self.log(f"push/event {params.get('eventId')}: {verdict}")
         elif method in ("channels/register", "channels/incoming"):
             key, items = (
@@ -2030,8 +2233,15 @@ class Session:
                     f"{method} answer has {len(results)} results for {len(items)} items: "
                     + short(result)
                 )
+            sent = items if isinstance(items, list) and len(items) == len(results) else None
             verdicts = ", ".join(
-                f"{r[key]}={'ok' if r['accepted'] else r.get('reason', 'refused')}" for r in results
+                f"{r[key]}={'ok' if r['accepted'] else r.get('reason', 'refused')}"
+                + (
+                    self._coalesce_outcome(f"{method} {r[key]}", "channelsIncoming", sent[i], r)
+                    if method == "channels/incoming" and sent is not None
+                    else ""
+                )
+                for i, r in enumerate(results)
             )
             self.log(f"{method}: {verdicts}")
         elif method == "inference/request":
@@ -2064,6 +2274,72 @@ class Session:
                 return
             self.log(f"model/info: {result['vendor']} {result['id']}")
 
+    def _coalesce_outcome(self, what: str, lane: str, sent: Any, result: dict[str, Any]) -> str:
+        """The host's ``coalesce`` result for one occurrence, as a log suffix; checked (RFC-006:
+        present whenever a coalesced occurrence was admitted, on a lane the host advertised)."""
+        carried = isinstance(sent, dict) and "coalesce" in sent
+        if "coalesce" not in result:
+            if carried and result.get("accepted") is True and self.coalescing[lane]:
+                self.problem(f"{what}: admitted with coalesce, but the answer has no outcome")
+            return ""
+        member = result["coalesce"]
+        outcome = member.get("outcome") if isinstance(member, dict) else None
+        prior = member.get("priorEventId") if isinstance(member, dict) else None
+        if outcome not in COALESCE_OUTCOMES or not (prior is None or isinstance(prior, str)):
+            self.problem(f"{what}: malformed coalesce result {short(member)}")
+        if not carried:
+            self.log(f"{what}: a coalesce result for an occurrence sent without coalesce")
+        return f" (coalesce {outcome}" + (f", prior {prior}" if prior is not None else "") + ")"
+
+    def _coalesce_missing(self, coalesce: Any, lane: str) -> list[str]:
+        """The advertisement leaves a ``coalesce`` member uses that the host did not advertise."""
+        needed = [lane]
+        if isinstance(coalesce, dict):
+            if coalesce.get("deferred") not in (None, False):
+                needed.append("deferred")
+            if coalesce.get("channelId") is not None:
+                needed.append("channelScopedPush")
+        return [leaf for leaf in needed if not self.coalescing[leaf]]
+
+    def _coalesced(self, target: dict[str, Any], force: bool, lane: str, method: str) -> Any:
+        """``target`` (push params or an incoming message) as it may be sent: without its
+        ``coalesce`` member if the host did not advertise what it uses (unless forced)."""
+        if "coalesce" not in target or force:
+            return target
+        missing = self._coalesce_missing(target["coalesce"], lane)
+        if not missing:
+            return target
+        ident = {k: target[k] for k in ("eventId", "messageId") if k in target}
+        self.log(
+            f"{method} {short(ident)}: coalesce withheld, the host did not advertise "
+            f"eventCoalescing {', '.join(missing)}; sent plain"
+        )
+        self.control.emit(
+            {
+                "event": "coalesce_withheld",
+                "method": method,
+                **ident,
+                "coalesce": target["coalesce"],
+                "missing": missing,
+            }
+        )
+        return {k: v for k, v in target.items() if k != "coalesce"}
+
+    @staticmethod
+    def _force(cmd: dict[str, Any]) -> bool:
+        """A command's ``force``: send coalesce members the host did not advertise."""
+        force = cmd.get("force", False)
+        if not isinstance(force, bool):
+            raise TypeError("force must be a boolean")
+        return force
+
+    def _coalesce_args(self, cmd: dict[str, Any]) -> tuple[dict[str, Any] | None, bool]:
+        """A command's optional ``coalesce`` object and ``force`` flag."""
+        coalesce = cmd.get("coalesce")
+        if coalesce is not None and not isinstance(coalesce, dict):
+            raise TypeError("coalesce must be an object")
+        return coalesce, self._force(cmd)
+
     def _event_params(
         self,
         event_id: str,
@@ -2094,6 +2370,7 @@ class Session:
         author: Any = None,
         tags: list[Any] | None = None,
         thread_id: Any = None,
+        event_id: str | None = None,
     ) -> dict[str, Any]:
         message: dict[str, Any] = {
             "channelId": channel_id,
@@ -2105,6 +2382,8 @@ class Session:
         }
         if thread_id is not None:
             message["threadId"] = thread_id
+        if event_id is not None:
+            message["eventId"] = event_id  # RFC-006: this occurrence (a create or an edit)
         return message
 
     # ---- scripted people -------------------------------------------------------------------------
@@ -2205,7 +2484,11 @@ class Session:
             self.control.emit({"event": "hung"})
             if self._work_scope is not None:
                 self._work_scope.cancel()
-        elif name == "incoming":
+        elif name == "incoming":  # RFC-006: an edit is a new eventId, same messageId and key
+            coalesce, force = self._coalesce_args(cmd)
+            event_id = cmd.get("eventId")
+            if event_id is not None and not (isinstance(event_id, str) and event_id):
+                raise TypeError("eventId must be a non-empty string")
             message = self._chat_message(
                 cmd["channelId"],
                 cmd["messageId"],
@@ -2213,13 +2496,24 @@ class Session:
                 cmd.get("author"),
                 cmd.get("tags"),
                 cmd.get("threadId"),
+                event_id,
             )
+            if coalesce is not None:
+                message["coalesce"] = coalesce
+            message = self._coalesced(message, force, "channelsIncoming", "channels/incoming")
             self._note_thread(message["channelId"], message.get("threadId"))
             self.request("channels/incoming", {"messages": [message]})
-        elif name == "incoming_batch":
+        elif name == "incoming_batch":  # messages as given (eventId and coalesce included)
             messages = cmd["messages"]
             if not isinstance(messages, list):
                 raise TypeError("messages must be a list")
+            force = self._force(cmd)
+            messages = [
+                self._coalesced(m, force, "channelsIncoming", "channels/incoming")
+                if isinstance(m, dict)
+                else m
+                for m in messages
+            ]
             for m in messages:
                 if isinstance(m, dict):
                     self._note_thread(m.get("channelId"), m.get("threadId"))
@@ -2251,6 +2545,7 @@ class Session:
             self.log(f"channels/open mode: {mode}")
             self.control.emit({"event": "open_mode", "mode": mode})
         elif name == "push":
+            coalesce, force = self._coalesce_args(cmd)
             params = self._event_params(
                 cmd["eventId"],
                 cmd["text"],
@@ -2258,7 +2553,9 @@ class Session:
                 origin=cmd.get("origin"),
                 feature_set=cmd.get("featureSet", "lobby.events"),
             )
-            self.request("push/event", params)
+            if coalesce is not None:
+                params["coalesce"] = coalesce
+            self.request("push/event", self._coalesced(params, force, "pushEvents", "push/event"))
         elif name == "share":  # a push/event carrying a reference to one of our files
             file_name = cmd["file"]
             text = cmd.get("text", f"Shared {file_name}.")
@@ -2268,6 +2565,7 @@ class Session:
                 raise TypeError("file, text and eventId must be strings")
             if uri is not None and not isinstance(uri, str):
                 raise TypeError("uri must be a string")
+            coalesce, force = self._coalesce_args(cmd)
             params = self._share_params(
                 event_id,
                 file_name,
@@ -2277,8 +2575,10 @@ class Session:
                 origin=cmd.get("origin"),
                 feature_set=cmd.get("featureSet", "lobby.events"),
             )
+            if coalesce is not None:
+                params["coalesce"] = coalesce
             self.log(f"push/event {event_id}: {text} [{params['payload']['content'][1]['uri']}]")
-            self.request("push/event", params)
+            self.request("push/event", self._coalesced(params, force, "pushEvents", "push/event"))
         elif name == "register":
             descriptors = cmd["channels"]
             if not isinstance(descriptors, list):
@@ -2364,6 +2664,28 @@ class Session:
             self.rollback_mode = mode
             self.log(f"state/rollback mode: {mode}")
             self.control.emit({"event": "rollback_mode", "mode": mode})
+        elif name == "render_mode":  # how later push/render requests are answered
+            mode = cmd["mode"]
+            if mode not in RENDER_MODES:
+                raise ValueError(f"mode must be one of {RENDER_MODES}")
+            content = cmd.get("content")
+            if content is not None and not isinstance(content, list):
+                raise TypeError("content must be a list of content blocks")
+            delay = cmd.get("delaySeconds", DEFAULT_RENDER_DELAY)
+            if type(delay) not in (int, float) or not 0 <= delay < math.inf:
+                raise ValueError("delaySeconds must be a non-negative number")
+            self.render_mode = mode
+            self.render_content = content
+            self.render_delay = float(delay)
+            self.log(f"push/render mode: {mode}, content {short(content)}, delay {delay} s")
+            self.control.emit(
+                {
+                    "event": "render_mode",
+                    "mode": mode,
+                    "content": content,
+                    "delaySeconds": self.render_delay,
+                }
+            )
         elif name == "flood":
             count = cmd["count"]
             if type(count) is not int or not 0 <= count <= 100_000:

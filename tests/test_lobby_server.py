@@ -131,12 +131,12 @@ class Peer:
             lambda m: m.get("method") == method and "id" in m, f"{method} request"
         )
 
-    async def handshake(self, update: Any = None) -> Message:
+    async def handshake(self, update: Any = None, init_params: Any = None) -> Message:
         """initialize, initialized, featureSets/update, then answer channels/register.
 
         Returns the initialize result.
         """
-        init = await self.request("initialize", INIT_PARAMS)
+        init = await self.request("initialize", init_params or INIT_PARAMS)
         await self.notify("notifications/initialized")
         receipt = await self.request(
             "featureSets/update", update or {"effectiveCapabilities": ALL_CAPS}
@@ -693,7 +693,9 @@ async def test_control_reports_initialized_not_next_and_hang() -> None:
 
 
 @asynccontextmanager
-async def controlled_lobby(*args: str) -> AsyncIterator[tuple[Lobby, LobbyControl]]:
+async def controlled_lobby(
+    *args: str, init_params: Message | None = None, update: Message | None = None
+) -> AsyncIterator[tuple[Lobby, LobbyControl]]:
     """A stdio lobby past its handshake (everything granted), with its control connection."""
     async with (
         open_control_listener() as listener,
@@ -701,7 +703,7 @@ async def controlled_lobby(*args: str) -> AsyncIterator[tuple[Lobby, LobbyContro
     ):
         ctl = await listener.accept()
         async with ctl:
-            await lobby.handshake()
+            await lobby.handshake(update, init_params)
             await ctl.wait_for(lambda e: e["event"] == "ready", "ready")
             yield lobby, ctl
 
@@ -926,7 +928,12 @@ class Fences:
         rid = await self.lobby.send_request("ping")
         await self.lobby.response_to(rid)
         fence = await self.ctl.wait_for(
-            lambda e: e["event"] == "received" and e["message"].get("id") == rid, "ping fence"
+            lambda e: (
+                e["event"] == "received"
+                and e["message"].get("method") == "ping"  # not an answer to a lobby request
+                and e["message"].get("id") == rid
+            ),
+            "ping fence",
         )
         events = self.ctl.events
         start = 0 if self.last is None else _index(events, self.last)
@@ -1108,6 +1115,510 @@ async def test_open_mode_command() -> None:
             opened = await lobby.request("channels/open", {"channelId": "lobby:#random"})
             assert opened["result"] == {"channel": RANDOM}
             assert await lobby.close_stdin_and_wait() == 0
+
+
+# ---- RFC-006 event coalescing -----------------------------------------------------------------
+
+ABSENT = object()
+EVERY_LEAF = {
+    "pushEvents": True,
+    "channelsIncoming": True,
+    "deferred": True,
+    "channelScopedPush": True,
+    "retryWindowMs": 3_600_000,
+}
+NO_LEAF = {
+    "pushEvents": False,
+    "channelsIncoming": False,
+    "deferred": False,
+    "channelScopedPush": False,
+    "retryWindowMs": None,
+}
+
+
+def init_with(coalescing: Any) -> Message:
+    """initialize params whose MCPL manifest advertises ``coalescing`` (ABSENT: no member)."""
+    mcpl: Message = {"version": "0.5", "pushEvents": True}
+    if coalescing is not ABSENT:
+        mcpl["eventCoalescing"] = coalescing
+    return {**INIT_PARAMS, "capabilities": {"experimental": {"mcpl": mcpl}}}
+
+
+def coalescing_lobby(coalescing: Any = True, **kwargs: Any) -> Any:
+    return controlled_lobby(init_params=init_with(coalescing), **kwargs)
+
+
+async def command_errors(lobby: Lobby, ctl: LobbyControl, since: int, count: int) -> list[str]:
+    """The first ``count`` error events after ``since`` (bad control commands); then a ping
+    round trip, so anything those commands had sent to the host would be in the inbox."""
+    found: list[Message] = []
+    while len(found) < count:
+        found.append(
+            await ctl.wait_for(
+                lambda e: e["event"] == "error" and all(e is not f for f in found),
+                f"error {len(found) + 1} of {count}",
+                since=since,
+            )
+        )
+    assert (await lobby.request("ping"))["result"] == {}
+    return [e["text"] for e in found]
+
+
+@pytest.mark.parametrize(
+    ("advertised", "leaves"),
+    [
+        (True, EVERY_LEAF),
+        (
+            {"pushEvents": True, "deferred": False, "retryWindowMs": 7_200_000},
+            {**NO_LEAF, "pushEvents": True, "retryWindowMs": 7_200_000},
+        ),
+        (
+            {"channelsIncoming": True},
+            {**NO_LEAF, "channelsIncoming": True, "retryWindowMs": 3_600_000},
+        ),
+        (ABSENT, NO_LEAF),
+    ],
+    ids=["true", "object", "object-defaults", "absent"],
+)
+async def test_coalescing_advertisement_is_recorded(advertised: Any, leaves: Message) -> None:
+    with trio.fail_after(TIMEOUT):
+        async with coalescing_lobby(advertised) as (lobby, ctl):
+            event = await ctl.wait_for(lambda e: e["event"] == "coalescing", "coalescing")
+            expected = None if advertised is ABSENT else advertised
+            assert event == {"event": "coalescing", "advertised": expected, "leaves": leaves}
+            assert await Fences(lobby, ctl).problems() == []
+            assert await lobby.close_stdin_and_wait() == 0
+
+
+async def test_malformed_coalescing_advertisement_is_a_problem() -> None:
+    with trio.fail_after(TIMEOUT):
+        bad = {"pushEvents": True, "deferred": "yes", "retryWindowMs": 5}
+        async with coalescing_lobby(bad) as (lobby, ctl):
+            event = await ctl.wait_for(lambda e: e["event"] == "coalescing", "coalescing")
+            assert event["leaves"] == {**NO_LEAF, "pushEvents": True, "retryWindowMs": 5}
+            problems = await Fences(lobby, ctl).problems()
+            assert len(problems) == 2
+            assert "eventCoalescing.deferred" in problems[0]
+            assert "eventCoalescing.retryWindowMs" in problems[1]
+            assert await lobby.close_stdin_and_wait() == 0
+        async with coalescing_lobby("yes") as (lobby, ctl):
+            [problem] = await Fences(lobby, ctl).problems()
+            assert "eventCoalescing must be true or an object" in problem
+            assert await lobby.close_stdin_and_wait() == 0
+
+
+PLAIN_KEY = {"key": "status", "initial": True}
+DEFERRED_KEY = {"key": "K", "deferred": True, "data": {"n": 1}}
+CHANNEL_KEY = {"key": "message:m1", "channelId": "lobby:#general"}
+
+
+async def answered(ctl: LobbyControl, request: Message) -> Message:
+    """The lobby's ``response`` event for its ``request``: its answer has been checked."""
+    return await ctl.wait_for(
+        lambda e: e["event"] == "response" and e["request"]["id"] == request["id"],
+        f"the answer to {request['method']} #{request['id']}",
+    )
+
+
+async def pushed(peer: Peer, ctl: LobbyControl, event_id: str, result: Any = None) -> Message:
+    """The lobby's push/event ``event_id``, answered ``result`` (default: accepted, with the
+    outcome "first" if it carries coalesce) and checked by the lobby."""
+    push = await peer.wait_for(
+        lambda m: m.get("method") == "push/event" and m["params"]["eventId"] == event_id,
+        f"push {event_id}",
+    )
+    if result is None:
+        result = {"accepted": True}
+        if "coalesce" in push["params"]:
+            result["coalesce"] = {"outcome": "first"}
+    await peer.answer(push, result)
+    await answered(ctl, push)
+    return push["params"]
+
+
+@pytest.mark.parametrize(
+    ("advertised", "carried", "withheld"),
+    [
+        (True, ["p1", "p2", "p3", "p4"], {}),
+        (
+            {"pushEvents": True},
+            ["p1", "p4"],
+            {"p2": ["deferred"], "p3": ["channelScopedPush"]},
+        ),
+        (
+            {"channelsIncoming": True, "deferred": True, "channelScopedPush": True},
+            ["p4"],
+            {"p1": ["pushEvents"], "p2": ["pushEvents"], "p3": ["pushEvents"]},
+        ),
+        (
+            ABSENT,
+            ["p4"],
+            {
+                "p1": ["pushEvents"],
+                "p2": ["pushEvents", "deferred"],
+                "p3": ["pushEvents", "channelScopedPush"],
+            },
+        ),
+    ],
+    ids=["true", "push-only", "no-push", "absent"],
+)
+async def test_coalesce_push_is_sent_only_when_advertised_or_forced(
+    advertised: Any, carried: list[str], withheld: dict[str, list[str]]
+) -> None:
+    with trio.fail_after(TIMEOUT):
+        async with coalescing_lobby(advertised) as (lobby, ctl):
+            sent = {"p1": PLAIN_KEY, "p2": DEFERRED_KEY, "p3": CHANNEL_KEY, "p4": DEFERRED_KEY}
+            for event_id, coalesce in sent.items():
+                cmd = {"cmd": "push", "eventId": event_id, "text": "x", "coalesce": coalesce}
+                if event_id == "p4":
+                    cmd["force"] = True
+                ctl.send(cmd)
+            for event_id, coalesce in sent.items():
+                params = await pushed(lobby, ctl, event_id)
+                assert params["payload"]["content"] == text("x")
+                if event_id in carried:
+                    assert params["coalesce"] == coalesce
+                else:
+                    assert "coalesce" not in params
+            events = [e for e in ctl.events if e["event"] == "coalesce_withheld"]
+            assert {e["eventId"]: e["missing"] for e in events} == withheld
+            assert all(e["method"] == "push/event" for e in events)
+            assert all(e["coalesce"] == sent[e["eventId"]] for e in events)
+            # A bad coalesce or force is refused as a problem, nothing is sent.
+            mark = ctl.mark()
+            ctl.send({"cmd": "push", "eventId": "bad1", "text": "x", "coalesce": "status"})
+            ctl.send({"cmd": "push", "eventId": "bad2", "text": "x", "coalesce": {}, "force": 1})
+            problems = await command_errors(lobby, ctl, mark, 2)
+            assert "coalesce must be an object" in problems[0]
+            assert "force must be a boolean" in problems[1]
+            assert not any(m.get("method") == "push/event" for m in lobby.inbox)
+            assert await lobby.close_stdin_and_wait() == 0
+
+
+async def test_share_carries_coalesce_when_advertised() -> None:
+    with trio.fail_after(TIMEOUT):
+        async with open_control_listener() as listener, trio.open_nursery() as nursery:
+            options = LobbyOptions(script="none", files=True, control_connect=listener.address)
+            port = await nursery.start(serve_ws, "127.0.0.1", 0, options)
+            for advertised, carried in ((True, True), ({"deferred": True}, False)):
+                async with ws_peer(f"ws://127.0.0.1:{port}") as peer:
+                    ctl = await listener.accept()
+                    await peer.handshake(init_params=init_with(advertised))
+                    await ctl.wait_for(lambda e: e["event"] == "ready", "ready")
+                    coalesce = {"key": "board", "initial": True}
+                    cmd = {"cmd": "share", "file": "board.png", "eventId": "s1"}
+                    ctl.send({**cmd, "coalesce": coalesce})
+                    params = await pushed(peer, ctl, "s1")
+                    assert params["payload"]["content"][1]["type"] == "resource"
+                    assert ("coalesce" in params) is carried
+                    ctl.send({**cmd, "eventId": "s2", "coalesce": coalesce, "force": True})
+                    assert (await pushed(peer, ctl, "s2"))["coalesce"] == coalesce
+                    await ctl.aclose()
+            nursery.cancel_scope.cancel()
+
+
+def notice(event_id: str, second: int, data: Any = ABSENT) -> Message:
+    n: Message = {"eventId": event_id, "timestamp": f"2026-10-06T12:00:{second:02d}.000Z"}
+    if data is not ABSENT:
+        n["data"] = data
+    return n
+
+
+def render_params(**changes: Any) -> Message:
+    """A well-formed push/render request for two notices; ``changes`` replace or add members."""
+    params: Message = {
+        "featureSet": "lobby.events",
+        "key": "K",
+        "eventId": "d2",
+        "notices": [notice("d1", 1, {"n": 1}), notice("d2", 2, {"n": 2})],
+        "dropped": 0,
+    }
+    params.update(changes)
+    return {k: v for k, v in params.items() if v is not ABSENT}
+
+
+async def set_render_mode(ctl: LobbyControl, mode: str, **args: Any) -> None:
+    mark = ctl.mark()
+    ctl.send({"cmd": "render_mode", "mode": mode, **args})
+    await ctl.wait_for(lambda e: e["event"] == "render_mode", f"render mode {mode}", since=mark)
+
+
+async def test_render_modes() -> None:
+    with trio.fail_after(TIMEOUT):
+        async with coalescing_lobby(True) as (lobby, ctl):
+            fences = Fences(lobby, ctl)
+            # The default: a text summarizing the notices' data.
+            answer = await lobby.request("push/render", render_params())
+            assert answer["result"] == {"content": text('2 updates: {"n":1}, {"n":2}; 0 dropped')}
+            notices = [notice("d1", 1), notice("d2", 1, None), notice("d3", 2, "s")]
+            params = render_params(notices=notices, eventId="d3", dropped=70)
+            answer = await lobby.request("push/render", params)
+            assert answer["result"] == {"content": text('3 updates: -, null, "s"; 70 dropped')}
+
+            custom = [{"type": "text", "text": "Board: 3 moves"}]
+            await set_render_mode(ctl, "result", content=custom)
+            assert (await lobby.request("push/render", render_params()))["result"] == {
+                "content": custom
+            }
+            await set_render_mode(ctl, "empty", content=custom)
+            answer = await lobby.request("push/render", render_params())
+            assert answer["result"] == {"content": []}
+            await set_render_mode(ctl, "error")
+            answer = await lobby.request("push/render", render_params())
+            assert answer["error"]["code"] == -32603
+            assert "result" not in answer
+
+            await set_render_mode(ctl, "never")
+            never_id = await lobby.send_request("push/render", render_params())
+            assert (await lobby.request("ping"))["result"] == {}
+            assert not any(m.get("id") == never_id for m in lobby.inbox)
+
+            await set_render_mode(ctl, "slow", delaySeconds=0.5)
+            started = trio.current_time()
+            slow_id = await lobby.send_request("push/render", render_params())
+            assert (await lobby.request("ping"))["result"] == {}  # served while it waits
+            assert not any(m.get("id") == slow_id for m in lobby.inbox)
+            answer = await lobby.response_to(slow_id)
+            assert trio.current_time() - started >= 0.5
+            assert answer["result"] == {"content": text('2 updates: {"n":1}, {"n":2}; 0 dropped')}
+            assert not any(m.get("id") == never_id for m in lobby.inbox)
+
+            await ctl.wait_for(lambda e: e["event"] == "render" and e["mode"] == "slow", "slow")
+            renders = [e for e in ctl.events if e["event"] == "render"]
+            modes = ["result", "result", "result", "empty", "error", "never", "slow"]
+            assert [e["mode"] for e in renders] == modes
+            assert all(e["params"]["key"] == "K" for e in renders)
+            assert renders[0]["result"] == {
+                "content": text('2 updates: {"n":1}, {"n":2}; 0 dropped')
+            }
+            assert renders[4]["error"]["code"] == -32603
+            assert renders[6]["delaySeconds"] == 0.5
+            assert await fences.problems() == []
+            # The lobby asked for no inference while rendering.
+            assert not any(m.get("method") == "inference/request" for m in lobby.inbox)
+
+            mark = ctl.mark()
+            for bad in (
+                {"mode": "later"},
+                {"mode": "result", "content": "text"},
+                {"mode": "slow", "delaySeconds": -1},
+                {"mode": "slow", "delaySeconds": True},
+            ):
+                ctl.send({"cmd": "render_mode", **bad})
+            problems = await command_errors(lobby, ctl, mark, 4)
+            assert all("bad control command" in p and "render_mode" in p for p in problems)
+            # Still in the slow mode.
+            await lobby.send_request("push/render", render_params())
+            render = await ctl.wait_for(lambda e: e["event"] == "render", "render", since=mark)
+            assert render["mode"] == "slow"
+            assert await lobby.close_stdin_and_wait() == 0
+
+
+async def test_render_params_are_validated() -> None:
+    with trio.fail_after(TIMEOUT):
+        async with coalescing_lobby(True) as (lobby, ctl):
+            fences = Fences(lobby, ctl)
+            await lobby.request("push/render", render_params(channelId="lobby:#general"))
+            assert await fences.problems() == []
+            cases = [
+                (render_params(key=ABSENT), "no key"),
+                (render_params(key=""), "key must be a non-empty string"),
+                (render_params(key="k" * 257), "longer than 256 bytes"),
+                (
+                    render_params(notices=[notice("d1", 2), notice("d2", 1)]),
+                    "not oldest first",
+                ),
+                (render_params(dropped=1.5), "dropped must be a non-negative integer"),
+                (render_params(dropped="0"), "dropped must be a non-negative integer"),
+                (render_params(eventId="d1"), "not the latest notice's"),
+                (
+                    render_params(notices=[{"eventId": "d2", "timestamp": "soon"}]),
+                    "unreadable timestamp",
+                ),
+                (render_params(notices=[]), "notices must be a non-empty list"),
+                (render_params(channelId="lobby:#nowhere"), "unknown channel"),
+                (render_params(featureSet=7), "featureSet"),
+            ]
+            for params, expected in cases:
+                answer = await lobby.request("push/render", params)
+                assert "result" in answer  # still answered as the mode says
+                [problem] = await fences.problems()
+                assert problem.startswith("push/render: ") and expected in problem, problem
+            assert await lobby.close_stdin_and_wait() == 0
+
+        # A host that advertised no deferred mode, or did not grant pushEvents, renders nothing.
+        async with coalescing_lobby({"pushEvents": True}) as (lobby, ctl):
+            await lobby.request("push/render", render_params())
+            [problem] = await Fences(lobby, ctl).problems()
+            assert "did not advertise eventCoalescing.deferred" in problem
+            assert await lobby.close_stdin_and_wait() == 0
+        update = {"effectiveCapabilities": [c for c in ALL_CAPS if c != "pushEvents"]}
+        async with coalescing_lobby(True, update=update) as (lobby, ctl):
+            await lobby.request("push/render", render_params())
+            [problem] = await Fences(lobby, ctl).problems()
+            assert "pushEvents grant" in problem
+            assert await lobby.close_stdin_and_wait() == 0
+
+
+async def test_render_is_mcpl_only() -> None:
+    with trio.fail_after(TIMEOUT):
+        async with lobby_process("--mcp-only") as lobby:
+            await lobby.request("initialize", init_with(True))
+            await lobby.notify("notifications/initialized")
+            answer = await lobby.request("push/render", render_params())
+            assert answer["error"]["code"] == -32601
+            register = await lobby.server_request("channels/register")
+            await lobby.answer(register, registered(register))
+            assert await lobby.close_stdin_and_wait() == 0
+
+
+async def incoming_sent(lobby: Lobby, ctl: LobbyControl, results: list[Message]) -> list[Message]:
+    """The lobby's next channels/incoming, answered ``{"results": results}`` and checked by the
+    lobby; its messages."""
+    incoming = await lobby.server_request("channels/incoming")
+    await lobby.answer(incoming, {"results": results})
+    await answered(ctl, incoming)
+    return incoming["params"]["messages"]
+
+
+async def test_incoming_with_event_id_and_coalesce() -> None:
+    with trio.fail_after(TIMEOUT):
+        async with coalescing_lobby(True) as (lobby, ctl):
+            fences = Fences(lobby, ctl)
+            key = {"key": "message:m1"}
+            base = {"cmd": "incoming", "channelId": "lobby:#general", "messageId": "m1"}
+            ctl.send({**base, "text": "hi", "eventId": "ev1", "coalesce": key})
+            first = {"outcome": "first"}
+            [message] = await incoming_sent(
+                lobby, ctl, [{"messageId": "m1", "accepted": True, "coalesce": first}]
+            )
+            assert message["eventId"] == "ev1" and message["coalesce"] == key
+            assert message["messageId"] == "m1" and message["content"] == text("hi")
+            # An edit: a new occurrence of the same message, same key.
+            ctl.send({**base, "text": "hi all", "eventId": "ev2", "coalesce": key})
+            replaced = {"outcome": "replaced", "priorEventId": "ev1"}
+            result = {"messageId": "m1", "accepted": True, "coalesce": replaced}
+            [edit] = await incoming_sent(lobby, ctl, [result])
+            assert (edit["eventId"], edit["messageId"], edit["coalesce"]) == ("ev2", "m1", key)
+            event = await ctl.wait_for(
+                lambda e: e["event"] == "response" and e["request"]["params"]["messages"] == [edit],
+                "answer to the edit",
+            )
+            assert event["response"]["result"] == {"results": [result]}
+            # A batch passes its messages through as given.
+            batch = [
+                {**message, "messageId": "m2", "eventId": "ev3", "coalesce": {"key": "message:m2"}},
+                {
+                    **message,
+                    "messageId": "m3",
+                    "eventId": "ev4",
+                    "coalesce": {"key": "message:m3", "retract": True},
+                },
+            ]
+            ctl.send({"cmd": "incoming_batch", "messages": batch})
+            results = [
+                {"messageId": "m2", "accepted": True, "coalesce": {"outcome": "first"}},
+                {"messageId": "m3", "accepted": False, "reason": "coalesce_invalid"},
+            ]
+            assert await incoming_sent(lobby, ctl, results) == batch
+            assert await fences.problems() == []
+            # An admitted coalesced message whose result has no outcome, or a bad outcome.
+            ctl.send({**base, "messageId": "m4", "text": "x", "eventId": "ev5", "coalesce": key})
+            await incoming_sent(lobby, ctl, [{"messageId": "m4", "accepted": True}])
+            ctl.send({**base, "messageId": "m5", "text": "x", "eventId": "ev6", "coalesce": key})
+            bad = {"outcome": "merged"}
+            await incoming_sent(
+                lobby, ctl, [{"messageId": "m5", "accepted": True, "coalesce": bad}]
+            )
+            problems = await fences.problems()
+            assert len(problems) == 2
+            assert "m4: admitted with coalesce, but the answer has no outcome" in problems[0]
+            assert "m5: malformed coalesce result" in problems[1]
+            # A bad eventId is refused as a problem, nothing is sent.
+            mark = ctl.mark()
+            ctl.send({**base, "text": "x", "eventId": 7})
+            [refused] = await command_errors(lobby, ctl, mark, 1)
+            assert "eventId must be a non-empty string" in refused
+            assert not any(m.get("method") == "channels/incoming" for m in lobby.inbox)
+            assert await lobby.close_stdin_and_wait() == 0
+            stderr = lobby.stderr_text()
+            assert "m1=ok (coalesce first)" in stderr
+            assert "m1=ok (coalesce replaced, prior ev1)" in stderr
+            assert "m3=coalesce_invalid" in stderr
+
+
+async def test_incoming_coalesce_withheld_unless_advertised_or_forced() -> None:
+    with trio.fail_after(TIMEOUT):
+        async with coalescing_lobby({"pushEvents": True}) as (lobby, ctl):
+            fences = Fences(lobby, ctl)
+            key = {"key": "message:m1"}
+            base = {"cmd": "incoming", "channelId": "lobby:#general", "messageId": "m1"}
+            ctl.send({**base, "text": "hi", "eventId": "ev1", "coalesce": key})
+            ok = [{"messageId": "m1", "accepted": True}]
+            [message] = await incoming_sent(lobby, ctl, ok)
+            assert message["eventId"] == "ev1" and "coalesce" not in message
+            withheld = await ctl.wait_for(
+                lambda e: e["event"] == "coalesce_withheld", "withheld incoming"
+            )
+            assert withheld == {
+                "event": "coalesce_withheld",
+                "method": "channels/incoming",
+                "eventId": "ev1",
+                "messageId": "m1",
+                "coalesce": key,
+                "missing": ["channelsIncoming"],
+            }
+            ctl.send({**base, "text": "hi", "eventId": "ev2", "coalesce": key, "force": True})
+            [forced] = await incoming_sent(lobby, ctl, ok)
+            assert forced["coalesce"] == key
+            batch = [{**message, "coalesce": key}, {**message, "messageId": "m2"}]
+            ctl.send({"cmd": "incoming_batch", "messages": batch})
+            two = [*ok, {"messageId": "m2", "accepted": True}]
+            assert await incoming_sent(lobby, ctl, two) == [message, batch[1]]
+            ctl.send({"cmd": "incoming_batch", "messages": batch, "force": True})
+            assert await incoming_sent(lobby, ctl, two) == batch
+            # The host advertised no coalescing on this lane: no outcome is no problem.
+            assert await fences.problems() == []
+            assert await lobby.close_stdin_and_wait() == 0
+
+
+async def test_push_response_carries_the_coalesce_result() -> None:
+    with trio.fail_after(TIMEOUT):
+        async with coalescing_lobby(True) as (lobby, ctl):
+            fences = Fences(lobby, ctl)
+            results = {
+                "c1": {"accepted": True, "coalesce": {"outcome": "replaced", "priorEventId": "c0"}},
+                "c2": {"accepted": True, "coalesce": {"outcome": "first"}},
+                "c3": {"accepted": False, "reason": "feature_set_disabled"},
+            }
+            for event_id, result in results.items():
+                ctl.send({"cmd": "push", "eventId": event_id, "text": "x", "coalesce": PLAIN_KEY})
+                await pushed(lobby, ctl, event_id, result)
+                event = await ctl.wait_for(
+                    is_response_to("push/event", "eventId", event_id), event_id
+                )
+                assert event["response"]["result"] == result
+                assert event["request"]["params"]["coalesce"] == PLAIN_KEY
+            assert await fences.problems() == []
+            for event_id, result in (
+                ("c4", {"accepted": True}),
+                ("c5", {"accepted": True, "coalesce": {"outcome": "merged"}}),
+                ("c6", {"accepted": True, "coalesce": {"outcome": "first", "priorEventId": 3}}),
+            ):
+                ctl.send({"cmd": "push", "eventId": event_id, "text": "x", "coalesce": PLAIN_KEY})
+                await pushed(lobby, ctl, event_id, result)  # its answer checked
+            problems = await fences.problems()
+            assert len(problems) == 3
+            assert (
+                "push/event c4: admitted with coalesce, but the answer has no outcome"
+                in problems[0]
+            )
+            assert "push/event c5: malformed coalesce result" in problems[1]
+            assert "push/event c6: malformed coalesce result" in problems[2]
+            assert await lobby.close_stdin_and_wait() == 0
+            stderr = lobby.stderr_text()
+            assert "push/event c1: accepted (coalesce replaced, prior c0)" in stderr
+            assert "push/event c2: accepted (coalesce first)" in stderr
 
 
 # ---- websockets -------------------------------------------------------------------------------
