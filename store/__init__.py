@@ -11,11 +11,13 @@ from store.records import (
     ROLES,
     Append,
     AppendResult,
+    JournalEntry,
     MessageRecord,
     Op,
     OpResult,
     Outcome,
     PutState,
+    TrimJournal,
 )
 from store.sqlite import DB_FILENAME, SCHEMA_VERSION, Database, Reader, connect, db_path
 from store.writer import Done, GroupCommitWriter, WriterStats
@@ -30,6 +32,7 @@ __all__ = [
     "Database",
     "Done",
     "GroupCommitWriter",
+    "JournalEntry",
     "MessageRecord",
     "Op",
     "OpResult",
@@ -39,6 +42,7 @@ __all__ = [
     "StoreClosed",
     "StoreError",
     "StoreFull",
+    "TrimJournal",
     "WriterStats",
     "body_text",
     "connect",

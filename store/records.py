@@ -1,9 +1,27 @@
 """Immutable records and write operations handled by the store.
 
-A write is one *op*: :class:`Append` (messages, optionally guarded by a dedupe key) or
-:class:`PutState` (small key-value state for host actors). Each op is applied atomically and yields
-one result: :class:`AppendResult` for an append, ``None`` for a state write, or a
-:class:`~store.errors.StoreError` instance when that op alone failed.
+A write is one *op*: :class:`Append` (messages and journal entries, optionally guarded by a dedupe
+key), :class:`PutState` (small key-value state for host actors) or :class:`TrimJournal`. Each op
+is applied atomically and yields one result: :class:`AppendResult` for an append, ``None`` for a
+state write or a trim, or a :class:`~store.errors.StoreError` instance when that op alone failed.
+
+The journal
+    An append-only command log in named *streams* (for example the state of RFC-006 event
+    coalescing, :mod:`protocol.coalesce`). An :class:`Append` carries the :class:`JournalEntry`
+    values of one transition next to the messages that transition stores; both are committed in
+    the same transaction, so after a crash an entry exists exactly when its messages do. The
+    entries are written only when the append is applied: a dedupe hit skips its entries with its
+    messages, so a retried transition is never journaled twice. An append may carry entries and
+    no message (a transition that stores nothing). Each entry gets a ``seq`` that increases with
+    every entry written and is never reused, even after a trim;
+    :meth:`~store.sqlite.Reader.journal` reads a stream back oldest first, for replay.
+
+    Bound: the journal grows by every journaled transition and nothing removes rows on its own.
+    The host compacts a stream by appending a snapshot record (one entry that replays to the
+    whole state, :meth:`protocol.coalesce.Coalescer.snapshot`), reading back that entry's seq
+    once the append is acknowledged, and then applying ``TrimJournal(stream, before_seq=seq)``,
+    which deletes every older row of that stream in one transaction. A crash between the two
+    leaves the older rows in place, and replaying them before the snapshot gives the same state.
 """
 
 from __future__ import annotations
@@ -93,13 +111,22 @@ def _dedupe_key(_inst: object, _attribute: attrs.Attribute[Any], value: object) 
         raise ValueError(f"dedupe must be None or (kind, server_id, key) strings, got {value!r}")
 
 
+@attrs.frozen
+class JournalEntry:
+    """One journal record (any CBOR-encodable mapping) for the stream ``stream``."""
+
+    stream: str = attrs.field(validator=_non_empty_str)
+    record: Mapping[str, Any] = attrs.field(validator=_mapping)
+
+
 @attrs.frozen(kw_only=True)
 class Append:
-    """Store ``records`` in one transaction.
+    """Store ``records`` and then ``journal`` (in order) in one transaction.
 
     With ``dedupe = (kind, server_id, key)`` the key is recorded in the same transaction, and an
-    op whose key is already present writes nothing (result ``AppendResult(stored=False)``). A
-    record whose ``id`` is already stored fails the op, and only that op.
+    op whose key is already present writes nothing, journal entries included (result
+    ``AppendResult(stored=False)``). A record whose ``id`` is already stored, or an entry that
+    cannot be encoded, fails the op, and only that op. ``records`` may be empty.
     """
 
     records: tuple[MessageRecord, ...] = attrs.field(
@@ -109,6 +136,13 @@ class Append:
         )
     )
     dedupe: tuple[str, str, str] | None = attrs.field(default=None, validator=_dedupe_key)
+    journal: tuple[JournalEntry, ...] = attrs.field(
+        default=(),
+        validator=attrs.validators.deep_iterable(
+            member_validator=attrs.validators.instance_of(JournalEntry),
+            iterable_validator=attrs.validators.instance_of(tuple),
+        ),
+    )
 
 
 @attrs.frozen(kw_only=True)
@@ -127,8 +161,22 @@ class PutState:
     value: Any
 
 
+def _seq_bound(_inst: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{attribute.name} must be an int >= 0, got {value!r}")
+
+
+@attrs.frozen(kw_only=True)
+class TrimJournal:
+    """Delete, in one transaction, every journal row of ``stream`` whose seq is below
+    ``before_seq`` (the row at ``before_seq`` itself is kept). Other streams are untouched."""
+
+    stream: str = attrs.field(validator=_non_empty_str)
+    before_seq: int = attrs.field(validator=_seq_bound)
+
+
 #: A write operation.
-Op: TypeAlias = Append | PutState
+Op: TypeAlias = Append | PutState | TrimJournal
 #: What a successful op yields.
 OpResult: TypeAlias = AppendResult | None
 #: What an op yields in a batch: its result, or the error that failed it alone.

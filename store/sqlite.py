@@ -4,6 +4,10 @@ One file, ``<data_dir>/store.sqlite3``, in WAL mode with ``synchronous=FULL``: a
 transaction is on disk when the commit returns. Only the writer thread (see
 :mod:`store.writer`) uses :class:`Database`; :class:`Reader` has its own connection and may be
 used from any thread.
+
+Schema versions: 1 had ``meta``, ``messages``, ``dedupe`` and ``state``; 2 adds ``journal`` (see
+:mod:`store.records` for what it holds and how it is kept bounded). Opening a store of an older
+version upgrades it in place, in one transaction; a newer version is refused.
 """
 
 from __future__ import annotations
@@ -19,12 +23,21 @@ from typing import Any
 from store.bodytext import body_text, text_matcher
 from store.codec import decode_body, decode_value, encode_body, encode_value
 from store.errors import CorruptRecord, StoreClosed, StoreError
-from store.records import Append, AppendResult, Op, OpResult, Outcome, PutState
+from store.records import (
+    Append,
+    AppendResult,
+    JournalEntry,
+    Op,
+    OpResult,
+    Outcome,
+    PutState,
+    TrimJournal,
+)
 
 #: File name of the store inside the data directory.
 DB_FILENAME = "store.sqlite3"
 #: Version of the schema below, kept in the ``meta`` table.
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 #: How long a connection waits for another connection's lock, in seconds.
 BUSY_TIMEOUT = 30.0
 
@@ -41,6 +54,14 @@ _SCHEMA = (
     " namespace TEXT NOT NULL, key TEXT NOT NULL, value BLOB NOT NULL,"
     " PRIMARY KEY (namespace, key)) WITHOUT ROWID",
 )
+#: Version 1 to 2: the journal. AUTOINCREMENT: a seq is never reused, even after a trim.
+_JOURNAL_SCHEMA = (
+    "CREATE TABLE IF NOT EXISTS journal ("
+    " seq INTEGER PRIMARY KEY AUTOINCREMENT, stream TEXT NOT NULL, record BLOB NOT NULL)",
+    "CREATE INDEX IF NOT EXISTS journal_stream_seq ON journal (stream, seq)",
+)
+#: The statements that bring a store of version ``v`` to ``v + 1``.
+_UPGRADES: dict[int, tuple[str, ...]] = {1: _JOURNAL_SCHEMA}
 
 
 def db_path(data_dir: str | os.PathLike[str]) -> Path:
@@ -60,15 +81,26 @@ def _schema_version(conn: sqlite3.Connection) -> int | None:
 
 def _ensure_schema(conn: sqlite3.Connection) -> None:
     version = _schema_version(conn)
-    if version is None:
+    if version is None or version in _UPGRADES:
         conn.execute("BEGIN IMMEDIATE")
         try:
-            for statement in _SCHEMA:
-                conn.execute(statement)
-            conn.execute(
-                "INSERT OR IGNORE INTO meta (key, value) VALUES ('schema_version', ?)",
-                (str(SCHEMA_VERSION),),
-            )
+            # Read again under the write lock: another connection may have got here first.
+            version = _schema_version(conn)
+            if version is None:
+                for statement in (*_SCHEMA, *_JOURNAL_SCHEMA):
+                    conn.execute(statement)
+                conn.execute(
+                    "INSERT OR IGNORE INTO meta (key, value) VALUES ('schema_version', ?)",
+                    (str(SCHEMA_VERSION),),
+                )
+            elif version in _UPGRADES:
+                while version in _UPGRADES:
+                    for statement in _UPGRADES[version]:
+                        conn.execute(statement)
+                    version += 1
+                conn.execute(
+                    "UPDATE meta SET value = ? WHERE key = 'schema_version'", (str(version),)
+                )
             conn.execute("COMMIT")
         except BaseException:
             if conn.in_transaction:
@@ -213,9 +245,17 @@ def _apply_bulk(conn: sqlite3.Connection, ops: Sequence[Op]) -> list[Outcome]:
     outcomes: list[Outcome] = []
     new_keys: list[tuple[str, str, str]] = []
     rows: list[tuple[str, str, str, float, bytes]] = []
+    entries: list[tuple[str, bytes]] = []
     for op in ops:
         if isinstance(op, PutState):
             _put_state(conn, op)
+            outcomes.append(None)
+            continue
+        if isinstance(op, TrimJournal):
+            # The entries of earlier ops in the batch must exist before they can be trimmed.
+            _insert_rows(conn, _JOURNAL_TARGET, 2, entries)
+            entries.clear()
+            _trim_journal(conn, op)
             outcomes.append(None)
             continue
         if not isinstance(op, Append):
@@ -229,7 +269,9 @@ def _apply_bulk(conn: sqlite3.Connection, ops: Sequence[Op]) -> list[Outcome]:
         for r in op.records:
             body = encode_body(r.blocks, r.metadata)
             rows.append((r.id, r.agent, r.role, float(r.created_at), body))
+        entries.extend(_journal_row(entry) for entry in op.journal)
         outcomes.append(_STORED)
+    _insert_rows(conn, _JOURNAL_TARGET, 2, entries)
     try:
         _insert_rows(conn, "dedupe (kind, server, key)", 3, new_keys)
         _insert_rows(conn, "messages (id, agent, role, created_at, body)", 5, rows)
@@ -237,6 +279,8 @@ def _apply_bulk(conn: sqlite3.Connection, ops: Sequence[Op]) -> list[Outcome]:
         raise StoreError(f"a message id in this batch is already stored: {exc}") from exc
     return outcomes
 
+
+_JOURNAL_TARGET = "journal (stream, record)"
 
 _STORED = AppendResult(stored=True)
 _NOT_STORED = AppendResult(stored=False)
@@ -281,6 +325,9 @@ def _apply_op(conn: sqlite3.Connection, op: Op) -> OpResult:
     if isinstance(op, PutState):
         _put_state(conn, op)
         return None
+    if isinstance(op, TrimJournal):
+        _trim_journal(conn, op)
+        return None
     raise StoreError(f"not a store op: {op!r}")
 
 
@@ -300,7 +347,17 @@ def _append(conn: sqlite3.Connection, op: Append) -> AppendResult:
             )
         except sqlite3.IntegrityError as exc:
             raise StoreError(f"message id {record.id!r} is already stored") from exc
+    for entry in op.journal:
+        conn.execute("INSERT INTO journal (stream, record) VALUES (?, ?)", _journal_row(entry))
     return AppendResult(stored=True)
+
+
+def _journal_row(entry: JournalEntry) -> tuple[str, bytes]:
+    return entry.stream, encode_value(entry.record)
+
+
+def _trim_journal(conn: sqlite3.Connection, op: TrimJournal) -> None:
+    conn.execute("DELETE FROM journal WHERE stream = ? AND seq < ?", (op.stream, op.before_seq))
 
 
 def _put_state(conn: sqlite3.Connection, op: PutState) -> None:
@@ -437,6 +494,31 @@ class Reader:
             "SELECT key, value FROM state WHERE namespace = ? ORDER BY key", (namespace,)
         )
         return {key: decode_value(value) for key, value in rows}
+
+    def journal(
+        self, stream: str, after_seq: int = 0, limit: int | None = None
+    ) -> list[tuple[int, dict[str, Any]]]:
+        """``(seq, record)`` of the entries of ``stream`` with a seq above ``after_seq``, oldest
+        first; ``limit`` keeps the oldest N (read on from the last seq for the rest)."""
+        if limit is not None and limit < 0:
+            raise ValueError(f"limit must be >= 0, got {limit}")
+        sql = "SELECT seq, record FROM journal WHERE stream = ? AND seq > ? ORDER BY seq"
+        params: list[Any] = [stream, after_seq]
+        if limit is not None:
+            sql += " LIMIT ?"
+            params.append(limit)
+        entries: list[tuple[int, dict[str, Any]]] = []
+        for seq, blob in self._query(sql, params):
+            try:
+                record = decode_value(blob)
+            except CorruptRecord as exc:
+                raise CorruptRecord(f"journal entry {seq} of {stream!r}: {exc}") from exc
+            if not isinstance(record, dict):
+                raise CorruptRecord(
+                    f"journal entry {seq} of {stream!r} is {type(record).__name__}, not a map"
+                )
+            entries.append((int(seq), record))
+        return entries
 
     def has_dedupe(self, kind: str, server: str, key: str) -> bool:
         rows = self._query(

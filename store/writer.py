@@ -22,7 +22,7 @@ from pathlib import Path
 import attrs
 
 from store.errors import StoreClosed, StoreError, StoreFull
-from store.records import Append, Op, Outcome, PutState
+from store.records import Append, Op, Outcome, PutState, TrimJournal
 from store.sqlite import Database
 
 log = logging.getLogger(__name__)
@@ -94,7 +94,7 @@ class GroupCommitWriter:
         Raises :class:`StoreFull` when ``max_queue`` ops are waiting and :class:`StoreClosed`
         after :meth:`close`; in both cases ``done`` will not be called.
         """
-        if not isinstance(op, Append | PutState):
+        if not isinstance(op, Append | PutState | TrimJournal):
             raise TypeError(f"not a store op: {op!r}")
         with self._cond:
             if self._closing:
@@ -111,7 +111,7 @@ class GroupCommitWriter:
         :class:`StoreClosed` after :meth:`close`; then no ``done`` will be called.
         """
         for op, _ in items:
-            if not isinstance(op, Append | PutState):
+            if not isinstance(op, Append | PutState | TrimJournal):
                 raise TypeError(f"not a store op: {op!r}")
         with self._cond:
             if self._closing:
