@@ -31,6 +31,7 @@ from protocol.state import Recorded, read_rollback_result, rollback_params, roll
 from store import Append, MessageRecord, PutState
 
 from .channel import new_id
+from .coalescer import Assembled, is_hidden_marker
 from .config import AgentConfig, load_gate
 from .context import HostContext
 from .errors import ActorDied, MailboxFull
@@ -619,7 +620,17 @@ class AgentActor(Actor):
             self._tail, self._seen_seq = ContextTail(self.cfg.context_tokens), 0
             return await self._context()
         self._seen_seq = seen
-        rendered = [render_for_model(m) for m in _live(fresh)]
+        live = _live(fresh)
+        occurrences = tuple(
+            o for m in live if isinstance(o := m["metadata"].get("occurrence"), str)
+        )
+        if occurrences and self.ctx.coalescer is not None:
+            # read now: these are consumed for this agent, and any replaced meanwhile is left out
+            hidden = await self.ctx.coalescer.ask(
+                Assembled(context=self.cfg.name, occurrences=occurrences), timeout=60
+            )
+            live = [m for m in live if m["metadata"].get("occurrence") not in hidden]
+        rendered = [render_for_model(m) for m in live]
         for m in rendered:
             m["tokens"] = estimate_tokens(m)
         self._tail.extend(rendered)
@@ -905,9 +916,18 @@ def _is_rollback(message: Mapping[str, Any]) -> bool:
 
 def _live(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The messages still in context: no rollback marker, and nothing a marker among them set
-    aside (a marker only sets aside older messages, so the markers of the list are enough)."""
+    aside (a marker only sets aside older messages, so the markers of the list are enough);
+    no marker of a coalesced item hidden before it was read, nor that item."""
     hidden = {i for m in messages if _is_rollback(m) for i in m["metadata"].get("set_aside", ())}
-    return [m for m in messages if not _is_rollback(m) and m["id"] not in hidden]
+    replaced = {m["metadata"].get("occurrence") for m in messages if is_hidden_marker(m)}
+    return [
+        m
+        for m in messages
+        if not _is_rollback(m)
+        and m["id"] not in hidden
+        and not is_hidden_marker(m)
+        and (not replaced or m["metadata"].get("occurrence") not in replaced)
+    ]
 
 
 def _place(

@@ -24,6 +24,7 @@ from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any
 
+from protocol.coalesce import Append as AppendEffect
 from protocol.content import ContentError, convert_blocks
 from protocol.digests import body_digest
 from protocol.errors import INVALID_PARAMS, METHOD_NOT_FOUND, RpcError
@@ -47,6 +48,7 @@ from protocol.source import (
 from protocol.tags import expand_tags, is_addressed
 from store import Append, MessageRecord, PutState
 
+from .coalescer import Admit
 from .context import HostContext
 from .errors import ActorDied, AskTimeout, MailboxFull, NotConnected
 from .kernel import Actor, Reply
@@ -72,6 +74,7 @@ REFUSALS = {
     "unresolved": "the channel is not registered",
 }
 WAKE_TEXT_CHARS = 2000  # what a wake carries of the body, for the gate's filters
+COALESCE_ASK_S = 60.0  # the coalescer's answer (its store write is submitted, not awaited)
 
 
 def _wake_text(blocks: list[dict[str, Any]]) -> str:
@@ -87,6 +90,7 @@ OPEN_STATE_NS = "channel_open"
 MAX_RECEIPTS = 1024  # publish receipts kept for echo detection; oldest forgotten first
 MAX_DEFERRED = 64  # ingest batches waiting for a publish receipt; past it: taken at once
 MAX_LABELS = 32  # label history; oldest forgotten first
+MAX_SUBJECT_THREADS = 4096  # coalescing subjects whose thread is known; least recent forgotten
 
 
 _ID_PREFIX = secrets.token_hex(4)  # per process, so ids never repeat across restarts
@@ -115,6 +119,8 @@ class ChannelActor(Actor):
         self._publishing = 0
         self._flushing = False
         self._deferred: list[tuple[IngestBatch, Reply]] = []
+        # RFC-006 subjects of this channel (their key) and the thread each lives in
+        self._subject_threads: OrderedDict[str, str | None] = OrderedDict()
 
     @property
     def place(self) -> str | None:
@@ -155,7 +161,7 @@ class ChannelActor(Actor):
                 self._deferred.append((msg, reply))
                 return
         if isinstance(msg, IngestBatch):
-            reply.value(await self._ingest_batch(msg.items, msg.accepted_at))
+            reply.value(await self._ingest_batch(msg.items, msg.accepted_at, msg.specs))
         elif isinstance(msg, Register):
             self._register(msg.descriptor)
             reply.value(None)
@@ -204,9 +210,12 @@ class ChannelActor(Actor):
 
     # -- ingest -----------------------------------------------------------------------------
     async def _ingest_batch(
-        self, items: tuple[Any, ...], accepted_at: str
+        self, items: tuple[Any, ...], accepted_at: str, specs: tuple[Any, ...] = ()
     ) -> list[Prepared | RpcError]:
-        """Convert every item, then hand all the writes to the store at once."""
+        """Convert every item, then hand all the writes to the store at once; a coalesced item
+        (RFC-006, with its ``CoalesceSpec`` in ``specs``) goes through the coalescer, which
+        decides what of it is stored."""
+        specs = specs or (None,) * len(items)
         built: list[tuple[Append, tuple[Any, ...]] | RpcError] = []
         now = time.time()
         converted: list[list[dict[str, Any]] | RpcError] = []
@@ -216,19 +225,61 @@ class ChannelActor(Actor):
             except RpcError as exc:
                 converted.append(exc)
         converted = await self._bind_references(converted)
-        for msg, blocks in zip(items, converted, strict=True):
+        for msg, blocks, spec in zip(items, converted, specs, strict=True):
             if isinstance(blocks, RpcError):
                 built.append(blocks)
                 continue
-            built.append(self._ingest(msg, blocks, now, accepted_at))
-        ops = [b[0] for b in built if not isinstance(b, RpcError)]
-        futures = iter(await self.ctx.store.submit_many(ops))
-        return [
-            b
-            if isinstance(b, RpcError)
-            else Prepared(future=next(futures), blocks=b[1][0], wakes=b[1][1], author=b[1][2])
-            for b in built
+            built.append(self._ingest(msg, blocks, now, accepted_at, spec))
+        ops = [
+            b[0]
+            for b, spec in zip(built, specs, strict=True)
+            if not isinstance(b, RpcError)
+            if spec is None
         ]
+        futures = iter(await self.ctx.store.submit_many(ops)) if ops else iter(())
+        out: list[Prepared | RpcError] = []
+        for b, spec, msg in zip(built, specs, items, strict=True):
+            if isinstance(b, RpcError):
+                out.append(b)
+            elif spec is None:
+                out.append(
+                    Prepared(future=next(futures), blocks=b[1][0], wakes=b[1][1], author=b[1][2])
+                )
+            else:
+                out.append(await self._coalesce(msg, spec, *b))
+        return out
+
+    async def _coalesce(
+        self, msg: IncomingMessage | PushEvent, spec: Any, op: Append, rest: tuple[Any, ...]
+    ) -> Prepared:
+        """Admit one coalesced item through the coalescer: it is stored (and wakes) only if the
+        coalescer appends it; the answer carries the RFC-006 result."""
+        blocks, wakes, author = rest
+        occurrence = op.records[0].metadata["occurrence"] if op.records else ""
+        step, future = await self.ctx.coalescer.ask(
+            Admit(
+                spec=spec,
+                binding=self.ctx.binding(self.sid),
+                occurrence=occurrence,
+                contexts=tuple(r.agent for r in op.records),
+                records=op.records,
+                dedupe=op.dedupe,
+                feature_set=msg.feature_set if isinstance(msg, PushEvent) else None,
+                channel_id=self.cid,
+                content=tuple(blocks),
+            ),
+            timeout=COALESCE_ASK_S,
+        )
+        appended = any(
+            isinstance(e, AppendEffect) and e.occurrence == occurrence for e in step.effects
+        )
+        return Prepared(
+            future=future,
+            blocks=blocks,
+            wakes=wakes if appended else (),
+            author=author,
+            coalesce=step.result(),
+        )
 
     def _convert(self, msg: IncomingMessage | PushEvent) -> list[dict[str, Any]]:
         """The item's content converted, naming this channel's server as its sender."""
@@ -259,6 +310,7 @@ class ChannelActor(Actor):
         blocks: list[dict[str, Any]],
         now: float,
         accepted_at: str,
+        spec: Any = None,
     ) -> tuple[Append, tuple[Any, ...]]:
         """The write of one item, and (blocks, wakes, author) for its ``Prepared``."""
         hearers = self.hearers
@@ -280,6 +332,8 @@ class ChannelActor(Actor):
             if m.metadata:
                 meta["adapter_metadata"] = dict(m.metadata)
             dedupe = ("incoming", self.sid, f"{self.cid}\x00{m.message_id}")
+            if spec is not None:  # an edit keeps its messageId: the occurrence is its eventId
+                dedupe = ("incoming", self.sid, f"{self.cid}\x00{m.message_id}\x00{spec.event_id}")
             author = m.author.name or m.author.id
             source_message: str | None = m.message_id
             reply_to = m.reply_to
@@ -306,6 +360,14 @@ class ChannelActor(Actor):
             reply_to = None
             thread = e.origin.get("threadId") if e.origin and self.cid is not None else None
             thread_id = thread if isinstance(thread, str) and thread else None
+            if thread_id is None and spec is not None and spec.channel_id is not None:
+                # a correction that names no thread is delivered where its subject lives
+                thread_id = self._subject_threads.get(spec.key)
+        if spec is not None:
+            self._subject_threads[spec.key] = thread_id
+            self._subject_threads.move_to_end(spec.key)
+            while len(self._subject_threads) > MAX_SUBJECT_THREADS:
+                self._subject_threads.popitem(last=False)
         meta["inbound_source"] = {
             "lane": lane,
             "server": self.sid,
@@ -319,6 +381,9 @@ class ChannelActor(Actor):
         refs = [b["ref_id"] for b in blocks if "ref_id" in b]
         if refs:
             meta["references"] = refs
+        if spec is not None:
+            meta["occurrence"] = f"{lane}:{self.sid}:{spec.event_id}"
+            meta["coalesce_key"] = spec.key
         # The header is rendered once, from what was frozen above; the sender's text is marked
         # so that nothing in it reads as the host's own attribution (refs-and-headers F.1).
         if self.cid is None:
@@ -486,7 +551,7 @@ class ChannelActor(Actor):
             while self._deferred and not self._publishing:
                 msg, waiting = self._deferred.pop(0)
                 try:
-                    waiting.value(await self._ingest_batch(msg.items, msg.accepted_at))
+                    waiting.value(await self._ingest_batch(msg.items, msg.accepted_at, msg.specs))
                 except Exception as exc:
                     waiting.error(exc)
         finally:

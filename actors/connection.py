@@ -39,8 +39,10 @@ import trio
 
 from protocol import grants, mcpl
 from protocol import jsonrpc as rpc
+from protocol.coalesce import CoalesceInvalid, CoalesceSpec, parse_coalesce
 from protocol.errors import (
     CAPABILITY_DENIED,
+    CHANNEL_NOT_PERMITTED,
     INTERNAL_ERROR,
     INVALID_PARAMS,
     INVALID_REQUEST,
@@ -64,6 +66,7 @@ from protocol.lanes import (
 from protocol.manifest import ManifestError, manifest_digest
 from store import StoreError
 
+from .coalescer import ADVERTISED
 from .config import ServerConfig
 from .context import ChannelLimit, HostContext
 from .errors import NotConnected
@@ -946,7 +949,11 @@ class ConnectionActor(Actor):
             try:
                 chan = await self.ctx.channel(self.sid, cid)
                 results = await chan.ask(
-                    IngestBatch(items=tuple(i for _, i, _ in entries), accepted_at=accepted_at),
+                    IngestBatch(
+                        items=tuple(i for _, (i, _), _ in entries),
+                        specs=tuple(spec for _, (_, spec), _ in entries),
+                        accepted_at=accepted_at,
+                    ),
                     timeout=timeout,
                 )
             except Exception as exc:
@@ -963,18 +970,49 @@ class ConnectionActor(Actor):
                     )
         return out
 
-    def _parse_push(self, link: Link, params: Any) -> tuple[str | None, PushEvent, Trace]:
+    def _parse_push(
+        self, link: Link, params: Any
+    ) -> tuple[str | None, tuple[PushEvent, CoalesceSpec | None], Trace]:
         event = parse_push(params)  # admission already checked its feature set
         scoped = None
         claimed = (event.origin or {}).get("mcplChannelId")
         if isinstance(claimed, str) and claimed in link.channels:
             scoped = claimed
+        spec = None
+        if event.coalesce is not None:
+            spec = self._coalesce_spec(link, event)
+            if spec.channel_id is not None:
+                scoped = spec.channel_id  # channel scope is only ever named, never inferred
         trace: Trace = ("push", scoped, {"event_id": event.event_id})
-        return scoped, event, trace
+        return scoped, (event, spec), trace
+
+    def _coalesce_spec(self, link: Link, event: PushEvent) -> CoalesceSpec:
+        """A push's valid ``coalesce`` member (RFC-006), or the error refusing the push; a
+        channel-scoped one must name a channel this server registered, with
+        ``channels.incoming`` granted."""
+        parsed = parse_coalesce(
+            event.coalesce, lane="push", advertised=ADVERTISED, event_id=event.event_id
+        )
+        if isinstance(parsed, CoalesceInvalid):
+            raise RpcError(
+                code=INVALID_PARAMS,
+                message=f"Invalid params: {parsed.field}: {parsed.reason}",
+                data=parsed.error_data(),
+            )
+        cid = parsed.channel_id
+        if cid is not None and cid not in link.channels:
+            raise RpcError(code=UNKNOWN_CHANNEL, message="Unknown channel", data={"channelId": cid})
+        if cid is not None and "channels.incoming" not in link.grant:
+            raise RpcError(
+                code=CHANNEL_NOT_PERMITTED,
+                message="channels.incoming is not granted",
+                data={"channelId": cid},
+            )
+        return parsed
 
     def _parse_incoming(
         self, link: Link, params: Any, pending: Pending
-    ) -> list[tuple[str, IncomingMessage, Trace]]:
+    ) -> list[tuple[str, tuple[IncomingMessage, CoalesceSpec | None], Trace]]:
         items = []
         for raw in parse_incoming_batch(params):
             mid = raw.get("messageId") if isinstance(raw, Mapping) else None
@@ -983,6 +1021,24 @@ class ConnectionActor(Actor):
             except RpcError as exc:
                 pending.refused.append({"messageId": mid, "accepted": False, "reason": exc.message})
                 continue
+            spec = None
+            if msg.coalesce is not None:
+                parsed = parse_coalesce(
+                    msg.coalesce, lane="incoming", advertised=ADVERTISED, event_id=msg.event_id
+                )
+                if isinstance(parsed, CoalesceInvalid):
+                    self.diagnostic(
+                        f"incoming message {msg.message_id}: {parsed.field} {parsed.reason}"
+                    )
+                    pending.refused.append(
+                        {
+                            "messageId": msg.message_id,
+                            "accepted": False,
+                            "reason": "coalesce_invalid",
+                        }
+                    )
+                    continue
+                spec = parsed
             if msg.channel_id not in link.channels:
                 self.diagnostic(
                     f"incoming message {msg.message_id} for unregistered channel "
@@ -997,7 +1053,7 @@ class ConnectionActor(Actor):
                 msg.channel_id,
                 {"message_id": msg.message_id, "author": msg.author.name or msg.author.id},
             )
-            items.append((msg.channel_id, msg, trace))
+            items.append((msg.channel_id, (msg, spec), trace))
         return items
 
     async def _responder(self, link: Link) -> None:
@@ -1059,6 +1115,8 @@ class ConnectionActor(Actor):
                 entry: dict[str, Any] = {"messageId": trace[2]["message_id"], "accepted": ok}
                 if not ok:
                     entry["reason"] = "not stored; retry"
+                elif prepared.coalesce is not None:
+                    entry["coalesce"] = dict(prepared.coalesce)
                 results.append(entry)
         try:
             if pending.error is not None:
@@ -1066,7 +1124,11 @@ class ConnectionActor(Actor):
             if not pending.push:
                 return link.session.send_response(req.id, {"results": results + pending.refused})
             if all_ok:
-                return link.session.send_response(req.id, {"accepted": True})
+                answer: dict[str, Any] = {"accepted": True}
+                for prepared, _ in pending.items:
+                    if prepared.coalesce is not None:
+                        answer["coalesce"] = dict(prepared.coalesce)
+                return link.session.send_response(req.id, answer)
             err = RpcError(code=INTERNAL_ERROR, message="not stored; retry")
             return link.session.send_error(req.id, err)
         except rpc.LocalProtocolError:

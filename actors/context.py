@@ -47,6 +47,7 @@ class HostContext:
         # registry's ref.
         self.inference: Any = None
         self.references: Any = None
+        self.coalescer: Any = None  # the CoalescerActor's ref
         # Servers whose deprecated context injections were already reported (RFC-010): at most
         # one entry per configured server.
         self.injections_noticed: set[str] = set()
@@ -54,6 +55,15 @@ class HostContext:
         self.lineages = Lineages()
         # Serializes updates of the record of agents told about source headers.
         self.explained_lock = trio.Lock()
+
+    def binding(self, server_id: str) -> str:
+        """The identity of a server's binding for RFC-006 subjects: its id and where it is
+        reached, so the same id configured for another endpoint is another binding."""
+        server = self.config.server(server_id)
+        if server is None:
+            return server_id
+        where = server.endpoint or server.url or " ".join(server.command or ())
+        return f"{server_id}|{where}"
 
     def agents_hearing(self, server_id: str) -> list[str]:
         return [a.name for a in self.config.agents if a.hears(server_id)]

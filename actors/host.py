@@ -13,7 +13,8 @@ import trio
 from protocol.state import Lineages
 
 from .agent import CHECKPOINTS, AbortTurn, AgentActor, ExecuteTool, PostLocal, Rollback
-from .channel import ChannelActor
+from .channel import ChannelActor, new_id
+from .coalescer import CoalescerActor
 from .config import AgentConfig, HostConfig, load_config
 from .connection import ConnectionActor
 from .context import HostContext
@@ -74,6 +75,7 @@ class Host:
             async with trio.open_nursery() as nursery:
                 ctx.channel_nursery = nursery
                 ctx.references = await nursery.start(ReferenceRegistry(cfg, work).run)
+                ctx.coalescer = await nursery.start(CoalescerActor(ctx, new_id).run)
                 ctx.channel_factory = lambda sid, cid: ChannelActor(sid, cid, ctx)
                 for a in cfg.agents:
                     ctx.agents[a.name] = await nursery.start(AgentActor(a, models[a.name], ctx).run)

@@ -81,6 +81,7 @@ class IngestBatch:
 
     items: tuple[IncomingMessage | PushEvent, ...]
     accepted_at: str
+    specs: tuple[Any, ...] = ()  # per item, its valid RFC-006 ``CoalesceSpec`` or None
 
     @property
     def incoming(self) -> bool:
@@ -96,6 +97,7 @@ class Prepared:
     blocks: tuple[Mapping[str, Any], ...]
     wakes: tuple[tuple[str, Wake], ...] = ()
     author: str = ""
+    coalesce: Mapping[str, Any] | None = None  # the RFC-006 result, for a coalesced item
 
 
 @attrs.frozen(kw_only=True)

@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 
 import trio
 
-from store import GroupCommitWriter, Reader
+from store import AppendResult, GroupCommitWriter, Reader
 
 from .kernel import Work
 
@@ -56,6 +56,29 @@ class StoreFuture:
     async def wait_settled(self) -> None:
         """Wait until the op is committed or failed, without raising."""
         await self._batch.settled.wait()
+
+
+class SettledFuture:
+    """A ``StoreFuture`` for a write that was never needed (a retry already answered): settled
+    from the start, its result says nothing was stored."""
+
+    __slots__ = ("_result",)
+
+    def __init__(self, *, stored: bool) -> None:
+        self._result = AppendResult(stored=stored)
+
+    @property
+    def done(self) -> bool:
+        return True
+
+    def result(self) -> Any:
+        return self._result
+
+    async def wait(self) -> Any:
+        return self._result
+
+    async def wait_settled(self) -> None:
+        return None
 
 
 class _Completion:

@@ -586,6 +586,11 @@ def _json(value: Any) -> Any:
     return json.loads(json.dumps(value, allow_nan=False))
 
 
+def _json_object(value: Mapping[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = _json(value)
+    return out
+
+
 def _contexts(value: Iterable[str]) -> frozenset[str]:
     out = frozenset(value)
     if not all(isinstance(c, str) for c in out):
@@ -1228,7 +1233,8 @@ class Coalescer:
             notices=[n.wire() for n in b.notices],
             dropped=b.dropped,
         )
-        return _json(params)  # type: ignore[no-any-return]
+        out: dict[str, Any] = _json(params)
+        return out
 
     def _close(self, rec: Mapping[str, Any]) -> tuple[Subject, _Slot, _Batch]:
         subject = self._batches.pop(rec["batch"])
@@ -1377,7 +1383,7 @@ class Coalescer:
             [binding, event_id, r.outcome, r.prior, r.at, r.window]
             for (binding, event_id), r in self._receipts.items()
         ]
-        return _json(  # type: ignore[no-any-return]
+        return _json_object(
             {
                 "seq": self._seq,
                 "window_ms": self._window,

@@ -10,6 +10,8 @@ from typing import Any
 
 import attrs
 
+from protocol.coalesce import Advertisement
+
 PROTOCOL_VERSION = "2024-11-05"
 MCPL_VERSION = "0.5"
 
@@ -40,13 +42,26 @@ VOCABULARY: frozenset[str] = frozenset(
 DENIED_BY_DEFAULT: frozenset[str] = frozenset({"contextHooks.beforeInference.inject.system"})
 
 
+#: The RFC-006 coalescing this host implements: plain replacement and retraction on both lanes
+#: and channel-scoped pushes; no deferred batches.
+HOST_COALESCING = Advertisement(deferred=False)
+
+
 def host_manifest() -> dict[str, Any]:
     """What this host implements, advertised under ``capabilities.experimental.mcpl``."""
     return {
         "version": MCPL_VERSION,
         "pushEvents": True,
-        "channels": {"register": True, "publish": True, "incoming": True, "lifecycle": True},
+        "channels": {
+            "register": True,
+            "publish": True,
+            "incoming": True,
+            "lifecycle": True,
+            "streaming": True,
+            "typing": True,
+        },
         "featureSets": True,
+        "eventCoalescing": HOST_COALESCING.to_wire(),
     }
 
 

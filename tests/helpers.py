@@ -152,7 +152,7 @@ def is_header_notice(message: Mapping[str, Any]) -> bool:
 
 
 #: Host notices about an agent's own speech (stored after its turns).
-SPEECH_NOTICES = frozenset({"delivered-receipt", "speech-notice"})
+SPEECH_NOTICES = frozenset({"delivered-receipt", "speech-notice", "coalesce-hidden"})
 
 
 def is_speech_notice(message: Mapping[str, Any]) -> bool:

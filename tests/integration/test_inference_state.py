@@ -187,8 +187,6 @@ def rollbacks_received(ctl: LobbyControl) -> list[dict[str, Any]]:
     return [m["params"] for m in received(ctl, "state/rollback")]
 
 
-
-
 async def rollback_seen(ctl: LobbyControl, mark: int) -> dict[str, Any]:
     """The lobby's ``notes`` event for the rollback it handled after ``mark``."""
     return await ctl.wait_for(

@@ -383,4 +383,14 @@ def test_host_manifest_advertises_only_vocabulary_it_walks_to() -> None:
         "channels.publish",
         "channels.incoming",
         "channels.lifecycle",
+        "channels.streaming",
+        "channels.typing",
     }
+
+
+def test_host_manifest_advertises_coalescing_without_deferred_batches() -> None:
+    advertised = host_manifest()["eventCoalescing"]
+    assert advertised["pushEvents"] is advertised["channelsIncoming"] is True
+    assert advertised["channelScopedPush"] is True
+    assert advertised["deferred"] is False
+    assert advertised["retryWindowMs"] >= 3_600_000
