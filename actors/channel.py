@@ -82,6 +82,12 @@ def _wake_text(blocks: list[dict[str, Any]]) -> str:
     return text[:WAKE_TEXT_CHARS]
 
 
+def _visible(block: Mapping[str, Any]) -> bool:
+    """A block that shows something (an empty or blank text block does not): a retraction
+    whose notice shows nothing is a pure withdrawal."""
+    return block.get("type") != "text" or bool(str(block.get("text", "")).strip())
+
+
 def _now_iso() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
@@ -266,7 +272,7 @@ class ChannelActor(Actor):
                 dedupe=op.dedupe,
                 feature_set=msg.feature_set if isinstance(msg, PushEvent) else None,
                 channel_id=self.cid,
-                content=tuple(blocks),
+                content=tuple(b for b in blocks if _visible(b)),
             ),
             timeout=COALESCE_ASK_S,
         )
