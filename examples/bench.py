@@ -12,9 +12,10 @@ messages:
     answers each request and appends the same CBOR rows in batched transactions;
 (c) the raw append of those rows with ``executemany`` in one transaction.
 
-It prints messages per second for each, the ratios a/b and b/c, and mcplive's wake latency
-percentiles at an offered load of 1,000 messages per second. Figures are ratios of one run on one
-machine; nothing here is a test.
+It prints messages per second for each, the ratios a/b and b/c, mcplive's wake latency
+percentiles at an offered load of 1,000 messages per second, and the time to coalesce 300 edits
+of one message (RFC-006: each replaces the unread one before it). Figures are ratios of one run
+on one machine; nothing here is a test.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from store.codec import encode_body
 from store.sqlite import connect
 
 SERVER = [sys.executable, "-m", "examples.bench_server"]
+COALESCED = 300  # messages coalesced into one subject
 
 
 def _record(i: int, message: dict[str, Any]) -> MessageRecord:
@@ -262,6 +264,8 @@ async def measure(kind: str, messages: int) -> dict[str, Any]:
             return {"seconds": await run_thin(work, messages)}
         if kind == "c":
             return {"seconds": await trio.to_thread.run_sync(run_raw, work, messages)}
+        if kind == "coalesce":
+            return {"seconds": (await run_mcplive(work, messages, ["--closed", "--coalesce"]))[0]}
         if kind == "latency":
             rate = ["--rate", "1000", "--window", "100000"]
             _, lat = await run_mcplive(work, messages, rate, latency=True)
@@ -296,6 +300,7 @@ async def main() -> None:
             runs[key].append((await in_fresh_process(key, n))["seconds"])
     c_s = (await in_fresh_process("c", n))["seconds"]
     lat = (await in_fresh_process("latency", args.latency_messages))["latencies"]
+    coalesced = [(await in_fresh_process("coalesce", COALESCED))["seconds"] for _ in range(3)]
     a, a2, b = (n / statistics.median(runs[k]) for k in ("a", "a'", "b"))
     c = n / c_s
     print(f"messages: {n}, one per channels/incoming request, over a real stdio server")
@@ -313,6 +318,10 @@ async def main() -> None:
         f"wake latency at 1000 msg/s offered ({len(lat)} messages, agent woken): "
         f"p50 {pct(lat, 0.5) * 1000:.1f} ms, p99 {pct(lat, 0.99) * 1000:.1f} ms, "
         f"mean {statistics.fmean(lat) * 1000:.1f} ms"
+    )
+    print(
+        f"coalescing: {COALESCED} edits of one unread message (one subject), each stored and "
+        f"acknowledged: {statistics.median(coalesced):.3f} s (median of 3)"
     )
     # marking header-shaped openings is linear: a block of 320,000 bytes with 40,000 openings
     bench_marking.report("marking", [bench_marking.block(40_000)], 40_000)

@@ -3,7 +3,8 @@
 After the handshake it registers one channel, then sends ``--messages`` ``channels/incoming``
 requests, one message each, keeping at most ``--window`` unanswered (or, with ``--rate``, at that
 many per second). Each message's text carries the monotonic time it was sent (``t=<seconds>``).
-When every request is answered it writes ``BENCH sent=<n> seconds=<s>`` on stderr.
+When every request is answered it writes ``BENCH sent=<n> seconds=<s>`` on stderr. With
+``--coalesce`` every message is an edit of the same one (RFC-006: one subject).
 """
 
 from __future__ import annotations
@@ -26,6 +27,11 @@ async def main() -> None:
     p.add_argument("--window", type=int, default=256)
     p.add_argument("--rate", type=float, default=0.0)
     p.add_argument("--closed", action="store_true", help="register the channel initially closed")
+    p.add_argument(
+        "--coalesce",
+        action="store_true",
+        help="every message is an edit of one message (RFC-006: one subject, a new eventId each)",
+    )
     args = p.parse_args()
     stdin = trio.lowlevel.FdStream(sys.stdin.fileno())
     stdout = trio.lowlevel.FdStream(sys.stdout.fileno())
@@ -132,6 +138,11 @@ async def main() -> None:
                     }
                 ]
             }
+            if args.coalesce:
+                message = params["messages"][0]
+                message["messageId"] = "subject"
+                message["eventId"] = f"e{i}"
+                message["coalesce"] = {"key": "message:subject", "initial": i == 0}
             await stdout.send_all(
                 _line(
                     {"jsonrpc": "2.0", "id": i + 2, "method": "channels/incoming", "params": params}
