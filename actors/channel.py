@@ -425,7 +425,7 @@ class ChannelActor(Actor):
             if agent != author_agent
         )
         wakes = self._wakes(
-            lane, message_id, thread_id, echo, addressed, _wake_text(blocks), tags, author or None
+            lane, message_id, thread_id, echo, addressed, blocks, tags, author or None
         )
         return Append(records=records, dedupe=dedupe), (tuple(body), wakes, author)
 
@@ -466,7 +466,7 @@ class ChannelActor(Actor):
         thread_id: str | None,
         echo: bool,
         addressed: bool,
-        text: str = "",
+        blocks: list[dict[str, Any]] | None = None,
         tags: tuple[str, ...] = (),
         author: str | None = None,
     ) -> tuple[tuple[str, Wake], ...]:
@@ -484,7 +484,7 @@ class ChannelActor(Actor):
             message_id=message_id,
             thread_id=thread_id,
             addressed=addressed,
-            text=text,
+            text=_wake_text(blocks) if blocks else "",
             tags=tags,
             author=author,
             place=self.place,

@@ -111,6 +111,13 @@ def _dedupe_key(_inst: object, _attribute: attrs.Attribute[Any], value: object) 
         raise ValueError(f"dedupe must be None or (kind, server_id, key) strings, got {value!r}")
 
 
+def _journal_entries(_inst: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    if value == ():  # the common case, checked first: most appends journal nothing
+        return
+    if not isinstance(value, tuple) or not all(isinstance(e, JournalEntry) for e in value):
+        raise TypeError(f"{attribute.name} must be a tuple of JournalEntry")
+
+
 @attrs.frozen
 class JournalEntry:
     """One journal record (any CBOR-encodable mapping) for the stream ``stream``."""
@@ -136,13 +143,7 @@ class Append:
         )
     )
     dedupe: tuple[str, str, str] | None = attrs.field(default=None, validator=_dedupe_key)
-    journal: tuple[JournalEntry, ...] = attrs.field(
-        default=(),
-        validator=attrs.validators.deep_iterable(
-            member_validator=attrs.validators.instance_of(JournalEntry),
-            iterable_validator=attrs.validators.instance_of(tuple),
-        ),
-    )
+    journal: tuple[JournalEntry, ...] = attrs.field(default=(), validator=_journal_entries)
 
 
 @attrs.frozen(kw_only=True)
