@@ -1,6 +1,11 @@
 from __future__ import annotations
 
 import itertools
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -39,3 +44,44 @@ def record(
 @pytest.fixture
 def path(tmp_path: Path) -> Path:
     return db_path(tmp_path / "data")
+
+
+CHILD = Path(__file__).with_name("durability_child.py")
+REPO = Path(__file__).resolve().parents[2]
+
+
+def kill_child_after(path: Path, *args: str, acks: int, delay: float = 0.0) -> list[str]:
+    """Run ``durability_child.py path *args``, SIGKILL it ``delay`` seconds after its
+    ``acks``-th acknowledgement line, and return every acknowledgement it printed (those
+    printed after the ones read were acknowledged too)."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
+    child = subprocess.Popen(
+        [sys.executable, str(CHILD), str(path), *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
+        env=env,
+    )
+    acked: list[str] = []
+    try:
+        assert child.stdout is not None
+        while len(acked) < acks:
+            line = child.stdout.readline()
+            assert line, f"child ended early: {child.stderr.read() if child.stderr else ''}"
+            acked.append(line.strip())
+        if delay:
+            time.sleep(delay)
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+        assert child.returncode == -signal.SIGKILL
+        acked.extend(line.strip() for line in child.stdout if line.endswith("\n"))
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+        for stream in (child.stdout, child.stderr):
+            if stream is not None:
+                stream.close()
+    return acked

@@ -1,15 +1,13 @@
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
 from collections import Counter
 from pathlib import Path
 
 import pytest
 
 from store import Append, AppendResult, Database, MessageRecord, Reader
+
+from .conftest import kill_child_after
 
 CHILD = Path(__file__).with_name("durability_child.py")
 REPO = Path(__file__).resolve().parents[2]
@@ -18,35 +16,7 @@ ACKS_BEFORE_KILL = 300
 
 @pytest.mark.slow
 def test_acknowledged_appends_survive_sigkill(path: Path) -> None:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
-    child = subprocess.Popen(
-        [sys.executable, str(CHILD), str(path)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd=REPO,
-        env=env,
-    )
-    acked: list[str] = []
-    try:
-        assert child.stdout is not None
-        while len(acked) < ACKS_BEFORE_KILL:
-            line = child.stdout.readline()
-            assert line, f"child ended early: {child.stderr.read() if child.stderr else ''}"
-            acked.append(line.strip())
-        child.send_signal(signal.SIGKILL)
-        child.wait()
-        assert child.returncode == -signal.SIGKILL
-        # Ids printed after the ones we read were acknowledged too.
-        acked.extend(line.strip() for line in child.stdout if line.endswith("\n"))
-    finally:
-        if child.poll() is None:
-            child.kill()
-            child.wait()
-        for stream in (child.stdout, child.stderr):
-            if stream is not None:
-                stream.close()
+    acked = kill_child_after(path, acks=ACKS_BEFORE_KILL)
 
     with Reader(path) as reader:
         stored = Counter(m["id"] for m in reader.history("alice"))

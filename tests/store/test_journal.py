@@ -5,12 +5,8 @@ from __future__ import annotations
 
 import os
 import random
-import signal
 import sqlite3
-import subprocess
-import sys
 import threading
-import time
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -32,7 +28,7 @@ from store import (
     decode_value,
 )
 
-from .conftest import record
+from .conftest import kill_child_after, record
 from .durability_child import OTHER_STREAM, STREAM, journal_op
 
 CHILD = Path(__file__).with_name("durability_child.py")
@@ -488,37 +484,8 @@ RESEND = 50
 def _run_child_and_kill(path: Path, start: int, acks_before_kill: int, delay: float) -> list[int]:
     """Run the child from append ``start``, SIGKILL it ``delay`` seconds after its
     ``acks_before_kill``-th ack, and return the indexes of every append it acknowledged."""
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
-    child = subprocess.Popen(
-        [sys.executable, str(CHILD), str(path), "--journal", str(start)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd=REPO,
-        env=env,
-    )
-    acked: list[int] = []
-    try:
-        assert child.stdout is not None
-        while len(acked) < acks_before_kill:
-            line = child.stdout.readline()
-            assert line, f"child ended early: {child.stderr.read() if child.stderr else ''}"
-            acked.append(int(line.strip()[1:]))
-        time.sleep(delay)
-        child.send_signal(signal.SIGKILL)
-        child.wait()
-        assert child.returncode == -signal.SIGKILL
-        # Acks printed after the ones read were acknowledged too.
-        acked.extend(int(line.strip()[1:]) for line in child.stdout if line.endswith("\n"))
-    finally:
-        if child.poll() is None:
-            child.kill()
-            child.wait()
-        for stream in (child.stdout, child.stderr):
-            if stream is not None:
-                stream.close()
-    return acked
+    acked = kill_child_after(path, "--journal", str(start), acks=acks_before_kill, delay=delay)
+    return [int(line[1:]) for line in acked]
 
 
 def _check_after_kill(path: Path, acked: list[int], context: str) -> int:
