@@ -9,8 +9,6 @@ from store import Append, AppendResult, Database, MessageRecord, Reader
 
 from .conftest import kill_child_after
 
-CHILD = Path(__file__).with_name("durability_child.py")
-REPO = Path(__file__).resolve().parents[2]
 ACKS_BEFORE_KILL = 300
 
 

@@ -31,9 +31,6 @@ from store import (
 from .conftest import kill_child_after, record
 from .durability_child import OTHER_STREAM, STREAM, journal_op
 
-CHILD = Path(__file__).with_name("durability_child.py")
-REPO = Path(__file__).resolve().parents[2]
-
 
 def entry(stream: str, n: int, **extra: Any) -> JournalEntry:
     return JournalEntry(stream, {"v": 1, "op": "admit", "n": n, **extra})
