@@ -1,0 +1,56 @@
+"""The coalescer's subject cap over a real lobby: at 4096 subjects every one is still tracked;
+one more forgets the least recently touched, whose unread occurrence stays as an ordinary item
+(the next occurrence of that subject is appended after it instead of replacing it). Real clock,
+order-only assertions."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from protocol.coalesce import MAX_SUBJECTS
+from tests.helpers import answered, running_lobby
+
+pytestmark = pytest.mark.slow
+
+SKIP_ALL = 'default = "skip"\n'  # nothing wakes the agent, so nothing is read meanwhile
+
+
+async def push_many(ctl: Any, pushes: list[tuple[str, dict[str, Any]]]) -> list[dict[str, Any]]:
+    """Send every push at once; their answers, in the same order."""
+    mark = ctl.mark()
+    for event_id, coalesce in pushes:
+        ctl.send({"cmd": "push", "eventId": event_id, "text": event_id, "coalesce": coalesce})
+    answers = []
+    for event_id, _ in pushes:
+        event = await ctl.wait_for(
+            answered("push/event", "eventId", event_id), event_id, since=mark
+        )
+        answers.append(event["response"])
+    return answers
+
+
+@pytest.mark.parametrize("subjects", [MAX_SUBJECTS, MAX_SUBJECTS + 1])
+async def test_the_subject_cap_forgets_the_least_recently_touched(
+    tmp_path: Path, subjects: int
+) -> None:
+    (tmp_path / "gate.toml").write_text(SKIP_ALL, encoding="utf-8")
+    agent = {"model": f"scripted:{tmp_path / 'a.toml'}", "gate": str(tmp_path / "gate.toml")}
+    (tmp_path / "a.toml").write_text("", encoding="utf-8")
+    with trio.fail_after(240):
+        async with running_lobby(tmp_path, {"Ada": agent}) as lb:
+            firsts = await push_many(
+                lb.ctl, [(f"k{i}", {"key": f"K{i}", "initial": True}) for i in range(subjects)]
+            )
+            assert {a["result"]["coalesce"]["outcome"] for a in firsts} == {"first"}
+            [k0, k1] = await push_many(
+                lb.ctl, [("k0-again", {"key": "K0"}), ("k1-again", {"key": "K1"})]
+            )
+    if subjects == MAX_SUBJECTS:  # at the cap: every subject is still tracked
+        assert k0["result"]["coalesce"] == {"outcome": "replaced", "priorEventId": "k0"}
+    else:  # past it: K0, touched least recently, was forgotten and its item kept
+        assert k0["result"]["coalesce"]["outcome"] == "appended"
+    assert k1["result"]["coalesce"]["outcome"] in ("replaced", "appended")
