@@ -24,6 +24,7 @@ from typing import Any
 import attrs
 import trio
 
+from protocol.coalesce import inference_needed
 from protocol.gate import Drained, Gate, GateEvent, WakeBuffer
 from protocol.routes import Candidate, Route, decide_route
 from protocol.source import mark_text
@@ -31,7 +32,7 @@ from protocol.state import Recorded, read_rollback_result, rollback_params, roll
 from store import Append, MessageRecord, PutState
 
 from .channel import new_id
-from .coalescer import Assembled, is_hidden_marker
+from .coalescer import Assembled, BeginAssembly, is_hidden_marker, render
 from .config import AgentConfig, load_gate
 from .context import HostContext
 from .errors import ActorDied, MailboxFull
@@ -524,7 +525,15 @@ class AgentActor(Actor):
                     typing.start()
                     self.spawn(typing.refresh, counted=False)
                 wakes = sum(w.count for w in drained.items) + drained.dropped
-                usage = await self._run_turn(target, wakes, hooks, speech, candidates)
+                # RFC-006 rev 8: a turn caused only by deferred batches may need no inference
+                deferred_only = (
+                    bool(drained.items)
+                    and not drained.dropped
+                    and all(w.deferred for w in drained.items)
+                )
+                usage = await self._run_turn(
+                    target, wakes, hooks, speech, candidates, deferred_only=deferred_only
+                )
                 if typing is not None:
                     typing.stop()  # the model is done; what is left is delivery
                 await speech.sent()  # this agent's own wait: nobody else's work stops for it
@@ -607,6 +616,25 @@ class AgentActor(Actor):
         except (MailboxFull, ActorDied):
             self._trace_at("diagnostic", place, text="channels/outgoing/chunk not sent")
 
+    async def _render_deferred(self) -> list[str]:
+        """RFC-006 §5: before the context is read, render the pending deferred batches this
+        agent would see (each ``push/render`` concurrently, under its timeout, in this task),
+        and wait until what they materialized is durable. The outcomes, one per render."""
+        if self.ctx.coalescer is None:
+            return []
+        jobs = await self.ctx.coalescer.ask(BeginAssembly(context=self.cfg.name), timeout=60)
+        outcomes: list[str] = []
+
+        async def one(job: Any) -> None:
+            outcome = await render(self.ctx, job)
+            if outcome is not None:
+                outcomes.append(outcome)
+
+        async with trio.open_nursery() as nursery:
+            for job in jobs:
+                nursery.start_soon(one, job)
+        return outcomes
+
     async def _context(self) -> list[Mapping[str, Any]]:
         """The agent's context from the store: only what was stored since the last turn is read
         and decoded; the kept tail is trimmed to the token budget (oldest whole units first)."""
@@ -643,6 +671,8 @@ class AgentActor(Actor):
         hooks: TurnHooks,
         speech: TurnSpeech,
         candidates: list[Candidate],
+        *,
+        deferred_only: bool = False,
     ) -> tuple[int, int]:
         """One turn; its token usage (input, output) summed over the model calls."""
         runtime = ToolRuntime(
@@ -650,6 +680,10 @@ class AgentActor(Actor):
         )
         self._trace("turn-start", target, wakes=wakes, model=self.model.name)
         await self._explain_headers()
+        outcomes = await self._render_deferred()
+        if not inference_needed(other_causes=not deferred_only, render_outcomes=outcomes):
+            self._trace("turn-skipped", target, reason="deferred batches materialized nothing")
+            return 0, 0
         context = await self._context()
         newest = next((m for m in reversed(context) if m.get("role") == "user"), None)
         by_server: dict[str, list[str]] = {}

@@ -24,6 +24,8 @@ from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any
 
+import attrs
+
 from protocol.coalesce import Append as AppendEffect
 from protocol.content import ContentError, convert_blocks
 from protocol.digests import body_digest
@@ -57,6 +59,7 @@ from .messages import (
     ChannelInfo,
     Describe,
     IngestBatch,
+    Materialized,
     Notify,
     Prepared,
     Publish,
@@ -182,6 +185,8 @@ class ChannelActor(Actor):
             reply.value(None)
         elif isinstance(msg, Describe):
             reply.value(self._info())
+        elif isinstance(msg, Materialized):
+            reply.value(await self._materialized(msg))
         elif isinstance(msg, Publish):
             self._publishing += 1
             self.spawn(self._publish, msg, reply)
@@ -244,7 +249,7 @@ class ChannelActor(Actor):
         ]
         futures = iter(await self.ctx.store.submit_many(ops)) if ops else iter(())
         out: list[Prepared | RpcError] = []
-        for b, spec, msg in zip(built, specs, items, strict=True):
+        for b, spec, msg, blocks in zip(built, specs, items, converted, strict=True):
             if isinstance(b, RpcError):
                 out.append(b)
             elif spec is None:
@@ -252,16 +257,26 @@ class ChannelActor(Actor):
                     Prepared(future=next(futures), blocks=b[1][0], wakes=b[1][1], author=b[1][2])
                 )
             else:
-                out.append(await self._coalesce(msg, spec, *b))
+                assert not isinstance(blocks, RpcError)
+                out.append(await self._coalesce(msg, spec, *b, blocks))
         return out
 
     async def _coalesce(
-        self, msg: IncomingMessage | PushEvent, spec: Any, op: Append, rest: tuple[Any, ...]
+        self,
+        msg: IncomingMessage | PushEvent,
+        spec: Any,
+        op: Append,
+        rest: tuple[Any, ...],
+        converted: list[dict[str, Any]],
     ) -> Prepared:
         """Admit one coalesced item through the coalescer: it is stored (and wakes) only if the
-        coalescer appends it; the answer carries the RFC-006 result."""
+        coalescer appends it; the answer carries the RFC-006 result. A deferred notice is never
+        stored; an admitted one wakes as a push does (its wakes say ``deferred``: the batch is
+        rendered when a turn assembles its context). ``converted`` is the content as converted,
+        before header and marking: a deferred notice's fallback."""
         blocks, wakes, author = rest
         occurrence = op.records[0].metadata["occurrence"] if op.records else ""
+        push = msg if isinstance(msg, PushEvent) else None
         step, future = await self.ctx.coalescer.ask(
             Admit(
                 spec=spec,
@@ -270,15 +285,21 @@ class ChannelActor(Actor):
                 contexts=tuple(r.agent for r in op.records),
                 records=op.records,
                 dedupe=op.dedupe,
-                feature_set=msg.feature_set if isinstance(msg, PushEvent) else None,
+                feature_set=push.feature_set if push is not None else None,
                 channel_id=self.cid,
-                content=tuple(b for b in blocks if _visible(b)),
+                content=tuple(b for b in converted if _visible(b)),
+                timestamp=push.timestamp if push is not None else "",
+                tags=tuple(op.records[0].metadata.get("tags", ())) if op.records else (),
+                origin=dict(push.origin) if push is not None and push.origin else None,
             ),
             timeout=COALESCE_ASK_S,
         )
         appended = any(
             isinstance(e, AppendEffect) and e.occurrence == occurrence for e in step.effects
         )
+        if spec.deferred and not step.duplicate and step.outcome in ("first", "replaced"):
+            wakes = tuple((agent, attrs.evolve(w, deferred=True)) for agent, w in wakes)
+            appended = True
         return Prepared(
             future=future,
             blocks=blocks,
@@ -428,6 +449,60 @@ class ChannelActor(Actor):
             lane, message_id, thread_id, echo, addressed, blocks, tags, author or None
         )
         return Append(records=records, dedupe=dedupe), (tuple(body), wakes, author)
+
+    async def _materialized(self, msg: Materialized) -> tuple[MessageRecord, ...]:
+        """The stored copies of a materialized deferred batch (RFC-006 §5): the same shape as
+        a push item of this channel (header, marking, digests), lane ``"render"``."""
+        if msg.converted:
+            blocks = [dict(b) for b in msg.content]
+        else:
+            try:
+                blocks = convert_blocks(list(msg.content), self.sid, "render")
+            except ContentError as exc:
+                raise RpcError(code=INVALID_PARAMS, message=f"Invalid params: {exc}") from None
+            [blocks] = await resolve_references(self.ctx.references, [blocks], self.sid)
+        now = time.time()
+        thread_id = self._subject_threads.get(msg.key) if self.cid is not None else None
+        tags, _ = expand_tags(list(msg.tags))
+        meta: dict[str, Any] = {
+            "server_id": self.sid,
+            "channel_id": self.cid,
+            "event_id": msg.event_id,
+            "timestamp": msg.timestamp or _now_iso(),
+            "feature_set": msg.feature_set,
+            "tags": list(tags),
+        }
+        if isinstance(msg.origin, Mapping) and msg.origin:
+            meta["adapter_origin"] = dict(msg.origin)
+        meta["inbound_source"] = {
+            "lane": "render",
+            "server": self.sid,
+            "channel": self.cid,
+            "thread": thread_id,
+            "message": None,
+            "label": self.label or None,
+            "reply_to": None,
+            "accepted_at": _now_iso(),
+        }
+        refs = [b["ref_id"] for b in blocks if "ref_id" in b]
+        if refs:
+            meta["references"] = refs
+        meta["occurrence"] = msg.occurrence
+        meta["coalesce_key"] = msg.key
+        if self.cid is None:
+            header = unscoped_header(self.sid)
+        else:
+            header = channel_header(self.sid, self.cid, self.label or None, thread_id, None)
+        meta["source_body_digest"] = body_digest(blocks)
+        stored = ({"type": "text", "text": header}, *mark_blocks(blocks))
+        meta["source_header"] = header
+        meta["stored_body_digest"] = body_digest(stored)
+        return tuple(
+            MessageRecord(
+                id=new_id(), agent=agent, role="user", blocks=stored, metadata=meta, created_at=now
+            )
+            for agent in msg.contexts
+        )
 
     def _invitation(
         self,

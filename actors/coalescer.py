@@ -16,16 +16,29 @@ Hidden occurrences are stored as host markers (a ``system`` message of kind
 context leaves out both the markers and what they hide. ``Assembled`` closes the race between
 an agent reading its context and a replacement: it marks what the agent's request included as
 read, and answers which of those were hidden meanwhile (the agent drops them).
+
+Deferred batches (RFC-006 §5): a deferred notice is admitted here (nothing is stored; its wake
+says ``deferred``). When an agent assembles its context, ``BeginAssembly`` starts the render of
+every pending batch it would see whose authority holds (server connected, ``pushEvents``
+granted, feature set enabled, and for a channel-scoped batch ``channels.incoming`` granted),
+journals that, and answers one :class:`RenderJob` per render. The
+agent's turn task runs :func:`render` for each, concurrently: the ``push/render`` call (through
+the server's ConnectionActor, under ``RENDER_TIMEOUT_S``) and the stored copies (built by the
+ChannelActor: ``Materialized``) are the turn task's work, never this actor's; the outcome comes
+back as ``RenderDone``, whose ``Materialize`` effect stores those copies together with the
+journal entries before the answer. This actor itself never asks another actor.
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Literal
 
 import attrs
+import trio
 
 from protocol.coalesce import (
     Append as AppendEffect,
@@ -35,13 +48,19 @@ from protocol.coalesce import (
     Coalescer,
     CoalesceSpec,
     Hide,
+    Materialize,
+    RequestRender,
     Step,
+    Subject,
 )
+from protocol.errors import RpcError
 from protocol.mcpl import HOST_COALESCING
 from store import Append, JournalEntry, MessageRecord
 
 from .context import HostContext
+from .errors import ActorDied, MailboxFull, NotConnected
 from .kernel import Actor, Reply
+from .messages import Call, CancelCall, Materialized
 from .storage import SettledFuture
 
 STREAM = "coalesce"
@@ -51,6 +70,11 @@ MAX_HIDDEN = 100_000
 
 #: What this host advertises (``experimental.mcpl.eventCoalescing``).
 ADVERTISED = HOST_COALESCING
+#: The deadline of one ``push/render`` (RFC-006 §5 recommends 5 s).
+RENDER_TIMEOUT_S = 5.0
+#: Renders started and not yet completed, remembered for their authority re-check.
+MAX_JOBS = 4096
+ASK_S = 60.0
 
 
 @attrs.frozen(kw_only=True)
@@ -68,6 +92,49 @@ class Admit:
     feature_set: str | None = None
     channel_id: str | None = None
     content: tuple[Any, ...] = ()
+    timestamp: str = ""
+    tags: tuple[str, ...] = ()
+    origin: Any = None
+
+
+@attrs.frozen(kw_only=True)
+class BeginAssembly:
+    """An agent begins assembling a request: start rendering the pending deferred batches it
+    would see. The answer is a :class:`RenderJob` per render started."""
+
+    context: str
+
+
+@attrs.frozen(kw_only=True)
+class RenderJob:
+    """One ``push/render`` the asker must perform and report with ``RenderDone``."""
+
+    batch: str
+    subject: Subject
+    server_id: str
+    channel_id: str | None  # the channel of a channel-scoped subject
+    params: Mapping[str, Any]
+    contexts: tuple[str, ...]
+    event_id: str
+    feature_set: str
+    fallback: tuple[Any, ...]
+    timestamp: str
+    tags: tuple[str, ...]
+    origin: Any
+
+
+@attrs.frozen(kw_only=True)
+class RenderDone:
+    """A render's outcome: ``content`` (``reason`` None) or a failure ``reason`` (``timeout``,
+    ``error``, ``disconnect``). ``records`` are the stored copies of what materializes in that
+    case (the result's, or the fallback's); the answer, once they are durable, is the step's
+    outcome (``materialized``, ``empty``, ``fallback``, ``dropped`` or ``discarded``)."""
+
+    batch: str
+    content: tuple[Any, ...] = ()
+    reason: Literal["timeout", "error", "disconnect"] | None = None
+    records: tuple[MessageRecord, ...] = ()
+    timestamp: str | None = None
 
 
 @attrs.frozen(kw_only=True)
@@ -108,6 +175,7 @@ class CoalescerActor(Actor):
         self.co = Coalescer()
         self._new_id = new_id
         self._hidden: OrderedDict[str, None] = OrderedDict()
+        self._jobs: OrderedDict[str, RenderJob] = OrderedDict()
 
     async def on_start(self) -> None:
         rows = await self.ctx.store.read(self.ctx.store.reader.journal, STREAM)
@@ -127,6 +195,10 @@ class CoalescerActor(Actor):
             reply.value(await self._admit(msg))
         elif isinstance(msg, Assembled):
             reply.value(await self._assembled(msg))
+        elif isinstance(msg, BeginAssembly):
+            reply.value(await self._begin(msg))
+        elif isinstance(msg, RenderDone):
+            reply.value(await self._render_done(msg))
         else:
             raise TypeError(f"unexpected message {msg!r}")
 
@@ -140,6 +212,9 @@ class CoalescerActor(Actor):
             feature_set=msg.feature_set,
             channel_id=msg.channel_id,
             content=msg.content,
+            timestamp=msg.timestamp,
+            tags=msg.tags,
+            origin=msg.origin,
         )
         if step.duplicate or not (step.effects or step.records):
             return step, SettledFuture(stored=False)
@@ -181,3 +256,180 @@ class CoalescerActor(Actor):
             entries = tuple(JournalEntry(STREAM, r) for r in step.records)
             await self.ctx.store.write(Append(records=(), journal=entries))
         return hidden
+
+    # -- deferred batches -------------------------------------------------------------------
+
+    def _server_of(self, binding: str) -> str | None:
+        for server in self.ctx.config.servers:
+            if self.ctx.binding(server.id) == binding:
+                return str(server.id)
+        return None
+
+    def _authorized(self, subject: Subject, feature_set: str) -> bool:
+        """The batch's authority now: its server connected and ready, ``pushEvents`` granted,
+        the feature set enabled; for a channel scope ``channels.incoming`` granted."""
+        sid = self._server_of(subject.binding)
+        status = self.ctx.statuses.get(sid) if sid is not None else None
+        if status is None or not (status.connected and status.ready):
+            return False
+        if "pushEvents" not in status.grant or feature_set not in status.feature_sets:
+            return False
+        if subject.scope_kind == "channel":
+            return "channels.incoming" in status.grant
+        return True
+
+    async def _begin(self, msg: BeginAssembly) -> tuple[RenderJob, ...]:
+        step = self.co.begin_assembly(
+            msg.context, authorized=lambda v: self._authorized(v.subject, v.feature_set)
+        )
+        renders = [e for e in step.effects if isinstance(e, RequestRender)]
+        self._apply(step, ())
+        if step.records:
+            entries = tuple(JournalEntry(STREAM, r) for r in step.records)
+            await self.ctx.store.write(Append(records=(), journal=entries))
+        if not renders:
+            return ()
+        # the frozen batches' fallback, audience and provenance, as the coalescer holds them
+        state = self.co.snapshot()["state"]
+        frozen = {
+            raw["rendering"]["id"]: raw["rendering"]
+            for raw in state["subjects"]
+            if raw["rendering"] is not None
+        }
+        jobs = []
+        for effect in renders:
+            b = frozen[effect.batch]
+            sid = self._server_of(effect.subject.binding)
+            assert sid is not None
+            subject = effect.subject
+            job = RenderJob(
+                batch=effect.batch,
+                subject=subject,
+                server_id=sid,
+                channel_id=subject.scope_id if subject.scope_kind == "channel" else None,
+                params=effect.params,
+                contexts=tuple(b["audience"]),
+                event_id=b["event_id"],
+                feature_set=b["feature_set"],
+                fallback=tuple(b["fallback"]),
+                timestamp=b["timestamp"],
+                tags=tuple(b["tags"]),
+                origin=b["origin"],
+            )
+            self._jobs[job.batch] = job
+            while len(self._jobs) > MAX_JOBS:
+                self._jobs.popitem(last=False)
+            jobs.append(job)
+        return tuple(jobs)
+
+    async def _render_done(self, msg: RenderDone) -> str | None:
+        job = self._jobs.pop(msg.batch, None)
+        # authority is re-checked at response; a server gone away has no response to check
+        authorized = job is not None and (
+            msg.reason == "disconnect" or self._authorized(job.subject, job.feature_set)
+        )
+        if msg.reason is None:
+            step = self.co.render_result(
+                msg.batch, msg.content, authorized=authorized, timestamp=msg.timestamp
+            )
+        else:
+            step = self.co.render_failed(msg.batch, reason=msg.reason, authorized=authorized)
+        records = self._apply(step, ())
+        for effect in step.effects:
+            if isinstance(effect, Materialize):
+                records.extend(r for r in msg.records if r.agent in effect.contexts)
+        if records or step.records:
+            entries = tuple(JournalEntry(STREAM, r) for r in step.records)
+            await self.ctx.store.write(Append(records=tuple(records), journal=entries))
+        self.ctx.trace.emit(
+            "coalesce-render",
+            server_id=job.server_id if job is not None else None,
+            channel_id=job.channel_id if job is not None else None,
+            data={"batch": msg.batch, "outcome": step.outcome, "reason": msg.reason},
+        )
+        return step.outcome
+
+
+Failure = Literal["timeout", "error", "disconnect"]
+
+
+async def _call_render(ctx: HostContext, job: RenderJob) -> tuple[Any, Failure | None]:
+    """``push/render`` under ``RENDER_TIMEOUT_S``: ``(result, None)`` or ``(None, reason)``."""
+    conn = ctx.connections.get(job.server_id)
+    if conn is None:
+        return None, "disconnect"
+    key = f"render/{job.batch}"
+    call = Call(method="push/render", params=job.params, timeout=RENDER_TIMEOUT_S, key=key)
+    result: Any = None
+    with trio.move_on_after(RENDER_TIMEOUT_S) as scope:
+        try:
+            result = await conn.ask(call, timeout=RENDER_TIMEOUT_S)
+        except trio.Cancelled:
+            with contextlib.suppress(MailboxFull, ActorDied):
+                conn.tell_nowait(CancelCall(key=key))
+            raise
+        except (NotConnected, ActorDied):
+            return None, "disconnect"
+        except TimeoutError:
+            return None, "timeout"
+        except Exception:  # an error answer, or one the connection could not take
+            return None, "error"
+    if scope.cancelled_caught:
+        return None, "timeout"
+    return result, None
+
+
+async def render(ctx: HostContext, job: RenderJob) -> str | None:
+    """Run one render job in the caller's task (an agent's turn): build the fallback's stored
+    copies, call ``push/render``, build the result's copies (a result that is not valid
+    content is an ``error``: the fallback), and report to the coalescer; its answer (the
+    outcome) comes once what materialized is durable."""
+    chan = await ctx.channel(job.server_id, job.channel_id)
+    common: dict[str, Any] = {
+        "occurrence": job.batch,
+        "contexts": job.contexts,
+        "key": job.subject.key,
+        "event_id": job.event_id,
+        "feature_set": job.feature_set,
+        "tags": job.tags,
+        "origin": job.origin,
+    }
+    fallback: tuple[MessageRecord, ...] = await chan.ask(
+        Materialized(content=job.fallback, converted=True, timestamp=job.timestamp, **common),
+        timeout=ASK_S,
+    )
+    try:
+        result, reason = await _call_render(ctx, job)
+        done = RenderDone(batch=job.batch, reason=reason, records=fallback)
+        if reason is None:
+            content = result.get("content") if isinstance(result, Mapping) else None
+            stamp = result.get("timestamp") if isinstance(result, Mapping) else None
+            stamp = stamp if isinstance(stamp, str) else None
+            if not isinstance(content, list):
+                done = RenderDone(batch=job.batch, reason="error", records=fallback)
+            elif not content:
+                done = RenderDone(batch=job.batch, content=())
+            else:
+                try:
+                    records = await chan.ask(
+                        Materialized(
+                            content=tuple(content), converted=False, timestamp=stamp, **common
+                        ),
+                        timeout=ASK_S,
+                    )
+                except RpcError:
+                    done = RenderDone(batch=job.batch, reason="error", records=fallback)
+                else:
+                    done = RenderDone(
+                        batch=job.batch, content=tuple(content), records=records, timestamp=stamp
+                    )
+    except trio.Cancelled:
+        # the turn was aborted: the render counts as timed out (never left in flight)
+        with trio.CancelScope(shield=True), trio.move_on_after(RENDER_TIMEOUT_S):
+            await ctx.coalescer.ask(
+                RenderDone(batch=job.batch, reason="timeout", records=fallback),
+                timeout=RENDER_TIMEOUT_S,
+            )
+        raise
+    outcome: str | None = await ctx.coalescer.ask(done, timeout=ASK_S)
+    return outcome

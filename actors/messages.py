@@ -117,6 +117,26 @@ class Publish:
 
 
 @attrs.frozen(kw_only=True)
+class Materialized:
+    """Build the stored copies of a materialized RFC-006 deferred batch: ``content`` (a
+    ``push/render`` result, converted here with lane ``"render"`` and its references bound to
+    this channel's server; or the batch's fallback, converted when the notice was admitted)
+    with the source header, marked, with digests. The answer is the records (one per agent of
+    ``contexts``); a result that is not valid content is an ``RpcError``."""
+
+    occurrence: str  # the batch id
+    contexts: tuple[str, ...]
+    content: tuple[Any, ...]
+    converted: bool  # the fallback: already converted at admission
+    key: str
+    event_id: str
+    feature_set: str
+    tags: tuple[str, ...] = ()
+    timestamp: str | None = None
+    origin: Any = None
+
+
+@attrs.frozen(kw_only=True)
 class SetOpen:
     agent: str
     open: bool
@@ -159,6 +179,7 @@ class Wake:
     author: str | None = None
     place: str | None = None  # where the channel's server says a post lands (RFC-011)
     registered: bool = True
+    deferred: bool = False  # an RFC-006 deferred notice: its batch is rendered at assembly
 
 
 @attrs.frozen(kw_only=True)

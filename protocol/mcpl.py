@@ -43,8 +43,8 @@ DENIED_BY_DEFAULT: frozenset[str] = frozenset({"contextHooks.beforeInference.inj
 
 
 #: The RFC-006 coalescing this host implements: plain replacement and retraction on both lanes
-#: and channel-scoped pushes; no deferred batches.
-HOST_COALESCING = Advertisement(deferred=False)
+#: and channel-scoped pushes, and deferred batches rendered through ``push/render``.
+HOST_COALESCING = Advertisement()
 
 
 def host_manifest() -> dict[str, Any]:

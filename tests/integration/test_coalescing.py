@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 import trio
 
+from actors import Host
 from examples.lobby_control import open_control_listener
 from store import Reader
 from tests.helpers import (
@@ -282,3 +283,179 @@ async def test_a_host_killed_after_each_commit_loses_and_duplicates_nothing(
     # every occurrence that was to be appended is stored (retractions without a notice are not)
     appended = {e for e, c, _ in STEPS if not c.get("retract")}
     assert appended <= set(stored)
+
+
+# ---- deferred batches (RFC-006 §5): rendered through push/render at assembly -----------------
+
+
+async def synced(ctl: Any, tag: str) -> None:
+    """Every control event the lobby emitted before this point has been read."""
+    mark = ctl.mark()
+    ctl.send({"cmd": "ping", "id": tag})
+    await ctl.wait_for(lambda e: e["event"] == "pong" and e.get("id") == tag, tag, since=mark)
+
+
+def renders(ctl: Any) -> list[dict[str, Any]]:
+    """The push/render requests the lobby handled (its ``render`` events), oldest first."""
+    return [e for e in ctl.events if e.get("event") == "render"]
+
+
+def rendered_items(host: Any, agent: str = "Ada") -> list[dict[str, Any]]:
+    return [
+        m
+        for m in host.history(agent)
+        if (m["metadata"].get("inbound_source") or {}).get("lane") == "render"
+    ]
+
+
+async def notice(ctl: Any, event_id: str, fallback: str, key: str, **extra: Any) -> None:
+    answer = await push(ctl, event_id, fallback, key=key, deferred=True, **extra)
+    assert answer["result"]["accepted"] is True, answer
+
+
+async def test_a_deferred_batch_is_rendered_once_and_read_by_the_next_request(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model = RecordingModel(say="")
+    install(monkeypatch, model)
+    with trio.fail_after(60):
+        async with running_lobby(tmp_path, {"Ada": ""}) as lb:
+            host, ctl = lb.host, lb.ctl
+            release = model.hold()
+            send_incoming(ctl, "lobby:#general", "g1", "keep busy")
+            await model.entered.wait()  # the first turn assembled before the notices came
+            for n in (1, 2, 3):
+                await notice(ctl, f"d{n}", f"fallback {n}", "build", data={"n": n})
+            await synced(ctl, "before")
+            assert renders(ctl) == []  # nothing is rendered before an assembly needs it
+            release.set()
+            await host.run_until_idle()
+            await synced(ctl, "rendered")
+            [render] = renders(ctl)
+            params = render["params"]
+            assert [n["eventId"] for n in params["notices"]] == ["d1", "d2", "d3"]
+            assert [n["data"] for n in params["notices"]] == [{"n": 1}, {"n": 2}, {"n": 3}]
+            assert (params["key"], params["eventId"], params["dropped"]) == ("build", "d3", 0)
+            text = render["result"]["content"][0]["text"]
+            assert len(model.seen) == 2
+            seen = seen_texts(model, 1)
+            assert text in seen and "fallback" not in seen
+            [item] = rendered_items(host)
+            assert item["metadata"]["event_id"] == "d3"
+            assert item["metadata"]["coalesce_key"] == "build"
+            assert item["blocks"][0]["text"] == item["metadata"]["source_header"]
+            # a later turn with no new notice renders nothing again
+            await host.post_local("Ada", "anything new?")
+            await host.run_until_idle()
+            await synced(ctl, "after")
+            assert len(model.seen) == 3
+            assert len(renders(ctl)) == 1
+            assert len(rendered_items(host)) == 1
+
+
+async def test_an_empty_render_materializes_nothing_and_runs_no_inference(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model = RecordingModel(say="")
+    install(monkeypatch, model)
+    with trio.fail_after(60):
+        async with running_lobby(tmp_path, {"Ada": ""}) as lb:
+            host, ctl = lb.host, lb.ctl
+            mark = ctl.mark()
+            ctl.send({"cmd": "render_mode", "mode": "empty"})
+            await ctl.wait_for(lambda e: e["event"] == "render_mode", "render mode", since=mark)
+            await notice(ctl, "e1", "fallback e1", "typing")
+            await ctl.wait_for(lambda e: e["event"] == "render", "the render")
+            await host.run_until_idle()
+            await synced(ctl, "after")
+            assert len(renders(ctl)) == 1
+            assert rendered_items(host) == []
+            assert model.seen == []  # rev 8: only a deferred batch caused it, and it was empty
+
+
+@pytest.mark.parametrize("mode", ["error", "never"])
+async def test_a_failed_render_materializes_the_fallback(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: str
+) -> None:
+    model = RecordingModel(say="")
+    install(monkeypatch, model)
+    with trio.fail_after(60):
+        async with running_lobby(tmp_path, {"Ada": ""}) as lb:
+            host, ctl = lb.host, lb.ctl
+            mark = ctl.mark()
+            ctl.send({"cmd": "render_mode", "mode": mode})
+            await ctl.wait_for(lambda e: e["event"] == "render_mode", "render mode", since=mark)
+            await notice(ctl, "f1", "the fallback text", "ci")
+            await ctl.wait_for(lambda e: e["event"] == "render", "the render")
+            await host.run_until_idle()
+            [item] = rendered_items(host)
+            assert "the fallback text" in " ".join(b.get("text", "") for b in item["blocks"])
+            assert len(model.seen) == 1
+            assert "the fallback text" in seen_texts(model, 0)
+
+
+@pytest.mark.parametrize("scoped", [False, True])
+async def test_a_rendered_reference_is_stubbed_and_bound_to_the_pushing_server(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, scoped: bool
+) -> None:
+    from examples.lobby_server import builtin_files
+    from protocol.source import channel_header, unscoped_header
+    from tests.helpers import config, scripted, ws_lobby
+    from tests.integration.test_reference_binding import bound_to, http_of
+
+    board = builtin_files()["board.png"]
+    model = RecordingModel(say="")
+    install(monkeypatch, model)
+    with trio.fail_after(60):
+        async with (
+            open_control_listener() as listener,
+            ws_lobby("--files", "--control-connect", listener.address) as url,
+        ):
+            servers = [{"id": "lobby", "url": url}]
+            agents = [{"name": "Ada", "model": scripted(tmp_path, "ada", "")}]
+            async with Host.open(config(tmp_path, servers, agents)) as host:
+                ctl = await listener.accept()
+                await ready(ctl)
+                extra: dict[str, Any] = {}
+                if scoped:
+                    mark = ctl.mark()
+                    ctl.send(
+                        {
+                            "cmd": "register",
+                            "channels": [{"id": "lobby:#dev", "type": "chat", "label": "dev"}],
+                        }
+                    )
+                    await ctl.wait_for(answered("channels/register"), "registered", since=mark)
+                    extra["channelId"] = "lobby:#dev"
+                uri = f"{http_of(url)}/files/board.png"
+                content = [
+                    {"type": "text", "text": "the board now"},
+                    {
+                        "type": "resource",
+                        "uri": uri,
+                        "mimeType": board.mime_type,
+                        "sizeBytes": board.size,
+                        "digest": board.digest,
+                        "name": board.name,
+                    },
+                ]
+                mark = ctl.mark()
+                ctl.send({"cmd": "render_mode", "mode": "result", "content": content})
+                await ctl.wait_for(lambda e: e["event"] == "render_mode", "mode", since=mark)
+                await notice(ctl, "r1", "fallback r1", "board", **extra)
+                await ctl.wait_for(lambda e: e["event"] == "render", "the render")
+                await host.run_until_idle()
+                [item] = rendered_items(host)
+                header = (
+                    channel_header("lobby", "lobby:#dev", "dev", None, None)
+                    if scoped
+                    else unscoped_header("lobby")
+                )
+                assert item["metadata"]["source_header"] == header
+                assert item["blocks"][0]["text"] == header
+                assert item["metadata"]["channel_id"] == ("lobby:#dev" if scoped else None)
+                stubs = [b for b in item["blocks"] if "ref_id" in b]
+                assert len(stubs) == 1 and uri not in stubs[0]["text"]
+                assert item["metadata"]["references"] == [stubs[0]["ref_id"]]
+                assert await bound_to(host, stubs[0]["ref_id"]) == ("lobby",)
+                assert stubs[0]["text"] in seen_texts(model, 0)

@@ -388,9 +388,9 @@ def test_host_manifest_advertises_only_vocabulary_it_walks_to() -> None:
     }
 
 
-def test_host_manifest_advertises_coalescing_without_deferred_batches() -> None:
+def test_host_manifest_advertises_coalescing_with_every_leaf() -> None:
     advertised = host_manifest()["eventCoalescing"]
     assert advertised["pushEvents"] is advertised["channelsIncoming"] is True
     assert advertised["channelScopedPush"] is True
-    assert advertised["deferred"] is False
+    assert advertised["deferred"] is True
     assert advertised["retryWindowMs"] >= 3_600_000
