@@ -31,7 +31,6 @@ journal entries before the answer. This actor itself never asks another actor.
 
 from __future__ import annotations
 
-import contextlib
 import time
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
@@ -57,10 +56,11 @@ from protocol.errors import RpcError
 from protocol.mcpl import HOST_COALESCING
 from store import Append, JournalEntry, MessageRecord
 
+from .calls import call_within
 from .context import HostContext
-from .errors import ActorDied, MailboxFull, NotConnected
+from .errors import ActorDied, NotConnected
 from .kernel import Actor, Reply
-from .messages import Call, CancelCall, Materialized
+from .messages import Call, Materialized
 from .storage import SettledFuture
 
 STREAM = "coalesce"
@@ -360,23 +360,14 @@ async def _call_render(ctx: HostContext, job: RenderJob) -> tuple[Any, Failure |
         return None, "disconnect"
     key = f"render/{job.batch}"
     call = Call(method="push/render", params=job.params, timeout=RENDER_TIMEOUT_S, key=key)
-    result: Any = None
-    with trio.move_on_after(RENDER_TIMEOUT_S) as scope:
-        try:
-            result = await conn.ask(call, timeout=RENDER_TIMEOUT_S)
-        except trio.Cancelled:
-            with contextlib.suppress(MailboxFull, ActorDied):
-                conn.tell_nowait(CancelCall(key=key))
-            raise
-        except (NotConnected, ActorDied):
-            return None, "disconnect"
-        except TimeoutError:
-            return None, "timeout"
-        except Exception:  # an error answer, or one the connection could not take
-            return None, "error"
-    if scope.cancelled_caught:
+    try:
+        return await call_within(conn, call, RENDER_TIMEOUT_S), None
+    except (NotConnected, ActorDied):
+        return None, "disconnect"
+    except TimeoutError:
         return None, "timeout"
-    return result, None
+    except Exception:  # an error answer, or one the connection could not take
+        return None, "error"
 
 
 async def render(ctx: HostContext, job: RenderJob) -> str | None:

@@ -14,7 +14,6 @@ turn that is being cancelled still reports ``aborted``.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -33,9 +32,10 @@ from protocol.hooks import (
     read_hook_result,
 )
 
+from .calls import call_within
 from .context import HostContext
 from .errors import ActorDied, MailboxFull
-from .messages import Call, CancelCall, Notify, WakeTarget
+from .messages import Call, Notify, WakeTarget
 from .references import resolve_references
 
 log = logging.getLogger("mcplive.hooks")
@@ -188,20 +188,10 @@ class TurnHooks:
         call = Call(
             method="context/beforeInference", params=params, timeout=deadline, hook=True, key=key
         )
-        result: Any = None
-        with trio.move_on_after(deadline) as scope:
-            try:
-                result = await ref.ask(call, timeout=deadline)
-            except trio.Cancelled:
-                # The turn was aborted: the server must not keep counting this hook as live.
-                with contextlib.suppress(MailboxFull, ActorDied):
-                    ref.tell_nowait(CancelCall(key=key))
-                raise
-            except Exception as exc:  # fail-open: the turn goes on without this server
-                self._trace("hook-failed", sid, error=str(exc) or type(exc).__name__)
-                return
-        if scope.cancelled_caught:
-            self._trace("hook-failed", sid, error=f"no answer in {deadline:g}s")
+        try:
+            result = await call_within(ref, call, deadline)
+        except Exception as exc:  # fail-open: the turn goes on without this server
+            self._trace("hook-failed", sid, error=str(exc) or type(exc).__name__)
             return
         # Authorized against the grant in force now, when the answer has arrived.
         answer = read_hook_result(result, sid, self._grant(sid))
