@@ -186,6 +186,8 @@ class CoalescerActor(Actor):
         entries = tuple(JournalEntry(STREAM, r) for s in steps for r in s.records)
         if entries:
             await self.ctx.store.write(Append(records=(), journal=entries))
+        for step in steps:
+            self._fallbacks(step)
 
     def _now(self) -> int:
         return int(time.time() * 1000)
@@ -225,7 +227,46 @@ class CoalescerActor(Actor):
             journal=tuple(JournalEntry(STREAM, r) for r in step.records),
         )
         [future] = await self.ctx.store.submit_many([op])
+        self._fallbacks(step)  # a batch of a subject evicted at the cap falls back
         return step, future
+
+    def _fallbacks(self, step: Step) -> None:
+        """Store what a step materializes outside a render (a subject evicted at the cap, a
+        render in flight at a restart): the batch's fallback. Building its copies asks the
+        channel, so it runs in a task of its own, never in this loop."""
+        for effect in step.effects:
+            if isinstance(effect, Materialize) and effect.source == "fallback":
+                self.spawn(self._store_fallback, effect)
+
+    async def _store_fallback(self, effect: Materialize) -> None:
+        sid = self._server_of(effect.subject.binding)
+        if sid is None:
+            return  # that server is no longer configured: nobody can be shown its batch
+        scoped = effect.subject.scope_kind == "channel"
+        chan = await self.ctx.channel(sid, effect.subject.scope_id if scoped else None)
+        records: tuple[MessageRecord, ...] = await chan.ask(
+            Materialized(
+                occurrence=effect.occurrence,
+                contexts=tuple(sorted(effect.contexts)),
+                content=tuple(effect.content),
+                converted=True,
+                key=effect.subject.key,
+                event_id=effect.event_id,
+                feature_set=effect.feature_set,
+                tags=tuple(effect.tags),
+                timestamp=effect.timestamp,
+                origin=effect.origin,
+            ),
+            timeout=ASK_S,
+        )
+        if records:
+            await self.ctx.store.write(Append(records=records))
+        self.ctx.trace.emit(
+            "coalesce-render",
+            server_id=sid,
+            channel_id=effect.subject.scope_id if scoped else None,
+            data={"batch": effect.batch, "outcome": "fallback", "reason": "evicted or recovered"},
+        )
 
     def _apply(self, step: Step, item: Sequence[MessageRecord]) -> list[MessageRecord]:
         """The records a step stores: the item's copies it appends, and hiding markers."""

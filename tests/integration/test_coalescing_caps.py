@@ -1,7 +1,7 @@
 """The coalescer's subject cap over a real lobby: at 4096 subjects every one is still tracked;
-one more forgets the least recently touched, whose unread occurrence stays as an ordinary item
-(the next occurrence of that subject is appended after it instead of replacing it). Real clock,
-order-only assertions."""
+more forget the least recently touched: an unread occurrence stays as an ordinary item (the next
+occurrence of that subject is appended after it instead of replacing it), and a pending deferred
+batch is stored as its fallback. Real clock, order-only assertions."""
 
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ async def push_many(ctl: Any, pushes: list[tuple[str, dict[str, Any]]]) -> list[
     return answers
 
 
-@pytest.mark.parametrize("subjects", [MAX_SUBJECTS, MAX_SUBJECTS + 1])
+@pytest.mark.parametrize("subjects", [MAX_SUBJECTS, MAX_SUBJECTS + 2])
 async def test_the_subject_cap_forgets_the_least_recently_touched(
     tmp_path: Path, subjects: int
 ) -> None:
@@ -42,15 +42,26 @@ async def test_the_subject_cap_forgets_the_least_recently_touched(
     (tmp_path / "a.toml").write_text("", encoding="utf-8")
     with trio.fail_after(240):
         async with running_lobby(tmp_path, {"Ada": agent}) as lb:
+            # the oldest subject holds a deferred batch never rendered (nothing is read)
+            [pending] = await push_many(lb.ctl, [("d0", {"key": "KD", "deferred": True})])
+            assert pending["result"]["coalesce"]["outcome"] == "first"
             firsts = await push_many(
-                lb.ctl, [(f"k{i}", {"key": f"K{i}", "initial": True}) for i in range(subjects)]
+                lb.ctl, [(f"k{i}", {"key": f"K{i}", "initial": True}) for i in range(subjects - 1)]
             )
             assert {a["result"]["coalesce"]["outcome"] for a in firsts} == {"first"}
             [k0, k1] = await push_many(
                 lb.ctl, [("k0-again", {"key": "K0"}), ("k1-again", {"key": "K1"})]
             )
+            await lb.host.run_until_idle()
+            fallback = [
+                m for m in lb.host.history("Ada") if m["metadata"].get("coalesce_key") == "KD"
+            ]
     if subjects == MAX_SUBJECTS:  # at the cap: every subject is still tracked
         assert k0["result"]["coalesce"] == {"outcome": "replaced", "priorEventId": "k0"}
-    else:  # past it: K0, touched least recently, was forgotten and its item kept
-        assert k0["result"]["coalesce"]["outcome"] == "appended"
+        assert fallback == []  # the batch still waits for its render
+    else:  # past it: KD and K0, touched least recently, were forgotten
+        assert k0["result"]["coalesce"]["outcome"] == "appended"  # its item was kept
+        # the evicted batch was not lost: its fallback is stored
+        [item] = fallback
+        assert "d0" in " ".join(b.get("text", "") for b in item["blocks"])
     assert k1["result"]["coalesce"]["outcome"] in ("replaced", "appended")
