@@ -31,14 +31,14 @@ from protocol.source import mark_text
 from protocol.state import Recorded, read_rollback_result, rollback_params, rollback_targets
 from store import Append, MessageRecord, PutState
 
+from .calls import notify
 from .channel import new_id
 from .coalescer import Assembled, BeginAssembly, is_hidden_marker, render
 from .config import AgentConfig, load_gate
 from .context import HostContext
-from .errors import ActorDied, MailboxFull
 from .hooks import TurnHooks, injection_messages
 from .kernel import Actor, Reply
-from .messages import Call, Notify, Wake, Wakes, WakeTarget
+from .messages import Call, Wake, Wakes, WakeTarget
 from .models import Model, ModelError, ModelRequest
 from .scripted import body_of
 from .speech import (
@@ -232,7 +232,7 @@ class AgentActor(Actor):
         self._notice_given = False
         # speech: the outgoing queue, the drafts, the turn's speech while one runs, and how
         # many ended turns still wait for their speech to settle (their receipts)
-        self.sender = SpeechSender(ctx, cfg.name, self.spawn, self._maybe_start, self._trace_at)
+        self.sender = SpeechSender(ctx, cfg.name, self.spawn, self._maybe_start, self._trace)
         self.drafts = Drafts(ctx, cfg.name)
         self.speech: TurnSpeech | None = None
         self._settling = 0
@@ -248,22 +248,14 @@ class AgentActor(Actor):
         await self.drafts.load()
         self.spawn(self._timers, counted=False)
 
-    def _trace_at(self, kind: str, place: Any = None, **data: Any) -> None:
-        """A trace event naming a place (anything with ``server_id`` and ``channel_id``)."""
+    def _trace(self, kind: str, place: Any = None, **data: Any) -> None:
+        """A trace event of this agent; ``place`` is anything naming a ``server_id`` and a
+        ``channel_id`` (a wake target, a speech place), or None."""
         self.ctx.trace.emit(
             kind,
             agent=self.cfg.name,
             server_id=place.server_id if place is not None else None,
             channel_id=place.channel_id if place is not None else None,
-            data=data,
-        )
-
-    def _trace(self, kind: str, target: WakeTarget | None = None, **data: Any) -> None:
-        self.ctx.trace.emit(
-            kind,
-            agent=self.cfg.name,
-            server_id=target.server_id if target else None,
-            channel_id=target.channel_id if target else None,
             data=data,
         )
 
@@ -333,7 +325,7 @@ class AgentActor(Actor):
             return True
         self._trace(
             "gate-decision",
-            _target_of(wake),
+            wake if wake.server_id and wake.channel_id else None,
             wake=False,
             policy=decision.policy,
             behavior=decision.behavior,
@@ -510,7 +502,7 @@ class AgentActor(Actor):
                     inference_id=inference_id,
                     sender=self.sender,
                     drafts=self.drafts,
-                    trace=self._trace_at,
+                    trace=self._trace,
                 )
                 self.speech = speech
                 here = speech.route_place()
@@ -521,7 +513,7 @@ class AgentActor(Actor):
                         self.ctx, here, places.get((here.server_id, here.channel_id))
                     )
                 ):
-                    typing = Typing(self.ctx, here, self._trace_at)
+                    typing = Typing(self.ctx, here, self._trace)
                     typing.start()
                     self.spawn(typing.refresh, counted=False)
                 wakes = sum(w.count for w in drained.items) + drained.dropped
@@ -573,12 +565,7 @@ class AgentActor(Actor):
         """One ``channels/outgoing/complete`` per channel this turn streamed into, whatever
         way the turn ended."""
         for sid, params in speech.completes():
-            ref = self.ctx.connections.get(sid)
-            if ref is None:
-                continue
-            try:
-                ref.tell_nowait(Notify(method="channels/outgoing/complete", params=params))
-            except (MailboxFull, ActorDied):
+            if notify(self.ctx, sid, "channels/outgoing/complete", params) is False:
                 self._trace("diagnostic", text=f"channels/outgoing/complete to {sid} not sent")
 
     async def _settle(self, speech: TurnSpeech) -> None:
@@ -602,19 +589,14 @@ class AgentActor(Actor):
     def _chunk(self, speech: TurnSpeech, place: Any, piece: str) -> None:
         """One streamed piece: traced with its channel id as a plain string (or None), and sent
         as ``channels/outgoing/chunk`` where streaming is allowed."""
-        self._trace_at("tokens", place, delta=piece, inference_id=speech.inference_id)
+        self._trace("tokens", place, delta=piece, inference_id=speech.inference_id)
         if place is None:
             return
         params = speech.chunk(place, piece)
         if params is None:
             return
-        ref = self.ctx.connections.get(place.server_id)
-        if ref is None:
-            return
-        try:
-            ref.tell_nowait(Notify(method="channels/outgoing/chunk", params=params))
-        except (MailboxFull, ActorDied):
-            self._trace_at("diagnostic", place, text="channels/outgoing/chunk not sent")
+        if notify(self.ctx, place.server_id, "channels/outgoing/chunk", params) is False:
+            self._trace("diagnostic", place, text="channels/outgoing/chunk not sent")
 
     async def _render_deferred(self) -> list[str]:
         """RFC-006 §5: before the context is read, render the pending deferred batches this
@@ -917,17 +899,6 @@ class AgentActor(Actor):
         if outcome.success:
             self.ctx.lineages.record((sid, feature_set), outcome.checkpoint)
         return entry
-
-
-def _target_of(wake: Wake) -> WakeTarget | None:
-    if not wake.server_id or not wake.channel_id:
-        return None
-    return WakeTarget(
-        server_id=wake.server_id,
-        channel_id=wake.channel_id,
-        message_id=wake.message_id,
-        thread_id=wake.thread_id,
-    )
 
 
 def _mtime(path: Any) -> float | None:

@@ -1,4 +1,5 @@
-"""Asking a server something under a deadline, from a task that may be cancelled."""
+"""Talking to a server through its ConnectionActor: a request under a deadline, from a task
+that may be cancelled, and a best-effort notification that never waits."""
 
 from __future__ import annotations
 
@@ -7,8 +8,9 @@ from typing import Any
 
 import trio
 
+from .context import HostContext
 from .errors import ActorDied, MailboxFull
-from .messages import Call, CancelCall
+from .messages import Call, CancelCall, Notify
 
 
 class NoAnswer(TimeoutError):
@@ -32,3 +34,17 @@ async def call_within(ref: Any, call: Call, deadline: float) -> Any:
                     ref.tell_nowait(CancelCall(key=call.key))
             raise
     raise NoAnswer(f"no answer in {deadline:g}s")
+
+
+def notify(ctx: HostContext, server_id: str, method: str, params: Any) -> bool | None:
+    """Hand a notification to the server's connection without waiting (it is sent if the server
+    is ready). True when queued; False when the connection refused it (its mailbox is full or
+    it stopped); None when the host has no connection to that server."""
+    ref = ctx.connections.get(server_id)
+    if ref is None:
+        return None
+    try:
+        ref.tell_nowait(Notify(method=method, params=params))
+    except (MailboxFull, ActorDied):
+        return False
+    return True

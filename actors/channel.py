@@ -50,9 +50,10 @@ from protocol.source import (
 from protocol.tags import expand_tags, is_addressed
 from store import Append, MessageRecord, PutState
 
+from .calls import notify
 from .coalescer import Admit
 from .context import HostContext
-from .errors import ActorDied, AskTimeout, MailboxFull, NotConnected
+from .errors import ActorDied, AskTimeout, NotConnected
 from .kernel import Actor, Reply
 from .messages import (
     Call,
@@ -60,7 +61,6 @@ from .messages import (
     Describe,
     IngestBatch,
     Materialized,
-    Notify,
     Prepared,
     Publish,
     Register,
@@ -611,9 +611,7 @@ class ChannelActor(Actor):
                 # a root-only channel whose server takes only the notification form: without a
                 # thread id the post lands at the root all the same; delivery stays unknown
                 params.pop("threadId", None)
-                try:
-                    conn.tell_nowait(Notify(method="channels/publish", params=params))
-                except (MailboxFull, ActorDied):
+                if not notify(self.ctx, self.sid, "channels/publish", params):
                     return PublishOutcome(status="failed", reason="not sent"), None
                 return PublishOutcome(status="unknown"), {"outcome": "unknown"}
             return classify_error(str(exc) or type(exc).__name__), None

@@ -32,10 +32,9 @@ from protocol.hooks import (
     read_hook_result,
 )
 
-from .calls import call_within
+from .calls import call_within, notify
 from .context import HostContext
-from .errors import ActorDied, MailboxFull
-from .messages import Call, Notify, WakeTarget
+from .messages import Call, WakeTarget
 from .references import resolve_references
 
 log = logging.getLogger("mcplive.hooks")
@@ -103,12 +102,7 @@ class TurnHooks:
                 model_granted=MODEL_INFO in grant,
                 usage=usage,
             )
-            ref = self.ctx.connections.get(sid)
-            if ref is None:
-                continue
-            try:
-                ref.tell_nowait(Notify(method="inference/lifecycle", params=params))
-            except (MailboxFull, ActorDied):
+            if notify(self.ctx, sid, "inference/lifecycle", params) is False:
                 self._trace("diagnostic", sid, text=f"inference/lifecycle {phase} not sent")
 
     # -- context hooks --------------------------------------------------------------------

@@ -50,9 +50,9 @@ from protocol.routes import (
 )
 from store import PutState
 
+from .calls import notify
 from .context import HostContext
-from .errors import ActorDied, MailboxFull
-from .messages import Describe, Notify, Publish
+from .messages import Describe, Publish
 
 #: Unsettled segments one agent may have queued; past it a segment is kept as a draft.
 MAX_SPEECH_QUEUE = 256
@@ -630,17 +630,11 @@ class Typing:
         self.on = False
 
     def _send(self, typing: bool) -> None:
-        ref = self.ctx.connections.get(self.place.server_id)
-        if ref is None:
-            return
         params: dict[str, Any] = {"channelId": self.place.channel_id, "typing": typing}
         if self.place.thread_id is not None:
             params["threadId"] = self.place.thread_id
-        try:
-            ref.tell_nowait(Notify(method="channels/typing", params=params))
-        except (MailboxFull, ActorDied):
-            return
-        self._trace("typing", self.place, typing=typing)
+        if notify(self.ctx, self.place.server_id, "channels/typing", params):
+            self._trace("typing", self.place, typing=typing)
 
     def start(self) -> None:
         self.on = True
