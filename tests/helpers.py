@@ -140,6 +140,18 @@ class RecordingModel:
         )
 
 
+async def hold_turn(
+    ctl: Any, model: RecordingModel, channel: str, message_id: str, text: str
+) -> trio.Event:
+    """Wake the agent with one message and keep its turn inside the model (its context already
+    read, so what arrives now waits for the next turn); setting the returned event lets the
+    turn go on."""
+    release = model.hold()
+    send_incoming(ctl, channel, message_id, text)
+    await model.entered.wait()
+    return release
+
+
 def install(monkeypatch: pytest.MonkeyPatch, model: RecordingModel) -> None:
     """Every agent of the next ``Host.open`` gets ``model``."""
     monkeypatch.setattr("actors.host.make_model", lambda cfg: model)

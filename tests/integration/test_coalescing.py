@@ -20,11 +20,11 @@ from tests.helpers import (
     LOBBY,
     RecordingModel,
     answered,
+    hold_turn,
     incoming_answered,
     install,
     ready,
     running_lobby,
-    send_incoming,
     wait_trace,
 )
 
@@ -57,9 +57,8 @@ async def test_an_unread_occurrence_is_replaced_and_a_read_one_is_followed(
     with trio.fail_after(60):
         async with running_lobby(tmp_path, {"Ada": ""}) as lb:
             host, ctl = lb.host, lb.ctl
-            release = model.hold()
-            send_incoming(ctl, "lobby:#general", "g1", "keep busy")
-            await model.entered.wait()  # Ada's first turn read its context before the pushes
+            # Ada's first turn read its context before the pushes
+            release = await hold_turn(ctl, model, "lobby:#general", "g1", "keep busy")
             first = await push(ctl, "s1", "build 1 running", key="build", initial=True)
             assert first["result"]["coalesce"] == {"outcome": "first"}
             second = await push(ctl, "s2", "build 1 passed", key="build")
@@ -92,9 +91,7 @@ async def test_a_retraction_removes_an_unread_occurrence_without_trace(
     with trio.fail_after(60):
         async with running_lobby(tmp_path, {"Ada": ""}) as lb:
             host, ctl = lb.host, lb.ctl
-            release = model.hold()
-            send_incoming(ctl, "lobby:#general", "g1", "keep busy")
-            await model.entered.wait()
+            release = await hold_turn(ctl, model, "lobby:#general", "g1", "keep busy")
             await push(ctl, "t1", "a secret typo", key="msg", initial=True)
             gone = await push(ctl, "t2", "", key="msg", retract=True)
             assert gone["result"]["coalesce"]["outcome"] == "retracted"
@@ -321,9 +318,8 @@ async def test_a_deferred_batch_is_rendered_once_and_read_by_the_next_request(
     with trio.fail_after(60):
         async with running_lobby(tmp_path, {"Ada": ""}) as lb:
             host, ctl = lb.host, lb.ctl
-            release = model.hold()
-            send_incoming(ctl, "lobby:#general", "g1", "keep busy")
-            await model.entered.wait()  # the first turn assembled before the notices came
+            # the first turn assembled before the notices came
+            release = await hold_turn(ctl, model, "lobby:#general", "g1", "keep busy")
             for n in (1, 2, 3):
                 await notice(ctl, f"d{n}", f"fallback {n}", "build", data={"n": n})
             await synced(ctl, "before")

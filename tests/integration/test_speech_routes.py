@@ -26,6 +26,7 @@ from tests.helpers import (
     answered,
     barrier,
     config,
+    hold_turn,
     incoming_answered,
     install,
     lobby,
@@ -123,9 +124,8 @@ async def test_a_turn_woken_by_two_conversations_is_held_and_its_draft_resends(
     with trio.fail_after(60):
         async with running_lobby(tmp_path, {"Ada": ""}) as lb:
             host, ctl = lb.host, lb.ctl
-            release = model.hold()
-            send_incoming(ctl, "lobby:#random", "r0", "first")
-            await model.entered.wait()  # the first turn runs; the next two wait for it
+            # the first turn runs; the next two wait for it
+            release = await hold_turn(ctl, model, "lobby:#random", "r0", "first")
             send_incoming(ctl, "lobby:#general", "g1", "hello from general")
             await ctl.wait_for(incoming_answered("g1"), "g1 stored")
             send_incoming(ctl, "lobby:#random", "r1", "hello from random")
@@ -403,9 +403,7 @@ async def test_default_outgoing_is_the_route_and_absent_when_the_turn_is_held(
     with trio.fail_after(60):
         async with running_lobby(tmp_path, {"Ada": ""}, "--context") as lb:
             host, ctl = lb.host, lb.ctl
-            release = model.hold()
-            send_incoming(ctl, "lobby:#general", "g1", "one")
-            await model.entered.wait()
+            release = await hold_turn(ctl, model, "lobby:#general", "g1", "one")
             send_incoming(ctl, "lobby:#general", "g2", "two")
             await ctl.wait_for(incoming_answered("g2"), "g2 stored")
             send_incoming(ctl, "lobby:#random", "r1", "three")
@@ -434,9 +432,7 @@ async def test_an_addressed_message_from_elsewhere_mid_turn_suspends_the_route(
     with trio.fail_after(60):
         async with running_lobby(tmp_path, {"Ada": ""}) as lb:
             host, ctl = lb.host, lb.ctl
-            release = model.hold()
-            send_incoming(ctl, "lobby:#general", "g1", "chatter")
-            await model.entered.wait()
+            release = await hold_turn(ctl, model, "lobby:#general", "g1", "chatter")
             send_incoming(ctl, "lobby:#random", "r1", "@Ada over here", tags=["chat:mention"])
             await wait_trace(lb.stream, lambda e: e.kind == "route-suspended", "suspended")
             release.set()
