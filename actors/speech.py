@@ -344,18 +344,15 @@ class TurnSpeech:
         route = self.route
         if route is None:
             return None
-        return Place(
-            server_id=route.server_id,
-            channel_id=route.channel_id,
-            label=self._label(route.server_id, route.channel_id),
-            thread_id=route.thread_id,
-        )
+        return self._place((route.server_id, route.channel_id, route.thread_id))
 
-    def _label(self, sid: str, cid: str) -> str:
-        for v in self.channels:
-            if v.server_id == sid and v.channel_id == cid:
-                return v.label
-        return ""
+    def _place(self, conversation: tuple[str, str, str | None]) -> Place:
+        """A conversation (server, channel, thread) as a place, with the channel's label."""
+        sid, cid, thread = conversation
+        label = next(
+            (v.label for v in self.channels if v.server_id == sid and v.channel_id == cid), ""
+        )
+        return Place(server_id=sid, channel_id=cid, label=label, thread_id=thread)
 
     def set_route(self, place: Place) -> None:
         """A deliberate move of the route (``channel_open`` with set_speech_target)."""
@@ -415,11 +412,7 @@ class TurnSpeech:
         if isinstance(decision, Hold):
             return Destination(kept="held")
         if isinstance(decision, Unroutable):
-            c = decision.conversation
-            place = Place(
-                server_id=c[0], channel_id=c[1], label=self._label(c[0], c[1]), thread_id=c[2]
-            )
-            return Destination(place=place, kept=decision.reason)
+            return Destination(place=self._place(decision.conversation), kept=decision.reason)
         return Destination(kept="no route")
 
     # -- whole rounds ------------------------------------------------------------------------
@@ -583,10 +576,7 @@ class TurnSpeech:
         reasons = [r for _, r in self.kept]
         ids = [i for i, _ in self.kept]
         if "held" in reasons and isinstance(self.decision, Hold):
-            places = [
-                Place(server_id=s, channel_id=c, label=self._label(s, c), thread_id=t)
-                for s, c, t in self.decision.conversations
-            ]
+            places = [self._place(c) for c in self.decision.conversations]
             texts.append(hold_notice(places, multiple_unknown=self.decision.multiple_unknown))
         bounced = [i for i, r in self.kept if r == "bounced"]
         if bounced:
@@ -595,11 +585,9 @@ class TurnSpeech:
         if isinstance(self.decision, Unroutable) and any(
             r == self.decision.reason for r in reasons
         ):
-            c = self.decision.conversation
-            place = Place(
-                server_id=c[0], channel_id=c[1], label=self._label(c[0], c[1]), thread_id=c[2]
+            texts.append(
+                unroutable_notice(self._place(self.decision.conversation), self.decision.reason)
             )
-            texts.append(unroutable_notice(place, self.decision.reason))
         if self.tickets or ids or self.suppressed:
             deliveries = [
                 Delivery(
