@@ -330,18 +330,11 @@ class CoalescerActor(Actor):
             await self.ctx.store.write(Append(records=(), journal=entries))
         if not renders:
             return ()
-        # the frozen batches' fallback, audience and provenance, as the coalescer holds them
-        state = self.co.snapshot()["state"]
-        frozen = {
-            raw["rendering"]["id"]: raw["rendering"]
-            for raw in state["subjects"]
-            if raw["rendering"] is not None
-        }
         jobs = []
         for effect in renders:
-            b = frozen[effect.batch]
+            b = self.co.rendering(effect.subject)  # frozen by this very step
             sid = self._server_of(effect.subject.binding)
-            assert sid is not None
+            assert b is not None and b.batch == effect.batch and sid is not None
             subject = effect.subject
             job = RenderJob(
                 batch=effect.batch,
@@ -349,13 +342,13 @@ class CoalescerActor(Actor):
                 server_id=sid,
                 channel_id=subject.scope_id if subject.scope_kind == "channel" else None,
                 params=effect.params,
-                contexts=tuple(b["audience"]),
-                event_id=b["event_id"],
-                feature_set=b["feature_set"],
-                fallback=tuple(b["fallback"]),
-                timestamp=b["timestamp"],
-                tags=tuple(b["tags"]),
-                origin=b["origin"],
+                contexts=tuple(sorted(b.audience)),
+                event_id=b.event_id,
+                feature_set=b.feature_set,
+                fallback=tuple(b.fallback),
+                timestamp=b.timestamp,
+                tags=tuple(b.tags),
+                origin=b.origin,
             )
             self._jobs[job.batch] = job
             while len(self._jobs) > MAX_JOBS:

@@ -499,6 +499,20 @@ class BatchView:
 
 
 @attrs.frozen(kw_only=True)
+class RenderingView:
+    """A batch being rendered: what the host needs to build its fallback and its result."""
+
+    batch: str
+    feature_set: str
+    event_id: str
+    fallback: tuple[Any, ...]
+    timestamp: str
+    tags: tuple[str, ...]
+    origin: Any
+    audience: frozenset[str]
+
+
+@attrs.frozen(kw_only=True)
 class SubjectView:
     """A read-only view of one tracked subject."""
 
@@ -680,6 +694,23 @@ class Coalescer:
         """The original ``coalesce`` result of an admitted occurrence still in its window."""
         hit = self._duplicate(binding, event_id, now)
         return None if hit is None else hit.result()
+
+    def rendering(self, subject: Subject) -> RenderingView | None:
+        """The batch of ``subject`` being rendered (frozen by an assembly), if any."""
+        slot = self._subjects.get(subject)
+        b = slot.rendering if slot is not None else None
+        if b is None:
+            return None
+        return RenderingView(
+            batch=b.id,
+            feature_set=b.feature_set,
+            event_id=b.event_id,
+            fallback=b.fallback,
+            timestamp=b.timestamp,
+            tags=b.tags,
+            origin=b.origin,
+            audience=b.audience,
+        )
 
     def pending_batches(self, context: str) -> tuple[BatchView, ...]:
         """Pending batches an assembly for ``context`` would render now."""

@@ -523,6 +523,21 @@ def test_notices_join_one_batch_and_render_once() -> None:
     assert w.notice(fs(), "n3").outcome == "first"
 
 
+def test_the_batch_being_rendered_is_shown_until_it_completes() -> None:
+    w = World()
+    assert w.co.rendering(fs()) is None
+    w.notice(fs(), "n1", data={"i": 1})
+    w.notice(fs(), "n2")
+    assert w.co.rendering(fs()) is None  # pending, not yet rendering
+    (ask,) = w.begin(A)
+    shown = w.co.rendering(fs())
+    assert shown is not None and shown.batch == ask.batch
+    assert (shown.event_id, shown.feature_set, shown.audience) == ("n2", "doc", frozenset(AB))
+    assert shown.fallback == tuple(text("FB"))
+    w.result(ask.batch, "RENDERED")
+    assert w.co.rendering(fs()) is None
+
+
 def test_channel_scoped_render_names_the_channel() -> None:
     w = World()
     w.notice(chan(), "n1")
