@@ -17,7 +17,7 @@ import json
 import os
 import time
 import uuid
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -33,12 +33,19 @@ from store import Append, MessageRecord, PutState
 
 from .calls import notify
 from .channel import new_id
-from .coalescer import Assembled, BeginAssembly, is_hidden_marker, render
+from .coalescer import (
+    RENDER_TIMEOUT_S,
+    Assembled,
+    BeginAssembly,
+    RenderWait,
+    is_hidden_marker,
+    render,
+)
 from .config import AgentConfig, load_gate
 from .context import HostContext
 from .hooks import TurnHooks, injection_messages
 from .kernel import Actor, Reply
-from .messages import Call, Wake, Wakes, WakeTarget
+from .messages import Call, Wake, Wakes, WakeTarget, Withdraw
 from .models import Model, ModelError, ModelRequest
 from .scripted import body_of
 from .speech import (
@@ -71,6 +78,15 @@ class PostLocal:
 class ExecuteTool:
     tool: str
     arguments: Any
+
+
+@attrs.frozen(kw_only=True)
+class HoldTurns:
+    """Hold the agent's turns (``on``) or let them run again. While held, everything is stored
+    and wakes wait in the agent's wake buffer (its cap and policy); a running turn goes on.
+    The answer says whether the hold changed."""
+
+    on: bool
 
 
 @attrs.frozen(kw_only=True)
@@ -108,6 +124,11 @@ CHECKPOINTS = ("checkpoints", "current")
 NOT_CONVERSATIONAL = frozenset({"chat:reaction", "chat:system"})
 #: How often (in seconds of the host's clock) the gate file's modification time is checked.
 GATE_RELOAD_S = 1.0
+#: How long a turn waits for a batch another turn is rendering (its render's own bound, and
+#: the time to store what it materialized).
+JOIN_RENDER_S = RENDER_TIMEOUT_S + 5.0
+#: Withdrawn occurrences remembered per agent, for a wake that arrives after its withdrawal.
+MAX_WITHDRAWN = 1024
 
 
 def candidate_of(wake: Wake) -> Candidate | None:
@@ -221,6 +242,10 @@ class AgentActor(Actor):
         self.servers = tuple(s.id for s in ctx.config.servers if cfg.hears(s.id))
         self.buffer: WakeBuffer[Wake] = WakeBuffer()
         self.turn_running = False
+        self.held = False  # turns held by the operator (``Host.hold``)
+        # RFC-006 occurrences withdrawn (replaced or retracted unread), newest last: a wake of
+        # one that arrives after its withdrawal is dropped too
+        self._withdrawn: OrderedDict[str, None] = OrderedDict()
         self.system = cfg.system_prompt or DEFAULT_PROMPT.format(name=cfg.name)
         self._tail = ContextTail(cfg.context_tokens)  # the context as of the last turn
         self._seen_seq = 0
@@ -267,6 +292,9 @@ class AgentActor(Actor):
             for wake in msg.items:
                 self._note_wake(wake)
             reply.value(None)
+        elif isinstance(msg, Withdraw):
+            self._withdraw(msg.occurrence)
+            reply.value(None)
         elif isinstance(msg, PostLocal):
             record = MessageRecord(
                 id=new_id(),
@@ -281,6 +309,13 @@ class AgentActor(Actor):
             self.spawn(self._store_local, record, reply)
         elif isinstance(msg, ExecuteTool):
             self.spawn(self._execute, msg, reply)
+        elif isinstance(msg, HoldTurns):
+            changed = self.held != msg.on
+            self.held = msg.on
+            if changed:
+                self._trace("turns-held" if msg.on else "turns-released", waiting=len(self.buffer))
+            reply.value(changed)
+            self._maybe_start()
         elif isinstance(msg, AbortTurn):
             scope = self._turn_scope
             if scope is not None:
@@ -299,6 +334,8 @@ class AgentActor(Actor):
         """Take a wake: the gate decides whether a channel item wakes the agent at all (it is
         stored either way); what does is buffered for the next turn (at most 100; the oldest
         go first, their conversations still counted for the route)."""
+        if wake.occurrence is not None and wake.occurrence in self._withdrawn:
+            return  # replaced or retracted before it got here: it wakes nobody
         if wake.lane in ("incoming", "push") and not self._gate_admits(wake):
             return
         candidate = candidate_of(wake)
@@ -306,6 +343,20 @@ class AgentActor(Actor):
             self.speech.arrival(candidate)
         self.buffer.add(wake, candidate.conversation if candidate is not None else None)
         self._maybe_start()
+
+    def _withdraw(self, occurrence: str) -> None:
+        """An occurrence was replaced or retracted before this agent read it: its wake, waiting
+        in the buffer or in a debounce batch, no longer counts (RFC-006 §7: no inference starts
+        for a displaced cause alone)."""
+        self._withdrawn[occurrence] = None
+        while len(self._withdrawn) > MAX_WITHDRAWN:
+            self._withdrawn.popitem(last=False)
+        removed = self.buffer.remove(lambda w: w.occurrence == occurrence)
+        if self.gate.withdraw(occurrence):
+            removed += 1
+            self._timer_changed.set()
+        if removed:
+            self._trace("wake-withdrawn", occurrence=occurrence)
 
     def _gate_admits(self, wake: Wake) -> bool:
         now = trio.current_time()
@@ -319,6 +370,7 @@ class AgentActor(Actor):
             tags=wake.tags,
             author=wake.author,
             metadata={"addressed": wake.addressed},
+            item=wake.occurrence,
         )
         decision = self.gate.decide(event, now)
         if decision.wake:
@@ -410,7 +462,7 @@ class AgentActor(Actor):
                 self._parked = True
                 self._trace("wake-parked", unsettled=self.sender.unsettled)
             return
-        if self.turn_running:
+        if self.turn_running or self.held:
             return
         self._parked = False
         drained = self.buffer.drain()
@@ -604,7 +656,7 @@ class AgentActor(Actor):
         and wait until what they materialized is durable. The outcomes, one per render."""
         if self.ctx.coalescer is None:
             return []
-        jobs = await self.ctx.coalescer.ask(BeginAssembly(context=self.cfg.name), timeout=60)
+        begun = await self.ctx.coalescer.ask(BeginAssembly(context=self.cfg.name), timeout=60)
         outcomes: list[str] = []
 
         async def one(job: Any) -> None:
@@ -612,9 +664,18 @@ class AgentActor(Actor):
             if outcome is not None:
                 outcomes.append(outcome)
 
+        async def join(wait: RenderWait) -> None:
+            # rendered once for every agent that sees it: wait for another turn's render
+            with trio.move_on_after(JOIN_RENDER_S):
+                await wait.done.wait()
+            if wait.outcome is not None:
+                outcomes.append(wait.outcome)
+
         async with trio.open_nursery() as nursery:
-            for job in jobs:
+            for job in begun.jobs:
                 nursery.start_soon(one, job)
+            for wait in begun.joins:
+                nursery.start_soon(join, wait)
         return outcomes
 
     async def _context(self) -> list[Mapping[str, Any]]:

@@ -99,7 +99,7 @@ OPEN_STATE_NS = "channel_open"
 MAX_RECEIPTS = 1024  # publish receipts kept for echo detection; oldest forgotten first
 MAX_DEFERRED = 64  # ingest batches waiting for a publish receipt; past it: taken at once
 MAX_LABELS = 32  # label history; oldest forgotten first
-MAX_SUBJECT_THREADS = 4096  # coalescing subjects whose thread is known; least recent forgotten
+MAX_SUBJECT_PLACES = 4096  # coalescing subjects whose place is known; least recent forgotten
 
 
 _ID_PREFIX = secrets.token_hex(4)  # per process, so ids never repeat across restarts
@@ -128,8 +128,8 @@ class ChannelActor(Actor):
         self._publishing = 0
         self._flushing = False
         self._deferred: list[tuple[IngestBatch, Reply]] = []
-        # RFC-006 subjects of this channel (their key) and the thread each lives in
-        self._subject_threads: OrderedDict[str, str | None] = OrderedDict()
+        # RFC-006 subjects of this channel (their key) and where each lives: (thread, message)
+        self._subject_places: OrderedDict[str, tuple[str | None, str | None]] = OrderedDict()
 
     @property
     def place(self) -> str | None:
@@ -387,14 +387,22 @@ class ChannelActor(Actor):
             reply_to = None
             thread = e.origin.get("threadId") if e.origin and self.cid is not None else None
             thread_id = thread if isinstance(thread, str) and thread else None
-            if thread_id is None and spec is not None and spec.channel_id is not None:
-                # a correction that names no thread is delivered where its subject lives
-                thread_id = self._subject_threads.get(spec.key)
+            if spec is not None and spec.channel_id is not None:
+                # A correction of a channel subject has no platform message of its own: the
+                # subject's message stays its reply target, and one that names no thread is
+                # delivered in the thread where its subject lives (RFC-006 case 45, I.1).
+                known_thread, message_id = self._subject_places.get(spec.key, (None, None))
+                thread_id = known_thread if thread_id is None else thread_id
+                source_message = message_id
+                if message_id is not None:
+                    meta["message_id"] = message_id
+                if thread_id is not None:
+                    meta["thread_id"] = thread_id
         if spec is not None:
-            self._subject_threads[spec.key] = thread_id
-            self._subject_threads.move_to_end(spec.key)
-            while len(self._subject_threads) > MAX_SUBJECT_THREADS:
-                self._subject_threads.popitem(last=False)
+            self._subject_places[spec.key] = (thread_id, message_id)
+            self._subject_places.move_to_end(spec.key)
+            while len(self._subject_places) > MAX_SUBJECT_PLACES:
+                self._subject_places.popitem(last=False)
         meta["inbound_source"] = {
             "lane": lane,
             "server": self.sid,
@@ -446,7 +454,15 @@ class ChannelActor(Actor):
             if agent != author_agent
         )
         wakes = self._wakes(
-            lane, message_id, thread_id, echo, addressed, blocks, tags, author or None
+            lane,
+            message_id,
+            thread_id,
+            echo,
+            addressed,
+            blocks,
+            tags,
+            author or None,
+            meta.get("occurrence"),
         )
         return Append(records=records, dedupe=dedupe), (tuple(body), wakes, author)
 
@@ -462,7 +478,9 @@ class ChannelActor(Actor):
                 raise RpcError(code=INVALID_PARAMS, message=f"Invalid params: {exc}") from None
             [blocks] = await resolve_references(self.ctx.references, [blocks], self.sid)
         now = time.time()
-        thread_id = self._subject_threads.get(msg.key) if self.cid is not None else None
+        unknown: tuple[str | None, str | None] = (None, None)
+        place = self._subject_places.get(msg.key, unknown) if self.cid is not None else unknown
+        thread_id, message_id = place
         tags, _ = expand_tags(list(msg.tags))
         meta: dict[str, Any] = {
             "server_id": self.sid,
@@ -479,11 +497,15 @@ class ChannelActor(Actor):
             "server": self.sid,
             "channel": self.cid,
             "thread": thread_id,
-            "message": None,
+            "message": message_id,
             "label": self.label or None,
             "reply_to": None,
             "accepted_at": _now_iso(),
         }
+        if message_id is not None:
+            meta["message_id"] = message_id
+        if thread_id is not None:
+            meta["thread_id"] = thread_id
         refs = [b["ref_id"] for b in blocks if "ref_id" in b]
         if refs:
             meta["references"] = refs
@@ -544,6 +566,7 @@ class ChannelActor(Actor):
         blocks: list[dict[str, Any]] | None = None,
         tags: tuple[str, ...] = (),
         author: str | None = None,
+        occurrence: str | None = None,
     ) -> tuple[tuple[str, Wake], ...]:
         """Who this item wakes: nobody for what the host itself published (``echo``); in a
         closed channel only those it is ``addressed`` to."""
@@ -564,6 +587,7 @@ class ChannelActor(Actor):
             author=author,
             place=self.place,
             registered=self.registered,
+            occurrence=occurrence,
         )
         return tuple((agent, wake) for agent in woken)
 

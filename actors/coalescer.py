@@ -31,6 +31,7 @@ journal entries before the answer. This actor itself never asks another actor.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
@@ -58,9 +59,9 @@ from store import Append, JournalEntry, MessageRecord
 
 from .calls import call_within
 from .context import HostContext
-from .errors import ActorDied, NotConnected
+from .errors import ActorDied, MailboxFull, NotConnected
 from .kernel import Actor, Reply
-from .messages import Call, Materialized
+from .messages import Call, Materialized, Withdraw
 from .storage import SettledFuture
 
 STREAM = "coalesce"
@@ -100,7 +101,7 @@ class Admit:
 @attrs.frozen(kw_only=True)
 class BeginAssembly:
     """An agent begins assembling a request: start rendering the pending deferred batches it
-    would see. The answer is a :class:`RenderJob` per render started."""
+    would see. The answer is a :class:`Begun`."""
 
     context: str
 
@@ -121,6 +122,25 @@ class RenderJob:
     timestamp: str
     tags: tuple[str, ...]
     origin: Any
+
+
+@attrs.define
+class RenderWait:
+    """A render started by another agent's assembly of a batch this one sees too (a batch is
+    rendered once, RFC-006 §5): ``done`` is set once its outcome is durable, ``outcome`` written
+    just before, by the coalescer alone."""
+
+    done: trio.Event = attrs.field(factory=trio.Event)
+    outcome: str | None = None
+
+
+@attrs.frozen(kw_only=True)
+class Begun:
+    """The answer to ``BeginAssembly``: the renders the asker performs (``jobs``), and those
+    already under way elsewhere that it waits for (``joins``)."""
+
+    jobs: tuple[RenderJob, ...] = ()
+    joins: tuple[RenderWait, ...] = ()
 
 
 @attrs.frozen(kw_only=True)
@@ -176,6 +196,7 @@ class CoalescerActor(Actor):
         self._new_id = new_id
         self._hidden: OrderedDict[str, None] = OrderedDict()
         self._jobs: OrderedDict[str, RenderJob] = OrderedDict()
+        self._waits: dict[str, RenderWait] = {}  # one per job in ``_jobs``, by batch
 
     async def on_start(self) -> None:
         rows = await self.ctx.store.read(self.ctx.store.reader.journal, STREAM)
@@ -275,6 +296,11 @@ class CoalescerActor(Actor):
             if isinstance(effect, AppendEffect):
                 out.extend(r for r in item if r.agent in effect.contexts)
             elif isinstance(effect, Hide):
+                for agent in effect.contexts:  # its wake no longer counts
+                    ref = self.ctx.agents.get(agent)
+                    if ref is not None:
+                        with contextlib.suppress(MailboxFull, ActorDied):
+                            ref.tell_nowait(Withdraw(occurrence=effect.occurrence))
                 self._hidden[effect.occurrence] = None
                 while len(self._hidden) > MAX_HIDDEN:
                     self._hidden.popitem(last=False)
@@ -311,15 +337,18 @@ class CoalescerActor(Actor):
         the feature set enabled; for a channel scope ``channels.incoming`` granted."""
         sid = self._server_of(subject.binding)
         status = self.ctx.statuses.get(sid) if sid is not None else None
-        if status is None or not (status.connected and status.ready):
+        if status is None:
             return False
-        if "pushEvents" not in status.grant or feature_set not in status.feature_sets:
+        # the policy last in force: a server away (reconnecting) keeps its authority, and its
+        # render then fails as a disconnect (the fallback), RFC-006 case 21
+        grant, sets = status.policy_grant, status.policy_feature_sets
+        if "pushEvents" not in grant or feature_set not in sets:
             return False
         if subject.scope_kind == "channel":
-            return "channels.incoming" in status.grant
+            return "channels.incoming" in grant
         return True
 
-    async def _begin(self, msg: BeginAssembly) -> tuple[RenderJob, ...]:
+    async def _begin(self, msg: BeginAssembly) -> Begun:
         step = self.co.begin_assembly(
             msg.context, authorized=lambda v: self._authorized(v.subject, v.feature_set)
         )
@@ -328,8 +357,14 @@ class CoalescerActor(Actor):
         if step.records:
             entries = tuple(JournalEntry(STREAM, r) for r in step.records)
             await self.ctx.store.write(Append(records=(), journal=entries))
+        started = {e.batch for e in renders}
+        joins = tuple(
+            self._waits[batch]
+            for batch, job in self._jobs.items()
+            if batch not in started and msg.context in job.contexts
+        )
         if not renders:
-            return ()
+            return Begun(joins=joins)
         jobs = []
         for effect in renders:
             b = self.co.rendering(effect.subject)  # frozen by this very step
@@ -351,10 +386,12 @@ class CoalescerActor(Actor):
                 origin=b.origin,
             )
             self._jobs[job.batch] = job
+            self._waits[job.batch] = RenderWait()
             while len(self._jobs) > MAX_JOBS:
-                self._jobs.popitem(last=False)
+                forgotten, _ = self._jobs.popitem(last=False)
+                self._waits.pop(forgotten).done.set()  # nobody waits on it any longer
             jobs.append(job)
-        return tuple(jobs)
+        return Begun(jobs=tuple(jobs), joins=joins)
 
     async def _render_done(self, msg: RenderDone) -> str | None:
         job = self._jobs.pop(msg.batch, None)
@@ -381,6 +418,10 @@ class CoalescerActor(Actor):
             channel_id=job.channel_id if job is not None else None,
             data={"batch": msg.batch, "outcome": step.outcome, "reason": msg.reason},
         )
+        wait = self._waits.pop(msg.batch, None)
+        if wait is not None:
+            wait.outcome = step.outcome
+            wait.done.set()
         return step.outcome
 
 
@@ -393,7 +434,10 @@ async def _call_render(ctx: HostContext, job: RenderJob) -> tuple[Any, Failure |
     if conn is None:
         return None, "disconnect"
     key = f"render/{job.batch}"
-    call = Call(method="push/render", params=job.params, timeout=RENDER_TIMEOUT_S, key=key)
+    # hook=True: like a context hook, a render may not start an inference (RFC-006 §10.7)
+    call = Call(
+        method="push/render", params=job.params, timeout=RENDER_TIMEOUT_S, hook=True, key=key
+    )
     try:
         return await call_within(conn, call, RENDER_TIMEOUT_S), None
     except (NotConnected, ActorDied):

@@ -188,6 +188,7 @@ class ConnectionActor(Actor):
         self.ctx = ctx
         self.sid = cfg.id
         self.link: Link | None = None
+        self._policy: tuple[frozenset[str], frozenset[str]] = (frozenset(), frozenset())
         self.connects = 0
         try:
             self.version = metadata.version("mcplive")
@@ -246,6 +247,8 @@ class ConnectionActor(Actor):
 
     def status(self) -> ConnStatus:
         link = self.link
+        if link is not None and link.ready and not link.mcp_only:
+            self._policy = (link.grant, frozenset(link.enabled_sets))
         return ConnStatus(
             server_id=self.sid,
             connected=link is not None,
@@ -259,6 +262,8 @@ class ConnectionActor(Actor):
             }
             if link
             else {},
+            policy_grant=self._policy[0],
+            policy_feature_sets=self._policy[1],
         )
 
     async def _do_call(self, link: Link, msg: Call, reply: Reply, scope: trio.CancelScope) -> None:
@@ -891,12 +896,12 @@ class ConnectionActor(Actor):
 
     async def _inference(self, link: Link, req: rpc.Request) -> Any:
         """A server-initiated inference (admitted by ``_answer``): never while one of our hooks
-        awaits this server, within its budget, streamed when asked and granted."""
+        or renders awaits this server, within its budget, streamed when asked and granted."""
         if link.hooks_in_flight:
             raise RpcError(
                 code=INVALID_REQUEST,
-                message="inference/request refused: a context/beforeInference call to this "
-                "server is in flight, and a hook must not start inference",
+                message="inference/request refused: a context/beforeInference or push/render "
+                "call to this server is in flight, and neither may start inference",
             )
         request = parse_inference_request(req.params)
         streamed = request.stream and "inferenceRequest.streaming" in link.grant

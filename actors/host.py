@@ -12,7 +12,15 @@ import trio
 
 from protocol.state import Lineages
 
-from .agent import CHECKPOINTS, AbortTurn, AgentActor, ExecuteTool, PostLocal, Rollback
+from .agent import (
+    CHECKPOINTS,
+    AbortTurn,
+    AgentActor,
+    ExecuteTool,
+    HoldTurns,
+    PostLocal,
+    Rollback,
+)
 from .channel import ChannelActor, new_id
 from .coalescer import CoalescerActor
 from .config import AgentConfig, HostConfig, load_config
@@ -123,6 +131,16 @@ class Host:
 
     async def post_local(self, agent: str, text: str) -> None:
         await self._agent(agent).ask(PostLocal(text=text), timeout=60)
+
+    async def hold(self, agent: str) -> bool:
+        """Hold the agent's turns: what arrives is stored and its wakes wait (at most 100, the
+        oldest dropped) until :meth:`release`; a running turn goes on. False if already held."""
+        return bool(await self._agent(agent).ask(HoldTurns(on=True), timeout=60))
+
+    async def release(self, agent: str) -> bool:
+        """Let a held agent's turns run again; the wakes that waited start the next turn.
+        False if it was not held."""
+        return bool(await self._agent(agent).ask(HoldTurns(on=False), timeout=60))
 
     async def abort_turn(self, agent: str) -> bool:
         """Cancel the agent's running turn (its servers hear ``aborted``); False if none ran."""

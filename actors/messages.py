@@ -24,7 +24,7 @@ class Call:
     params: Mapping[str, Any]
     notify_fallback: bool = False
     timeout: float | None = None  # None: the server's request_timeout_s
-    hook: bool = False  # a context hook: the server may not start inference meanwhile
+    hook: bool = False  # a context hook or a render: the server may not infer meanwhile
     key: str | None = None  # names the call for a later ``CancelCall``
 
 
@@ -59,6 +59,10 @@ class ConnStatus:
     tools: tuple[Mapping[str, Any], ...]
     channels: tuple[str, ...]
     feature_sets: Mapping[str, Mapping[str, Any]] = attrs.field(factory=dict)  # enabled ones
+    # The policy last in force (grant, enabled feature sets), kept while the server is away:
+    # RFC-006 authority belongs to the binding, and a reconnect alone does not revoke it.
+    policy_grant: frozenset[str] = frozenset()
+    policy_feature_sets: frozenset[str] = frozenset()
 
 
 # --- to a ChannelActor ---------------------------------------------------------------------
@@ -180,6 +184,15 @@ class Wake:
     place: str | None = None  # where the channel's server says a post lands (RFC-011)
     registered: bool = True
     deferred: bool = False  # an RFC-006 deferred notice: its batch is rendered at assembly
+    occurrence: str | None = None  # a coalesced item's occurrence (see ``Withdraw``)
+
+
+@attrs.frozen(kw_only=True)
+class Withdraw:
+    """RFC-006: the coalesced occurrence was replaced or retracted before the agent read it, so
+    its wake no longer counts (its replacement, if any, brings its own)."""
+
+    occurrence: str
 
 
 @attrs.frozen(kw_only=True)

@@ -18,7 +18,7 @@ import json
 import re
 import tomllib
 from collections import OrderedDict, deque
-from collections.abc import Hashable, Mapping
+from collections.abc import Callable, Hashable, Mapping
 from typing import Any, Final, Generic, NoReturn, TypeVar
 
 import attrs
@@ -36,6 +36,9 @@ MAX_KEYS: Final = 1024
 #: A policy file holds at most this many policies.
 MAX_POLICIES: Final = 200
 MAX_POLICY_NAME: Final = 100
+#: A debounce batch remembers at most this many withdrawable items (RFC-006: an occurrence
+#: replaced or retracted before it was read no longer counts); older ones stay counted.
+MAX_BATCH_ITEMS: Final = 1024
 #: ``WakeBuffer`` defaults.
 MAX_BUFFERED: Final = 100
 MAX_CONVERSATIONS: Final = 32
@@ -204,6 +207,7 @@ class GateEvent:
     tags: tuple[str, ...] = ()
     author: str | None = None
     metadata: Mapping[str, Any] = attrs.field(factory=dict)
+    item: str | None = None  # an id the event can be withdrawn by (an RFC-006 occurrence)
 
     @property
     def conversation(self) -> Conversation:
@@ -497,17 +501,42 @@ class Batch:
 
 
 class _Pending:
+    """A debounce batch being gathered: how many events it holds, the newest ``MAX_BATCH``
+    snippets, and the newest ``MAX_BATCH_ITEMS`` item ids (past that, an older item can no
+    longer be withdrawn and stays counted)."""
+
     def __init__(self) -> None:
         self.count = 0
         self.due = 0.0
-        self.entries: deque[tuple[str, Conversation]] = deque(maxlen=MAX_BATCH)
+        self.entries: deque[tuple[str | None, str, Conversation]] = deque(maxlen=MAX_BATCH)
+        self.items: OrderedDict[str, int] = OrderedDict()  # item id -> its events here
+
+    def add(self, event: GateEvent) -> None:
+        self.count += 1
+        self.entries.append((event.item, event.text[:MAX_SNIPPET], event.conversation))
+        if event.item is not None:
+            self.items[event.item] = self.items.get(event.item, 0) + 1
+            self.items.move_to_end(event.item)
+            if len(self.items) > MAX_BATCH_ITEMS:
+                self.items.popitem(last=False)
+
+    def withdraw(self, item: str) -> bool:
+        """Every event of ``item`` leaves the batch."""
+        events = self.items.pop(item, 0)
+        if not events:
+            return False
+        self.count -= events
+        kept = [e for e in self.entries if e[0] != item]
+        self.entries.clear()
+        self.entries.extend(kept)
+        return True
 
     def batch(self, policy: str) -> Batch:
-        conversations = dict.fromkeys(c for _, c in self.entries)
+        conversations = dict.fromkeys(c for _, _, c in self.entries)
         return Batch(
             policy=policy,
             count=self.count,
-            snippets=tuple(s for s, _ in self.entries),
+            snippets=tuple(s for _, s, _ in self.entries),
             conversations=tuple(conversations),
         )
 
@@ -615,8 +644,7 @@ class Gate:
         elif isinstance(behavior, Debounce):
             if state.pending is None:
                 state.pending = _Pending()
-            state.pending.count += 1
-            state.pending.entries.append((event.text[:MAX_SNIPPET], event.conversation))
+            state.pending.add(event)
             state.pending.due = due = now + behavior.ms / 1000
             wake = False
         elif isinstance(behavior, RateLimit):
@@ -658,6 +686,18 @@ class Gate:
                 state.clear()
 
     # debounce batches
+
+    def withdraw(self, item: str) -> bool:
+        """The events of ``item`` no longer count (RFC-006: replaced or retracted before it was
+        read): they leave the debounce batch that holds them, and a batch left with no event is
+        dropped, so it wakes nobody. False when no batch remembers ``item``."""
+        for state in self._states.values():
+            pending = state.pending
+            if pending is not None and pending.withdraw(item):
+                if pending.count == 0:
+                    state.pending = None
+                return True
+        return False
 
     def due(self, now: float) -> list[Batch]:
         """Pop every debounce batch due by ``now`` (oldest due first); then apply their resets."""
@@ -787,6 +827,15 @@ class WakeBuffer(Generic[T]):
                 self._overflow = True
             else:
                 self._evicted.add(lost)
+
+    def remove(self, unwanted: Callable[[T], bool]) -> int:
+        """Take out the buffered items ``unwanted`` names (they no longer count, nor do their
+        conversations); how many went."""
+        kept = [(item, c) for item, c in self._items if not unwanted(item)]
+        removed = len(self._items) - len(kept)
+        if removed:
+            self._items = deque(kept)
+        return removed
 
     def drain(self) -> Drained[T]:
         out = Drained(

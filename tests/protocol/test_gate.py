@@ -9,12 +9,13 @@ import time
 from typing import Any
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from protocol.gate import (
     MAX_BATCH,
+    MAX_BATCH_ITEMS,
     MAX_BUFFERED,
     MAX_CONVERSATIONS,
     MAX_KEYS,
@@ -657,6 +658,76 @@ def test_a_batch_keeps_the_newest_100_snippets_and_counts_all(n: int) -> None:
     assert batch.count == n
     assert len(batch.snippets) == MAX_BATCH
     assert batch.snippets == tuple(f"e{i}" for i in range(n - MAX_BATCH, n))
+
+
+# --- withdrawal (RFC-006: a displaced occurrence no longer counts) ----------------------------
+
+
+def test_a_withdrawn_item_leaves_its_batch_and_an_empty_batch_wakes_nobody() -> None:
+    gate = debounce_gate(1000)
+    gate.decide(ev("first", kind="push", item="o1"), 0.0)
+    gate.decide(ev("second", kind="push", item="o2"), 0.1)
+    assert gate.withdraw("o1") is True
+    assert gate.withdraw("o1") is False  # once
+    (batch,) = gate.due(5.0)
+    assert (batch.count, batch.snippets) == (1, ("second",))
+    gate.decide(ev("alone", kind="push", item="o3"), 10.0)
+    assert gate.withdraw("o3") is True
+    assert gate.next_due() is None and gate.due(100.0) == []
+
+
+def test_an_item_without_an_id_or_unknown_cannot_be_withdrawn() -> None:
+    gate = debounce_gate(1000)
+    gate.decide(ev("anonymous", kind="push"), 0.0)
+    assert gate.withdraw("o9") is False
+    assert [b.count for b in gate.due(5.0)] == [1]
+
+
+@pytest.mark.parametrize("extra", [0, 1, 5])
+def test_a_batch_remembers_the_newest_items_to_withdraw_and_counts_the_rest(extra: int) -> None:
+    gate = debounce_gate(1000)
+    n = MAX_BATCH_ITEMS + extra
+    for i in range(n):
+        gate.decide(ev(f"e{i}", kind="push", item=f"o{i}"), 0.0)
+    # the oldest ``extra`` items are forgotten: they stay counted
+    assert [gate.withdraw(f"o{i}") for i in range(extra)] == [False] * extra
+    assert gate.withdraw(f"o{n - 1}") is True
+    (batch,) = gate.due(5.0)
+    assert batch.count == n - 1
+
+
+@settings(max_examples=300)
+@given(
+    st.lists(
+        st.one_of(
+            st.tuples(st.just("add"), st.integers(0, 6)),
+            st.tuples(st.just("withdraw"), st.integers(0, 6)),
+        ),
+        max_size=40,
+    )
+)
+def test_withdrawal_counts_agree_with_a_set_of_live_items(ops: list[tuple[str, int]]) -> None:
+    gate = debounce_gate(1000)
+    live: list[str] = []  # a model: the items still counted, one entry per event
+    for op, i in ops:
+        item = f"o{i}"
+        if op == "add":
+            gate.decide(ev(item, kind="push", item=item), 0.0)
+            live.append(item)
+        else:
+            assert gate.withdraw(item) is (item in live)
+            live = [x for x in live if x != item]  # every event of that item goes
+    batches = gate.due(10.0)
+    assert [b.count for b in batches] == ([len(live)] if live else [])
+
+
+def test_the_wake_buffer_removes_what_is_named_and_keeps_the_rest_in_order() -> None:
+    buf: WakeBuffer[str] = WakeBuffer(cap=5)
+    for item in ("a", "b", "a", "c"):
+        buf.add(item, None)
+    assert buf.remove(lambda x: x == "a") == 2
+    assert buf.remove(lambda x: x == "z") == 0
+    assert buf.drain().items == ("b", "c")
 
 
 # --- rate limit -------------------------------------------------------------------------------
