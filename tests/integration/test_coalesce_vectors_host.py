@@ -38,6 +38,7 @@ from tests.vector_server import VectorServer, memory_transports
 
 SERVER = "editor"
 HANG_S = 20.0  # real seconds with every task blocked before a hung step is forced to fail
+DEADLINE_S = 24 * 3600.0  # virtual: what a forced jump runs into
 ASSEMBLE = "(operator) go on"
 QUEUED = "(operator) a queued request"
 
@@ -321,15 +322,17 @@ async def harness(
             spec["gate"] = gate_file(tmp_path, setup["gate"])
         specs.append(spec)
     cfg = config(tmp_path, [{"id": SERVER, "command": ["vector-server"]}], specs)
-    async with trio.open_nursery() as nursery:
-        server.nursery = nursery
-        async with Host.open(cfg) as host:
-            h = Harness(host, server, model, clock, agents)
-            for name in agents:
-                await host.hold(name)
-            await h.connected()
-            yield h
-        nursery.cancel_scope.cancel()
+    clock.autojump_threshold = HANG_S
+    with trio.fail_after(DEADLINE_S), trio.CancelScope() as scope:
+        async with trio.open_nursery() as nursery:
+            server.nursery = nursery
+            async with Host.open(cfg) as host:
+                h = Harness(host, server, model, clock, agents)
+                for name in agents:
+                    await host.hold(name)
+                await h.connected()
+                yield h
+            scope.cancel()
 
 
 @pytest.mark.parametrize(("case", "variant"), host_variants())
@@ -343,15 +346,13 @@ async def test_vector_over_the_host(
     reason = UNEXERCISED.get((case["id"], variant["name"]))
     if reason is not None:
         pytest.skip(f"case {case['id']} ({variant['name']}): unexercised: {reason}")
-    mock_clock.autojump_threshold = HANG_S
-    with trio.fail_after(24 * 3600):
-        async with harness(tmp_path, monkeypatch, mock_clock, variant["setup"]) as h:
-            seen: dict[str, Any] = {}
-            for step in variant["steps"]:
-                obs = await h.run(step)
-                seen[step["id"]] = json.loads(json.dumps(obs))
-                for check in step.get("checks", []):
-                    h.check(check, obs, seen)
+    async with harness(tmp_path, monkeypatch, mock_clock, variant["setup"]) as h:
+        seen: dict[str, Any] = {}
+        for step in variant["steps"]:
+            obs = await h.run(step)
+            seen[step["id"]] = json.loads(json.dumps(obs))
+            for check in step.get("checks", []):
+                h.check(check, obs, seen)
 
 
 def test_every_host_variant_is_run_or_named() -> None:
@@ -360,14 +361,16 @@ def test_every_host_variant_is_run_or_named() -> None:
     assert set(UNEXERCISED) <= names
 
 
-def _push(event_id: str, text: str, **coalesce: Any) -> dict[str, Any]:
-    return {
+def push(event_id: str, text: str, **coalesce: Any) -> dict[str, Any]:
+    """A ``send`` step of a coalesced push of the ``doc`` feature set."""
+    params = {
         "featureSet": "doc",
         "eventId": event_id,
         "timestamp": "2026-01-01T00:00:00Z",
         "coalesce": coalesce,
         "payload": {"content": [{"type": "text", "text": text}]},
     }
+    return {"op": "send", "method": "push/event", "params": params}
 
 
 async def test_a_cause_displaced_while_its_wake_waits_starts_no_inference(
@@ -376,45 +379,29 @@ async def test_a_cause_displaced_while_its_wake_waits_starts_no_inference(
     # Case 43's rule without a gate: the wake of an unread push waits in the agent's buffer
     # (its turns held) when the push is retracted; the withdrawn wake starts nothing, while
     # another cause still does.
-    mock_clock.autojump_threshold = HANG_S
-    with trio.fail_after(24 * 3600):
-        async with harness(tmp_path, monkeypatch, mock_clock, {}) as h:
-            steps = [
-                {"op": "send", "method": "push/event", "params": _push("a", "GONE", key="K")},
-                {
-                    "op": "send",
-                    "method": "push/event",
-                    "params": _push("z", "", key="K", retract=True),
-                },
-                {"op": "turn"},
-            ]
-            for step in steps:
-                obs = await h.run(step)
-            assert obs["modelCalls"] == 0
-            assert "GONE" not in obs["allContextText"]
-            await h.run(
-                {"op": "send", "method": "push/event", "params": _push("b", "KEPT", key="J")}
-            )
-            obs = await h.run({"op": "turn"})
-            assert obs["modelCalls"] == 1 and "KEPT" in obs["requestText"]
-            assert "GONE" not in obs["allRequestText"]
+    async with harness(tmp_path, monkeypatch, mock_clock, {}) as h:
+        await h.run(push("a", "GONE", key="K"))
+        await h.run(push("z", "", key="K", retract=True))
+        obs = await h.run({"op": "turn"})
+        assert obs["modelCalls"] == 0
+        assert "GONE" not in obs["allContextText"]
+        await h.run(push("b", "KEPT", key="J"))
+        obs = await h.run({"op": "turn"})
+        assert obs["modelCalls"] == 1 and "KEPT" in obs["requestText"]
+        assert "GONE" not in obs["allRequestText"]
 
 
 async def test_held_turns_wait_for_release_and_then_run_once(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mock_clock: trio.testing.MockClock
 ) -> None:
-    mock_clock.autojump_threshold = HANG_S
-    with trio.fail_after(24 * 3600):
-        async with harness(tmp_path, monkeypatch, mock_clock, {}) as h:
-            host = h.host
-            assert await host.hold("agent") is False  # the harness holds it already
-            await host.post_local("agent", "one")
-            await h.run(
-                {"op": "send", "method": "push/event", "params": _push("p", "two", key="K")}
-            )
-            assert h.model.requests == []  # stored, waiting
-            assert await host.release("agent") is True
-            await h.settle()
-            assert len(h.model.requests) == 1  # both wakes in one turn
-            assert "one" in h.model.requests[0][1] and "two" in h.model.requests[0][1]
-            assert await host.release("agent") is False
+    async with harness(tmp_path, monkeypatch, mock_clock, {}) as h:
+        host = h.host
+        assert await host.hold("agent") is False  # the harness holds it already
+        await host.post_local("agent", "one")
+        await h.run(push("p", "two", key="K"))
+        assert h.model.requests == []  # stored, waiting
+        assert await host.release("agent") is True
+        await h.settle()
+        assert len(h.model.requests) == 1  # both wakes in one turn
+        assert "one" in h.model.requests[0][1] and "two" in h.model.requests[0][1]
+        assert await host.release("agent") is False
