@@ -27,10 +27,24 @@ the server's ConnectionActor, under ``RENDER_TIMEOUT_S``) and the stored copies 
 ChannelActor: ``Materialized``) are the turn task's work, never this actor's; the outcome comes
 back as ``RenderDone``, whose ``Materialize`` effect stores those copies together with the
 journal entries before the answer. This actor itself never asks another actor.
+
+Journal compaction: the journal is a command log, one record per journaled transition. Once
+more than ``COMPACT_EVERY`` (1024) records have been journaled since the stream's latest
+snapshot, the step that journaled the last of them goes on, after its answer and before the
+next message, to compact the stream: it appends one snapshot record
+(:meth:`~protocol.coalesce.Coalescer.snapshot`), waits until that is durable, reads back its
+seq and trims every older row (``TrimJournal``). So once a step is over the stream holds at
+most ``COMPACT_EVERY + 1`` rows (a snapshot and the records after it), and start-up replays no
+more. A kill between the snapshot and the trim leaves the older rows in place: replaying them
+rebuilds the state the snapshot then replaces with the same one. On start, after recovery, a
+stream holding more than ``COMPACT_EVERY`` rows besides its latest snapshot (written before
+compaction ran, or left by a kill before a trim) is compacted at once. A compaction the store
+refuses is retried after another ``COMPACT_EVERY`` records.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
@@ -54,7 +68,7 @@ from protocol.coalesce import (
 )
 from protocol.errors import RpcError
 from protocol.mcpl import HOST_COALESCING
-from store import Append, JournalEntry, MessageRecord
+from store import Append, JournalEntry, MessageRecord, StoreError, TrimJournal
 
 from .calls import call_within
 from .context import HostContext
@@ -63,8 +77,12 @@ from .kernel import Actor, Reply
 from .messages import Call, Materialized
 from .storage import SettledFuture
 
+log = logging.getLogger("mcplive.coalescer")
+
 STREAM = "coalesce"
 HIDDEN_KIND = "coalesce-hidden"
+#: Records journaled since the latest snapshot that make the next step compact the journal.
+COMPACT_EVERY = 1024
 #: Occurrences remembered as hidden, for the race with an agent's read; oldest forgotten first.
 MAX_HIDDEN = 100_000
 
@@ -168,6 +186,8 @@ def is_hidden_marker(message: Mapping[str, Any]) -> bool:
 
 class CoalescerActor(Actor):
     mailbox_size = 1024
+    #: See the module docstring (a test may lower it on an instance).
+    compact_every = COMPACT_EVERY
 
     def __init__(self, ctx: HostContext, new_id: Any) -> None:
         super().__init__("coalescer", ctx.work)
@@ -176,18 +196,48 @@ class CoalescerActor(Actor):
         self._new_id = new_id
         self._hidden: OrderedDict[str, None] = OrderedDict()
         self._jobs: OrderedDict[str, RenderJob] = OrderedDict()
+        # rows of the stream besides its latest snapshot (journaled, or submitted to be)
+        self._since = 0
 
     async def on_start(self) -> None:
         rows = await self.ctx.store.read(self.ctx.store.reader.journal, STREAM)
         self.co = Coalescer.replay(record for _, record in rows)
+        snapshotted = any(record.get("op") == "snapshot" for _, record in rows)
+        self._since = len(rows) - (1 if snapshotted else 0)
         steps = [self.co.advertise(ADVERTISED)]
         if rows:
             steps.append(self.co.recover())
-        entries = tuple(JournalEntry(STREAM, r) for s in steps for r in s.records)
+        entries = tuple(e for step in steps for e in self._entries(step))
         if entries:
             await self.ctx.store.write(Append(records=(), journal=entries))
+        del rows
+        if self._since > self.compact_every:
+            await self._compact()
         for step in steps:
             self._fallbacks(step)
+
+    def _entries(self, step: Step) -> tuple[JournalEntry, ...]:
+        """A step's journal entries, counted towards the next compaction."""
+        self._since += len(step.records)
+        return tuple(JournalEntry(STREAM, r) for r in step.records)
+
+    async def _compact(self) -> None:
+        """Append a snapshot, then trim every row before it (see the module docstring). Runs in
+        this actor's loop, so no transition is journaled between the two."""
+        store = self.ctx.store
+        records, self._since = self._since, 0  # if the store refuses, retried after as many
+        try:
+            snapshot = JournalEntry(STREAM, self.co.snapshot())
+            await store.write(Append(records=(), journal=(snapshot,)))
+            # this actor is the stream's only writer and waits here: the newest row is that one
+            seq = await store.read(store.reader.last_seq, STREAM)
+            assert seq is not None
+            await store.write(TrimJournal(stream=STREAM, before_seq=seq))
+        except StoreError as exc:
+            log.warning("coalescer: journal compaction failed: %s", exc)
+            self.ctx.trace.emit("coalesce-compacted", data={"records": records, "error": str(exc)})
+            return
+        self.ctx.trace.emit("coalesce-compacted", data={"records": records, "seq": seq})
 
     def _now(self) -> int:
         return int(time.time() * 1000)
@@ -203,6 +253,8 @@ class CoalescerActor(Actor):
             reply.value(await self._render_done(msg))
         else:
             raise TypeError(f"unexpected message {msg!r}")
+        if self._since > self.compact_every:
+            await self._compact()
 
     async def _admit(self, msg: Admit) -> tuple[Step, Any]:
         step = self.co.admit(
@@ -224,7 +276,7 @@ class CoalescerActor(Actor):
         op = Append(
             records=tuple(records),
             dedupe=msg.dedupe if any(r in msg.records for r in records) else None,
-            journal=tuple(JournalEntry(STREAM, r) for r in step.records),
+            journal=self._entries(step),
         )
         [future] = await self.ctx.store.submit_many([op])
         self._fallbacks(step)  # a batch of a subject evicted at the cap falls back
@@ -294,8 +346,7 @@ class CoalescerActor(Actor):
         hidden = frozenset(o for o in msg.occurrences if o in self._hidden)
         step = self.co.assembled(msg.context, (o for o in msg.occurrences if o not in hidden))
         if step.records:
-            entries = tuple(JournalEntry(STREAM, r) for r in step.records)
-            await self.ctx.store.write(Append(records=(), journal=entries))
+            await self.ctx.store.write(Append(records=(), journal=self._entries(step)))
         return hidden
 
     # -- deferred batches -------------------------------------------------------------------
@@ -326,8 +377,7 @@ class CoalescerActor(Actor):
         renders = [e for e in step.effects if isinstance(e, RequestRender)]
         self._apply(step, ())
         if step.records:
-            entries = tuple(JournalEntry(STREAM, r) for r in step.records)
-            await self.ctx.store.write(Append(records=(), journal=entries))
+            await self.ctx.store.write(Append(records=(), journal=self._entries(step)))
         if not renders:
             return ()
         jobs = []
@@ -373,7 +423,7 @@ class CoalescerActor(Actor):
             if isinstance(effect, Materialize):
                 records.extend(r for r in msg.records if r.agent in effect.contexts)
         if records or step.records:
-            entries = tuple(JournalEntry(STREAM, r) for r in step.records)
+            entries = self._entries(step)
             await self.ctx.store.write(Append(records=tuple(records), journal=entries))
         self.ctx.trace.emit(
             "coalesce-render",
