@@ -40,6 +40,12 @@ rebuilds the state the snapshot then replaces with the same one. On start, after
 stream holding more than ``COMPACT_EVERY`` rows besides its latest snapshot (written before
 compaction ran, or left by a kill before a trim) is compacted at once. A compaction the store
 refuses is retried after another ``COMPACT_EVERY`` records.
+
+Audit (RFC-006 §11): every ``Audit`` effect of a step (an unread occurrence displaced or
+withdrawn, a pending batch superseded, narrowed or dropped, a render cancelled, a late result
+discarded, an empty render, a subject evicted at the cap, an unread item sealed as ordinary)
+is one ``coalesce-audit`` trace event naming its server, channel, subject key, event ids and
+batch; never the displaced content.
 """
 
 from __future__ import annotations
@@ -83,6 +89,19 @@ STREAM = "coalesce"
 HIDDEN_KIND = "coalesce-hidden"
 #: Records journaled since the latest snapshot that make the next step compact the journal.
 COMPACT_EVERY = 1024
+#: What an ``Audit`` kind means, for the trace event's ``reason``.
+AUDIT_REASONS: Mapping[str, str] = {
+    "displaced": "an unread occurrence was replaced",
+    "withdrawn": "an unread occurrence was retracted",
+    "superseded": "a pending deferred batch was superseded",
+    "cancelled": "a render in flight was cancelled",
+    "narrowed": "a pending deferred batch lost its whole audience",
+    "dropped": "a deferred batch was dropped: its authority lapsed",
+    "discarded": "a late render result was discarded",
+    "empty": "a render was empty",
+    "evicted": "the subject was forgotten at the subject cap",
+    "sealed": "an unread occurrence was kept as an ordinary item",
+}
 #: Occurrences remembered as hidden, for the race with an agent's read; oldest forgotten first.
 MAX_HIDDEN = 100_000
 
@@ -214,6 +233,7 @@ class CoalescerActor(Actor):
         if self._since > self.compact_every:
             await self._compact()
         for step in steps:
+            self._audit(step)
             self._fallbacks(step)
 
     def _entries(self, step: Step) -> tuple[JournalEntry, ...]:
@@ -279,6 +299,7 @@ class CoalescerActor(Actor):
             journal=self._entries(step),
         )
         [future] = await self.ctx.store.submit_many([op])
+        self._audit(step)
         self._fallbacks(step)  # a batch of a subject evicted at the cap falls back
         return step, future
 
@@ -334,19 +355,36 @@ class CoalescerActor(Actor):
                     hidden_marker(agent, effect.occurrence, self._new_id())
                     for agent in sorted(effect.contexts)
                 )
-            elif isinstance(effect, Audit):
-                self.ctx.trace.emit(
-                    "coalesce-audit",
-                    server_id=effect.subject.binding if effect.subject else None,
-                    data={"kind": effect.kind, "event_ids": list(effect.event_ids)},
-                )
         return out
+
+    def _audit(self, step: Step) -> None:
+        """One ``coalesce-audit`` trace event per ``Audit`` effect of a step: what was
+        displaced, and why, by subject and event ids (never its content)."""
+        for effect in step.effects:
+            if not isinstance(effect, Audit):
+                continue
+            subject = effect.subject
+            scoped = subject is not None and subject.scope_kind == "channel"
+            self.ctx.trace.emit(
+                "coalesce-audit",
+                server_id=self._server_of(subject.binding) if subject is not None else None,
+                channel_id=subject.scope_id if subject is not None and scoped else None,
+                data={
+                    "kind": effect.kind,
+                    "reason": AUDIT_REASONS.get(effect.kind, effect.kind),
+                    "key": subject.key if subject is not None else None,
+                    "feature_set": subject.scope_id if subject is not None and not scoped else None,
+                    "event_ids": list(effect.event_ids),
+                    "batch": effect.batch,
+                },
+            )
 
     async def _assembled(self, msg: Assembled) -> frozenset[str]:
         hidden = frozenset(o for o in msg.occurrences if o in self._hidden)
         step = self.co.assembled(msg.context, (o for o in msg.occurrences if o not in hidden))
         if step.records:
             await self.ctx.store.write(Append(records=(), journal=self._entries(step)))
+        self._audit(step)
         return hidden
 
     # -- deferred batches -------------------------------------------------------------------
@@ -378,6 +416,7 @@ class CoalescerActor(Actor):
         self._apply(step, ())
         if step.records:
             await self.ctx.store.write(Append(records=(), journal=self._entries(step)))
+        self._audit(step)
         if not renders:
             return ()
         jobs = []
@@ -425,6 +464,7 @@ class CoalescerActor(Actor):
         if records or step.records:
             entries = self._entries(step)
             await self.ctx.store.write(Append(records=tuple(records), journal=entries))
+        self._audit(step)
         self.ctx.trace.emit(
             "coalesce-render",
             server_id=job.server_id if job is not None else None,

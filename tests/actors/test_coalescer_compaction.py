@@ -267,3 +267,20 @@ def test_a_stop_between_the_snapshot_and_the_trim_loses_and_duplicates_nothing(
             assert sorted(stored) == sorted(answers)  # each once, none lost
 
     run(main)
+
+
+def test_recovery_audits_what_it_seals(tmp_path: Path) -> None:
+    """What was unread at a restart is kept as an ordinary item: one audit event each."""
+
+    async def main() -> None:
+        async with coalescer(tmp_path) as co:
+            await co.admit("e0", "K0", initial=True)
+            await co.admit("e1", "K1", initial=True)
+            await co.read("e1")
+        async with coalescer(tmp_path) as co:
+            [sealed] = co.events("coalesce-audit")
+        assert (sealed.server_id, sealed.channel_id) == (SERVER, None)
+        assert sealed.data["kind"] == "sealed" and sealed.data["event_ids"] == ["e0"]
+        assert (sealed.data["key"], sealed.data["feature_set"]) == ("K0", "chat")
+
+    run(main)
