@@ -93,6 +93,15 @@ def format_event(e: TraceEvent) -> str | None:
         return f"? {e.server_id or e.agent}: {_excerpt(d.get('text'))}"
     if k == "channel-registered":
         return f"· {e.server_id} registered {e.channel_id} ({d.get('label') or '-'})"
+    if k == "coalesce-audit":
+        scope = where if e.server_id else "coalescer"
+        bits = [f"key {d['key']}"] if d.get("key") else []
+        if d.get("event_ids"):
+            bits.append("event " + ", ".join(str(i) for i in d["event_ids"]))
+        if d.get("batch"):
+            bits.append(f"batch {d['batch']}")
+        detail = f" ({'; '.join(bits)})" if bits else ""
+        return f"· {scope}: {d.get('reason')}{detail}"
     if k == "trace-dropped":
         return f"! transcript fell behind: {d.get('count')} events not shown"
     return None

@@ -27,11 +27,31 @@ the server's ConnectionActor, under ``RENDER_TIMEOUT_S``) and the stored copies 
 ChannelActor: ``Materialized``) are the turn task's work, never this actor's; the outcome comes
 back as ``RenderDone``, whose ``Materialize`` effect stores those copies together with the
 journal entries before the answer. This actor itself never asks another actor.
+
+Journal compaction: the journal is a command log, one record per journaled transition. Once
+more than ``COMPACT_EVERY`` (1024) records have been journaled since the stream's latest
+snapshot, the step that journaled the last of them goes on, after its answer and before the
+next message, to compact the stream: it appends one snapshot record
+(:meth:`~protocol.coalesce.Coalescer.snapshot`), waits until that is durable, reads back its
+seq and trims every older row (``TrimJournal``). So once a step is over the stream holds at
+most ``COMPACT_EVERY + 1`` rows (a snapshot and the records after it), and start-up replays no
+more. A kill between the snapshot and the trim leaves the older rows in place: replaying them
+rebuilds the state the snapshot then replaces with the same one. On start, after recovery, a
+stream holding more than ``COMPACT_EVERY`` rows besides its latest snapshot (written before
+compaction ran, or left by a kill before a trim) is compacted at once. A compaction the store
+refuses is retried after another ``COMPACT_EVERY`` records.
+
+Audit (RFC-006 §11): every ``Audit`` effect of a step (an unread occurrence displaced or
+withdrawn, a pending batch superseded, narrowed or dropped, a render cancelled, a late result
+discarded, an empty render, a subject evicted at the cap, an unread item sealed as ordinary)
+is one ``coalesce-audit`` trace event naming its server, channel, subject key, event ids and
+batch; never the displaced content.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
@@ -55,7 +75,7 @@ from protocol.coalesce import (
 )
 from protocol.errors import RpcError
 from protocol.mcpl import HOST_COALESCING
-from store import Append, JournalEntry, MessageRecord
+from store import Append, JournalEntry, MessageRecord, StoreError, TrimJournal
 
 from .calls import call_within
 from .context import HostContext
@@ -64,8 +84,25 @@ from .kernel import Actor, Reply
 from .messages import Call, Materialized, Withdraw
 from .storage import SettledFuture
 
+log = logging.getLogger("mcplive.coalescer")
+
 STREAM = "coalesce"
 HIDDEN_KIND = "coalesce-hidden"
+#: Records journaled since the latest snapshot that make the next step compact the journal.
+COMPACT_EVERY = 1024
+#: What an ``Audit`` kind means, for the trace event's ``reason``.
+AUDIT_REASONS: Mapping[str, str] = {
+    "displaced": "an unread occurrence was replaced",
+    "withdrawn": "an unread occurrence was retracted",
+    "superseded": "a pending deferred batch was superseded",
+    "cancelled": "a render in flight was cancelled",
+    "narrowed": "a pending deferred batch lost its whole audience",
+    "dropped": "a deferred batch was dropped: its authority lapsed",
+    "discarded": "a late render result was discarded",
+    "empty": "a render was empty",
+    "evicted": "the subject was forgotten at the subject cap",
+    "sealed": "an unread occurrence was kept as an ordinary item",
+}
 #: Occurrences remembered as hidden, for the race with an agent's read; oldest forgotten first.
 MAX_HIDDEN = 100_000
 
@@ -188,6 +225,8 @@ def is_hidden_marker(message: Mapping[str, Any]) -> bool:
 
 class CoalescerActor(Actor):
     mailbox_size = 1024
+    #: See the module docstring (a test may lower it on an instance).
+    compact_every = COMPACT_EVERY
 
     def __init__(self, ctx: HostContext, new_id: Any) -> None:
         super().__init__("coalescer", ctx.work)
@@ -197,18 +236,49 @@ class CoalescerActor(Actor):
         self._hidden: OrderedDict[str, None] = OrderedDict()
         self._jobs: OrderedDict[str, RenderJob] = OrderedDict()
         self._waits: dict[str, RenderWait] = {}  # one per job in ``_jobs``, by batch
+        # rows of the stream besides its latest snapshot (journaled, or submitted to be)
+        self._since = 0
 
     async def on_start(self) -> None:
         rows = await self.ctx.store.read(self.ctx.store.reader.journal, STREAM)
         self.co = Coalescer.replay(record for _, record in rows)
+        snapshotted = any(record.get("op") == "snapshot" for _, record in rows)
+        self._since = len(rows) - (1 if snapshotted else 0)
         steps = [self.co.advertise(ADVERTISED)]
         if rows:
             steps.append(self.co.recover())
-        entries = tuple(JournalEntry(STREAM, r) for s in steps for r in s.records)
+        entries = tuple(e for step in steps for e in self._entries(step))
         if entries:
             await self.ctx.store.write(Append(records=(), journal=entries))
+        del rows
+        if self._since > self.compact_every:
+            await self._compact()
         for step in steps:
+            self._audit(step)
             self._fallbacks(step)
+
+    def _entries(self, step: Step) -> tuple[JournalEntry, ...]:
+        """A step's journal entries, counted towards the next compaction."""
+        self._since += len(step.records)
+        return tuple(JournalEntry(STREAM, r) for r in step.records)
+
+    async def _compact(self) -> None:
+        """Append a snapshot, then trim every row before it (see the module docstring). Runs in
+        this actor's loop, so no transition is journaled between the two."""
+        store = self.ctx.store
+        records, self._since = self._since, 0  # if the store refuses, retried after as many
+        try:
+            snapshot = JournalEntry(STREAM, self.co.snapshot())
+            await store.write(Append(records=(), journal=(snapshot,)))
+            # this actor is the stream's only writer and waits here: the newest row is that one
+            seq = await store.read(store.reader.last_seq, STREAM)
+            assert seq is not None
+            await store.write(TrimJournal(stream=STREAM, before_seq=seq))
+        except StoreError as exc:
+            log.warning("coalescer: journal compaction failed: %s", exc)
+            self.ctx.trace.emit("coalesce-compacted", data={"records": records, "error": str(exc)})
+            return
+        self.ctx.trace.emit("coalesce-compacted", data={"records": records, "seq": seq})
 
     def _now(self) -> int:
         return int(time.time() * 1000)
@@ -224,6 +294,8 @@ class CoalescerActor(Actor):
             reply.value(await self._render_done(msg))
         else:
             raise TypeError(f"unexpected message {msg!r}")
+        if self._since > self.compact_every:
+            await self._compact()
 
     async def _admit(self, msg: Admit) -> tuple[Step, Any]:
         step = self.co.admit(
@@ -245,9 +317,10 @@ class CoalescerActor(Actor):
         op = Append(
             records=tuple(records),
             dedupe=msg.dedupe if any(r in msg.records for r in records) else None,
-            journal=tuple(JournalEntry(STREAM, r) for r in step.records),
+            journal=self._entries(step),
         )
         [future] = await self.ctx.store.submit_many([op])
+        self._audit(step)
         self._fallbacks(step)  # a batch of a subject evicted at the cap falls back
         return step, future
 
@@ -308,20 +381,36 @@ class CoalescerActor(Actor):
                     hidden_marker(agent, effect.occurrence, self._new_id())
                     for agent in sorted(effect.contexts)
                 )
-            elif isinstance(effect, Audit):
-                self.ctx.trace.emit(
-                    "coalesce-audit",
-                    server_id=effect.subject.binding if effect.subject else None,
-                    data={"kind": effect.kind, "event_ids": list(effect.event_ids)},
-                )
         return out
+
+    def _audit(self, step: Step) -> None:
+        """One ``coalesce-audit`` trace event per ``Audit`` effect of a step: what was
+        displaced, and why, by subject and event ids (never its content)."""
+        for effect in step.effects:
+            if not isinstance(effect, Audit):
+                continue
+            subject = effect.subject
+            scoped = subject is not None and subject.scope_kind == "channel"
+            self.ctx.trace.emit(
+                "coalesce-audit",
+                server_id=self._server_of(subject.binding) if subject is not None else None,
+                channel_id=subject.scope_id if subject is not None and scoped else None,
+                data={
+                    "kind": effect.kind,
+                    "reason": AUDIT_REASONS.get(effect.kind, effect.kind),
+                    "key": subject.key if subject is not None else None,
+                    "feature_set": subject.scope_id if subject is not None and not scoped else None,
+                    "event_ids": list(effect.event_ids),
+                    "batch": effect.batch,
+                },
+            )
 
     async def _assembled(self, msg: Assembled) -> frozenset[str]:
         hidden = frozenset(o for o in msg.occurrences if o in self._hidden)
         step = self.co.assembled(msg.context, (o for o in msg.occurrences if o not in hidden))
         if step.records:
-            entries = tuple(JournalEntry(STREAM, r) for r in step.records)
-            await self.ctx.store.write(Append(records=(), journal=entries))
+            await self.ctx.store.write(Append(records=(), journal=self._entries(step)))
+        self._audit(step)
         return hidden
 
     # -- deferred batches -------------------------------------------------------------------
@@ -355,8 +444,8 @@ class CoalescerActor(Actor):
         renders = [e for e in step.effects if isinstance(e, RequestRender)]
         self._apply(step, ())
         if step.records:
-            entries = tuple(JournalEntry(STREAM, r) for r in step.records)
-            await self.ctx.store.write(Append(records=(), journal=entries))
+            await self.ctx.store.write(Append(records=(), journal=self._entries(step)))
+        self._audit(step)
         started = {e.batch for e in renders}
         joins = tuple(
             self._waits[batch]
@@ -410,8 +499,9 @@ class CoalescerActor(Actor):
             if isinstance(effect, Materialize):
                 records.extend(r for r in msg.records if r.agent in effect.contexts)
         if records or step.records:
-            entries = tuple(JournalEntry(STREAM, r) for r in step.records)
+            entries = self._entries(step)
             await self.ctx.store.write(Append(records=tuple(records), journal=entries))
+        self._audit(step)
         self.ctx.trace.emit(
             "coalesce-render",
             server_id=job.server_id if job is not None else None,

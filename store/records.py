@@ -16,12 +16,14 @@ The journal
     every entry written and is never reused, even after a trim;
     :meth:`~store.sqlite.Reader.journal` reads a stream back oldest first, for replay.
 
-    Bound: the journal grows by every journaled transition and nothing removes rows on its own.
-    The host compacts a stream by appending a snapshot record (one entry that replays to the
-    whole state, :meth:`protocol.coalesce.Coalescer.snapshot`), reading back that entry's seq
-    once the append is acknowledged, and then applying ``TrimJournal(stream, before_seq=seq)``,
-    which deletes every older row of that stream in one transaction. A crash between the two
-    leaves the older rows in place, and replaying them before the snapshot gives the same state.
+    Bound: the journal grows by every journaled transition and the store removes no row on its
+    own. A stream's writer compacts it by appending a snapshot record (one entry that replays to
+    the whole state, :meth:`protocol.coalesce.Coalescer.snapshot`), reading back that entry's
+    seq once the append is acknowledged (:meth:`~store.sqlite.Reader.last_seq`), and then
+    applying ``TrimJournal(stream, before_seq=seq)``, which deletes every older row of that
+    stream in one transaction. A crash between the two leaves the older rows in place, and
+    replaying them before the snapshot gives the same state. The host's coalescer does this on
+    a count of records (see :mod:`actors.coalescer`).
 """
 
 from __future__ import annotations

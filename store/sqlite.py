@@ -520,6 +520,12 @@ class Reader:
             entries.append((int(seq), record))
         return entries
 
+    def last_seq(self, stream: str) -> int | None:
+        """The seq of the newest entry of ``stream`` (None when it has none): read right after
+        an append is acknowledged by the stream's only writer, the seq that append was given."""
+        rows = self._query("SELECT MAX(seq) FROM journal WHERE stream = ?", (stream,))
+        return None if rows[0][0] is None else int(rows[0][0])
+
     def has_dedupe(self, kind: str, server: str, key: str) -> bool:
         rows = self._query(
             "SELECT 1 FROM dedupe WHERE kind = ? AND server = ? AND key = ?", (kind, server, key)
