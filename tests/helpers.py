@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import itertools
 import subprocess
@@ -239,13 +240,19 @@ async def running_lobby(
     agents: Mapping[str, AgentSpec],
     *lobby_args: str,
     wait_ready: bool = True,
+    websocket: bool = False,
     **server_keys: Any,
 ) -> AsyncIterator[RunningLobby]:
-    """A host with one stdio lobby server (``lobby(address, *lobby_args, **server_keys)``) and
-    ``agents`` (see :func:`agent_configs`); the lobby's control connection is accepted and, unless
-    ``wait_ready=False``, the lobby is :func:`ready`."""
-    async with open_control_listener() as listener:
+    """A host with one lobby server (``lobby(address, *lobby_args, **server_keys)``: a stdio
+    subprocess, or with ``websocket`` a subprocess serving a loopback websocket the host dials)
+    and ``agents`` (see :func:`agent_configs`); the lobby's control connection is accepted and,
+    unless ``wait_ready=False``, the lobby is :func:`ready`."""
+    async with open_control_listener() as listener, contextlib.AsyncExitStack() as stack:
         server = lobby(listener.address, *lobby_args, **server_keys)
+        if websocket:
+            args = ("--control-connect", listener.address, *lobby_args)
+            url = await stack.enter_async_context(ws_lobby(*args))
+            server = {"id": server["id"], "url": url, **server_keys}
         cfg = config(tmp_path, [server], agent_configs(tmp_path, agents))
         async with Host.open(cfg) as host:
             stream = host.trace()

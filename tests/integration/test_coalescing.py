@@ -31,6 +31,12 @@ from tests.helpers import (
 pytestmark = pytest.mark.slow
 
 
+@pytest.fixture(params=["stdio", "websocket"])
+def websocket(request: pytest.FixtureRequest) -> bool:
+    """Each lane test runs over a stdio lobby and over a loopback websocket lobby."""
+    return bool(request.param == "websocket")
+
+
 async def push(ctl: Any, event_id: str, text: str, **coalesce: Any) -> dict[str, Any]:
     """Send a coalesced push; the host's whole answer."""
     mark = ctl.mark()
@@ -50,12 +56,12 @@ def seen_texts(model: RecordingModel, call: int) -> str:
 
 
 async def test_an_unread_occurrence_is_replaced_and_a_read_one_is_followed(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, websocket: bool
 ) -> None:
     model = RecordingModel(say="")
     install(monkeypatch, model)
     with trio.fail_after(60):
-        async with running_lobby(tmp_path, {"Ada": ""}) as lb:
+        async with running_lobby(tmp_path, {"Ada": ""}, websocket=websocket) as lb:
             host, ctl = lb.host, lb.ctl
             # Ada's first turn read its context before the pushes
             release = await hold_turn(ctl, model, "lobby:#general", "g1", "keep busy")
@@ -84,12 +90,12 @@ async def test_an_unread_occurrence_is_replaced_and_a_read_one_is_followed(
 
 
 async def test_a_retraction_removes_an_unread_occurrence_without_trace(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, websocket: bool
 ) -> None:
     model = RecordingModel(say="")
     install(monkeypatch, model)
     with trio.fail_after(60):
-        async with running_lobby(tmp_path, {"Ada": ""}) as lb:
+        async with running_lobby(tmp_path, {"Ada": ""}, websocket=websocket) as lb:
             host, ctl = lb.host, lb.ctl
             release = await hold_turn(ctl, model, "lobby:#general", "g1", "keep busy")
             await push(ctl, "t1", "a secret typo", key="msg", initial=True)
@@ -100,9 +106,11 @@ async def test_a_retraction_removes_an_unread_occurrence_without_trace(
             assert all("a secret typo" not in seen_texts(model, i) for i in range(len(model.seen)))
 
 
-async def test_malformed_coalesce_members_are_refused_per_lane(tmp_path: Path) -> None:
+async def test_malformed_coalesce_members_are_refused_per_lane(
+    tmp_path: Path, websocket: bool
+) -> None:
     with trio.fail_after(60):
-        async with running_lobby(tmp_path, {"Ada": ""}) as lb:
+        async with running_lobby(tmp_path, {"Ada": ""}, websocket=websocket) as lb:
             host, ctl = lb.host, lb.ctl
             long_key = "k" * 257
             refused = await push(ctl, "x1", "too long", key=long_key)
@@ -126,13 +134,13 @@ async def test_malformed_coalesce_members_are_refused_per_lane(tmp_path: Path) -
 
 
 async def test_a_channel_scoped_correction_without_a_thread_keeps_its_thread(
-    tmp_path: Path,
+    tmp_path: Path, websocket: bool
 ) -> None:
     """refs-and-headers I.1: the correction inherits the subject's thread, so its header, its
     source and its route name the thread, and the reply publishes into it."""
     rules = '[[rules]]\nwhen = "edited"\nsay = "seen the edit"\n'
     with trio.fail_after(60):
-        async with running_lobby(tmp_path, {"Ada": rules}) as lb:
+        async with running_lobby(tmp_path, {"Ada": rules}, websocket=websocket) as lb:
             host, ctl = lb.host, lb.ctl
             exact = {"publish": {"target": "exact"}}
             mark = ctl.mark()
@@ -311,12 +319,12 @@ async def notice(ctl: Any, event_id: str, fallback: str, key: str, **extra: Any)
 
 
 async def test_a_deferred_batch_is_rendered_once_and_read_by_the_next_request(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, websocket: bool
 ) -> None:
     model = RecordingModel(say="")
     install(monkeypatch, model)
     with trio.fail_after(60):
-        async with running_lobby(tmp_path, {"Ada": ""}) as lb:
+        async with running_lobby(tmp_path, {"Ada": ""}, websocket=websocket) as lb:
             host, ctl = lb.host, lb.ctl
             # the first turn assembled before the notices came
             release = await hold_turn(ctl, model, "lobby:#general", "g1", "keep busy")
@@ -350,12 +358,12 @@ async def test_a_deferred_batch_is_rendered_once_and_read_by_the_next_request(
 
 
 async def test_an_empty_render_materializes_nothing_and_runs_no_inference(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, websocket: bool
 ) -> None:
     model = RecordingModel(say="")
     install(monkeypatch, model)
     with trio.fail_after(60):
-        async with running_lobby(tmp_path, {"Ada": ""}) as lb:
+        async with running_lobby(tmp_path, {"Ada": ""}, websocket=websocket) as lb:
             host, ctl = lb.host, lb.ctl
             mark = ctl.mark()
             ctl.send({"cmd": "render_mode", "mode": "empty"})
@@ -371,12 +379,12 @@ async def test_an_empty_render_materializes_nothing_and_runs_no_inference(
 
 @pytest.mark.parametrize("mode", ["error", "never"])
 async def test_a_failed_render_materializes_the_fallback(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: str
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: str, websocket: bool
 ) -> None:
     model = RecordingModel(say="")
     install(monkeypatch, model)
     with trio.fail_after(60):
-        async with running_lobby(tmp_path, {"Ada": ""}) as lb:
+        async with running_lobby(tmp_path, {"Ada": ""}, websocket=websocket) as lb:
             host, ctl = lb.host, lb.ctl
             mark = ctl.mark()
             ctl.send({"cmd": "render_mode", "mode": mode})

@@ -10,13 +10,14 @@ policy) answer the checks.
 
 Classification of the 80 variants (asserted by ``test_tally``, printed with ``-s``):
 
-* **52 pass purely**: 1, 1a, 2, 3, 6, 7, 8, 9, 10, 14, 15, 15a, 16, 17, 18, 19, 21 (rpc-error,
+* **53 pass purely**: 1, 1a, 2, 3, 6, 7, 8, 9, 10, 14, 15, 15a, 16, 17, 18, 19, 21 (rpc-error,
   timeout), 22, 23, 27 (server-fixture: the notice-summary server is the scripted one here),
   27a-27j (27e both variants), 28-33, 34 (both), 34a, 34b, 35, 37 (advisory: executed, no
-  mandatory checks), 38, 40 (all four), 42, 46, 47.
-* **25 need the host** and run over it in
-  ``tests/integration/test_coalesce_vectors_host.py`` (23 pass there; 5 and 48 are unexercised
-  by that profile), named here by the first setup key, op or check that needs it:
+  mandatory checks), 38, 40 (all four), 42, 46, 47, 48 (a reconnect keeps the binding, so to
+  the coalescer ``reconnectWithWindow`` is a new advertisement).
+* **24 need the host** and run over it in
+  ``tests/integration/test_coalesce_vectors_host.py`` (23 pass there; 5 is unexercised by that
+  profile), named here by the first setup key, op or check that needs it:
   setup ``gate`` 5 (43: wake policy), ``turn`` 4 (20 only-cause, 20a both, 25: the host's wake
   decides whether and for whom an inference runs), ``grant`` 2 (13, 24 during-render: channel
   authority and -32017), ``disconnect`` 2 (39, 41), setup ``errorPolicy`` (4: failing model),
@@ -25,7 +26,7 @@ Classification of the 80 variants (asserted by ``test_tally``, printed with ``-s
   disconnected), ``wait`` (23 supporting: real time), ``disableFeature`` (24 before-assembly),
   render mode ``inference-request`` (26: the host refuses ``inference/request`` during a
   render, -32600), check ``event``/``metadata`` (45: reply-target provenance is stored
-  metadata, not coalescing state), ``reconnectWithWindow`` (48), ``suppressWake`` (49).
+  metadata, not coalescing state), ``suppressWake`` (49).
 * **3 are unexercised** by profile requirement: ``hard-subject-limit`` (34c: this coalescer
   evicts the least recently touched subject instead of capping), ``timing-observation`` (36),
   ``finite-wake-postponement-bound`` + ``paired-debounce-control`` (44).
@@ -95,6 +96,7 @@ PURE_OPS = {
     "consumeContext",
     "reassign",
     "advertiseWindow",
+    "reconnectWithWindow",
     "advanceClock",
 }
 PURE_SETUP = {"servers", "agents", "eventCoalescing"}
@@ -395,7 +397,8 @@ class ModelHost:
         elif op == "reassign":
             server = step.get("server", self.servers[0])
             self.bindings[server] = f"{server}#reassigned{self.seq}"
-        elif op == "advertiseWindow":
+        elif op in ("advertiseWindow", "reconnectWithWindow"):
+            # a reconnect keeps the binding: to the coalescer it is the new advertisement
             self.advertised = Advertisement(
                 push_events=self.advertised.push_events,
                 channels_incoming=self.advertised.channels_incoming,
@@ -546,7 +549,7 @@ def test_tally() -> None:
     for reason, n in unexercised.most_common():
         print(f"    {n} x {reason}")
     assert len(CASES) == 65 and sum(outcome.values()) == 80
-    assert outcome == Counter(pure=52, host=25, unexercised=3)
+    assert outcome == Counter(pure=53, host=24, unexercised=3)
     assert host["setup gate"] == 5 and host["op turn"] == 4
 
 
