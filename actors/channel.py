@@ -28,7 +28,7 @@ import attrs
 
 from protocol.coalesce import Append as AppendEffect
 from protocol.content import ContentError, convert_blocks
-from protocol.digests import body_digest
+from protocol.digests import body_digest, body_digests
 from protocol.errors import INVALID_PARAMS, METHOD_NOT_FOUND, RpcError
 from protocol.lanes import ChannelDescriptor, IncomingMessage, PushEvent
 from protocol.routes import (
@@ -425,11 +425,11 @@ class ChannelActor(Actor):
             header = unscoped_header(self.sid)
         else:
             header = channel_header(self.sid, self.cid, self.label or None, thread_id, reply_to)
-        meta["source_body_digest"] = body_digest(blocks)
         body = mark_blocks(blocks)
         stored = ({"type": "text", "text": header}, *body)
+        meta["source_body_digest"], stored_digest = body_digests(blocks, stored)
         meta["source_header"] = header
-        meta["stored_body_digest"] = body_digest(stored)
+        meta["stored_body_digest"] = stored_digest
         # what the host itself published wakes nobody; a message addressed to agents for whom
         # the channel is closed carries, in their copy, an invitation to open it
         echo = from_self or (message_id is not None and message_id in self._receipts)

@@ -130,15 +130,18 @@ Trace = tuple[str, str | None, dict[str, Any]]
 
 
 class Pending:
-    """A hot-lane request whose items were handed to the store: (prepared item, trace fields),
-    what was refused item by item, and the error that answers the whole request, if any."""
+    """A hot-lane request whose items were handed to the store: its id and method, (prepared
+    item, trace fields), what was refused item by item, and the error that answers the whole
+    request, if any. The request itself (its decoded params) is not kept past conversion."""
 
-    __slots__ = ("error", "items", "push", "refused")
+    __slots__ = ("error", "id", "items", "method", "push", "refused")
 
-    def __init__(self, push: bool) -> None:
+    def __init__(self, req: rpc.Request) -> None:
+        self.id = req.id
+        self.method = req.method
+        self.push = req.method == "push/event"
         self.items: list[tuple[Prepared, Trace]] = []
         self.refused: list[dict[str, Any]] = []
-        self.push = push
         self.error: RpcError | None = None
 
 
@@ -151,7 +154,7 @@ class Link:
     outbox_send: trio.MemorySendChannel[list[str]]
     outbox_recv: trio.MemoryReceiveChannel[list[str]]
     requests: BatchQueue[rpc.Request]
-    answers: BatchQueue[tuple[rpc.Request, Pending]]
+    answers: BatchQueue[Pending]
     waiters: dict[rpc.Id, trio.MemorySendChannel[outcome.Outcome[Any]]] = attrs.field(factory=dict)
     ready: bool = False
     mcp_only: bool = False
@@ -515,6 +518,7 @@ class ConnectionActor(Actor):
                     link.nursery.start_soon(self._serve, link, req, slots)
             if hot:
                 await link.answers.put_many(await self._prepare(link, hot))
+            del batch, hot  # the requests (their decoded params) are not needed any more
 
     async def _dispatch_event(self, link: Link, event: rpc.Event) -> None:
         if isinstance(event, rpc.ResponseReceived):
@@ -927,16 +931,14 @@ class ConnectionActor(Actor):
         return result
 
     # push/event and channels/incoming: the hot lanes ------------------------------------
-    async def _prepare(
-        self, link: Link, requests: list[rpc.Request]
-    ) -> list[tuple[rpc.Request, Pending]]:
+    async def _prepare(self, link: Link, requests: list[rpc.Request]) -> list[Pending]:
         """Admit and convert a batch of hot-lane requests, then hand their items to their
         channels: one ask per channel, items in arrival order. The answers wait for the commit.
         """
         accepted_at = utc_now()  # one timestamp for what was read together
-        out = [(req, Pending(push=req.method == "push/event")) for req in requests]
+        out = [Pending(req) for req in requests]
         groups: dict[str | None, list[tuple[Pending, Any, Trace]]] = {}
-        for req, pending in out:
+        for req, pending in zip(requests, out, strict=True):
             try:
                 params = req.params if isinstance(req.params, Mapping) else {}
                 self._admit(link, req.method, params.get("featureSet"))
@@ -1069,12 +1071,12 @@ class ConnectionActor(Actor):
             try:
                 lines: list[str] = []
                 done: list[tuple[Prepared, Trace]] = []
-                for _, pending in answers:  # most commit together: wait for the stragglers
+                for pending in answers:  # most commit together: wait for the stragglers
                     for prepared, _ in pending.items:
                         if not prepared.future.done:
                             await prepared.future.wait_settled()
-                for req, pending in answers:
-                    line = self._answer_line(link, req, pending, done)
+                for pending in answers:
+                    line = self._answer_line(link, pending, done)
                     if line is not None:
                         lines.append(line)
                 await self._send_lines(link, lines)
@@ -1098,11 +1100,7 @@ class ConnectionActor(Actor):
                 self.work.dec(len(answers))
 
     def _answer_line(
-        self,
-        link: Link,
-        req: rpc.Request,
-        pending: Pending,
-        done: list[tuple[Prepared, Trace]],
+        self, link: Link, pending: Pending, done: list[tuple[Prepared, Trace]]
     ) -> str | None:
         """The reply to a request whose writes are all settled (None if the link is gone).
         Items that were new are added to ``done``."""
@@ -1114,7 +1112,7 @@ class ConnectionActor(Actor):
                 if prepared.future.result().stored:
                     done.append((prepared, trace))
             except StoreError as exc:
-                self._trace("error", error=f"store failed: {exc}", method=req.method)
+                self._trace("error", error=f"store failed: {exc}", method=pending.method)
                 ok = all_ok = False
             if not pending.push:
                 entry: dict[str, Any] = {"messageId": trace[2]["message_id"], "accepted": ok}
@@ -1125,17 +1123,19 @@ class ConnectionActor(Actor):
                 results.append(entry)
         try:
             if pending.error is not None:
-                return link.session.send_error(req.id, pending.error)
+                return link.session.send_error(pending.id, pending.error)
             if not pending.push:
-                return link.session.send_response(req.id, {"results": results + pending.refused})
+                return link.session.send_response(
+                    pending.id, {"results": results + pending.refused}
+                )
             if all_ok:
                 answer: dict[str, Any] = {"accepted": True}
                 for prepared, _ in pending.items:
                     if prepared.coalesce is not None:
                         answer["coalesce"] = dict(prepared.coalesce)
-                return link.session.send_response(req.id, answer)
+                return link.session.send_response(pending.id, answer)
             err = RpcError(code=INTERNAL_ERROR, message="not stored; retry")
-            return link.session.send_error(req.id, err)
+            return link.session.send_error(pending.id, err)
         except rpc.LocalProtocolError:
             return None  # the session closed meanwhile; the server retries on a new link
 

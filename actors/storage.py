@@ -82,20 +82,23 @@ class SettledFuture:
 
 
 class _Completion:
-    """The results of one ``submit_many``, gathered in the writer thread (which calls ``done``
-    once per op, in order) and handed to the trio thread in one piece."""
+    """The results of one ``submit_many`` of ``n`` ops, gathered in the writer thread (which
+    calls ``done`` once per op, in order) and handed to the trio thread in one piece.
 
-    __slots__ = ("client", "futures", "results", "settled")
+    It holds no reference to its futures (they hold it), so a settled batch is freed as soon as
+    its futures are dropped, without waiting for the cycle collector."""
+
+    __slots__ = ("client", "n", "results", "settled")
 
     def __init__(self, client: StoreClient, n: int) -> None:
         self.client = client
+        self.n = n
         self.results: list[object] = []
         self.settled = trio.Event()
-        self.futures = [StoreFuture(self, i) for i in range(n)]
 
     def done(self, result: object) -> None:
         self.results.append(result)
-        if len(self.results) == len(self.futures):
+        if len(self.results) == self.n:
             self.client._completed_batch(self)
 
 
@@ -142,7 +145,7 @@ class StoreClient:
             self._free(n)
             self.work.dec(n)
             raise
-        return batch.futures
+        return [StoreFuture(batch, i) for i in range(n)]
 
     def _completed_batch(self, batch: _Completion) -> None:
         """Called in the writer thread once every op of ``batch`` has its result."""
@@ -163,8 +166,8 @@ class StoreClient:
             self._scheduled = False
         for batch in completed:
             batch.settled.set()
-            self._free(len(batch.futures))
-            self.work.dec(len(batch.futures))
+            self._free(batch.n)
+            self.work.dec(batch.n)
 
     def _free(self, n: int) -> None:
         self._in_flight -= n

@@ -58,6 +58,7 @@ import rfc8785
 
 __all__ = [
     "body_digest",
+    "body_digests",
     "canonical_base64",
     "canonical_json",
     "normalize_block",
@@ -78,11 +79,33 @@ _URL_SAFE = str.maketrans("-_", "+/")
 
 def body_digest(blocks: Sequence[Mapping[str, Any]]) -> str:
     """The F.3 digest of ``blocks``: lowercase hex SHA-256 of the framed canonical JSON."""
-    text = _plain_text_json(blocks)
-    if text is not None:
-        return hashlib.sha256(text.encode("utf-8")).hexdigest()
+    parts = _plain_text_parts(blocks)
+    if parts is not None:
+        return _framed_digest(parts)
     framed = [[normalize_block(block) for block in blocks]]
     return hashlib.sha256(_canonical_bytes(framed)).hexdigest()
+
+
+def body_digests(
+    delivered: Sequence[Mapping[str, Any]], stored: Sequence[Mapping[str, Any]]
+) -> tuple[str, str]:
+    """``(body_digest(delivered), body_digest(stored))``, for a stored copy that is blocks put
+    before the delivered ones. When the stored copy ends with the very block objects delivered
+    (marking changed nothing), their canonical text is written once for both digests."""
+    parts = _plain_text_parts(delivered)
+    if parts is None:
+        return body_digest(delivered), body_digest(stored)
+    cut = len(stored) - len(delivered)
+    if cut >= 0 and all(a is b for a, b in zip(stored[cut:], delivered, strict=True)):
+        head = _plain_text_parts(stored[:cut])
+        if head is not None:
+            return _framed_digest(parts), _framed_digest(head + parts)
+    return _framed_digest(parts), body_digest(stored)
+
+
+def _framed_digest(parts: list[str]) -> str:
+    text = "[[" + ",".join(parts) + "]]"
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
 # JSON.stringify and this encoder agree on every well-formed string: the same short escapes, the
@@ -91,9 +114,9 @@ _ENCODE_STRING = json.JSONEncoder(ensure_ascii=False).encode
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
-def _plain_text_json(blocks: Sequence[Mapping[str, Any]]) -> str | None:
-    """The framed canonical JSON of a body made only of plain text blocks (the common case),
-    written directly; None for anything else, which takes the general path."""
+def _plain_text_parts(blocks: Sequence[Mapping[str, Any]]) -> list[str] | None:
+    """The canonical JSON of each block of a body made only of plain text blocks (the common
+    case), written directly; None for anything else, which takes the general path."""
     parts = []
     for block in blocks:
         if type(block) is not dict or len(block) != 2 or block.get("type") != "text":
@@ -102,7 +125,13 @@ def _plain_text_json(blocks: Sequence[Mapping[str, Any]]) -> str | None:
         if type(text) is not str or (not text.isascii() and _SURROGATE.search(text)):
             return None
         parts.append('{"text":' + _ENCODE_STRING(text) + ',"type":"text"}')
-    return "[[" + ",".join(parts) + "]]"
+    return parts
+
+
+def _plain_text_json(blocks: Sequence[Mapping[str, Any]]) -> str | None:
+    """The framed canonical JSON of a plain-text body (see :func:`_plain_text_parts`)."""
+    parts = _plain_text_parts(blocks)
+    return None if parts is None else "[[" + ",".join(parts) + "]]"
 
 
 def canonical_json(value: Any) -> str:

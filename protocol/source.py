@@ -402,6 +402,8 @@ def mark_blocks(blocks: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
         text if b.get("type") == "text" and isinstance(text := b.get("text"), str) else None
         for b in blocks
     ]
+    if all(text is None or "[" not in text for text in texts):  # nothing can open: as it was
+        return list(blocks)
     marked = mark_openings(texts)
     return [
         b if new is None or new == old else {**b, "text": new}

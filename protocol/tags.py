@@ -34,6 +34,8 @@ def expand_tags(tags: Iterable[object]) -> tuple[tuple[str, ...], tuple[str, ...
     At most ``MAX_TAGS`` valid tags are kept (the rest are refused): a tag set is a hint, and an
     unbounded one would be a way to bloat every stored item.
     """
+    if type(tags) is tuple and not tags:  # most items carry no tags
+        return (), ()
     kept: set[str] = set()
     refused: list[str] = []
     for tag in tags:

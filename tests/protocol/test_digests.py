@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 
 from protocol.digests import (
     body_digest,
+    body_digests,
     canonical_base64,
     canonical_json,
     normalize_block,
@@ -697,3 +698,22 @@ def test_other_bodies_take_the_general_path(blocks: list[dict[str, Any]]) -> Non
     from protocol import digests
 
     assert digests._plain_text_json(blocks) is None
+
+
+@given(
+    st.lists(st.text(), max_size=3),
+    st.lists(
+        st.one_of(
+            st.builds(lambda t: {"type": "text", "text": t}, st.text()),
+            st.just({"type": "image", "data": "AA==", "mimeType": "image/png"}),
+        ),
+        max_size=3,
+    ),
+    st.booleans(),
+)
+def test_both_digests_of_a_stored_copy_are_the_two_digests(
+    head: list[str], body: list[dict[str, Any]], marked: bool
+) -> None:
+    stored_body = [dict(b) for b in body] if marked else body  # equal, but not the same blocks
+    stored = [*({"type": "text", "text": t} for t in head), *stored_body]
+    assert body_digests(body, stored) == (body_digest(body), body_digest(stored))
