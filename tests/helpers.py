@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import itertools
+import signal
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Callable, Mapping
@@ -306,3 +307,13 @@ def publishes(ctl: Any) -> list[tuple[str, str]]:
         p = m["params"]
         out.append((p["channelId"], " ".join(b.get("text", "") for b in p["content"])))
     return out
+
+
+async def interrupt(proc: trio.Process) -> None:
+    """Stop a host process as Ctrl-C does; kill it if it has not exited within 20 s."""
+    proc.send_signal(signal.SIGINT)
+    with trio.move_on_after(20):
+        await proc.wait()
+    if proc.returncode is None:
+        proc.kill()
+        await proc.wait()

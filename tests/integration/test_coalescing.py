@@ -23,6 +23,7 @@ from tests.helpers import (
     hold_turn,
     incoming_answered,
     install,
+    interrupt,
     ready,
     running_lobby,
     wait_trace,
@@ -259,12 +260,7 @@ async def test_a_host_killed_after_each_commit_loses_and_duplicates_nothing(
                 await ready(ctl)
                 after = await _send(ctl, STEPS)
             finally:
-                proc.send_signal(signal.SIGINT)
-                with trio.move_on_after(20):
-                    await proc.wait()
-                if proc.returncode is None:
-                    proc.kill()
-                    await proc.wait()
+                await interrupt(proc)
     # a retried occurrence gets its original answer
     assert [r["result"] for r in after[:acknowledged]] == [r["result"] for r in before]
     # and what came unread before the crash was kept as an ordinary item: the next occurrence of

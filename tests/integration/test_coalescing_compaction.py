@@ -15,7 +15,7 @@ import trio
 
 from examples.lobby_control import open_control_listener
 from store import Reader
-from tests.helpers import ready
+from tests.helpers import interrupt, ready
 from tests.integration.compaction_child import EVERY
 from tests.integration.test_coalescing import STEPS, _host_config, _send, push
 
@@ -78,12 +78,7 @@ async def test_a_host_killed_between_the_snapshot_and_the_trim_loses_and_duplica
                 # the unread item of B was kept as an ordinary one: the next follows it
                 follow = await push(ctl, "c5", "text of c5", key="B")
             finally:
-                proc.send_signal(signal.SIGINT)
-                with trio.move_on_after(20):
-                    await proc.wait()
-                if proc.returncode is None:
-                    proc.kill()
-                    await proc.wait()
+                await interrupt(proc)
     # every retry, the one whose answer was lost included, gets its original answer
     assert [r["result"] for r in after[:-1]] == [r["result"] for r in before]
     assert after[-1]["result"]["coalesce"] == {"outcome": STEPS[-1][2]}

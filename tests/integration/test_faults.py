@@ -16,6 +16,7 @@ from store import Reader
 from tests.helpers import (
     LOBBY,
     answered,
+    interrupt,
     publish_received,
     publishes,
     ready,
@@ -192,12 +193,7 @@ async def test_acknowledged_items_survive_sigkill_and_retries_are_not_stored_twi
                 ctl.send({"cmd": "push", "eventId": "fresh", "text": "new"})
                 await ctl.wait_for(answered("push/event", "eventId", "fresh"), "fresh event")
             finally:
-                proc.send_signal(signal.SIGINT)
-                with trio.move_on_after(20):
-                    await proc.wait()
-                if proc.returncode is None:
-                    proc.kill()
-                    await proc.wait()
+                await interrupt(proc)
             after = [m["metadata"]["event_id"] for m in without_notices(reader.history("Ada"))]
             assert sorted(after) == sorted([*ids, "fresh"])
             reader.close()
