@@ -299,17 +299,18 @@ class RpcSession:
         return encode(message_to_wire(Notification(method, params)))
 
     def send_response(self, id: Id, result: Any) -> str:
-        return self._answer(id, Response(id, result))
+        # message_to_wire(Response(id, result)), written directly: every answer takes this way
+        return self._answer(id, {"jsonrpc": "2.0", "id": id, "result": result})
 
     def send_error(self, id: Id, error: RpcError) -> str:
-        return self._answer(id, ErrorResponse(id, error))
+        return self._answer(id, message_to_wire(ErrorResponse(id, error)))
 
-    def _answer(self, id: Id, msg: Response | ErrorResponse) -> str:
+    def _answer(self, id: Id, wire: dict[str, Any]) -> str:
         if id not in self._inbound:
             raise LocalProtocolError(f"request {id!r} is not awaiting an answer")
         # Encode first: a result that is not JSON (NaN…) raises and leaves the request owed, so
         # the caller can still answer it with an error.
-        line = encode(message_to_wire(msg))
+        line = encode(wire)
         self._inbound.discard(id)
         return line
 
