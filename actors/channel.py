@@ -341,6 +341,7 @@ class ChannelActor(Actor):
     ) -> tuple[Append, tuple[Any, ...]]:
         """The write of one item, and (blocks, wakes, author) for its ``Prepared``."""
         hearers = self.hearers
+        label = self.label or None
         if isinstance(msg, IncomingMessage):
             m = msg
             tags, _ = expand_tags(m.tags)
@@ -401,7 +402,7 @@ class ChannelActor(Actor):
             "channel": self.cid,
             "thread": thread_id,
             "message": source_message,
-            "label": self.label or None,
+            "label": label,
             "reply_to": reply_to,
             "accepted_at": accepted_at,
         }
@@ -416,7 +417,7 @@ class ChannelActor(Actor):
         if self.cid is None:
             header = unscoped_header(self.sid)
         else:
-            header = channel_header(self.sid, self.cid, self.label or None, thread_id, reply_to)
+            header = channel_header(self.sid, self.cid, label, thread_id, reply_to)
         body = mark_blocks(blocks)
         stored = ({"type": "text", "text": header}, *body)
         meta["source_body_digest"], stored_digest = body_digests(blocks, stored)
@@ -432,18 +433,20 @@ class ChannelActor(Actor):
             else frozenset()
         )
         records = tuple(
-            MessageRecord(
-                id=new_id(),
-                agent=agent,
-                role="user",
-                blocks=stored,
-                metadata=meta,
-                created_at=now,
-            )
-            if agent not in invited
-            else self._invitation(agent, stored, meta, author, now)
-            for agent in hearers
-            if agent != author_agent
+            [
+                MessageRecord(
+                    id=new_id(),
+                    agent=agent,
+                    role="user",
+                    blocks=stored,
+                    metadata=meta,
+                    created_at=now,
+                )
+                if agent not in invited
+                else self._invitation(agent, stored, meta, author, now)
+                for agent in hearers
+                if agent != author_agent
+            ]
         )
         wakes = self._wakes(
             lane, message_id, thread_id, echo, addressed, blocks, tags, author or None

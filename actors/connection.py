@@ -28,7 +28,7 @@ from __future__ import annotations
 import logging
 import re
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from importlib import metadata
 from typing import Any
@@ -933,15 +933,23 @@ class ConnectionActor(Actor):
         accepted_at = utc_now()  # one timestamp for what was read together
         out = [Pending(req) for req in requests]
         groups: dict[str | None, list[tuple[Pending, Any, Trace]]] = {}
+        admitted: set[tuple[str, str | None]] = set()  # the link does not change meanwhile
         for req, pending in zip(requests, out, strict=True):
             try:
-                params = req.params if isinstance(req.params, Mapping) else {}
-                self._admit(link, req.method, params.get("featureSet"))
-                parsed: list[tuple[str | None, Any, Trace]]
+                params = req.params
+                if type(params) is not dict and not isinstance(params, Mapping):
+                    params = {}
+                feature_set = params.get("featureSet")
+                if not (feature_set is None or type(feature_set) is str):
+                    self._admit(link, req.method, feature_set)
+                elif (req.method, feature_set) not in admitted:
+                    self._admit(link, req.method, feature_set)
+                    admitted.add((req.method, feature_set))
+                parsed: Sequence[tuple[str | None, Any, Trace]]
                 if pending.push:
                     parsed = [self._parse_push(link, req.params)]
                 else:
-                    parsed = list(self._parse_incoming(link, req.params, pending))
+                    parsed = self._parse_incoming(link, req.params, pending)
                 for channel_id, ingest, trace in parsed:
                     groups.setdefault(channel_id, []).append((pending, ingest, trace))
             except Exception as exc:
