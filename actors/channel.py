@@ -227,7 +227,7 @@ class ChannelActor(Actor):
         (RFC-006, with its ``CoalesceSpec`` in ``specs``) goes through the coalescer, which
         decides what of it is stored."""
         specs = specs or (None,) * len(items)
-        built: list[tuple[Append, tuple[Any, ...]] | RpcError] = []
+        built: list[tuple[Append, tuple[Any, ...], Any, str] | RpcError] = []
         now = time.time()
         converted: list[list[dict[str, Any]] | RpcError] = []
         for msg in items:
@@ -253,12 +253,10 @@ class ChannelActor(Actor):
             if isinstance(b, RpcError):
                 out.append(b)
             elif spec is None:
-                out.append(
-                    Prepared(future=next(futures), blocks=b[1][0], wakes=b[1][1], author=b[1][2])
-                )
+                out.append(Prepared(future=next(futures), blocks=b[1], wakes=b[2], author=b[3]))
             else:
                 assert not isinstance(blocks, RpcError)
-                out.append(await self._coalesce(msg, spec, *b, blocks))
+                out.append(await self._coalesce(msg, spec, b[0], b[1:], blocks))
         return out
 
     async def _coalesce(
@@ -338,8 +336,8 @@ class ChannelActor(Actor):
         now: float,
         accepted_at: str,
         spec: Any = None,
-    ) -> tuple[Append, tuple[Any, ...]]:
-        """The write of one item, and (blocks, wakes, author) for its ``Prepared``."""
+    ) -> tuple[Append, tuple[Any, ...], Any, str]:
+        """The write of one item, then the blocks, wakes and author of its ``Prepared``."""
         hearers = self.hearers
         label = self.label or None
         if isinstance(msg, IncomingMessage):
@@ -451,7 +449,7 @@ class ChannelActor(Actor):
         wakes = self._wakes(
             lane, message_id, thread_id, echo, addressed, blocks, tags, author or None
         )
-        return Append(records=records, dedupe=dedupe), (tuple(body), wakes, author)
+        return Append(records=records, dedupe=dedupe), tuple(body), wakes, author
 
     async def _materialized(self, msg: Materialized) -> tuple[MessageRecord, ...]:
         """The stored copies of a materialized deferred batch (RFC-006 §5): the same shape as

@@ -125,8 +125,9 @@ class RequestTimeout(TimeoutError):
     pass
 
 
-#: What the transcript says of an item: (kind, channel id, fields).
-Trace = tuple[str, str | None, dict[str, Any]]
+#: What the transcript says of an item: (kind, channel id, message id or event id, author).
+#: Only strings (and None), so the cycle collector stops tracking it at its first pass.
+Trace = tuple[str, str | None, str, str | None]
 
 
 class Pending:
@@ -141,8 +142,14 @@ class Pending:
         self.method = req.method
         self.push = req.method == "push/event"
         self.items: list[tuple[Prepared, Trace]] = []
-        self.refused: list[dict[str, Any]] = []
+        self.refused: list[dict[str, Any]] | None = None  # made by the first refusal
         self.error: RpcError | None = None
+
+    def refuse(self, message_id: Any, reason: str) -> None:
+        """One message of a ``channels/incoming`` request is refused."""
+        if self.refused is None:
+            self.refused = []
+        self.refused.append({"messageId": message_id, "accepted": False, "reason": reason})
 
 
 @attrs.define
@@ -932,7 +939,7 @@ class ConnectionActor(Actor):
         """
         accepted_at = utc_now()  # one timestamp for what was read together
         out = [Pending(req) for req in requests]
-        groups: dict[str | None, list[tuple[Pending, Any, Trace]]] = {}
+        groups: dict[str | None, list[tuple[Pending, Any, Any, Trace]]] = {}
         admitted: set[tuple[str, str | None]] = set()  # the link does not change meanwhile
         for req, pending in zip(requests, out, strict=True):
             try:
@@ -945,13 +952,13 @@ class ConnectionActor(Actor):
                 elif (req.method, feature_set) not in admitted:
                     self._admit(link, req.method, feature_set)
                     admitted.add((req.method, feature_set))
-                parsed: Sequence[tuple[str | None, Any, Trace]]
+                parsed: Sequence[tuple[str | None, Any, Any, Trace]]
                 if pending.push:
                     parsed = [self._parse_push(link, req.params)]
                 else:
                     parsed = self._parse_incoming(link, req.params, pending)
-                for channel_id, ingest, trace in parsed:
-                    groups.setdefault(channel_id, []).append((pending, ingest, trace))
+                for channel_id, item, spec, trace in parsed:
+                    groups.setdefault(channel_id, []).append((pending, item, spec, trace))
             except Exception as exc:
                 pending.error = _as_rpc_error(exc, req.method)
         timeout = self.cfg.request_timeout_s
@@ -960,29 +967,28 @@ class ConnectionActor(Actor):
                 chan = await self.ctx.channel(self.sid, cid)
                 results = await chan.ask(
                     IngestBatch(
-                        items=tuple(i for _, (i, _), _ in entries),
-                        specs=tuple(spec for _, (_, spec), _ in entries),
+                        items=tuple([item for _, item, _, _ in entries]),
+                        specs=tuple([spec for _, _, spec, _ in entries]),
                         accepted_at=accepted_at,
                     ),
                     timeout=timeout,
                 )
             except Exception as exc:
                 results = [_as_rpc_error(exc, "ingest")] * len(entries)
-            for (pending, _, trace), result in zip(entries, results, strict=True):
+            for (pending, _, _, trace), result in zip(entries, results, strict=True):
                 if isinstance(result, Prepared):
                     pending.items.append((result, trace))
                 elif pending.push:
                     pending.error = result
                 else:
-                    reason = result.message if isinstance(result, RpcError) else str(result)
-                    pending.refused.append(
-                        {"messageId": trace[2]["message_id"], "accepted": False, "reason": reason}
+                    pending.refuse(
+                        trace[2], result.message if isinstance(result, RpcError) else str(result)
                     )
         return out
 
     def _parse_push(
         self, link: Link, params: Any
-    ) -> tuple[str | None, tuple[PushEvent, CoalesceSpec | None], Trace]:
+    ) -> tuple[str | None, PushEvent, CoalesceSpec | None, Trace]:
         event = parse_push(params)  # admission already checked its feature set
         scoped = None
         claimed = (event.origin or {}).get("mcplChannelId")
@@ -993,8 +999,7 @@ class ConnectionActor(Actor):
             spec = self._coalesce_spec(link, event)
             if spec.channel_id is not None:
                 scoped = spec.channel_id  # channel scope is only ever named, never inferred
-        trace: Trace = ("push", scoped, {"event_id": event.event_id})
-        return scoped, (event, spec), trace
+        return scoped, event, spec, ("push", scoped, event.event_id, None)
 
     def _coalesce_spec(self, link: Link, event: PushEvent) -> CoalesceSpec:
         """A push's valid ``coalesce`` member (RFC-006), or the error refusing the push; a
@@ -1022,14 +1027,14 @@ class ConnectionActor(Actor):
 
     def _parse_incoming(
         self, link: Link, params: Any, pending: Pending
-    ) -> list[tuple[str, tuple[IncomingMessage, CoalesceSpec | None], Trace]]:
+    ) -> list[tuple[str, IncomingMessage, CoalesceSpec | None, Trace]]:
         items = []
         for raw in parse_incoming_batch(params):
             mid = raw.get("messageId") if isinstance(raw, Mapping) else None
             try:
                 msg = parse_incoming(raw)
             except RpcError as exc:
-                pending.refused.append({"messageId": mid, "accepted": False, "reason": exc.message})
+                pending.refuse(mid, exc.message)
                 continue
             spec = None
             if msg.coalesce is not None:
@@ -1040,13 +1045,7 @@ class ConnectionActor(Actor):
                     self.diagnostic(
                         f"incoming message {msg.message_id}: {parsed.field} {parsed.reason}"
                     )
-                    pending.refused.append(
-                        {
-                            "messageId": msg.message_id,
-                            "accepted": False,
-                            "reason": "coalesce_invalid",
-                        }
-                    )
+                    pending.refuse(msg.message_id, "coalesce_invalid")
                     continue
                 spec = parsed
             if msg.channel_id not in link.channels:
@@ -1054,16 +1053,11 @@ class ConnectionActor(Actor):
                     f"incoming message {msg.message_id} for unregistered channel "
                     f"{msg.channel_id!r} refused"
                 )
-                pending.refused.append(
-                    {"messageId": msg.message_id, "accepted": False, "reason": "unknown_channel"}
-                )
+                pending.refuse(msg.message_id, "unknown_channel")
                 continue
-            trace: Trace = (
-                "incoming",
-                msg.channel_id,
-                {"message_id": msg.message_id, "author": msg.author.name or msg.author.id},
-            )
-            items.append((msg.channel_id, (msg, spec), trace))
+            author = msg.author.name or msg.author.id
+            trace: Trace = ("incoming", msg.channel_id, msg.message_id, author)
+            items.append((msg.channel_id, msg, spec, trace))
         return items
 
     async def _responder(self, link: Link) -> None:
@@ -1087,9 +1081,13 @@ class ConnectionActor(Actor):
                 # speech route look at every one of them
                 wakes: dict[str, list[Wake]] = {}
                 publish, sid = self.ctx.trace.publish, self.sid
-                for prepared, trace in done:
-                    kind, channel_id, fields = trace
-                    fields["text"] = _text(prepared.blocks)
+                for prepared, (kind, channel_id, key, author) in done:
+                    text = _text(prepared.blocks)
+                    fields: dict[str, Any] = (
+                        {"event_id": key, "text": text}
+                        if kind == "push"
+                        else {"message_id": key, "author": author, "text": text}
+                    )
                     publish(
                         TraceEvent(kind=kind, server_id=sid, channel_id=channel_id, data=fields)
                     )
@@ -1118,7 +1116,7 @@ class ConnectionActor(Actor):
                 self._trace("error", error=f"store failed: {exc}", method=pending.method)
                 ok = all_ok = False
             if not pending.push:
-                entry: dict[str, Any] = {"messageId": trace[2]["message_id"], "accepted": ok}
+                entry: dict[str, Any] = {"messageId": trace[2], "accepted": ok}
                 if not ok:
                     entry["reason"] = "not stored; retry"
                 elif prepared.coalesce is not None:
@@ -1128,9 +1126,9 @@ class ConnectionActor(Actor):
             if pending.error is not None:
                 return link.session.send_error(pending.id, pending.error)
             if not pending.push:
-                return link.session.send_response(
-                    pending.id, {"results": results + pending.refused}
-                )
+                if pending.refused:
+                    results += pending.refused
+                return link.session.send_response(pending.id, {"results": results})
             if all_ok:
                 answer: dict[str, Any] = {"accepted": True}
                 for prepared, _ in pending.items:
