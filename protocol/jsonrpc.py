@@ -119,6 +119,19 @@ def parse_message(text: str) -> Message | Invalid:
         obj = decode(text)
     except ValueError:
         return Invalid(f"not JSON, skipped: {_clip(text)!r}")
+    if type(obj) is dict and obj.get("jsonrpc") == "2.0":
+        # a well-formed request (the common case) is classified with the fewest checks: the
+        # same answer as the general path below
+        method = obj.get("method")
+        rid = obj.get("id")
+        params = obj.get("params")
+        if (
+            type(method) is str
+            and method
+            and (type(rid) is int or type(rid) is str)
+            and (params is None or type(params) is dict or type(params) is list)
+        ):
+            return Request(rid, method, params)
     if not isinstance(obj, dict):
         kind = "batch" if isinstance(obj, list) else type(obj).__name__
         return Invalid(
