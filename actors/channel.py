@@ -81,7 +81,7 @@ COALESCE_ASK_S = 60.0  # the coalescer's answer (its store write is submitted, n
 
 
 def _wake_text(blocks: list[dict[str, Any]]) -> str:
-    text = "\n".join(str(b.get("text", "")) for b in blocks if b.get("type") == "text")
+    text = "\n".join([str(b.get("text", "")) for b in blocks if b.get("type") == "text"])
     return text[:WAKE_TEXT_CHARS]
 
 
@@ -342,7 +342,7 @@ class ChannelActor(Actor):
         label = self.label or None
         if isinstance(msg, IncomingMessage):
             m = msg
-            tags, _ = expand_tags(m.tags)
+            tags = expand_tags(m.tags)[0] if m.tags else ()
             author_agent = self._receipts.get(m.message_id)
             from_self = author_agent is not None or "chat:from-self" in tags
             lane, message_id, thread_id = "incoming", m.message_id, m.thread_id
@@ -424,7 +424,7 @@ class ChannelActor(Actor):
         # what the host itself published wakes nobody; a message addressed to agents for whom
         # the channel is closed carries, in their copy, an invitation to open it
         echo = from_self or (message_id is not None and message_id in self._receipts)
-        addressed = not echo and is_addressed(tags)
+        addressed = not echo and bool(tags) and is_addressed(tags)
         invited = (
             frozenset(a for a in hearers if not self.is_open(a))
             if addressed and lane == "incoming"

@@ -459,29 +459,34 @@ class ConnectionActor(Actor):
         batch: list[rpc.Request] = []
         try:
             while True:
-                if batch and (len(batch) >= READ_BATCH or not link.transport.buffered()):
+                first = await link.transport.receive()
+                if first is None:
+                    return
+                # what the transport has already framed is handled without waiting again
+                for item in [first, *link.transport.take_buffered()]:
+                    if isinstance(item, Oversize):
+                        size = "a frame" if item.size < 0 else f"{item.size} bytes"
+                        self.diagnostic(
+                            f"line over max_line_bytes ({self.cfg.max_line_bytes}) refused: {size}"
+                        )
+                        if item.size < 0:
+                            return
+                        continue
+                    if isinstance(item, Undecodable):
+                        self.diagnostic(f"undecodable line ({item.size} bytes) skipped")
+                        continue
+                    for event in link.session.receive_line(item):
+                        if isinstance(event, rpc.RequestReceived) and link.ready:
+                            self.work.inc()  # released once the request is answered
+                            batch.append(event.request)
+                        else:
+                            await self._dispatch_event(link, event)
+                    if len(batch) >= READ_BATCH:
+                        await self._queue_requests(link, batch)
+                        batch = []
+                if batch:  # nothing more is buffered: what was read goes on together
                     await self._queue_requests(link, batch)
                     batch = []
-                item = await link.transport.receive()
-                if item is None:
-                    return
-                if isinstance(item, Oversize):
-                    size = "a frame" if item.size < 0 else f"{item.size} bytes"
-                    self.diagnostic(
-                        f"line over max_line_bytes ({self.cfg.max_line_bytes}) refused: {size}"
-                    )
-                    if item.size < 0:
-                        return
-                    continue
-                if isinstance(item, Undecodable):
-                    self.diagnostic(f"undecodable line ({item.size} bytes) skipped")
-                    continue
-                for event in link.session.receive_line(item):
-                    if isinstance(event, rpc.RequestReceived) and link.ready:
-                        self.work.inc()  # released once the request is answered
-                        batch.append(event.request)
-                    else:
-                        await self._dispatch_event(link, event)
         except Exception as exc:
             self.diagnostic(f"read failed: {_describe(exc)}")
         finally:
@@ -1030,11 +1035,12 @@ class ConnectionActor(Actor):
     ) -> list[tuple[str, IncomingMessage, CoalesceSpec | None, Trace]]:
         items = []
         for raw in parse_incoming_batch(params):
-            mid = raw.get("messageId") if isinstance(raw, Mapping) else None
             try:
                 msg = parse_incoming(raw)
             except RpcError as exc:
-                pending.refuse(mid, exc.message)
+                pending.refuse(
+                    raw.get("messageId") if isinstance(raw, Mapping) else None, exc.message
+                )
                 continue
             spec = None
             if msg.coalesce is not None:
@@ -1192,7 +1198,7 @@ class ConnectionActor(Actor):
 
 
 def _text(blocks: Any) -> str:
-    return "\n".join(str(b.get("text", "")) for b in blocks if b.get("type") == "text")
+    return "\n".join([str(b.get("text", "")) for b in blocks if b.get("type") == "text"])
 
 
 def manifest_impacts(
