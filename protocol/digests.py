@@ -96,11 +96,16 @@ def body_digests(
     if parts is None:
         return body_digest(delivered), body_digest(stored)
     cut = len(stored) - len(delivered)
-    if cut >= 0 and all(a is b for a, b in zip(stored[cut:], delivered, strict=True)):
-        head = _plain_text_parts(stored[:cut])
-        if head is not None:
-            return _framed_digest(parts), _framed_digest(head + parts)
-    return _framed_digest(parts), body_digest(stored)
+    head = None
+    if cut >= 0:
+        for i, block in enumerate(delivered, cut):
+            if stored[i] is not block:
+                break
+        else:
+            head = _plain_text_parts(stored[:cut])
+    if head is None:
+        return _framed_digest(parts), body_digest(stored)
+    return _framed_digest(parts), _framed_digest(head + parts)
 
 
 def _framed_digest(parts: list[str]) -> str:

@@ -77,6 +77,21 @@ _DECODER = json.JSONDecoder(parse_constant=_reject_constant)
 _ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)
 _ASCII_ENCODER = json.JSONEncoder(ensure_ascii=True, separators=(",", ":"), allow_nan=False)
 
+# The C encoder ``json`` itself uses (None without the C accelerator), called without
+# JSONEncoder.encode's per-call set-up.
+_C_MAKE_ENCODER: Any = getattr(json.encoder, "c_make_encoder", None)
+
+
+def _compact(obj: Any) -> str:
+    """``_ENCODER.encode(obj)``: the same text, from the same C encoder."""
+    if _C_MAKE_ENCODER is None:  # pragma: no cover
+        return _ENCODER.encode(obj)
+    # markers: a fresh dict each time, as JSONEncoder.iterencode makes for check_circular
+    chunks = _C_MAKE_ENCODER(
+        {}, _ENCODER.default, json.encoder.encode_basestring, None, ":", ",", False, False, False
+    )(obj, 0)
+    return "".join(chunks)
+
 
 def decode(text: str) -> Any:
     """Strict JSON decoding (no NaN/Infinity). Raises ``ValueError`` on any failure."""
@@ -95,7 +110,7 @@ def encode(obj: Any) -> str:
     A lone surrogate (which a peer can send as ``"\\ud800"``) cannot be written as UTF-8, so
     text holding one is sent with every non-ASCII character escaped instead.
     """
-    text: str = _ENCODER.encode(obj)
+    text = _compact(obj)
     if not text.isascii() and _SURROGATE.search(text):
         text = _ASCII_ENCODER.encode(obj)
     return text
