@@ -523,9 +523,9 @@ class ConnectionActor(Actor):
                 else:
                     await slots.acquire()
                     link.nursery.start_soon(self._serve, link, req, slots)
-            if hot:
+            batch.clear()
+            if hot:  # _prepare empties hot once the requests are parsed
                 await link.answers.put_many(await self._prepare(link, hot))
-            del batch, hot  # the requests (their decoded params) are not needed any more
 
     async def _dispatch_event(self, link: Link, event: rpc.Event) -> None:
         if isinstance(event, rpc.ResponseReceived):
@@ -941,7 +941,9 @@ class ConnectionActor(Actor):
     async def _prepare(self, link: Link, requests: list[rpc.Request]) -> list[Pending]:
         """Admit and convert a batch of hot-lane requests, then hand their items to their
         channels: one ask per channel, items in arrival order. The answers wait for the commit.
-        """
+
+        ``requests`` is emptied once they are parsed: their decoded params are not kept alive
+        while the channels convert and the writes commit."""
         accepted_at = utc_now()  # one timestamp for what was read together
         out = [Pending(req) for req in requests]
         groups: dict[str | None, list[tuple[Pending, Any, Any, Trace]]] = {}
@@ -966,6 +968,7 @@ class ConnectionActor(Actor):
                     groups.setdefault(channel_id, []).append((pending, item, spec, trace))
             except Exception as exc:
                 pending.error = _as_rpc_error(exc, req.method)
+        requests.clear()
         timeout = self.cfg.request_timeout_s
         for cid, entries in groups.items():
             try:
