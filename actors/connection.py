@@ -86,7 +86,6 @@ from .messages import (
     Wake,
     Wakes,
 )
-from .trace import TraceEvent
 from .transport import Transport, open_transport
 
 log = logging.getLogger("mcplive.connection")
@@ -1089,7 +1088,7 @@ class ConnectionActor(Actor):
                 # one message per agent, carrying each item's own wake: the gate and the
                 # speech route look at every one of them
                 wakes: dict[str, list[Wake]] = {}
-                publish, sid = self.ctx.trace.publish, self.sid
+                publish, sid = self.ctx.trace.publish_fields, self.sid
                 for prepared, (kind, channel_id, key, author) in done:
                     text = _text(prepared.blocks)
                     fields: dict[str, Any] = (
@@ -1097,9 +1096,7 @@ class ConnectionActor(Actor):
                         if kind == "push"
                         else {"message_id": key, "author": author, "text": text}
                     )
-                    publish(
-                        TraceEvent(kind=kind, server_id=sid, channel_id=channel_id, data=fields)
-                    )
+                    publish(kind, sid, channel_id, fields)
                     for agent, wake in prepared.wakes:
                         wakes.setdefault(agent, []).append(wake)
                 for agent, items in wakes.items():
