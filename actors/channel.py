@@ -130,6 +130,8 @@ class ChannelActor(Actor):
         self._deferred: list[tuple[IngestBatch, Reply]] = []
         # RFC-006 subjects of this channel (their key) and the thread each lives in
         self._subject_threads: OrderedDict[str, str | None] = OrderedDict()
+        # the last header rendered, by (label, thread, reply): consecutive items share it
+        self._header: tuple[tuple[str | None, str | None, str | None], str] | None = None
 
     @property
     def place(self) -> str | None:
@@ -415,7 +417,7 @@ class ChannelActor(Actor):
         if self.cid is None:
             header = unscoped_header(self.sid)
         else:
-            header = channel_header(self.sid, self.cid, label, thread_id, reply_to)
+            header = self._channel_header(label, thread_id, reply_to)
         body = mark_blocks(blocks)
         stored = ({"type": "text", "text": header}, *body)
         meta["source_body_digest"], stored_digest = body_digests(blocks, stored)
@@ -450,6 +452,19 @@ class ChannelActor(Actor):
             lane, message_id, thread_id, echo, addressed, blocks, tags, author or None
         )
         return Append(records=records, dedupe=dedupe), tuple(body), wakes, author
+
+    def _channel_header(
+        self, label: str | None, thread_id: str | None, reply_to: str | None
+    ) -> str:
+        """``channel_header`` for this channel, remembered for the next item."""
+        key = (label, thread_id, reply_to)
+        last = self._header
+        if last is not None and last[0] == key:
+            return last[1]
+        assert self.cid is not None
+        header = channel_header(self.sid, self.cid, label, thread_id, reply_to)
+        self._header = (key, header)
+        return header
 
     async def _materialized(self, msg: Materialized) -> tuple[MessageRecord, ...]:
         """The stored copies of a materialized deferred batch (RFC-006 §5): the same shape as
