@@ -14,10 +14,11 @@ its id: ``method`` makes it a request (with ``id``) or a notification (without);
 from __future__ import annotations
 
 import json
+import json.scanner
 import math
 import re
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 import attrs
 
@@ -93,9 +94,23 @@ def _compact(obj: Any) -> str:
     return "".join(chunks)
 
 
+_SCAN = json.scanner.make_scanner(cast(Any, _DECODER))  # what _DECODER scans with
+
+
 def decode(text: str) -> Any:
     """Strict JSON decoding (no NaN/Infinity). Raises ``ValueError`` on any failure."""
     try:
+        if text[:1] == "{":
+            # An object with nothing around it (every message a peer sends, in practice) is
+            # scanned directly, as JSONDecoder.decode would scan it; anything else, and every
+            # failure, goes through decode for its exact error.
+            try:
+                obj, end = _SCAN(text, 0)
+            except StopIteration:
+                pass
+            else:
+                if end == len(text):
+                    return obj
         return _DECODER.decode(text)
     except RecursionError as exc:
         raise ValueError("nested too deeply") from exc
