@@ -81,7 +81,7 @@ COALESCE_ASK_S = 60.0  # the coalescer's answer (its store write is submitted, n
 
 
 def _wake_text(blocks: list[dict[str, Any]]) -> str:
-    text = "\n".join(str(b.get("text", "")) for b in blocks if b.get("type") == "text")
+    text = "\n".join([str(b.get("text", "")) for b in blocks if b.get("type") == "text"])
     return text[:WAKE_TEXT_CHARS]
 
 
@@ -130,6 +130,8 @@ class ChannelActor(Actor):
         self._deferred: list[tuple[IngestBatch, Reply]] = []
         # RFC-006 subjects of this channel (their key) and where each lives: (thread, message)
         self._subject_places: OrderedDict[str, tuple[str | None, str | None]] = OrderedDict()
+        # the last header rendered, by (label, thread, reply): consecutive items share it
+        self._header: tuple[tuple[str | None, str | None, str | None], str] | None = None
 
     @property
     def place(self) -> str | None:
@@ -227,7 +229,7 @@ class ChannelActor(Actor):
         (RFC-006, with its ``CoalesceSpec`` in ``specs``) goes through the coalescer, which
         decides what of it is stored."""
         specs = specs or (None,) * len(items)
-        built: list[tuple[Append, tuple[Any, ...]] | RpcError] = []
+        built: list[tuple[Append, tuple[Any, ...], Any, str] | RpcError] = []
         now = time.time()
         converted: list[list[dict[str, Any]] | RpcError] = []
         for msg in items:
@@ -253,12 +255,10 @@ class ChannelActor(Actor):
             if isinstance(b, RpcError):
                 out.append(b)
             elif spec is None:
-                out.append(
-                    Prepared(future=next(futures), blocks=b[1][0], wakes=b[1][1], author=b[1][2])
-                )
+                out.append(Prepared(future=next(futures), blocks=b[1], wakes=b[2], author=b[3]))
             else:
                 assert not isinstance(blocks, RpcError)
-                out.append(await self._coalesce(msg, spec, *b, blocks))
+                out.append(await self._coalesce(msg, spec, b[0], b[1:], blocks))
         return out
 
     async def _coalesce(
@@ -338,12 +338,13 @@ class ChannelActor(Actor):
         now: float,
         accepted_at: str,
         spec: Any = None,
-    ) -> tuple[Append, tuple[Any, ...]]:
-        """The write of one item, and (blocks, wakes, author) for its ``Prepared``."""
+    ) -> tuple[Append, tuple[Any, ...], Any, str]:
+        """The write of one item, then the blocks, wakes and author of its ``Prepared``."""
         hearers = self.hearers
+        label = self.label or None
         if isinstance(msg, IncomingMessage):
             m = msg
-            tags, _ = expand_tags(m.tags)
+            tags = expand_tags(m.tags)[0] if m.tags else ()
             author_agent = self._receipts.get(m.message_id)
             from_self = author_agent is not None or "chat:from-self" in tags
             lane, message_id, thread_id = "incoming", m.message_id, m.thread_id
@@ -409,7 +410,7 @@ class ChannelActor(Actor):
             "channel": self.cid,
             "thread": thread_id,
             "message": source_message,
-            "label": self.label or None,
+            "label": label,
             "reply_to": reply_to,
             "accepted_at": accepted_at,
         }
@@ -424,7 +425,7 @@ class ChannelActor(Actor):
         if self.cid is None:
             header = unscoped_header(self.sid)
         else:
-            header = channel_header(self.sid, self.cid, self.label or None, thread_id, reply_to)
+            header = self._channel_header(label, thread_id, reply_to)
         body = mark_blocks(blocks)
         stored = ({"type": "text", "text": header}, *body)
         meta["source_body_digest"], stored_digest = body_digests(blocks, stored)
@@ -433,25 +434,27 @@ class ChannelActor(Actor):
         # what the host itself published wakes nobody; a message addressed to agents for whom
         # the channel is closed carries, in their copy, an invitation to open it
         echo = from_self or (message_id is not None and message_id in self._receipts)
-        addressed = not echo and is_addressed(tags)
+        addressed = not echo and bool(tags) and is_addressed(tags)
         invited = (
             frozenset(a for a in hearers if not self.is_open(a))
             if addressed and lane == "incoming"
             else frozenset()
         )
         records = tuple(
-            MessageRecord(
-                id=new_id(),
-                agent=agent,
-                role="user",
-                blocks=stored,
-                metadata=meta,
-                created_at=now,
-            )
-            if agent not in invited
-            else self._invitation(agent, stored, meta, author, now)
-            for agent in hearers
-            if agent != author_agent
+            [
+                MessageRecord(
+                    id=new_id(),
+                    agent=agent,
+                    role="user",
+                    blocks=stored,
+                    metadata=meta,
+                    created_at=now,
+                )
+                if agent not in invited
+                else self._invitation(agent, stored, meta, author, now)
+                for agent in hearers
+                if agent != author_agent
+            ]
         )
         wakes = self._wakes(
             lane,
@@ -464,7 +467,20 @@ class ChannelActor(Actor):
             author or None,
             meta.get("occurrence"),
         )
-        return Append(records=records, dedupe=dedupe), (tuple(body), wakes, author)
+        return Append(records=records, dedupe=dedupe), tuple(body), wakes, author
+
+    def _channel_header(
+        self, label: str | None, thread_id: str | None, reply_to: str | None
+    ) -> str:
+        """``channel_header`` for this channel, remembered for the next item."""
+        key = (label, thread_id, reply_to)
+        last = self._header
+        if last is not None and last[0] == key:
+            return last[1]
+        assert self.cid is not None
+        header = channel_header(self.sid, self.cid, label, thread_id, reply_to)
+        self._header = (key, header)
+        return header
 
     async def _materialized(self, msg: Materialized) -> tuple[MessageRecord, ...]:
         """The stored copies of a materialized deferred batch (RFC-006 §5): the same shape as

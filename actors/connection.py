@@ -28,7 +28,7 @@ from __future__ import annotations
 import logging
 import re
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from importlib import metadata
 from typing import Any
@@ -86,7 +86,6 @@ from .messages import (
     Wake,
     Wakes,
 )
-from .trace import TraceEvent
 from .transport import Transport, open_transport
 
 log = logging.getLogger("mcplive.connection")
@@ -125,8 +124,9 @@ class RequestTimeout(TimeoutError):
     pass
 
 
-#: What the transcript says of an item: (kind, channel id, fields).
-Trace = tuple[str, str | None, dict[str, Any]]
+#: What the transcript says of an item: (kind, channel id, message id or event id, author).
+#: Only strings (and None), so the cycle collector stops tracking it at its first pass.
+Trace = tuple[str, str | None, str, str | None]
 
 
 class Pending:
@@ -141,8 +141,14 @@ class Pending:
         self.method = req.method
         self.push = req.method == "push/event"
         self.items: list[tuple[Prepared, Trace]] = []
-        self.refused: list[dict[str, Any]] = []
+        self.refused: list[dict[str, Any]] | None = None  # made by the first refusal
         self.error: RpcError | None = None
+
+    def refuse(self, message_id: Any, reason: str) -> None:
+        """One message of a ``channels/incoming`` request is refused."""
+        if self.refused is None:
+            self.refused = []
+        self.refused.append({"messageId": message_id, "accepted": False, "reason": reason})
 
 
 @attrs.define
@@ -457,29 +463,34 @@ class ConnectionActor(Actor):
         batch: list[rpc.Request] = []
         try:
             while True:
-                if batch and (len(batch) >= READ_BATCH or not link.transport.buffered()):
+                first = await link.transport.receive()
+                if first is None:
+                    return
+                # what the transport has already framed is handled without waiting again
+                for item in [first, *link.transport.take_buffered()]:
+                    if isinstance(item, Oversize):
+                        size = "a frame" if item.size < 0 else f"{item.size} bytes"
+                        self.diagnostic(
+                            f"line over max_line_bytes ({self.cfg.max_line_bytes}) refused: {size}"
+                        )
+                        if item.size < 0:
+                            return
+                        continue
+                    if isinstance(item, Undecodable):
+                        self.diagnostic(f"undecodable line ({item.size} bytes) skipped")
+                        continue
+                    for event in link.session.receive_line(item):
+                        if isinstance(event, rpc.RequestReceived) and link.ready:
+                            self.work.inc()  # released once the request is answered
+                            batch.append(event.request)
+                        else:
+                            await self._dispatch_event(link, event)
+                    if len(batch) >= READ_BATCH:
+                        await self._queue_requests(link, batch)
+                        batch = []
+                if batch:  # nothing more is buffered: what was read goes on together
                     await self._queue_requests(link, batch)
                     batch = []
-                item = await link.transport.receive()
-                if item is None:
-                    return
-                if isinstance(item, Oversize):
-                    size = "a frame" if item.size < 0 else f"{item.size} bytes"
-                    self.diagnostic(
-                        f"line over max_line_bytes ({self.cfg.max_line_bytes}) refused: {size}"
-                    )
-                    if item.size < 0:
-                        return
-                    continue
-                if isinstance(item, Undecodable):
-                    self.diagnostic(f"undecodable line ({item.size} bytes) skipped")
-                    continue
-                for event in link.session.receive_line(item):
-                    if isinstance(event, rpc.RequestReceived) and link.ready:
-                        self.work.inc()  # released once the request is answered
-                        batch.append(event.request)
-                    else:
-                        await self._dispatch_event(link, event)
         except Exception as exc:
             self.diagnostic(f"read failed: {_describe(exc)}")
         finally:
@@ -516,9 +527,9 @@ class ConnectionActor(Actor):
                 else:
                     await slots.acquire()
                     link.nursery.start_soon(self._serve, link, req, slots)
-            if hot:
+            batch.clear()
+            if hot:  # _prepare empties hot once the requests are parsed
                 await link.answers.put_many(await self._prepare(link, hot))
-            del batch, hot  # the requests (their decoded params) are not needed any more
 
     async def _dispatch_event(self, link: Link, event: rpc.Event) -> None:
         if isinstance(event, rpc.ResponseReceived):
@@ -934,52 +945,62 @@ class ConnectionActor(Actor):
     async def _prepare(self, link: Link, requests: list[rpc.Request]) -> list[Pending]:
         """Admit and convert a batch of hot-lane requests, then hand their items to their
         channels: one ask per channel, items in arrival order. The answers wait for the commit.
-        """
+
+        ``requests`` is emptied once they are parsed: their decoded params are not kept alive
+        while the channels convert and the writes commit."""
         accepted_at = utc_now()  # one timestamp for what was read together
         out = [Pending(req) for req in requests]
-        groups: dict[str | None, list[tuple[Pending, Any, Trace]]] = {}
+        groups: dict[str | None, list[tuple[Pending, Any, Any, Trace]]] = {}
+        admitted: set[tuple[str, str | None]] = set()  # the link does not change meanwhile
         for req, pending in zip(requests, out, strict=True):
             try:
-                params = req.params if isinstance(req.params, Mapping) else {}
-                self._admit(link, req.method, params.get("featureSet"))
-                parsed: list[tuple[str | None, Any, Trace]]
+                params = req.params
+                if type(params) is not dict and not isinstance(params, Mapping):
+                    params = {}
+                feature_set = params.get("featureSet")
+                if not (feature_set is None or type(feature_set) is str):
+                    self._admit(link, req.method, feature_set)
+                elif (req.method, feature_set) not in admitted:
+                    self._admit(link, req.method, feature_set)
+                    admitted.add((req.method, feature_set))
+                parsed: Sequence[tuple[str | None, Any, Any, Trace]]
                 if pending.push:
                     parsed = [self._parse_push(link, req.params)]
                 else:
-                    parsed = list(self._parse_incoming(link, req.params, pending))
-                for channel_id, ingest, trace in parsed:
-                    groups.setdefault(channel_id, []).append((pending, ingest, trace))
+                    parsed = self._parse_incoming(link, req.params, pending)
+                for channel_id, item, spec, trace in parsed:
+                    groups.setdefault(channel_id, []).append((pending, item, spec, trace))
             except Exception as exc:
                 pending.error = _as_rpc_error(exc, req.method)
+        requests.clear()
         timeout = self.cfg.request_timeout_s
         for cid, entries in groups.items():
             try:
                 chan = await self.ctx.channel(self.sid, cid)
                 results = await chan.ask(
                     IngestBatch(
-                        items=tuple(i for _, (i, _), _ in entries),
-                        specs=tuple(spec for _, (_, spec), _ in entries),
+                        items=tuple([item for _, item, _, _ in entries]),
+                        specs=tuple([spec for _, _, spec, _ in entries]),
                         accepted_at=accepted_at,
                     ),
                     timeout=timeout,
                 )
             except Exception as exc:
                 results = [_as_rpc_error(exc, "ingest")] * len(entries)
-            for (pending, _, trace), result in zip(entries, results, strict=True):
+            for (pending, _, _, trace), result in zip(entries, results, strict=True):
                 if isinstance(result, Prepared):
                     pending.items.append((result, trace))
                 elif pending.push:
                     pending.error = result
                 else:
-                    reason = result.message if isinstance(result, RpcError) else str(result)
-                    pending.refused.append(
-                        {"messageId": trace[2]["message_id"], "accepted": False, "reason": reason}
+                    pending.refuse(
+                        trace[2], result.message if isinstance(result, RpcError) else str(result)
                     )
         return out
 
     def _parse_push(
         self, link: Link, params: Any
-    ) -> tuple[str | None, tuple[PushEvent, CoalesceSpec | None], Trace]:
+    ) -> tuple[str | None, PushEvent, CoalesceSpec | None, Trace]:
         event = parse_push(params)  # admission already checked its feature set
         scoped = None
         claimed = (event.origin or {}).get("mcplChannelId")
@@ -990,8 +1011,7 @@ class ConnectionActor(Actor):
             spec = self._coalesce_spec(link, event)
             if spec.channel_id is not None:
                 scoped = spec.channel_id  # channel scope is only ever named, never inferred
-        trace: Trace = ("push", scoped, {"event_id": event.event_id})
-        return scoped, (event, spec), trace
+        return scoped, event, spec, ("push", scoped, event.event_id, None)
 
     def _coalesce_spec(self, link: Link, event: PushEvent) -> CoalesceSpec:
         """A push's valid ``coalesce`` member (RFC-006), or the error refusing the push; a
@@ -1019,14 +1039,15 @@ class ConnectionActor(Actor):
 
     def _parse_incoming(
         self, link: Link, params: Any, pending: Pending
-    ) -> list[tuple[str, tuple[IncomingMessage, CoalesceSpec | None], Trace]]:
+    ) -> list[tuple[str, IncomingMessage, CoalesceSpec | None, Trace]]:
         items = []
         for raw in parse_incoming_batch(params):
-            mid = raw.get("messageId") if isinstance(raw, Mapping) else None
             try:
                 msg = parse_incoming(raw)
             except RpcError as exc:
-                pending.refused.append({"messageId": mid, "accepted": False, "reason": exc.message})
+                pending.refuse(
+                    raw.get("messageId") if isinstance(raw, Mapping) else None, exc.message
+                )
                 continue
             spec = None
             if msg.coalesce is not None:
@@ -1037,13 +1058,7 @@ class ConnectionActor(Actor):
                     self.diagnostic(
                         f"incoming message {msg.message_id}: {parsed.field} {parsed.reason}"
                     )
-                    pending.refused.append(
-                        {
-                            "messageId": msg.message_id,
-                            "accepted": False,
-                            "reason": "coalesce_invalid",
-                        }
-                    )
+                    pending.refuse(msg.message_id, "coalesce_invalid")
                     continue
                 spec = parsed
             if msg.channel_id not in link.channels:
@@ -1051,16 +1066,11 @@ class ConnectionActor(Actor):
                     f"incoming message {msg.message_id} for unregistered channel "
                     f"{msg.channel_id!r} refused"
                 )
-                pending.refused.append(
-                    {"messageId": msg.message_id, "accepted": False, "reason": "unknown_channel"}
-                )
+                pending.refuse(msg.message_id, "unknown_channel")
                 continue
-            trace: Trace = (
-                "incoming",
-                msg.channel_id,
-                {"message_id": msg.message_id, "author": msg.author.name or msg.author.id},
-            )
-            items.append((msg.channel_id, (msg, spec), trace))
+            author = msg.author.name or msg.author.id
+            trace: Trace = ("incoming", msg.channel_id, msg.message_id, author)
+            items.append((msg.channel_id, msg, spec, trace))
         return items
 
     async def _responder(self, link: Link) -> None:
@@ -1083,13 +1093,15 @@ class ConnectionActor(Actor):
                 # one message per agent, carrying each item's own wake: the gate and the
                 # speech route look at every one of them
                 wakes: dict[str, list[Wake]] = {}
-                publish, sid = self.ctx.trace.publish, self.sid
-                for prepared, trace in done:
-                    kind, channel_id, fields = trace
-                    fields["text"] = _text(prepared.blocks)
-                    publish(
-                        TraceEvent(kind=kind, server_id=sid, channel_id=channel_id, data=fields)
+                publish, sid = self.ctx.trace.publish_fields, self.sid
+                for prepared, (kind, channel_id, key, author) in done:
+                    text = _text(prepared.blocks)
+                    fields: dict[str, Any] = (
+                        {"event_id": key, "text": text}
+                        if kind == "push"
+                        else {"message_id": key, "author": author, "text": text}
                     )
+                    publish(kind, sid, channel_id, fields)
                     for agent, wake in prepared.wakes:
                         wakes.setdefault(agent, []).append(wake)
                 for agent, items in wakes.items():
@@ -1115,7 +1127,7 @@ class ConnectionActor(Actor):
                 self._trace("error", error=f"store failed: {exc}", method=pending.method)
                 ok = all_ok = False
             if not pending.push:
-                entry: dict[str, Any] = {"messageId": trace[2]["message_id"], "accepted": ok}
+                entry: dict[str, Any] = {"messageId": trace[2], "accepted": ok}
                 if not ok:
                     entry["reason"] = "not stored; retry"
                 elif prepared.coalesce is not None:
@@ -1125,9 +1137,9 @@ class ConnectionActor(Actor):
             if pending.error is not None:
                 return link.session.send_error(pending.id, pending.error)
             if not pending.push:
-                return link.session.send_response(
-                    pending.id, {"results": results + pending.refused}
-                )
+                if pending.refused:
+                    results += pending.refused
+                return link.session.send_response(pending.id, {"results": results})
             if all_ok:
                 answer: dict[str, Any] = {"accepted": True}
                 for prepared, _ in pending.items:
@@ -1191,7 +1203,7 @@ class ConnectionActor(Actor):
 
 
 def _text(blocks: Any) -> str:
-    return "\n".join(str(b.get("text", "")) for b in blocks if b.get("type") == "text")
+    return "\n".join([str(b.get("text", "")) for b in blocks if b.get("type") == "text"])
 
 
 def manifest_impacts(

@@ -56,10 +56,17 @@ class _Subscriber:
         return int(stats.max_buffer_size) - stats.current_buffer_used
 
 
+#: An event kept for replay only, not built yet: (kind, server_id, channel_id, data).
+_Fields = tuple[str, str | None, str | None, Mapping[str, Any]]
+
+
 class TraceBus:
     def __init__(self) -> None:
         self._subs: list[_Subscriber] = []
-        self._recent: deque[TraceEvent] = deque(maxlen=REPLAY_CAP)
+        self._recent: deque[TraceEvent | _Fields] = deque(maxlen=REPLAY_CAP)
+        # the kinds some subscriber takes (None: every kind); recomputed whenever one is
+        # added or pruned, so it never misses a subscriber (it may keep one that left)
+        self._wanted: frozenset[str] | None = frozenset()
 
     def emit(self, kind: str, **fields: Any) -> TraceEvent:
         return self.publish(TraceEvent(kind=kind, **fields))
@@ -93,8 +100,35 @@ class TraceBus:
             self._prune()
         return event
 
+    def publish_fields(
+        self, kind: str, server_id: str | None, channel_id: str | None, data: Mapping[str, Any]
+    ) -> None:
+        """``publish(TraceEvent(kind=kind, server_id=server_id, channel_id=channel_id,
+        data=data))``, except that the event is built only when a subscriber takes its kind
+        now; otherwise its fields wait in the replay buffer and it is built if it is replayed
+        (the hot lanes publish one event per item, and often nobody listens to them)."""
+        wanted = self._wanted
+        if wanted is None or kind in wanted or kind in ("diagnostic", "error"):
+            self.publish(
+                TraceEvent(kind=kind, server_id=server_id, channel_id=channel_id, data=data)
+            )
+            return
+        if channel_id is not None and not isinstance(channel_id, str):
+            raise TypeError("channel_id must be a string or None")
+        self._recent.append((kind, server_id, channel_id, data))
+
     def _prune(self) -> None:
         self._subs = [s for s in self._subs if not s.closed]
+        self._refresh()
+
+    def _refresh(self) -> None:
+        kinds: set[str] = set()
+        for sub in self._subs:
+            if sub.kinds is None:
+                self._wanted = None
+                return
+            kinds |= sub.kinds
+        self._wanted = frozenset(kinds)
 
     def subscribe_nowait(
         self, *, replay: bool = False, kinds: frozenset[str] | None = None
@@ -109,10 +143,11 @@ class TraceBus:
             raise RuntimeError(f"at most {MAX_SUBSCRIBERS} trace subscribers")
         sub = _Subscriber(kinds)
         if replay:
-            recent = [e for e in self._recent if sub.wants(e)]
+            recent = [e for e in map(_built, self._recent) if sub.wants(e)]
             for event in recent[-SUBSCRIBER_CAP // 2 :]:
                 sub.send.send_nowait(event)
         self._subs.append(sub)
+        self._refresh()
         return sub
 
     @asynccontextmanager
@@ -124,7 +159,15 @@ class TraceBus:
             sub.send.close()  # the reader sees the end of the channel
             if sub in self._subs:
                 self._subs.remove(sub)
+                self._refresh()
 
     def close(self) -> None:
         for sub in self._subs:
             sub.send.close()
+
+
+def _built(entry: TraceEvent | _Fields) -> TraceEvent:
+    if isinstance(entry, TraceEvent):
+        return entry
+    kind, server_id, channel_id, data = entry
+    return TraceEvent(kind=kind, server_id=server_id, channel_id=channel_id, data=data)

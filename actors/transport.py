@@ -55,6 +55,10 @@ class Transport(Protocol):
         """Whether ``receive`` would return at once."""
         ...
 
+    def take_buffered(self) -> list[Framed]:
+        """Everything ``receive`` would return at once, in order, without waiting."""
+        ...
+
     async def receive(self) -> Framed | None: ...
 
 
@@ -76,6 +80,11 @@ class StdioTransport:
 
     def buffered(self) -> bool:
         return bool(self._ready)
+
+    def take_buffered(self) -> list[Framed]:
+        ready = list(self._ready)
+        self._ready.clear()
+        return ready
 
     async def receive(self) -> Framed | None:
         assert self.proc.stdout is not None
@@ -179,6 +188,9 @@ class WebsocketTransport:
 
     def buffered(self) -> bool:
         return False
+
+    def take_buffered(self) -> list[Framed]:
+        return []
 
     async def receive(self) -> Framed | None:
         while True:

@@ -169,7 +169,18 @@ def convert_blocks(blocks: Any, server_id: str, provenance: str) -> list[dict[st
         return [convert_block({"type": "text", "text": blocks}, server_id, provenance)]
     if type(blocks) is not list and not isinstance(blocks, Sequence):
         raise ContentError("content must be a list of blocks")
-    return [convert_block(b, server_id, provenance) for b in blocks]
+    if not blocks:
+        return []
+    if not isinstance(server_id, str) or not server_id:
+        raise ContentError("content must name the server that sent it")
+    stub_provenance(provenance, server_id)  # refuses an unknown lane up front
+    # a plain text block (the common case) is converted here, as convert_block would
+    return [
+        _text(text)
+        if type(b) is dict and b.get("type") == "text" and type(text := b.get("text")) is str
+        else convert_block(b, server_id, provenance)
+        for b in blocks
+    ]
 
 
 def text_of(blocks: Sequence[Mapping[str, Any]]) -> str:

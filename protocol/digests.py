@@ -52,6 +52,7 @@ import json
 import math
 import re
 from collections.abc import Mapping, Sequence
+from functools import lru_cache
 from typing import Any, TypeAlias
 
 import rfc8785
@@ -96,11 +97,27 @@ def body_digests(
     if parts is None:
         return body_digest(delivered), body_digest(stored)
     cut = len(stored) - len(delivered)
-    if cut >= 0 and all(a is b for a, b in zip(stored[cut:], delivered, strict=True)):
-        head = _plain_text_parts(stored[:cut])
-        if head is not None:
-            return _framed_digest(parts), _framed_digest(head + parts)
-    return _framed_digest(parts), body_digest(stored)
+    head = None
+    if cut >= 0:
+        for i, block in enumerate(delivered, cut):
+            if stored[i] is not block:
+                break
+        else:
+            first = stored[0] if cut == 1 else None
+            if (
+                type(first) is dict
+                and len(first) == 2
+                and first.get("type") == "text"
+                and type(text := first.get("text")) is str
+            ):
+                # a single header block: the same text on every item of a channel
+                part = _text_part(text)
+                head = None if part is None else [part]
+            else:
+                head = _plain_text_parts(stored[:cut])
+    if head is None:
+        return _framed_digest(parts), body_digest(stored)
+    return _framed_digest(parts), _framed_digest(head + parts)
 
 
 def _framed_digest(parts: list[str]) -> str:
@@ -126,6 +143,13 @@ def _plain_text_parts(blocks: Sequence[Mapping[str, Any]]) -> list[str] | None:
             return None
         parts.append('{"text":' + _ENCODE_STRING(text) + ',"type":"text"}')
     return parts
+
+
+@lru_cache(maxsize=256)
+def _text_part(text: str) -> str | None:
+    """What :func:`_plain_text_parts` writes for ``{"type": "text", "text": text}``."""
+    parts = _plain_text_parts([{"type": "text", "text": text}])
+    return None if parts is None else parts[0]
 
 
 def _plain_text_json(blocks: Sequence[Mapping[str, Any]]) -> str | None:

@@ -49,33 +49,50 @@ class LineBuffer:
             self._buf.clear()
             return out
         start = 0
-        while start < len(data):
-            nl = data.find(b"\n", start)
-            end = len(data) if nl < 0 else nl
-            piece = data[start:end]
-            if self._discarding:
-                self._discarding += len(piece)
-            elif len(self._buf) + len(piece) > self.max_line_bytes:
-                self._discarding = len(self._buf) + len(piece)
-                self._buf.clear()
-            else:
-                self._buf += piece
+        if self._buf or self._discarding:  # the first piece ends the line already begun
+            nl = data.find(b"\n")
+            self._add(data if nl < 0 else data[:nl])
             if nl < 0:
-                break
-            if self._discarding:
-                out.append(Oversize(self._discarding))
-                self._discarding = 0
-            else:
-                out.extend(self._emit(bytes(self._buf)))
-                self._buf.clear()
+                return out
+            self._end_line(out)
             start = nl + 1
+        # the complete lines that follow are split off at once
+        end = data.rfind(b"\n", start)
+        if end >= 0:
+            limit = self.max_line_bytes
+            for raw in data[start:end].split(b"\n"):
+                if len(raw) > limit:
+                    out.append(Oversize(len(raw)))
+                else:
+                    out.extend(self._emit(raw))
+            start = end + 1
+        if start < len(data):
+            self._add(data[start:])
         return out
 
+    def _add(self, piece: bytes | bytearray) -> None:
+        """A piece (holding no newline) of the line being received."""
+        if self._discarding:
+            self._discarding += len(piece)
+        elif len(self._buf) + len(piece) > self.max_line_bytes:
+            self._discarding = len(self._buf) + len(piece)
+            self._buf.clear()
+        else:
+            self._buf += piece
+
+    def _end_line(self, out: list[Framed]) -> None:
+        if self._discarding:
+            out.append(Oversize(self._discarding))
+            self._discarding = 0
+        else:
+            out.extend(self._emit(bytes(self._buf)))
+            self._buf.clear()
+
     @staticmethod
-    def _emit(raw: bytes) -> list[Framed]:
+    def _emit(raw: bytes | bytearray) -> list[Framed]:
         if raw.endswith(b"\r"):
             raw = raw[:-1]
-        if not raw.strip():
+        if not raw or raw.isspace():
             return []  # blank lines are skipped
         try:
             return [raw.decode("utf-8")]

@@ -14,10 +14,11 @@ its id: ``method`` makes it a request (with ``id``) or a notification (without);
 from __future__ import annotations
 
 import json
+import json.scanner
 import math
 import re
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 import attrs
 
@@ -77,10 +78,39 @@ _DECODER = json.JSONDecoder(parse_constant=_reject_constant)
 _ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)
 _ASCII_ENCODER = json.JSONEncoder(ensure_ascii=True, separators=(",", ":"), allow_nan=False)
 
+# The C encoder ``json`` itself uses (None without the C accelerator), called without
+# JSONEncoder.encode's per-call set-up.
+_C_MAKE_ENCODER: Any = getattr(json.encoder, "c_make_encoder", None)
+
+
+def _compact(obj: Any) -> str:
+    """``_ENCODER.encode(obj)``: the same text, from the same C encoder."""
+    if _C_MAKE_ENCODER is None:  # pragma: no cover
+        return _ENCODER.encode(obj)
+    # markers: a fresh dict each time, as JSONEncoder.iterencode makes for check_circular
+    chunks = _C_MAKE_ENCODER(
+        {}, _ENCODER.default, json.encoder.encode_basestring, None, ":", ",", False, False, False
+    )(obj, 0)
+    return "".join(chunks)
+
+
+_SCAN = json.scanner.make_scanner(cast(Any, _DECODER))  # what _DECODER scans with
+
 
 def decode(text: str) -> Any:
     """Strict JSON decoding (no NaN/Infinity). Raises ``ValueError`` on any failure."""
     try:
+        if text[:1] == "{":
+            # An object with nothing around it (every message a peer sends, in practice) is
+            # scanned directly, as JSONDecoder.decode would scan it; anything else, and every
+            # failure, goes through decode for its exact error.
+            try:
+                obj, end = _SCAN(text, 0)
+            except StopIteration:
+                pass
+            else:
+                if end == len(text):
+                    return obj
         return _DECODER.decode(text)
     except RecursionError as exc:
         raise ValueError("nested too deeply") from exc
@@ -95,7 +125,7 @@ def encode(obj: Any) -> str:
     A lone surrogate (which a peer can send as ``"\\ud800"``) cannot be written as UTF-8, so
     text holding one is sent with every non-ASCII character escaped instead.
     """
-    text: str = _ENCODER.encode(obj)
+    text = _compact(obj)
     if not text.isascii() and _SURROGATE.search(text):
         text = _ASCII_ENCODER.encode(obj)
     return text
@@ -119,6 +149,19 @@ def parse_message(text: str) -> Message | Invalid:
         obj = decode(text)
     except ValueError:
         return Invalid(f"not JSON, skipped: {_clip(text)!r}")
+    if type(obj) is dict and obj.get("jsonrpc") == "2.0":
+        # a well-formed request (the common case) is classified with the fewest checks: the
+        # same answer as the general path below
+        method = obj.get("method")
+        rid = obj.get("id")
+        params = obj.get("params")
+        if (
+            type(method) is str
+            and method
+            and (type(rid) is int or type(rid) is str)
+            and (params is None or type(params) is dict or type(params) is list)
+        ):
+            return Request(rid, method, params)
     if not isinstance(obj, dict):
         kind = "batch" if isinstance(obj, list) else type(obj).__name__
         return Invalid(
@@ -299,17 +342,18 @@ class RpcSession:
         return encode(message_to_wire(Notification(method, params)))
 
     def send_response(self, id: Id, result: Any) -> str:
-        return self._answer(id, Response(id, result))
+        # message_to_wire(Response(id, result)), written directly: every answer takes this way
+        return self._answer(id, {"jsonrpc": "2.0", "id": id, "result": result})
 
     def send_error(self, id: Id, error: RpcError) -> str:
-        return self._answer(id, ErrorResponse(id, error))
+        return self._answer(id, message_to_wire(ErrorResponse(id, error)))
 
-    def _answer(self, id: Id, msg: Response | ErrorResponse) -> str:
+    def _answer(self, id: Id, wire: dict[str, Any]) -> str:
         if id not in self._inbound:
             raise LocalProtocolError(f"request {id!r} is not awaiting an answer")
         # Encode first: a result that is not JSON (NaN…) raises and leaves the request owed, so
         # the caller can still answer it with an error.
-        line = encode(message_to_wire(msg))
+        line = encode(wire)
         self._inbound.discard(id)
         return line
 

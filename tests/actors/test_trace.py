@@ -289,3 +289,48 @@ def drain_until_end(recv: trio.MemoryReceiveChannel[TraceEvent]) -> list[TraceEv
             out.append(recv.receive_nowait())
         except trio.EndOfChannel:
             return out
+
+
+# -- publish_fields: an event nobody takes now is built only if it is replayed -----------------
+
+
+def test_published_fields_reach_a_subscriber_that_takes_their_kind():
+    bus = TraceBus()
+    every = bus.subscribe_nowait()
+    some = bus.subscribe_nowait(kinds=frozenset({"incoming"}))
+    other = bus.subscribe_nowait(kinds=frozenset({"push"}))
+    bus.publish_fields("incoming", "lobby", "general", {"message_id": "m1"})
+    expected = TraceEvent(
+        kind="incoming", server_id="lobby", channel_id="general", data={"message_id": "m1"}
+    )
+    assert drain(every) == [expected]
+    assert drain(some) == [expected]
+    assert drain(other) == []
+
+
+def test_published_fields_nobody_takes_are_replayed_in_order_as_events():
+    bus = TraceBus()
+    narrow = bus.subscribe_nowait(kinds=frozenset({"server-log"}))
+    bus.emit("ready", server_id="lobby")
+    bus.publish_fields("incoming", "lobby", "general", {"message_id": "m1"})
+    bus.publish_fields("push", "lobby", None, {"event_id": "e1"})
+    assert drain(narrow) == []
+    later = bus.subscribe_nowait(replay=True)
+    got = drain(later)
+    assert kinds(got) == ["ready", "incoming", "push"]
+    assert got[1] == TraceEvent(
+        kind="incoming", server_id="lobby", channel_id="general", data={"message_id": "m1"}
+    )
+    assert got[2].channel_id is None and got[2].data == {"event_id": "e1"}
+    # once a subscriber takes every kind, the events are built and delivered at once
+    bus.publish_fields("incoming", "lobby", "general", {"message_id": "m2"})
+    assert [e.data["message_id"] for e in drain(later)] == ["m2"]
+
+
+def test_published_fields_refuse_a_channel_id_that_is_not_a_string():
+    bus = TraceBus()
+    with pytest.raises(TypeError):
+        bus.publish_fields("incoming", "lobby", 5, {})  # type: ignore[arg-type]
+    bus.subscribe_nowait()
+    with pytest.raises(TypeError):
+        bus.publish_fields("incoming", "lobby", 5, {})  # type: ignore[arg-type]

@@ -717,3 +717,12 @@ def test_both_digests_of_a_stored_copy_are_the_two_digests(
     stored_body = [dict(b) for b in body] if marked else body  # equal, but not the same blocks
     stored = [*({"type": "text", "text": t} for t in head), *stored_body]
     assert body_digests(body, stored) == (body_digest(body), body_digest(stored))
+
+
+@pytest.mark.parametrize("header", ["[source: bench / bench:#load · load]", "\ud800", "", "a\nb"])
+@pytest.mark.parametrize("texts", [["hello"], ["x", "\ud83d\ude00"], []])
+def test_both_digests_with_one_header_block(header: str, texts: list[str]) -> None:
+    body = [{"type": "text", "text": t} for t in texts]
+    stored = ({"type": "text", "text": header}, *body)
+    for _ in range(2):  # the second time, the header's canonical text is remembered
+        assert body_digests(body, stored) == (body_digest(body), body_digest(stored))

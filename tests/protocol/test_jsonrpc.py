@@ -841,3 +841,35 @@ class SessionMachine(RuleBasedStateMachine):
 
 SessionMachine.TestCase.settings = settings(max_examples=60, stateful_step_count=30)
 test_session_machine = SessionMachine.TestCase
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        '{"a":1}',
+        '{"a":1} ',
+        ' {"a":1}',
+        "{}",
+        '{"a":1}x',
+        '{"a":1}{}',
+        "{",
+        '{"a":[1,2',
+        '{"a":NaN}',
+        '{"a":-Infinity}',
+        '{"a":"\\ud800"}',
+        "[1]",
+        "",
+    ],
+)
+def test_decode_agrees_with_the_strict_decoder(text: str) -> None:
+    from protocol import jsonrpc
+
+    strict = json.JSONDecoder(parse_constant=jsonrpc._reject_constant)
+    try:
+        expected: object = strict.decode(text)
+    except ValueError as exc:
+        with pytest.raises(type(exc)) as got:
+            decode(text)
+        assert str(got.value) == str(exc)
+    else:
+        assert decode(text) == expected
