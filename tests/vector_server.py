@@ -59,6 +59,14 @@ class MemoryTransport:
     def buffered(self) -> bool:
         return self._receive.statistics().current_buffer_used > 0
 
+    def take_buffered(self) -> list[Framed]:
+        out: list[Framed] = []
+        while True:
+            try:
+                out.append(self._receive.receive_nowait())
+            except (trio.WouldBlock, trio.EndOfChannel, trio.ClosedResourceError):
+                return out
+
     async def receive(self) -> Framed | None:
         try:
             return await self._receive.receive()
