@@ -81,6 +81,20 @@ _ASCII_ENCODER = json.JSONEncoder(ensure_ascii=True, separators=(",", ":"), allo
 # The C encoder ``json`` itself uses (None without the C accelerator), called without
 # JSONEncoder.encode's per-call set-up.
 _C_MAKE_ENCODER: Any = getattr(json.encoder, "c_make_encoder", None)
+# What JSONEncoder.iterencode passes after the markers, read off _ENCODER once, so the two
+# cannot come to disagree.
+_C_ENCODER_ARGS = (
+    _ENCODER.default,
+    json.encoder.encode_basestring_ascii
+    if _ENCODER.ensure_ascii
+    else json.encoder.encode_basestring,
+    _ENCODER.indent,
+    _ENCODER.key_separator,
+    _ENCODER.item_separator,
+    _ENCODER.sort_keys,
+    _ENCODER.skipkeys,
+    _ENCODER.allow_nan,
+)
 
 
 def _compact(obj: Any) -> str:
@@ -88,10 +102,7 @@ def _compact(obj: Any) -> str:
     if _C_MAKE_ENCODER is None:  # pragma: no cover
         return _ENCODER.encode(obj)
     # markers: a fresh dict each time, as JSONEncoder.iterencode makes for check_circular
-    chunks = _C_MAKE_ENCODER(
-        {}, _ENCODER.default, json.encoder.encode_basestring, None, ":", ",", False, False, False
-    )(obj, 0)
-    return "".join(chunks)
+    return "".join(_C_MAKE_ENCODER({}, *_C_ENCODER_ARGS)(obj, 0))
 
 
 _SCAN = json.scanner.make_scanner(cast(Any, _DECODER))  # what _DECODER scans with
