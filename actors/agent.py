@@ -691,7 +691,7 @@ class AgentActor(Actor):
             self._tail, self._seen_seq = ContextTail(self.cfg.context_tokens), 0
             return await self._context()
         self._seen_seq = seen
-        live = _live(fresh)
+        live = live_messages(fresh)
         occurrences = tuple(
             o for m in live if isinstance(o := m["metadata"].get("occurrence"), str)
         )
@@ -884,7 +884,7 @@ class AgentActor(Actor):
 
     async def _roll_back(self, to: str) -> dict[str, Any]:
         history = await self.ctx.store.read(self.ctx.store.reader.history, self.cfg.name)
-        live = _live(history)
+        live = live_messages(history)
         order = [m["id"] for m in live]
         if to not in order:
             raise ValueError(f"{self.cfg.name} has no message {to!r} in its context")
@@ -980,7 +980,7 @@ def _is_rollback(message: Mapping[str, Any]) -> bool:
     )
 
 
-def _live(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def live_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The messages still in context: no rollback marker, and nothing a marker among them set
     aside (a marker only sets aside older messages, so the markers of the list are enough);
     no marker of a coalesced item hidden before it was read, nor that item."""

@@ -28,7 +28,8 @@ import trio
 import trio.testing
 
 from actors import Host
-from actors.coalescer import RENDER_TIMEOUT_S, is_hidden_marker
+from actors.agent import live_messages
+from actors.coalescer import RENDER_TIMEOUT_S
 from actors.connection import BACKOFF_CAP_S
 from actors.models import ModelError, ModelReply, ModelRequest
 from protocol.hooks import ModelInfo
@@ -217,18 +218,7 @@ class Harness:
     def contexts(self) -> dict[str, str]:
         """Each agent's context as the model would read it now: its stored text, without the
         occurrences hidden before they were read."""
-        out = {}
-        for agent in self.agents:
-            history = self.host.history(agent)
-            hidden = {m["metadata"].get("occurrence") for m in history if is_hidden_marker(m)}
-            live = [
-                m
-                for m in history
-                if not is_hidden_marker(m)
-                and (not hidden or m["metadata"].get("occurrence") not in hidden)
-            ]
-            out[agent] = _text(live)
-        return out
+        return {agent: _text(live_messages(self.host.history(agent))) for agent in self.agents}
 
     def observe(self, reply: dict[str, Any] | None) -> dict[str, Any]:
         contexts = self.contexts()
