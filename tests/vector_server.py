@@ -85,13 +85,11 @@ class Session:
         self.pending: dict[int, trio.MemorySendChannel[dict[str, Any]]] = {}
         self.ids = itertools.count(1)
         self.ready = trio.Event()  # the policy is established and the channels registered
-        self.closed = trio.Event()
         self.updates: list[dict[str, Any]] = []  # featureSets/update params, oldest first
 
 
 class VectorServer:
-    def __init__(self, server_id: str) -> None:
-        self.server_id = server_id
+    def __init__(self) -> None:
         self.capabilities: dict[str, Any] = json.loads(json.dumps(CAPABILITIES))
         self.feature_sets: dict[str, Any] = json.loads(json.dumps(FEATURE_SETS))
         self.channels: list[str] = []
@@ -100,7 +98,6 @@ class VectorServer:
         self.held: list[tuple[Session, Any, dict[str, Any]]] = []  # renders not yet answered
         self.render_asked = trio.Event()
         self.session: Session | None = None
-        self.sessions = 0
         self.advertised: Any = None  # the host's eventCoalescing in its last initialize
         self.nursery: trio.Nursery | None = None
 
@@ -114,7 +111,6 @@ class VectorServer:
         to_server, from_host = trio.open_memory_channel[str](1000)
         session = Session(to_host, from_host)
         self.session = session
-        self.sessions += 1
         self.nursery.start_soon(self._serve, session)
         try:
             yield MemoryTransport(to_server, from_server)
@@ -129,7 +125,6 @@ class VectorServer:
         self.session = None
         await session.send.aclose()
         await session.receive.aclose()
-        session.closed.set()
 
     async def _serve(self, session: Session) -> None:
         try:
@@ -145,7 +140,6 @@ class VectorServer:
         except trio.ClosedResourceError:
             pass
         finally:
-            session.closed.set()
             for answer in session.pending.values():
                 await answer.aclose()
 

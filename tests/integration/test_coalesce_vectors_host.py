@@ -300,7 +300,7 @@ async def harness(
     setup: dict[str, Any],
 ) -> AsyncIterator[Harness]:
     agents = list(setup.get("agents", ["agent"]))
-    server = VectorServer(SERVER)
+    server = VectorServer()
     model = VectorModel()
     monkeypatch.setattr("actors.connection.open_transport", memory_transports({SERVER: server}))
     monkeypatch.setattr("actors.host.make_model", lambda cfg: model)
