@@ -1,110 +1,29 @@
-"""The ``mcplive`` command: ``run``, ``check`` and ``history``."""
+"""The ``mcplive`` command: its parser, ``run`` and ``rollback``; ``check`` and ``history`` live
+in their own modules, the transcript in ``transcript``."""
 
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import signal
 import socket
 import sys
-import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
 import trio
 
+from .cli_check import cmd_check
+from .cli_history import cmd_history
 from .config import ConfigErrors, load_config
 from .errors import ConfigError
-from .trace import TraceEvent
+from .transcript import print_transcript
 
 
 def bundled_example() -> Path:
     return Path(str(resources.files("examples") / "lobby.toml"))
-
-
-def _excerpt(text: Any, limit: int = 240) -> str:
-    text = " ".join(str(text).split())
-    return text if len(text) <= limit else text[: limit - 1] + "…"
-
-
-def format_event(e: TraceEvent) -> str | None:
-    """One transcript line for a trace event, or None for events the transcript leaves out."""
-    d = e.data
-    where = f"{e.server_id}" + (f" {e.channel_id}" if e.channel_id else "")
-    k = e.kind
-    if k == "host-started":
-        servers = ", ".join(d.get("servers", []))
-        agents = ", ".join(d.get("agents", []))
-        return f"· host started: servers {servers}; agents {agents}; data in {d.get('data_dir')}"
-    if k == "ready":
-        mode = "MCP-only (tools only)" if d.get("mcp_only") else "MCPL"
-        tools = ", ".join(t for t in d.get("tools", []) if t) or "no tools"
-        return f"· {e.server_id} ready: {mode}; {tools}"
-    if k == "mcp-only":
-        return f"! {e.server_id} runs MCP-only: {d.get('reason')}"
-    if k == "incoming":
-        return f"{where} | {d.get('author')}: {_excerpt(d.get('text'))}"
-    if k == "push":
-        return f"{where} | (push) {_excerpt(d.get('text'))}"
-    if k == "published":
-        outcome = d.get("outcome")
-        note = "" if outcome in (None, "delivered") else f" ({outcome}: {d.get('reason')})"
-        return f"{where} | {e.agent} → {_excerpt(d.get('text'))}{note}"
-    if k == "speech-held":
-        draft = f" [{d['draft']}]" if d.get("draft") else ""
-        return f"{e.agent} (kept as a draft{draft}: {d.get('reason')}): {_excerpt(d.get('text'))}"
-    if k == "asleep":
-        return f"· {e.agent} sleeps for {d.get('seconds')}s"
-    if k == "awake":
-        return f"· {e.agent} wakes: {d.get('reason')}"
-    if k == "gate-batch":
-        return f"· {e.agent}: {d.get('count')} events batched by gate policy {d.get('policy')}"
-    if k == "local":
-        return f"operator → {e.agent}: {_excerpt(d.get('text'))}"
-    if k == "tool-call":
-        arguments = json.dumps(d.get("arguments"), ensure_ascii=False)
-        return f"  {e.agent} calls {d.get('tool')} {arguments}"
-    if k == "tool-result":
-        text = " ".join(b.get("text", "") for b in d.get("content", []) if isinstance(b, Mapping))
-        flag = " (error)" if d.get("is_error") else ""
-        return f"  {d.get('tool')}{flag} → {_excerpt(text)}"
-    if k == "context-injected":
-        parts = "; ".join(f"{i['position']}: {i['text']}" for i in d.get("injections", []))
-        return f"  {e.server_id} adds context for {e.agent} ({_excerpt(parts)})"
-    if k == "injection-dropped":
-        return f"! {e.server_id}: an injection for {e.agent} dropped: {d.get('reason')}"
-    if k == "hook-failed":
-        return f"? {e.server_id}: context hook for {e.agent} skipped: {d.get('error')}"
-    if k == "turn-aborted":
-        return f"! {e.agent}: turn aborted"
-    if k == "inference-request":
-        return f"· {e.server_id} asked {d.get('model')} for an inference ({d.get('feature_set')})"
-    if k == "rolled-back":
-        return f"· {e.agent}: rolled back to {d.get('to')}"
-    if k == "error":
-        return f"! {e.agent or e.server_id}: {d.get('error')}"
-    if k == "disconnected":
-        retry = d.get("retry_in_s")
-        return f"! {e.server_id} disconnected ({d.get('reason')}); reconnecting in {retry}s"
-    if k == "diagnostic":
-        return f"? {e.server_id or e.agent}: {_excerpt(d.get('text'))}"
-    if k == "channel-registered":
-        return f"· {e.server_id} registered {e.channel_id} ({d.get('label') or '-'})"
-    if k == "coalesce-audit":
-        scope = where if e.server_id else "coalescer"
-        bits = [f"key {d['key']}"] if d.get("key") else []
-        if d.get("event_ids"):
-            bits.append("event " + ", ".join(str(i) for i in d["event_ids"]))
-        if d.get("batch"):
-            bits.append(f"batch {d['batch']}")
-        detail = f" ({'; '.join(bits)})" if bits else ""
-        return f"· {scope}: {d.get('reason')}{detail}"
-    if k == "trace-dropped":
-        return f"! transcript fell behind: {d.get('count')} events not shown"
-    return None
 
 
 async def _run(config: Any, duration: float | None, out: Any) -> None:
@@ -112,19 +31,6 @@ async def _run(config: Any, duration: float | None, out: Any) -> None:
 
     async with Host.open(config) as host:
         stream = host.trace()
-
-        async def show() -> None:
-            last_context: dict[tuple[str | None, str | None], str] = {}  # one per server, agent
-            async for event in stream:
-                line = format_event(event)
-                if event.kind == "context-injected" and line is not None:
-                    # the same status line before every turn is shown once, until it changes
-                    key = (event.server_id, event.agent)
-                    if last_context.get(key) == line or len(last_context) >= 1024:
-                        continue
-                    last_context[key] = line
-                if line is not None:
-                    print(line, file=out, flush=True)
 
         async def stop_on_signal(scope: trio.CancelScope) -> None:
             with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
@@ -134,7 +40,7 @@ async def _run(config: Any, duration: float | None, out: Any) -> None:
                     return
 
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(show)
+            nursery.start_soon(print_transcript, stream, out)
             nursery.start_soon(stop_on_signal, nursery.cancel_scope)
             if duration is not None:
                 await trio.sleep(duration)
@@ -195,188 +101,6 @@ def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
-
-
-def cmd_check(args: argparse.Namespace) -> int:
-    try:
-        cfg = load_config(args.config)
-    except ConfigErrors as exc:
-        for p in exc.problems:
-            print(f"{args.config}: {p}")
-        return 1
-    from .host import make_model
-
-    problems = []
-    for a in cfg.agents:
-        try:
-            make_model(a)
-        except ConfigError as exc:
-            problems.append(f"agents[{a.name}].model: {exc}")
-    manifests: dict[str, Path] = {}
-    ids = {s.id for s in cfg.servers}
-    for item in args.manifest:
-        sid, sep, path = item.partition("=")
-        if not sep or sid not in ids:
-            problems.append(f"--manifest {item}: give SERVER=FILE with a configured server id")
-        else:
-            manifests[sid] = Path(path)
-    for p in problems:
-        print(f"{args.config}: {p}")
-    if problems:
-        return 1
-    print(
-        f"{args.config}: ok — {len(cfg.servers)} server(s), {len(cfg.agents)} agent(s); "
-        f"data in {cfg.data_dir}"
-    )
-    for s in cfg.servers:
-        how = " ".join(s.command) if s.command else s.url
-        print(f"  server {s.id}: {how}")
-    for a in cfg.agents:
-        hears = ", ".join(a.servers) if a.servers is not None else "all servers"
-        print(f"  agent {a.name}: {a.model}; hears {hears}")
-    status = 0
-    for sid, path in manifests.items():
-        server = next(s for s in cfg.servers if s.id == sid)
-        status |= _report_manifest_file(server, path)
-    if args.connect:
-        status |= trio.run(_report_connect, cfg)
-    return status
-
-
-def _print_policy(sid: str, source: str, policy: Mapping[str, Any]) -> None:
-    print(f"  server {sid} ({source}):")
-    print(f"    granted: {', '.join(policy.get('granted', [])) or 'nothing'}")
-    if policy.get("denied"):
-        print(f"    advertised but not granted: {', '.join(policy['denied'])}")
-    for name, state in policy.get("feature_sets", {}).items():
-        print(f"    feature set {name}: {state}")
-
-
-def _report_manifest_file(server: Any, path: Path) -> int:
-    from protocol import mcpl
-    from protocol.manifest import ManifestError, manifest_digest
-
-    from .connection import policy_report
-
-    try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        print(f"  server {server.id}: cannot read {path}: {exc}")
-        return 1
-    # Either an initialize result ({capabilities: {experimental: {mcpl}}}) or a bare manifest.
-    caps = doc.get("capabilities") if isinstance(doc, dict) and "capabilities" in doc else {}
-    manifest = (caps.get("experimental") or {}).get("mcpl") if caps else doc
-    if not isinstance(manifest, dict):
-        print(f"  server {server.id}: {path} holds no MCPL manifest: it would run MCP-only")
-        return 0
-    advertised = mcpl.advertised_paths(manifest, caps)
-    grant = server.grant_for(advertised)
-    declared = mcpl.declared_feature_sets(manifest)
-    state = server.feature_sets_for(declared.sets, grant)
-    try:
-        digest = manifest_digest(manifest)
-    except ManifestError as exc:
-        digest = f"refused ({exc.code})"
-    _print_policy(
-        server.id, f"manifest {path}, digest {digest}", policy_report(advertised, grant, state)
-    )
-    return 0
-
-
-async def _report_connect(cfg: Any) -> int:
-    """Connect to every server (no agent runs), report what the handshake decided."""
-    import attrs
-
-    from .host import Host
-
-    pending = {s.id for s in cfg.servers}
-    deadline = max((s.request_timeout_s for s in cfg.servers), default=10) + 10
-    status = 0
-    with tempfile.TemporaryDirectory() as scratch:  # a check leaves the real store alone
-        quiet = attrs.evolve(cfg, agents=(), data_dir=Path(scratch))
-        status = await _await_reports(Host, quiet, pending, deadline)
-    for sid in sorted(pending):
-        status = 1
-        print(f"  server {sid} (live): no answer within {deadline:g}s")
-    return status
-
-
-async def _await_reports(host_cls: Any, quiet: Any, pending: set[str], deadline: float) -> int:
-    status = 0
-    async with host_cls.open(quiet) as host:
-        with trio.move_on_after(deadline):
-            async for event in host.trace():
-                sid = event.server_id
-                if sid is None or sid not in pending:
-                    continue
-                if event.kind == "ready":
-                    pending.discard(sid)
-                    if event.data.get("mcp_only"):
-                        tools = ", ".join(event.data.get("tools", [])) or "no tools"
-                        print(f"  server {sid} (live): MCP-only; {tools}")
-                    else:
-                        _print_policy(sid, "live", event.data.get("policy", {}))
-                elif event.kind == "disconnected":
-                    pending.discard(sid)
-                    status = 1
-                    print(f"  server {sid} (live): could not connect: {event.data.get('reason')}")
-                if not pending:
-                    break
-    return status
-
-
-def cmd_history(args: argparse.Namespace) -> int:
-    from store import Reader
-
-    path = Path(args.data_dir) / "store.sqlite3"
-    if not path.is_file():
-        print(f"mcplive: no store at {path}; give --data-dir", file=sys.stderr)
-        return 1
-    reader = Reader(path)
-    try:
-        if args.search is not None:
-            try:
-                messages = reader.search(args.search, agent=args.agent, regex=args.regex)
-            except Exception as exc:  # a bad regular expression
-                print(f"mcplive: --search: {exc}", file=sys.stderr)
-                return 2
-        else:
-            messages = reader.history(args.agent)
-    finally:
-        reader.close()
-    for m in messages:
-        if args.json:
-            print(json.dumps(m, ensure_ascii=False, default=str))
-        else:
-            print(_history_line(m))
-    return 0
-
-
-def _history_line(m: Mapping[str, Any]) -> str:
-    meta = m.get("metadata") or {}
-    parts = []
-    for b in m.get("blocks", []):
-        t = b.get("type")
-        if t == "text":
-            parts.append(b.get("text", ""))
-        elif t == "tool_use":
-            parts.append(
-                f"[calls {b.get('name')} {json.dumps(b.get('input'), ensure_ascii=False)}]"
-            )
-        elif t == "tool_result":
-            inner = " ".join(
-                x.get("text", "") for x in b.get("content", []) if isinstance(x, Mapping)
-            )
-            parts.append(f"[result{' (error)' if b.get('is_error') else ''}: {inner}]")
-        else:
-            parts.append(f"[{t}]")
-    src = meta.get("inbound_source") or {}
-    author = (meta.get("author") or {}).get("name")
-    where = ""
-    if src:
-        where = f" {src.get('server')}" + (f" {src.get('channel')}" if src.get("channel") else "")
-        where += f" {author}:" if author else ":"
-    return f"{m['agent']} {m['role']}{where} " + " ".join(" ".join(parts).split())
 
 
 def cmd_rollback(args: argparse.Namespace) -> int:

@@ -38,6 +38,8 @@ class HostContext:
         # Each connection's latest status, an immutable snapshot that only that connection
         # replaces; one entry per configured server.
         self.statuses: dict[str, Any] = {}
+        # Each agent's latest AgentStatus, replaced only by that agent; one per configured agent.
+        self.agent_statuses: dict[str, Any] = {}
         self.channels: dict[tuple[str, str | None], ActorRef[Any]] = {}
         self.channel_nursery: trio.Nursery | None = None
         self.channel_factory: Callable[[str, str | None], Any] | None = None

@@ -21,3 +21,16 @@ class ConfigError(ValueError):
 
 class NotConnected(Exception):
     """The server is not connected (or not ready) right now."""
+
+
+class DataDirBusy(Exception):
+    """Another running host holds the data directory's lock; ``pid`` is its process id (None
+    when the lock file does not say)."""
+
+    def __init__(self, data_dir: object, pid: int | None) -> None:
+        who = f"pid {pid}" if pid is not None else "another process"
+        super().__init__(
+            f"data_dir {data_dir} is in use by {who} (a running mcplive host); stop it, or give "
+            "this host another data_dir"
+        )
+        self.pid = pid

@@ -26,6 +26,7 @@ from .coalescer import CoalescerActor
 from .config import AgentConfig, HostConfig, load_config
 from .connection import ConnectionActor
 from .context import HostContext
+from .datadir import DataDirLock
 from .errors import ConfigError
 from .inference import InferenceRouter
 from .kernel import Work
@@ -69,6 +70,18 @@ class Host:
     ) -> AsyncIterator[Host]:
         cfg = config if isinstance(config, HostConfig) else load_config(config)
         models = {a.name: make_model(a) for a in cfg.agents}
+        cfg.data_dir.mkdir(parents=True, exist_ok=True)
+        lock = DataDirLock(cfg.data_dir)
+        lock.acquire()  # one running host per data_dir; DataDirBusy names the holder
+        try:
+            async with cls._opened(cfg, models) as host:
+                yield host
+        finally:
+            lock.release()
+
+    @classmethod
+    @asynccontextmanager
+    async def _opened(cls, cfg: HostConfig, models: Mapping[str, Model]) -> AsyncIterator[Host]:
         work = Work()
         trace = TraceBus()
         store = StoreClient(cfg.data_dir, work)

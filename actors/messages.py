@@ -63,6 +63,27 @@ class ConnStatus:
     # RFC-006 authority belongs to the binding, and a reconnect alone does not revoke it.
     policy_grant: frozenset[str] = frozenset()
     policy_feature_sets: frozenset[str] = frozenset()
+    # For operators (``mcplive status``): links opened so far, why the last one ended or failed
+    # (one line, never a credential), and the server's last stderr lines.
+    connects: int = 0
+    last_error: str | None = None
+    stderr_tail: tuple[str, ...] = ()
+
+
+@attrs.frozen(kw_only=True)
+class AgentStatus:
+    """An agent's state for operators, replaced by the agent whenever it changes (read by
+    ``mcplive status`` through the host's status file)."""
+
+    name: str
+    paused: str | None = None  # why its turns are paused (its model refused the credential)
+    held: bool = False  # held by the operator (``Host.hold``)
+    turn_running: bool = False
+    queued: int = 0  # wakes waiting for the next turn
+    turns: int = 0  # turns started since the host started
+    last_turn_at: float | None = None  # wall-clock time the last turn ended
+    last_outcome: str | None = None  # completed, aborted or failed
+    usage: Mapping[str, int] = attrs.field(factory=dict)  # token usage summed over its turns
 
 
 # --- to a ChannelActor ---------------------------------------------------------------------

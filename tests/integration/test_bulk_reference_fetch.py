@@ -14,7 +14,6 @@ checked against the rest of ``expect``.
 from __future__ import annotations
 
 import base64
-import json
 import random
 import re
 import time
@@ -34,14 +33,12 @@ from protocol.references import (
     read_testimony,
     stub_text,
 )
+from tests.conformance import load_vectors
 from tests.origin import Origin, Route, serve_origin
 
 pytestmark = pytest.mark.slow
 
-CONFORMANCE = Path(__file__).resolve().parents[3] / "shared" / "conformance"
-VECTORS: dict[str, Any] = json.loads(
-    (CONFORMANCE / "bulk-reference-vectors.json").read_text(encoding="utf-8")
-)
+VECTORS: dict[str, Any] = load_vectors("bulk-reference-vectors.json")
 FETCH_CASES = [c for c in VECTORS["cases"] if c["operation"] == "fetch"]
 TOKEN: str = VECTORS["fixtures"]["token"]
 

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 import trio
 
-from actors.cli import format_event
 from actors.trace import TraceEvent
+from actors.transcript import format_event
 from tests.helpers import incoming_answered, running_lobby, wait_trace
 from tests.integration.test_coalescing import push
 

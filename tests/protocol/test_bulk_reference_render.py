@@ -1,7 +1,7 @@
 """RFC-005 conformance vectors, the receive/display half, at the protocol level.
 
 Every ``render`` case of ``bulk-reference-vectors.json`` (and the ``registry`` case) is read from
-``../shared/conformance`` and run as the host runs a delivery: each block goes through
+``tests/conformance`` and run as the host runs a delivery: each block goes through
 ``convert_block`` on a lane, each pending reference is registered in a ``RegistryState`` with
 the delivering server, and the model's view is the converted blocks with every reference
 replaced by its ``stub_text``. The ``fetch`` cases need a network fixture and are run with the
@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import random
-from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
@@ -39,19 +38,15 @@ from protocol.references import (
     utf16_len,
 )
 from protocol.references import Testimony as Claims
+from tests.conformance import load_vectors
 
 try:
     import jsonschema
 except ImportError:  # pragma: no cover - the schema half is skipped without it
     jsonschema = None
 
-CONFORMANCE = Path(__file__).resolve().parents[3] / "shared" / "conformance"
-VECTORS: dict[str, Any] = json.loads(
-    (CONFORMANCE / "bulk-reference-vectors.json").read_text(encoding="utf-8")
-)
-LEGACY: dict[str, Any] = json.loads(
-    (CONFORMANCE / "bulk-reference-legacy-schema.json").read_text(encoding="utf-8")
-)
+VECTORS: dict[str, Any] = load_vectors("bulk-reference-vectors.json")
+LEGACY: dict[str, Any] = load_vectors("bulk-reference-legacy-schema.json")
 CASES: list[dict[str, Any]] = VECTORS["cases"]
 RENDER = [c for c in CASES if c["operation"] == "render"]
 REGISTRY = [c for c in CASES if c["operation"] == "registry"]

@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -59,11 +58,9 @@ from protocol.coalesce import (
     Step,
     parse_coalesce,
 )
+from tests.conformance import load_vectors
 
-CONFORMANCE = Path(__file__).resolve().parents[3] / "shared" / "conformance"
-DATA: dict[str, Any] = json.loads(
-    (CONFORMANCE / "event-coalescing-vectors.json").read_text(encoding="utf-8")
-)
+DATA: dict[str, Any] = load_vectors("event-coalescing-vectors.json")
 CASES: list[dict[str, Any]] = DATA["cases"]
 
 # Profile capabilities this coalescer (and the model host over it) genuinely constructs.

@@ -1,6 +1,6 @@
 """The manifest revision digest (SPEC §17.2, RFC-003 §3.1).
 
-The conformance file is the normative artifact: it is read from ``../shared/conformance`` and
+The conformance file is the normative artifact: it is read from ``tests/conformance`` and
 iterated, never transcribed. Every positive vector is asserted in the order that localizes a bug:
 canonical text (JCS), then the SHA-256 of its UTF-8 bytes, then the base64url digest.
 """
@@ -17,7 +17,6 @@ import random
 import re
 import string
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -25,13 +24,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from protocol.manifest import ManifestError, canonical_json, manifest_digest, sort_identifiers
-
-ROOT = Path(__file__).resolve().parents[2]
-VECTOR_FILE = ROOT.parent / "shared" / "conformance" / "manifest-digest-vectors.json"
+from tests.conformance import load_vectors
 
 # Parse as UTF-8 with a real JSON parser; never compare raw file bytes (the file is ASCII with
 # ``\u`` escapes, and holds both NFC and NFD text that must stay distinct).
-VECTORS: dict[str, Any] = json.loads(VECTOR_FILE.read_text(encoding="utf-8"))
+VECTORS: dict[str, Any] = load_vectors("manifest-digest-vectors.json")
 BY_NAME: dict[str, dict[str, Any]] = {v["name"]: v for v in VECTORS["vectors"]}
 POSITIVE = [v for v in VECTORS["vectors"] if "expectError" not in v]
 NEGATIVE = [v for v in VECTORS["vectors"] if "expectError" in v]

@@ -1,0 +1,143 @@
+"""``mcplive check``: validate a config, and report what servers would be (or are) granted."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from .config import ConfigErrors, load_config
+from .errors import ConfigError
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    try:
+        cfg = load_config(args.config)
+    except ConfigErrors as exc:
+        for p in exc.problems:
+            print(f"{args.config}: {p}")
+        return 1
+    from .host import make_model
+
+    problems = []
+    for a in cfg.agents:
+        try:
+            make_model(a)
+        except ConfigError as exc:
+            problems.append(f"agents[{a.name}].model: {exc}")
+    manifests: dict[str, Path] = {}
+    ids = {s.id for s in cfg.servers}
+    for item in args.manifest:
+        sid, sep, path = item.partition("=")
+        if not sep or sid not in ids:
+            problems.append(f"--manifest {item}: give SERVER=FILE with a configured server id")
+        else:
+            manifests[sid] = Path(path)
+    for p in problems:
+        print(f"{args.config}: {p}")
+    if problems:
+        return 1
+    print(
+        f"{args.config}: ok — {len(cfg.servers)} server(s), {len(cfg.agents)} agent(s); "
+        f"data in {cfg.data_dir}"
+    )
+    for s in cfg.servers:
+        how = " ".join(s.command) if s.command else s.url
+        print(f"  server {s.id}: {how}")
+    for a in cfg.agents:
+        hears = ", ".join(a.servers) if a.servers is not None else "all servers"
+        print(f"  agent {a.name}: {a.model}; hears {hears}")
+    status = 0
+    for sid, path in manifests.items():
+        server = next(s for s in cfg.servers if s.id == sid)
+        status |= _report_manifest_file(server, path)
+    if args.connect:
+        status |= trio.run(_report_connect, cfg)
+    return status
+
+
+def _print_policy(sid: str, source: str, policy: Mapping[str, Any]) -> None:
+    print(f"  server {sid} ({source}):")
+    print(f"    granted: {', '.join(policy.get('granted', [])) or 'nothing'}")
+    if policy.get("denied"):
+        print(f"    advertised but not granted: {', '.join(policy['denied'])}")
+    for name, state in policy.get("feature_sets", {}).items():
+        print(f"    feature set {name}: {state}")
+
+
+def _report_manifest_file(server: Any, path: Path) -> int:
+    from protocol import mcpl
+    from protocol.manifest import ManifestError, manifest_digest
+
+    from .connection import policy_report
+
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        print(f"  server {server.id}: cannot read {path}: {exc}")
+        return 1
+    # Either an initialize result ({capabilities: {experimental: {mcpl}}}) or a bare manifest.
+    caps = doc.get("capabilities") if isinstance(doc, dict) and "capabilities" in doc else {}
+    manifest = (caps.get("experimental") or {}).get("mcpl") if caps else doc
+    if not isinstance(manifest, dict):
+        print(f"  server {server.id}: {path} holds no MCPL manifest: it would run MCP-only")
+        return 0
+    advertised = mcpl.advertised_paths(manifest, caps)
+    grant = server.grant_for(advertised)
+    declared = mcpl.declared_feature_sets(manifest)
+    state = server.feature_sets_for(declared.sets, grant)
+    try:
+        digest = manifest_digest(manifest)
+    except ManifestError as exc:
+        digest = f"refused ({exc.code})"
+    _print_policy(
+        server.id, f"manifest {path}, digest {digest}", policy_report(advertised, grant, state)
+    )
+    return 0
+
+
+async def _report_connect(cfg: Any) -> int:
+    """Connect to every server (no agent runs), report what the handshake decided."""
+    import attrs
+
+    from .host import Host
+
+    pending = {s.id for s in cfg.servers}
+    deadline = max((s.request_timeout_s for s in cfg.servers), default=10) + 10
+    status = 0
+    with tempfile.TemporaryDirectory() as scratch:  # a check leaves the real store alone
+        quiet = attrs.evolve(cfg, agents=(), data_dir=Path(scratch))
+        status = await _await_reports(Host, quiet, pending, deadline)
+    for sid in sorted(pending):
+        status = 1
+        print(f"  server {sid} (live): no answer within {deadline:g}s")
+    return status
+
+
+async def _await_reports(host_cls: Any, quiet: Any, pending: set[str], deadline: float) -> int:
+    status = 0
+    async with host_cls.open(quiet) as host:
+        with trio.move_on_after(deadline):
+            async for event in host.trace():
+                sid = event.server_id
+                if sid is None or sid not in pending:
+                    continue
+                if event.kind == "ready":
+                    pending.discard(sid)
+                    if event.data.get("mcp_only"):
+                        tools = ", ".join(event.data.get("tools", [])) or "no tools"
+                        print(f"  server {sid} (live): MCP-only; {tools}")
+                    else:
+                        _print_policy(sid, "live", event.data.get("policy", {}))
+                elif event.kind == "disconnected":
+                    pending.discard(sid)
+                    status = 1
+                    print(f"  server {sid} (live): could not connect: {event.data.get('reason')}")
+                if not pending:
+                    break
+    return status
