@@ -125,14 +125,15 @@ class Rollback:
 
 def pause_reason(exc: ModelAuthError) -> str:
     """Why the agent is paused, in one line: the provider, what it did, and its own words."""
-    return f"{exc.provider} {exc.problem} ({exc})"
+    detail = str(exc).removeprefix(f"{exc.provider}: ")
+    return f"{exc.provider} {exc.problem} ({detail})"
 
 
 def pause_remedy(exc: ModelAuthError) -> str:
     """What the operator does about it, in one line."""
     return (
-        f"fix the key ({exc.credential}), then resume the agent: reload the config (SIGHUP) or "
-        "call Host.resume; a key in the environment needs a restart"
+        f"fix the key ({exc.credential}), then resume: SIGHUP resumes paused agents "
+        "(a key changed in the environment needs a restart)"
     )
 
 
