@@ -10,8 +10,15 @@ that stops before ``message_stop``, and mid-stream ``error`` events of a transie
 (``overloaded_error``, ``rate_limit_error``, ``api_error``, ``timeout_error``) are retried up to
 ``max_retries`` times; anything else (400, 401, 403, 404, ...) fails at once. The wait before
 retry *n* is :func:`backoff_delay` (exponential, jittered, capped), raised to the server's
-``retry-after`` when it asks for longer (still capped). A failure that is final raises
-:class:`~actors.models.ModelError` with one readable line.
+``retry-after`` when it asks for longer (still capped). Each retry is reported, before its wait,
+to the request's ``on_retry`` (a :class:`~actors.models.ModelRetry`) and as a line to
+``notice``. A failure that is final raises :class:`~actors.models.ModelError` with one readable
+line; a refused credential (401), a denied permission (403) or a missing key raises its subclass
+:class:`~actors.models.ModelAuthError`, since nothing but an operator's fix can cure it.
+
+Usage is read from ``message_start`` and ``message_delta``: ``input_tokens`` and
+``output_tokens`` always, ``cache_read_input_tokens`` and ``cache_creation_input_tokens`` when
+the API reports them.
 
 Text deltas reach ``on_delta`` as they arrive. When an attempt fails mid-stream after some text
 was delivered, the retry streams its reply from the start again; the ``notice`` line announcing
@@ -49,7 +56,16 @@ from anthropic.types import (
 )
 
 from actors.kernel import backoff_delay
-from actors.models import Block, DeltaSink, ModelError, ModelReply, ModelRequest
+from actors.models import (
+    USAGE_KEYS,
+    Block,
+    DeltaSink,
+    ModelAuthError,
+    ModelError,
+    ModelReply,
+    ModelRequest,
+    ModelRetry,
+)
 from protocol.hooks import ModelInfo
 
 __all__ = [
@@ -76,13 +92,10 @@ _TRANSIENT_STREAM_ERRORS = frozenset(
     {"overloaded_error", "rate_limit_error", "api_error", "timeout_error"}
 )
 _MAX_LINE = 300
-
-
-# --- backoff -------------------------------------------------------------------------------------
-
-
-def _fmt_seconds(s: float) -> str:
-    return f"{s:.0f}s" if s >= 10 else f"{s:.2g}s"
+#: Where the key comes from when none is passed in.
+KEY_VARIABLE = "ANTHROPIC_API_KEY"
+#: What a refusal by HTTP status means for the credential.
+_AUTH_PROBLEMS = {401: "refused the credential", 403: "denied the credential permission"}
 
 
 # --- the provider --------------------------------------------------------------------------------
@@ -121,12 +134,21 @@ class AnthropicModel:
         self._notice = notice
         self._rng = rng if rng is not None else random.Random()
 
+    @property
+    def _credential(self) -> str:
+        return KEY_VARIABLE if self._api_key is None else "the key passed in"
+
     async def complete(
         self, request: ModelRequest, on_delta: DeltaSink | None = None
     ) -> ModelReply:
-        key = self._api_key if self._api_key is not None else os.environ.get("ANTHROPIC_API_KEY")
+        key = self._api_key if self._api_key is not None else os.environ.get(KEY_VARIABLE)
         if not key:
-            raise ModelError("ANTHROPIC_API_KEY is not set")
+            raise ModelAuthError(
+                f"{KEY_VARIABLE} is not set",
+                provider="anthropic",
+                problem="has no credential",
+                credential=self._credential,
+            )
         client = anthropic.AsyncAnthropic(api_key=key, base_url=self._base_url, max_retries=0)
         try:
             return await self._complete_with_retries(client, request, on_delta)
@@ -159,6 +181,13 @@ class AnthropicModel:
                 failure = _classify(exc)
                 if failure is None:
                     raise
+                if failure.auth is not None:
+                    raise ModelAuthError(
+                        _one_line(f"anthropic: {failure.detail}"),
+                        provider="anthropic",
+                        problem=failure.auth,
+                        credential=self._credential,
+                    ) from exc
                 if not failure.retryable:
                     raise ModelError(_one_line(f"anthropic: {failure.detail}")) from exc
                 if retry >= self._max_retries:
@@ -173,11 +202,17 @@ class AnthropicModel:
             delay = backoff_delay(retry, self._backoff_base_s, self._backoff_cap_s, self._rng)
             if failure.retry_after is not None:
                 delay = max(delay, min(failure.retry_after, self._backoff_cap_s))
+            notice = ModelRetry(
+                provider="anthropic",
+                failure=failure.label,
+                attempt=retry,
+                retries=self._max_retries,
+                wait_s=delay,
+            )
+            if request.on_retry is not None:
+                request.on_retry(notice)
             if self._notice is not None:
-                self._notice(
-                    f"anthropic: {failure.label}, retry {retry}/{self._max_retries} "
-                    f"in {_fmt_seconds(delay)}"
-                )
+                self._notice(notice.line)
             await trio.sleep(delay)
 
     async def _attempt(
@@ -233,8 +268,7 @@ class _ReplyBuilder:
         """Take one stream event; returns the text it adds (possibly empty)."""
         if isinstance(event, RawMessageStartEvent):
             self.model = event.message.model
-            self.usage["input_tokens"] = event.message.usage.input_tokens
-            self.usage["output_tokens"] = event.message.usage.output_tokens
+            self._take_usage(event.message.usage)
         elif isinstance(event, RawContentBlockStartEvent):
             block = event.content_block
             if isinstance(block, TextBlock):
@@ -262,12 +296,18 @@ class _ReplyBuilder:
         elif isinstance(event, RawMessageDeltaEvent):
             if event.delta.stop_reason is not None:
                 self.stop_reason = event.delta.stop_reason
-            self.usage["output_tokens"] = event.usage.output_tokens
-            if event.usage.input_tokens is not None:
-                self.usage["input_tokens"] = event.usage.input_tokens
+            self._take_usage(event.usage)
         elif isinstance(event, RawMessageStopEvent):
             self.stopped = True
         return ""
+
+    def _take_usage(self, usage: object) -> None:
+        """The counts a usage object reports (a ``message_delta`` repeats them as they stand
+        at the end); the cache counts only when the API sends them."""
+        for key in USAGE_KEYS:
+            value = getattr(usage, key, None)
+            if isinstance(value, int):
+                self.usage[key] = value
 
     def reply(self) -> ModelReply:
         blocks: list[Block] = []
@@ -316,6 +356,7 @@ class _Failure:
     label: str  # for the retry notice, e.g. "overloaded (529)"
     detail: str  # for the final error, e.g. "HTTP 529 overloaded_error: Overloaded"
     retry_after: float | None = None
+    auth: str | None = None  # what a 401 or 403 means for the credential
 
 
 def _transport_error_types() -> tuple[type[BaseException], ...]:
@@ -365,6 +406,7 @@ def _classify(exc: Exception) -> _Failure | None:
             label=f"{_status_label(status)} ({status})",
             detail=f"HTTP {status} {etype}: {message}",
             retry_after=_retry_after(exc.response.headers) if retryable else None,
+            auth=_AUTH_PROBLEMS.get(status),
         )
     if isinstance(exc, anthropic.APITimeoutError):
         return _Failure(True, "timeout", "request timed out")

@@ -19,6 +19,7 @@ from .agent import (
     ExecuteTool,
     HoldTurns,
     PostLocal,
+    Resume,
     Rollback,
 )
 from .channel import ChannelActor, new_id
@@ -154,6 +155,13 @@ class Host:
         """Let a held agent's turns run again; the wakes that waited start the next turn.
         False if it was not held."""
         return bool(await self._agent(agent).ask(HoldTurns(on=False), timeout=60))
+
+    async def resume(self, agent: str) -> bool:
+        """Resume an agent paused because its model refused the credential (or had none): the
+        wakes that waited start a turn at once, and its first model call tries the credential
+        again (a refusal pauses it again). False if it was not paused. A config reload calls
+        this for every paused agent."""
+        return bool(await self._agent(agent).ask(Resume(), timeout=60))
 
     async def abort_turn(self, agent: str) -> bool:
         """Cancel the agent's running turn (its servers hear ``aborted``); False if none ran."""

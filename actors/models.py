@@ -3,6 +3,11 @@
 A provider turns an agent's context (stored messages, oldest first) into one assistant reply: text
 blocks and ``tool_use`` blocks. The agent's turn task calls :meth:`Model.complete` once per tool
 round; it executes the tool calls itself and calls again with the results appended.
+
+Each reply reports its token usage (:class:`Usage`). A provider that retries by itself reports
+each retry to the request's ``on_retry`` as it happens (:class:`ModelRetry`). A failure that no
+retry and no later call can cure until an operator acts (a refused or missing credential) is a
+:class:`ModelAuthError`.
 """
 
 from __future__ import annotations
@@ -18,6 +23,84 @@ Block = Mapping[str, Any]
 
 #: Called with each text delta while a reply streams (may be ``None``).
 DeltaSink = Callable[[str], Awaitable[None]]
+
+#: The usage keys, as the Anthropic Messages API names them.
+USAGE_KEYS = (
+    "input_tokens",
+    "output_tokens",
+    "cache_read_input_tokens",
+    "cache_creation_input_tokens",
+)
+
+
+@attrs.frozen(kw_only=True)
+class Usage:
+    """Tokens one model call (or the sum of several) used.
+
+    ``input_tokens`` counts the input that was neither read from nor written to the provider's
+    prompt cache; ``cache_read_input_tokens`` and ``cache_creation_input_tokens`` count the rest
+    (the Anthropic Messages API's meaning of its fields of the same names).
+    """
+
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cache_read_input_tokens: int = 0
+    cache_creation_input_tokens: int = 0
+
+    @classmethod
+    def of(cls, reported: Mapping[str, Any]) -> Usage:
+        """The usage a provider reported: the known keys that hold a count; anything else
+        (a missing key, a negative number, a value that is no integer) counts as 0."""
+        counts = {
+            k: v
+            for k in USAGE_KEYS
+            if isinstance(v := reported.get(k), int) and not isinstance(v, bool) and v > 0
+        }
+        return cls(**counts)
+
+    def __add__(self, other: Usage) -> Usage:
+        return Usage(
+            input_tokens=self.input_tokens + other.input_tokens,
+            output_tokens=self.output_tokens + other.output_tokens,
+            cache_read_input_tokens=self.cache_read_input_tokens + other.cache_read_input_tokens,
+            cache_creation_input_tokens=self.cache_creation_input_tokens
+            + other.cache_creation_input_tokens,
+        )
+
+    def as_dict(self) -> dict[str, int]:
+        return {k: getattr(self, k) for k in USAGE_KEYS}
+
+    def describe(self) -> str:
+        """One short phrase, e.g. ``1,204 in, 87 out, cache 1,000 read, 0 written`` (the cache
+        part only when the cache was used)."""
+        text = f"{self.input_tokens:,} in, {self.output_tokens:,} out"
+        if self.cache_read_input_tokens or self.cache_creation_input_tokens:
+            text += (
+                f", cache {self.cache_read_input_tokens:,} read, "
+                f"{self.cache_creation_input_tokens:,} written"
+            )
+        return text
+
+
+@attrs.frozen(kw_only=True)
+class ModelRetry:
+    """A provider is about to retry a call: what failed, which retry this is of how many it
+    allows, and how long it waits first."""
+
+    provider: str  # e.g. "anthropic"
+    failure: str  # e.g. "overloaded (529)"
+    attempt: int  # this retry's number, from 1
+    retries: int  # the most retries the provider makes
+    wait_s: float
+
+    @property
+    def line(self) -> str:
+        wait = f"{self.wait_s:.0f}s" if self.wait_s >= 10 else f"{self.wait_s:.2g}s"
+        return f"{self.provider}: {self.failure}, retry {self.attempt}/{self.retries} in {wait}"
+
+
+#: Called by a provider before each retry (never awaited; it must not block).
+RetrySink = Callable[[ModelRetry], None]
 
 
 @attrs.frozen(kw_only=True)
@@ -42,6 +125,8 @@ class ModelRequest:
     tools: Sequence[ToolSpec] = ()
     max_tokens: int = 1024
     temperature: float | None = None
+    #: Told of each retry the provider makes for this request (see :class:`ModelRetry`).
+    on_retry: RetrySink | None = attrs.field(default=None, eq=False, repr=False)
 
 
 @attrs.frozen(kw_only=True)
@@ -64,6 +149,22 @@ class ModelReply:
 
 class ModelError(Exception):
     """A provider failed for good (after its own retries). The message is one readable line."""
+
+
+class ModelAuthError(ModelError):
+    """The provider will not serve this credential: it refused it (HTTP 401), denied it the
+    permission (HTTP 403), or none is configured. Every later call fails alike until an operator
+    fixes the key, so the agent stops calling (see ``AgentActor``'s pause).
+
+    ``str(exc)`` is the provider's one-line error; ``problem`` says what went wrong in words
+    (``"refused the credential"``) and ``credential`` names where the key comes from.
+    """
+
+    def __init__(self, message: str, *, provider: str, problem: str, credential: str) -> None:
+        super().__init__(message)
+        self.provider = provider
+        self.problem = problem
+        self.credential = credential
 
 
 class Model(Protocol):

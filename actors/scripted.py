@@ -4,10 +4,15 @@ On each wake the first rule whose ``when`` matches the newest incoming body (hea
 fires once: its ``calls`` run, then its ``say`` is spoken, and the turn ends. No match: silence.
 An empty file is a valid model that never speaks. ``{0}`` is the whole match and ``{1}``, ``{2}``…
 its groups, in ``say`` and in any string inside ``calls`` arguments.
+
+Usage is an estimate, a token per four characters of what a reply read (the system prompt and the
+message bodies) and wrote (its text, or its tool calls as JSON); a silent reply reports zeros, and
+the cache counts are always zero.
 """
 
 from __future__ import annotations
 
+import json
 import re
 import tomllib
 from collections.abc import Mapping, Sequence
@@ -135,7 +140,8 @@ class ScriptedModel:
         self.rules = load_rules(path)
 
     def _usage(self, request: ModelRequest, output: str) -> dict[str, int]:
-        """Rough token counts, so lifecycle and inference answers carry usage."""
+        """An estimate (a token per four characters read and written), so lifecycle,
+        inference answers and the turn's usage carry numbers; no cache is ever used."""
         seen = request.system + "".join(body_of(m) for m in request.messages)
         return {"input_tokens": _tokens(seen), "output_tokens": _tokens(output) if output else 0}
 
@@ -173,7 +179,12 @@ class ScriptedModel:
                 }
                 for i, c in enumerate(rule.calls, 1)
             )
-            return ModelReply(blocks=uses, stop_reason="tool_use", model=self.name)
+            return ModelReply(
+                blocks=uses,
+                stop_reason="tool_use",
+                model=self.name,
+                usage=self._usage(request, json.dumps(uses)),
+            )
         text = fill(rule.say, found)
         if text and on_delta is not None:
             for piece in _PIECES.findall(text):  # word by word, as a provider streams

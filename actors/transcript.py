@@ -7,6 +7,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from .models import Usage
 from .trace import TraceEvent
 
 
@@ -87,6 +88,16 @@ def format_event(e: TraceEvent) -> str | None:
             bits.append(f"batch {d['batch']}")
         detail = f" ({'; '.join(bits)})" if bits else ""
         return f"· {scope}: {d.get('reason')}{detail}"
+    if k == "agent-paused":
+        reason, remedy = d.get("reason"), d.get("remedy")
+        return f"! {e.agent} paused: {reason}; no model calls until resumed: {remedy}"
+    if k == "agent-resumed":
+        return f"· {e.agent} resumed ({d.get('waiting')} waiting wakes)"
+    if k == "model-retry":
+        return f"? {e.agent}: {d.get('line')}"
+    if k == "turn-usage":
+        end = "" if d.get("phase") == "completed" else f" ({d.get('phase')})"
+        return f"· {e.agent}: turn used {Usage.of(d).describe()} tokens{end}"
     if k == "trace-dropped":
         return f"! transcript fell behind: {d.get('count')} events not shown"
     return None

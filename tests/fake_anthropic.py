@@ -14,7 +14,8 @@ Every ``POST /v1/messages`` takes the next response off the queue:
 * :class:`Reply` — a successful message: streamed as server-sent events when the request body
   says ``"stream": true`` (``message_start``, ``content_block_start`` / ``content_block_delta`` /
   ``content_block_stop`` per block, ``message_delta``, ``message_stop``, with ``ping`` events
-  between), otherwise returned as one JSON message.
+  between), otherwise returned as one JSON message. Its usage (with the prompt-cache counts when
+  given) is in ``message_start``; ``message_delta`` brings the final ``output_tokens``.
 * :class:`HttpError` — an HTTP error status with an Anthropic error JSON body.
 * :class:`StreamError` — a 200 stream that emits some blocks and then an ``error`` event.
 * :class:`Disconnect` — a 200 stream that emits some blocks and then drops the connection.
@@ -82,7 +83,22 @@ class Reply:
     model: str = "claude-fake"
     input_tokens: int = 11
     output_tokens: int = 7
+    #: Prompt-cache counts; None leaves the field out, as the API does when caching is unused.
+    cache_read_input_tokens: int | None = None
+    cache_creation_input_tokens: int | None = None
     chunk_size: int = 4
+
+    def usage(self, *, output_tokens: int | None = None) -> dict[str, int]:
+        """The ``usage`` object of this message (``output_tokens`` as counted so far)."""
+        out = {
+            "input_tokens": self.input_tokens,
+            "output_tokens": self.output_tokens if output_tokens is None else output_tokens,
+        }
+        for key in ("cache_read_input_tokens", "cache_creation_input_tokens"):
+            value = getattr(self, key)
+            if value is not None:
+                out[key] = value
+        return out
 
 
 @attrs.frozen(kw_only=True)
@@ -361,7 +377,7 @@ def _message_json(reply: Reply, msg_id: str) -> dict[str, Any]:
         "content": [dict(b) for b in reply.blocks],
         "stop_reason": reply.stop_reason,
         "stop_sequence": None,
-        "usage": {"input_tokens": reply.input_tokens, "output_tokens": reply.output_tokens},
+        "usage": reply.usage(),
     }
 
 
@@ -404,7 +420,7 @@ def _events(
 ) -> Iterator[tuple[str, dict[str, Any]]]:
     reply = response if isinstance(response, Reply) else Reply()
     message = {**_message_json(reply, msg_id), "content": [], "stop_reason": None}
-    message["usage"] = {"input_tokens": reply.input_tokens, "output_tokens": 1}
+    message["usage"] = reply.usage(output_tokens=1)
     yield _ev("message_start", message=message)
     yield _ev("ping")
     blocks = response.blocks if isinstance(response, Reply) else response.prefix_blocks

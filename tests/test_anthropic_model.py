@@ -28,7 +28,14 @@ from actors.anthropic_model import (
     backoff_delay,
     to_messages_api,
 )
-from actors.models import ModelError, ModelReply, ModelRequest, ToolSpec
+from actors.models import (
+    ModelAuthError,
+    ModelError,
+    ModelReply,
+    ModelRequest,
+    ModelRetry,
+    ToolSpec,
+)
 from tests.fake_anthropic import (
     Disconnect,
     FakeScript,
@@ -264,6 +271,39 @@ async def test_401_fails_without_retry(fake: tuple[FakeScript, str]) -> None:
 
 
 @pytest.mark.parametrize(
+    ("status", "error_type", "problem"),
+    [
+        (401, "authentication_error", "refused the credential"),
+        (403, "permission_error", "denied the credential permission"),
+    ],
+)
+async def test_a_refused_credential_is_an_auth_error(
+    fake: tuple[FakeScript, str], status: int, error_type: str, problem: str
+) -> None:
+    script, base_url = fake
+    script.add(HttpError(status=status, error_type=error_type, message="no"))
+    with trio.fail_after(TIMEOUT), pytest.raises(ModelAuthError) as info:
+        await make_model(base_url).complete(request_for([user("hi")]))
+    assert str(info.value) == f"anthropic: HTTP {status} {error_type}: no"
+    assert (info.value.provider, info.value.problem) == ("anthropic", problem)
+    assert info.value.credential == "the key passed in"
+    assert len(script.requests) == 1
+
+
+@pytest.mark.parametrize(
+    ("status", "error_type"), [(400, "invalid_request_error"), (404, "not_found_error")]
+)
+async def test_other_client_errors_are_no_auth_errors(
+    fake: tuple[FakeScript, str], status: int, error_type: str
+) -> None:
+    script, base_url = fake
+    script.add(HttpError(status=status, error_type=error_type, message="nope"))
+    with trio.fail_after(TIMEOUT), pytest.raises(ModelError) as info:
+        await make_model(base_url).complete(request_for([user("hi")]))
+    assert not isinstance(info.value, ModelAuthError)
+
+
+@pytest.mark.parametrize(
     ("status", "error_type"),
     [(400, "invalid_request_error"), (403, "permission_error"), (404, "not_found_error")],
 )
@@ -275,6 +315,60 @@ async def test_client_errors_fail_without_retry(
     with trio.fail_after(TIMEOUT), pytest.raises(ModelError, match=f"HTTP {status} {error_type}"):
         await make_model(base_url).complete(request_for([user("hi")]))
     assert len(script.requests) == 1
+
+
+async def test_each_retry_reaches_the_request_before_its_wait(
+    fake: tuple[FakeScript, str],
+) -> None:
+    script, base_url = fake
+    script.add(
+        HttpError(status=529, error_type="overloaded_error", message="Overloaded"),
+        Reply(blocks=[text_block("ok")]),
+    )
+    retries: list[ModelRetry] = []
+    notices: list[str] = []
+
+    def on_retry(retry: ModelRetry) -> None:
+        # told before the retry is sent: only the first attempt has reached the server
+        assert len(script.requests) == 1
+        retries.append(retry)
+
+    model = make_model(base_url, notices, rng=random.Random(5))
+    with trio.fail_after(TIMEOUT):
+        reply = await model.complete(request_for([user("hi")], on_retry=on_retry))
+    assert reply.text == "ok"
+    wait = backoff_delay(1, 0.002, 0.02, random.Random(5))
+    assert retries == [
+        ModelRetry(
+            provider="anthropic", failure="overloaded (529)", attempt=1, retries=4, wait_s=wait
+        )
+    ]
+    assert (
+        notices == [retries[0].line] == [f"anthropic: overloaded (529), retry 1/4 in {wait:.2g}s"]
+    )
+
+
+async def test_usage_carries_the_cache_counts_when_reported(
+    fake: tuple[FakeScript, str],
+) -> None:
+    script, base_url = fake
+    script.add(
+        Reply(
+            blocks=[text_block("cached")],
+            input_tokens=12,
+            output_tokens=5,
+            cache_read_input_tokens=1000,
+            cache_creation_input_tokens=40,
+        )
+    )
+    with trio.fail_after(TIMEOUT):
+        reply = await make_model(base_url).complete(request_for([user("hi")]))
+    assert reply.usage == {
+        "input_tokens": 12,
+        "output_tokens": 5,
+        "cache_read_input_tokens": 1000,
+        "cache_creation_input_tokens": 40,
+    }
 
 
 async def test_429_retry_after_is_honoured(fake: tuple[FakeScript, str]) -> None:
@@ -400,9 +494,10 @@ async def test_missing_key_is_a_model_error(
     script, base_url = fake
     monkeypatch.delenv("ANTHROPIC_API_KEY", raising=False)
     model = AnthropicModel("claude-test", base_url=base_url)
-    with pytest.raises(ModelError) as info:
+    with pytest.raises(ModelAuthError) as info:
         await model.complete(request_for([user("hi")]))
     assert str(info.value) == "ANTHROPIC_API_KEY is not set"
+    assert (info.value.problem, info.value.credential) == ("has no credential", "ANTHROPIC_API_KEY")
     assert script.requests == []
 
 

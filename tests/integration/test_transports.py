@@ -128,8 +128,9 @@ async def test_agent_on_the_anthropic_provider(
 async def test_a_failing_model_is_visible_and_stored_as_a_failed_turn(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # a refused credential pauses the agent instead (tests/integration/test_model_failures.py)
     script = FakeScript(
-        [HttpError(status=401, error_type="authentication_error", message="bad key")]
+        [HttpError(status=400, error_type="invalid_request_error", message="bad request")]
     )
     with trio.fail_after(60):
         async with trio.open_nursery() as nursery:
@@ -141,10 +142,10 @@ async def test_a_failing_model_is_visible_and_stored_as_a_failed_turn(
                 stream = host.trace()
                 await host.post_local("Ada", "hi")
                 error = await wait_trace(stream, lambda e: e.kind == "error", "the failure")
-                assert "401" in error.data["error"] and error.agent == "Ada"
+                assert "400" in error.data["error"] and error.agent == "Ada"
                 await host.run_until_idle()
                 failed = host.history("Ada")[-1]
                 assert failed["role"] == "system"
                 assert failed["metadata"] == {"system": True, "kind": "turn-failed"}
-                assert "401" in failed["blocks"][0]["text"]
+                assert "400" in failed["blocks"][0]["text"]
             nursery.cancel_scope.cancel()

@@ -1,0 +1,210 @@
+"""An agent's stored history, as its turns read and extend it.
+
+:func:`store_message` appends one message (DESIGN §5's shape) and returns it as read back.
+:class:`ContextReader` assembles the context a turn sends the model: the messages still live (no
+rollback marker, nothing a marker set aside, no coalesced item hidden before it was read), each
+introduced by its source, the newest whole units within the agent's token budget. It reads only
+what was stored since the previous turn and keeps the trimmed tail between turns.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import deque
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from store import Append, MessageRecord
+
+from .channel import new_id
+from .coalescer import Assembled, is_hidden_marker
+from .context import HostContext
+
+#: No stored message counts for fewer tokens than this.
+MIN_MESSAGE_TOKENS = 8
+
+
+async def store_message(
+    ctx: HostContext, agent: str, role: str, blocks: Sequence[Mapping[str, Any]], **meta: Any
+) -> dict[str, Any]:
+    """Append one message to the agent's history; the stored message once it is durable."""
+    record = MessageRecord(
+        id=new_id(),
+        agent=agent,
+        role=role,
+        blocks=tuple(blocks),
+        metadata=meta,
+        created_at=time.time(),
+    )
+    await ctx.store.write(Append(records=(record,)))
+    return {
+        "id": record.id,
+        "agent": record.agent,
+        "role": role,
+        "blocks": list(blocks),
+        "metadata": meta,
+    }
+
+
+def estimate_tokens(message: Mapping[str, Any]) -> int:
+    """A rough token count; a rendered message carries its own under ``tokens``."""
+    cached = message.get("tokens")
+    if isinstance(cached, int):
+        return cached
+    total = MIN_MESSAGE_TOKENS
+    for b in message.get("blocks", ()):
+        kind = b.get("type")
+        if kind == "text":
+            total += len(str(b.get("text", ""))) // 4 + 1
+        elif kind in ("tool_use", "tool_result"):
+            total += len(json.dumps(b, default=str)) // 4 + 1
+        else:
+            total += 400
+    return total
+
+
+def fit_budget(messages: Sequence[Mapping[str, Any]], budget: int) -> list[Mapping[str, Any]]:
+    """Drop the oldest whole units until the rest fits; an assistant message and the tool
+    results after it form one unit, so a tool call is never separated from its result."""
+    tail = ContextTail(budget)
+    tail.extend(messages)
+    return tail.messages()
+
+
+class ContextTail:
+    """The newest whole units of an agent's context within a token budget, kept incrementally:
+    new messages are appended and the oldest units dropped, with each unit's size computed
+    once: dropping only ever removes the oldest units, so trimming as messages arrive keeps the
+    same units as trimming everything at once."""
+
+    def __init__(self, budget: int) -> None:
+        self.budget = budget
+        self._units: deque[list[Mapping[str, Any]]] = deque()
+        self._sizes: deque[int] = deque()
+        self.total = 0
+
+    def extend(self, messages: Sequence[Mapping[str, Any]]) -> None:
+        for m in messages:
+            size = estimate_tokens(m)
+            if (
+                m.get("role") == "tool"
+                and self._units
+                and self._units[-1][0].get("role") == "assistant"
+            ):
+                self._units[-1].append(m)
+                self._sizes[-1] += size
+            else:
+                self._units.append([m])
+                self._sizes.append(size)
+            self.total += size
+        while self.total > self.budget and len(self._units) > 1:
+            self._units.popleft()
+            self.total -= self._sizes.popleft()
+
+    def messages(self) -> list[Mapping[str, Any]]:
+        return [m for unit in self._units for m in unit]
+
+
+def render_for_model(message: Mapping[str, Any]) -> dict[str, Any]:
+    """A stored message as the model sees it: inbound items are introduced by their source."""
+    out = {
+        "role": message["role"],
+        "blocks": list(message.get("blocks", ())),
+        "metadata": message.get("metadata", {}),
+    }
+    meta = message.get("metadata") or {}
+    src = meta.get("inbound_source") if isinstance(meta, Mapping) else None
+    if message["role"] == "user" and isinstance(src, Mapping) and "source_header" not in meta:
+        where = f"{src.get('server')}" + (
+            f" {src.get('label') or src.get('channel')}" if src.get("channel") else " push event"
+        )
+        author = meta.get("author") or {}
+        who = author.get("name") or author.get("id") if isinstance(author, Mapping) else None
+        intro = f"[{where}] {who}:" if who else f"[{where}]"
+        out["blocks"] = [{"type": "text", "text": intro}, *out["blocks"]]
+        out["prefix"] = 1
+    return out
+
+
+def is_rollback(message: Mapping[str, Any]) -> bool:
+    meta = message.get("metadata")
+    return (
+        message.get("role") == "system"
+        and isinstance(meta, Mapping)
+        and meta.get("kind") == "rollback"
+    )
+
+
+def live_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The messages still in context: no rollback marker, and nothing a marker among them set
+    aside (a marker only sets aside older messages, so the markers of the list are enough);
+    no marker of a coalesced item hidden before it was read, nor that item."""
+    hidden = {i for m in messages if is_rollback(m) for i in m["metadata"].get("set_aside", ())}
+    replaced = {m["metadata"].get("occurrence") for m in messages if is_hidden_marker(m)}
+    return [
+        m
+        for m in messages
+        if not is_rollback(m)
+        and m["id"] not in hidden
+        and not is_hidden_marker(m)
+        and (not replaced or m["metadata"].get("occurrence") not in replaced)
+    ]
+
+
+def place_injections(
+    context: list[Mapping[str, Any]],
+    before: Sequence[Mapping[str, Any]],
+    after: Sequence[Mapping[str, Any]],
+) -> list[Mapping[str, Any]]:
+    """The context with injected messages around its newest user message (at the end when it
+    has none): ``before`` just before it, ``after`` just after it."""
+    if not before and not after:
+        return context
+    users = [i for i, m in enumerate(context) if m.get("role") == "user"]
+    if not users:
+        return [*context, *before, *after]
+    at = users[-1]
+    return [*context[:at], *before, context[at], *after, *context[at + 1 :]]
+
+
+class ContextReader:
+    """One agent's context as of its last turn (used only by that agent's turns, one at a
+    time)."""
+
+    def __init__(self, ctx: HostContext, agent: str, budget: int) -> None:
+        self.ctx = ctx
+        self.agent = agent
+        self.budget = budget
+        self._tail = ContextTail(budget)
+        self._seen_seq = 0
+
+    async def read(self) -> list[Mapping[str, Any]]:
+        """The agent's context from the store: only what was stored since the last read is read
+        and decoded; the kept tail is trimmed to the token budget (oldest whole units first)."""
+        # No message costs less than MIN_MESSAGE_TOKENS, so older ones could never fit.
+        newest = self.budget // MIN_MESSAGE_TOKENS + 1
+        store = self.ctx.store
+        fresh, seen = await store.read(
+            store.reader.history_after, self.agent, self._seen_seq, newest
+        )
+        if any(is_rollback(m) for m in fresh) and self._seen_seq:
+            # Something already in the tail was set aside: rebuild from the store.
+            self._tail, self._seen_seq = ContextTail(self.budget), 0
+            return await self.read()
+        self._seen_seq = seen
+        live = live_messages(fresh)
+        occurrences = tuple(
+            o for m in live if isinstance(o := m["metadata"].get("occurrence"), str)
+        )
+        if occurrences and self.ctx.coalescer is not None:
+            # read now: these are consumed for this agent, and any replaced meanwhile is left out
+            hidden = await self.ctx.coalescer.ask(
+                Assembled(context=self.agent, occurrences=occurrences), timeout=60
+            )
+            live = [m for m in live if m["metadata"].get("occurrence") not in hidden]
+        rendered = [render_for_model(m) for m in live]
+        for m in rendered:
+            m["tokens"] = estimate_tokens(m)
+        self._tail.extend(rendered)
+        return self._tail.messages()

@@ -1,0 +1,121 @@
+"""Rolling an agent's context back (SPEC §8): set aside everything after a message, and ask each
+server whose state the agent's tool calls checkpointed to return to the checkpoint in force at
+that message.
+
+The set-aside messages stay stored; a ``rollback`` system marker names them, and the context
+reader leaves them out from then on. The host-wide current checkpoint of every lineage (server,
+feature set) lives in the store's state table under ``CHECKPOINTS``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from protocol.state import Recorded, read_rollback_result, rollback_params, rollback_targets
+from store import PutState
+
+from .agent_history import live_messages, store_message
+from .context import HostContext
+from .messages import Call
+
+#: The most messages one rollback may set aside.
+MAX_ROLLBACK_SPAN = 10_000
+#: Namespace and key of the host-wide current checkpoints in the store's state table.
+CHECKPOINTS = ("checkpoints", "current")
+
+
+async def record_checkpoints(ctx: HostContext, checkpoints: Sequence[Mapping[str, Any]]) -> None:
+    """Make the checkpoints that tool results reported current, and store the lineages."""
+    lineages = ctx.lineages
+    for c in checkpoints:
+        lineages.record((c["server"], c["feature_set"]), c["checkpoint"])
+    await ctx.store.write(
+        PutState(namespace=CHECKPOINTS[0], key=CHECKPOINTS[1], value=lineages.to_state())
+    )
+
+
+async def roll_back(
+    ctx: HostContext, agent: str, to: str, trace: Callable[..., Any]
+) -> dict[str, Any]:
+    """Roll the agent's context back to message ``to``; the report of what was done."""
+    history = await ctx.store.read(ctx.store.reader.history, agent)
+    live = live_messages(history)
+    order = [m["id"] for m in live]
+    if to not in order:
+        raise ValueError(f"{agent} has no message {to!r} in its context")
+    set_aside = order[order.index(to) + 1 :]
+    if len(set_aside) > MAX_ROLLBACK_SPAN:
+        raise ValueError(
+            f"a rollback sets aside at most {MAX_ROLLBACK_SPAN} messages, this one "
+            f"{len(set_aside)}; roll back to a later message first"
+        )
+    recorded = [
+        Recorded(
+            message_id=m["id"],
+            lineage=(c["server"], c["feature_set"]),
+            checkpoint=c["checkpoint"],
+            parent=c.get("parent"),
+        )
+        for m in live
+        for c in m["metadata"].get("checkpoints", ())
+    ]
+    lineages = ctx.lineages
+    current = {r.lineage: c for r in recorded if (c := lineages.current(r.lineage))}
+    targets = rollback_targets(recorded, to, order, current)
+    state: list[dict[str, Any]] = []
+    for (sid, feature_set), checkpoint in targets.items():
+        state.append(await _roll_back_server(ctx, sid, feature_set, checkpoint))
+    if any(s.get("checkpoint") for s in state):
+        await ctx.store.write(
+            PutState(namespace=CHECKPOINTS[0], key=CHECKPOINTS[1], value=lineages.to_state())
+        )
+    note = f"context rolled back to {to}; {len(set_aside)} later messages set aside"
+    await store_message(
+        ctx,
+        agent,
+        "system",
+        [{"type": "text", "text": note}],
+        system=True,
+        kind="rollback",
+        to=to,
+        set_aside=set_aside,
+        state=state,
+    )
+    trace("rolled-back", to=to, set_aside=len(set_aside), state=state)
+    return {"to": to, "set_aside": len(set_aside), "state": state}
+
+
+async def _roll_back_server(
+    ctx: HostContext, sid: str, feature_set: str, checkpoint: str
+) -> dict[str, Any]:
+    """Ask one server to roll a lineage back; the outcome as stored in the marker."""
+    entry: dict[str, Any] = {"server": sid, "feature_set": feature_set, "requested": checkpoint}
+    status = ctx.statuses.get(sid)
+    declared = status.feature_sets.get(feature_set) if status is not None else None
+    ref = ctx.connections.get(sid)
+    if ref is None or status is None or not status.ready:
+        entry["error"] = f"server {sid} is not connected"
+        return entry
+    if not isinstance(declared, Mapping) or declared.get("rollback") is not True:
+        entry["error"] = f"{sid} does not declare rollback for feature set {feature_set}"
+        return entry
+    try:
+        result = await ref.ask(
+            Call(method="state/rollback", params=rollback_params(feature_set, checkpoint)),
+            timeout=ctx.config.request_timeout(sid) + 5,
+        )
+        outcome = read_rollback_result(result, checkpoint)
+    except Exception as exc:
+        entry["error"] = str(exc) or type(exc).__name__
+        return entry
+    entry.update(
+        checkpoint=outcome.checkpoint,
+        success=outcome.success,
+        rolled_forward=outcome.rolled_forward,
+    )
+    if outcome.reason is not None:
+        entry["reason"] = outcome.reason
+    if outcome.success:
+        ctx.lineages.record((sid, feature_set), outcome.checkpoint)
+    return entry
