@@ -16,8 +16,16 @@ from typing import Any
 import trio
 
 from .cli_check import cmd_check
+from .cli_errors import (
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    failure_lines,
+    is_broken_pipe,
+    quiet_after_broken_pipe,
+)
 from .cli_history import cmd_history
-from .config import ConfigErrors, load_config
+from .config import ConfigErrors, HostConfig, data_dir_problem, load_config
+from .datadir import holder
 from .errors import ConfigError
 from .transcript import print_transcript
 
@@ -58,19 +66,30 @@ def _config_problems(exc: ConfigError) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    config: Any = args.config
-    if config is None:
-        config = _bundled_config(Path(args.data_dir) if args.data_dir else Path("mcplive-data"))
+    if args.config is None:
         print(f"· no config given: running the bundled lobby example ({bundled_example()})")
     try:
-        if not isinstance(config, dict):
-            load_config(config)  # report problems before anything starts
-        trio.run(_run, config, args.duration, sys.stdout)
+        cfg = _host_config(args)  # report problems before anything starts
+        trio.run(_run, cfg, args.duration, sys.stdout)
     except ConfigError as exc:
         return _config_problems(exc)
     except KeyboardInterrupt:
         print("· stopped", file=sys.stderr)
     return 0
+
+
+def _host_config(args: argparse.Namespace) -> HostConfig:
+    """The config ``args`` name (the bundled example without one), with ``--data-dir`` applied,
+    and a data dir the host can use (else a ``ConfigError`` saying why not)."""
+    data_dir = Path(args.data_dir) if args.data_dir else None
+    if args.config is None:
+        cfg = load_config(_bundled_config(data_dir or Path("mcplive-data")))
+    else:
+        cfg = load_config(args.config, data_dir=data_dir)
+    problem = data_dir_problem(cfg.data_dir)
+    if problem is not None:
+        raise ConfigError(problem)
+    return cfg
 
 
 def _bundled_config(data_dir: Path) -> dict[str, Any]:
@@ -104,14 +123,19 @@ def _free_port() -> int:
 
 
 def cmd_rollback(args: argparse.Namespace) -> int:
-    config: Any = args.config
-    if config is None:
-        config = _bundled_config(Path(args.data_dir) if args.data_dir else Path("mcplive-data"))
     try:
-        cfg = load_config(config)
-        return trio.run(_rollback, cfg, args.agent, args.to)
+        cfg = _host_config(args)
     except ConfigError as exc:
         return _config_problems(exc)
+    pid = holder(cfg.data_dir)
+    if pid is not None:
+        print(
+            f"mcplive: rollback: a host is running on data_dir {cfg.data_dir} "
+            f"(pid {pid or 'unknown'}); stop it first (rollback starts the host itself)",
+            file=sys.stderr,
+        )
+        return EXIT_FAILED
+    return trio.run(_rollback, cfg, args.agent, args.to)
 
 
 async def _rollback(cfg: Any, agent: str, to: str) -> int:
@@ -155,16 +179,45 @@ async def _rollback(cfg: Any, agent: str, to: str) -> int:
     return status
 
 
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("mcplive")
+    except PackageNotFoundError:
+        return "unknown (not installed)"
+
+
+DATA_DIR_HELP = (
+    "where the data is kept, for a config that sets no host.data_dir (or the bundled example); "
+    "a config that sets it too is an error"
+)
+
+
+def _count(text: str) -> int:
+    """A whole number of at least 0 (an argparse type)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{value} is negative")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="mcplive", description="An MCPL host for LLM agents.")
-    sub = p.add_subparsers(dest="command", required=True)
+    p.add_argument(
+        "--version", action="version", version=f"mcplive {_version()}", help="print the version"
+    )
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     run = sub.add_parser("run", help="run the host (no CONFIG: the bundled lobby example)")
-    run.add_argument("config", nargs="?")
+    run.add_argument("config", nargs="?", help="the TOML config (default: the bundled example)")
     run.add_argument("--duration", type=float, metavar="S", help="stop after S seconds")
-    run.add_argument("--data-dir", help="(bundled example only) where to keep data")
+    run.add_argument("--data-dir", help=DATA_DIR_HELP)
     run.set_defaults(fn=cmd_run)
     check = sub.add_parser("check", help="validate a config file")
-    check.add_argument("config")
+    check.add_argument("config", help="the TOML config to check")
     check.add_argument(
         "--manifest",
         action="append",
@@ -176,21 +229,44 @@ def build_parser() -> argparse.ArgumentParser:
         "--connect", action="store_true", help="connect to each server and report its grant"
     )
     check.set_defaults(fn=cmd_check)
-    hist = sub.add_parser("history", help="print stored messages")
-    hist.add_argument("--data-dir", default="mcplive-data")
-    hist.add_argument("--agent")
-    hist.add_argument("--search", metavar="TEXT")
-    hist.add_argument("--regex", action="store_true")
-    hist.add_argument("--json", action="store_true")
+    hist = sub.add_parser(
+        "history",
+        help="print stored messages, oldest first (read-only; works beside a running host)",
+    )
+    hist.add_argument(
+        "--data-dir", default="mcplive-data", help="the data dir (default: ./mcplive-data)"
+    )
+    hist.add_argument("--agent", help="only this agent's messages")
+    hist.add_argument("--search", metavar="TEXT", help="only messages whose text contains TEXT")
+    hist.add_argument("--regex", action="store_true", help="TEXT is a regular expression")
+    hist.add_argument("--json", action="store_true", help="one stored message per line, as JSON")
+    hist.add_argument("--limit", type=_count, metavar="N", help="only the newest N messages")
+    hist.add_argument(
+        "--since",
+        metavar="WHEN",
+        help="only messages stored from WHEN on: an ISO date or date-time (local time unless "
+        "it has an offset) or a duration back from now (30s, 15m, 2h, 1d, 1w, 1h30m)",
+    )
+    hist.add_argument(
+        "--channel",
+        metavar="CHANNEL",
+        help="only messages that came in on CHANNEL: a channel id, or SERVER/CHANNEL",
+    )
+    hist.add_argument(
+        "-f",
+        "--follow",
+        action="store_true",
+        help="then print new messages as they are stored, until Ctrl-C",
+    )
     hist.set_defaults(fn=cmd_history)
     back = sub.add_parser(
         "rollback",
         help="set aside an agent's messages after one message and roll servers' state back",
     )
-    back.add_argument("agent")
-    back.add_argument("--to", required=True, metavar="MESSAGE_ID")
+    back.add_argument("agent", help="the agent whose context is rolled back")
+    back.add_argument("--to", required=True, metavar="MESSAGE_ID", help="the last message to keep")
     back.add_argument("--config", help="the host's config (default: the bundled example)")
-    back.add_argument("--data-dir", help="(bundled example only) where the data is")
+    back.add_argument("--data-dir", help=DATA_DIR_HELP)
     back.set_defaults(fn=cmd_rollback)
     return p
 
@@ -198,7 +274,23 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s")
-    return int(args.fn(args))
+    try:
+        status = int(args.fn(args))
+        sys.stdout.flush()  # here, so that a reader gone away is seen here
+        return status
+    except BaseException as exc:
+        if is_broken_pipe(exc):
+            quiet_after_broken_pipe()
+            return EXIT_FAILED
+        if isinstance(exc, KeyboardInterrupt):
+            return EXIT_INTERRUPTED
+        found = failure_lines(exc)
+        if found is None:
+            raise
+        lines, status = found
+        for line in lines:
+            print(f"mcplive: {line}", file=sys.stderr)
+        return status
 
 
 if __name__ == "__main__":

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import shutil
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
@@ -11,7 +13,8 @@ from typing import Any
 
 import trio
 
-from .config import ConfigErrors, load_config
+from .config import ConfigErrors, ServerConfig, data_dir_problem, load_config
+from .datadir import holder
 from .errors import ConfigError
 
 
@@ -20,7 +23,7 @@ def cmd_check(args: argparse.Namespace) -> int:
         cfg = load_config(args.config)
     except ConfigErrors as exc:
         for p in exc.problems:
-            print(f"{args.config}: {p}")
+            print(p if p.startswith(str(args.config)) else f"{args.config}: {p}")
         return 1
     from .host import make_model
 
@@ -30,6 +33,13 @@ def cmd_check(args: argparse.Namespace) -> int:
             make_model(a)
         except ConfigError as exc:
             problems.append(f"agents[{a.name}].model: {exc}")
+    for s in cfg.servers:
+        problem = command_problem(s)
+        if problem is not None:
+            problems.append(f"servers[{s.id}].command: {problem}")
+    problem = data_dir_problem(cfg.data_dir)
+    if problem is not None:
+        problems.append(f"host.{problem}")
     manifests: dict[str, Path] = {}
     ids = {s.id for s in cfg.servers}
     for item in args.manifest:
@@ -46,6 +56,9 @@ def cmd_check(args: argparse.Namespace) -> int:
         f"{args.config}: ok — {len(cfg.servers)} server(s), {len(cfg.agents)} agent(s); "
         f"data in {cfg.data_dir}"
     )
+    pid = holder(cfg.data_dir)
+    if pid is not None:
+        print(f"  data_dir in use by a running host (pid {pid or 'unknown'})")
     for s in cfg.servers:
         how = " ".join(s.command) if s.command else s.url
         print(f"  server {s.id}: {how}")
@@ -59,6 +72,33 @@ def cmd_check(args: argparse.Namespace) -> int:
     if args.connect:
         status |= trio.run(_report_connect, cfg)
     return status
+
+
+def command_problem(server: ServerConfig) -> str | None:
+    """Why the server's command could not start, as the host would run it ("python" is this
+    interpreter; a relative path starts from the config's folder; a bare name is looked up on
+    the server's PATH), or None. A ``python SCRIPT`` command also needs the script."""
+    if not server.command:
+        return None
+    from .transport import server_argv, server_env
+
+    argv = server_argv(server)
+    program = argv[0]
+    cwd = server.cwd or Path.cwd()
+    if os.sep in program:
+        path = cwd / program
+        if not path.is_file():
+            return f"{program} not found (looked for {path})"
+        if not os.access(path, os.X_OK):
+            return f"{path} is not executable"
+    else:
+        search = os.pathsep.join(os.get_exec_path(server_env(server)))
+        if shutil.which(program, path=search) is None:
+            return f"program {program!r} not found on PATH"
+    script = argv[1] if len(argv) > 1 and Path(program).name.startswith("python") else None
+    if script is not None and not script.startswith("-") and not (cwd / script).is_file():
+        return f"python script {script} not found (looked for {cwd / script})"
+    return None
 
 
 def _print_policy(sid: str, source: str, policy: Mapping[str, Any]) -> None:

@@ -1,43 +1,246 @@
-"""``mcplive history``: print an agent's stored messages from the store in a data dir."""
+"""``mcplive history``: print stored messages from the store in a data dir, read-only.
+
+The store is opened with a read-only connection (``Reader(path, read_only=True)``), so history
+works beside a running host, on a read-only copy, and never changes a byte of the store.
+
+Memory is bounded by a page of ``PAGE`` messages whatever the size of the store: the newest N
+(``--limit``) are found by reading newest first page by page, then printed oldest first page by
+page. The one set that grows with the output is the ids set aside by rollbacks in the printed
+range (each rollback sets aside a bounded number). ``--follow`` then reads what is stored after
+the last printed message every ``FOLLOW_INTERVAL_S`` seconds until it is interrupted.
+"""
 
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import json
+import re
 import sys
-from collections.abc import Mapping
-from pathlib import Path
-from typing import Any
+import time
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any, TextIO
+
+import attrs
+
+from store import Reader, StoredRow, body_text, db_path, text_matcher
+
+#: Messages read from the store at a time.
+PAGE = 256
+#: How often ``--follow`` looks for new messages, in seconds.
+FOLLOW_INTERVAL_S = 0.5
+#: The ``kind`` of the system message a rollback stores; its ``set_aside`` lists the ids it set
+#: aside (``actors.agent.live_messages`` leaves them out of the agent's context).
+ROLLBACK_KIND = "rollback"
+
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+_DURATION = re.compile(r"(?:(\d+(?:\.\d+)?)([smhdw]))+")
+_PART = re.compile(r"(\d+(?:\.\d+)?)([smhdw])")
+
+
+def parse_since(text: str, *, now: float) -> float:
+    """The time (seconds since the epoch) ``--since`` means: an ISO date or date-time (local time
+    unless it carries an offset or ``Z``), or a duration back from ``now`` such as ``90s``,
+    ``15m``, ``2h``, ``1d``, ``1w`` or ``1h30m``. Raises ``ValueError`` for anything else."""
+    value = text.strip()
+    if _DURATION.fullmatch(value):
+        return now - sum(float(n) * _UNITS[unit] for n, unit in _PART.findall(value))
+    try:
+        when = dt.datetime.fromisoformat(value)
+    except ValueError:
+        raise ValueError(
+            f"{text!r} is neither an ISO date/time (2026-05-01, 2026-05-01T14:30) nor a "
+            "duration (30s, 15m, 2h, 1d, 1w)"
+        ) from None
+    return when.timestamp()  # a naive value is local time
+
+
+@attrs.frozen(kw_only=True)
+class Selection:
+    """Which stored messages to print: the store filters by agent and time; channel and text
+    are read from each message."""
+
+    agent: str | None = None
+    since: float | None = None
+    channel: str | None = None
+    matches: Callable[[str], bool] | None = None
+
+    def wants(self, message: Mapping[str, Any]) -> bool:
+        if self.channel is not None and not in_channel(message, self.channel):
+            return False
+        if self.matches is not None:
+            return self.matches(body_text(message))
+        return True
+
+    @property
+    def filters_rows(self) -> bool:
+        """Whether some messages the store hands over are left out here."""
+        return self.channel is not None or self.matches is not None
+
+
+def in_channel(message: Mapping[str, Any], channel: str) -> bool:
+    """Whether ``message`` came in on ``channel``: a channel id (of any server), or
+    ``SERVER/CHANNEL``."""
+    meta = message.get("metadata") or {}
+    cid = meta.get("channel_id")
+    if not isinstance(cid, str):
+        return False
+    server, sep, rest = channel.partition("/")
+    return cid == channel or (bool(sep) and meta.get("server_id") == server and cid == rest)
 
 
 def cmd_history(args: argparse.Namespace) -> int:
-    from store import Reader
-
-    path = Path(args.data_dir) / "store.sqlite3"
+    path = db_path(args.data_dir)
     if not path.is_file():
         print(f"mcplive: no store at {path}; give --data-dir", file=sys.stderr)
         return 1
-    reader = Reader(path)
     try:
-        if args.search is not None:
-            try:
-                messages = reader.search(args.search, agent=args.agent, regex=args.regex)
-            except Exception as exc:  # a bad regular expression
-                print(f"mcplive: --search: {exc}", file=sys.stderr)
+        since = None if args.since is None else parse_since(args.since, now=time.time())
+    except ValueError as exc:
+        print(f"mcplive: --since: {exc}", file=sys.stderr)
+        return 2
+    matches = None
+    if args.search is not None:
+        try:
+            matches = text_matcher(args.search, regex=args.regex)
+        except re.error as exc:
+            print(f"mcplive: --search: not a regular expression ({exc})", file=sys.stderr)
+            return 2
+    selection = Selection(agent=args.agent, since=since, channel=args.channel, matches=matches)
+    with Reader(path, read_only=True) as reader:
+        if args.agent is not None:
+            known = reader.agents()
+            if args.agent not in known:
+                listed = ", ".join(known) if known else "none yet"
+                print(
+                    f"mcplive: --agent {args.agent}: no messages stored for that agent in "
+                    f"{path}; agents with stored messages: {listed}",
+                    file=sys.stderr,
+                )
                 return 2
-        else:
-            messages = reader.history(args.agent)
-    finally:
-        reader.close()
-    for m in messages:
-        if args.json:
-            print(json.dumps(m, ensure_ascii=False, default=str))
-        else:
-            print(_history_line(m))
+        printer = Printer(sys.stdout, as_json=args.json)
+        last = print_window(reader, selection, args.limit, printer)
+        if args.follow:
+            try:
+                follow(reader, selection, last, printer)
+            except KeyboardInterrupt:
+                pass
     return 0
 
 
-def _history_line(m: Mapping[str, Any]) -> str:
+class Printer:
+    """Writes each message as it is printed (flushed, so a pipe or ``--follow`` sees it)."""
+
+    def __init__(self, out: TextIO, *, as_json: bool) -> None:
+        self.out = out
+        self.as_json = as_json
+
+    def print(self, row: StoredRow, set_aside: bool) -> None:
+        if self.as_json:
+            line = json.dumps(row.message, ensure_ascii=False, default=str)
+        else:
+            line = history_line(row.message, created_at=row.created_at, set_aside=set_aside)
+        self.out.write(line + "\n")
+        self.out.flush()
+
+
+def print_window(reader: Reader, selection: Selection, limit: int | None, printer: Printer) -> int:
+    """Print the selected messages (the newest ``limit`` of them, or all) oldest first; the seq
+    to follow on from (the newest message's seq when none were selected)."""
+    newest = reader.last_message_seq()
+    if limit == 0:
+        return int(newest)
+    after = 0 if limit is None else _start_of_newest(reader, selection, limit)
+    set_aside = _set_aside(reader, selection.agent, after)
+    last = after
+    for row in _rows(reader, selection, after):
+        last = row.seq
+        if selection.wants(row.message):
+            printer.print(row, row.message["id"] in set_aside)
+    return max(last, int(newest))
+
+
+def follow(
+    reader: Reader,
+    selection: Selection,
+    after: int,
+    printer: Printer,
+    *,
+    sleep: Callable[[float], None] = time.sleep,
+) -> None:
+    """Print messages stored after seq ``after`` as they come, forever (a ``KeyboardInterrupt``
+    ends it). A rollback stored meanwhile is printed as the system message it is."""
+    while True:
+        for row in _rows(reader, selection, after):
+            after = row.seq
+            if selection.wants(row.message):
+                printer.print(row, False)
+        sleep(FOLLOW_INTERVAL_S)
+
+
+def _rows(reader: Reader, selection: Selection, after: int) -> Iterator[StoredRow]:
+    """Every message stored after seq ``after`` the store's filters let through, page by page."""
+    while True:
+        page = reader.rows(
+            agent=selection.agent, since=selection.since, after_seq=after, limit=PAGE
+        )
+        yield from page
+        if len(page) < PAGE:
+            return
+        after = page[-1].seq
+
+
+def _start_of_newest(reader: Reader, selection: Selection, limit: int) -> int:
+    """The seq just before the oldest of the newest ``limit`` selected messages (0: there are
+    no more than ``limit``)."""
+    if not selection.filters_rows:
+        page = reader.rows(
+            agent=selection.agent,
+            since=selection.since,
+            newest_first=True,
+            offset=limit - 1,
+            limit=1,
+        )
+        return page[0].seq - 1 if page else 0
+    found = 0
+    before = None
+    while True:
+        page = reader.rows(
+            agent=selection.agent,
+            since=selection.since,
+            before_seq=before,
+            newest_first=True,
+            limit=PAGE,
+        )
+        for row in page:
+            if selection.wants(row.message):
+                found += 1
+                if found == limit:
+                    return int(row.seq) - 1
+        if len(page) < PAGE:
+            return 0
+        before = page[-1].seq
+
+
+def _set_aside(reader: Reader, agent: str | None, after: int) -> set[str]:
+    """The ids set aside by the rollbacks stored after seq ``after`` (a rollback only sets aside
+    messages older than itself, so older rollbacks cannot touch what is printed)."""
+    ids: set[str] = set()
+    while True:
+        page = reader.rows(agent=agent, after_seq=after, roles=("system",), limit=PAGE)
+        for row in page:
+            meta = row.message.get("metadata") or {}
+            if meta.get("kind") == ROLLBACK_KIND:
+                ids.update(i for i in meta.get("set_aside", ()) if isinstance(i, str))
+        if len(page) < PAGE:
+            return ids
+        after = page[-1].seq
+
+
+def history_line(
+    m: Mapping[str, Any], *, created_at: float | None = None, set_aside: bool = False
+) -> str:
+    """One message as one line: local time, id, agent, role, where it came from, its text."""
     meta = m.get("metadata") or {}
     parts = []
     for b in m.get("blocks", []):
@@ -61,4 +264,9 @@ def _history_line(m: Mapping[str, Any]) -> str:
     if src:
         where = f" {src.get('server')}" + (f" {src.get('channel')}" if src.get("channel") else "")
         where += f" {author}:" if author else ":"
-    return f"{m['agent']} {m['role']}{where} " + " ".join(" ".join(parts).split())
+    stamp = ""
+    if created_at is not None:
+        stamp = dt.datetime.fromtimestamp(created_at).strftime("%Y-%m-%d %H:%M:%S ")
+    mark = " (set aside)" if set_aside else ""
+    text = " ".join(" ".join(parts).split())
+    return f"{stamp}{m['id']} {m['agent']} {m['role']}{mark}{where} {text}"

@@ -6,6 +6,7 @@ Relative paths resolve from the config file's folder.
 
 from __future__ import annotations
 
+import difflib
 import math
 import os
 import re
@@ -125,11 +126,39 @@ def read_config_source(
             return tomllib.load(fh), path.resolve().parent
     except FileNotFoundError:
         raise ConfigErrors([f"{path}: no such file; give the path of a TOML config"]) from None
+    except IsADirectoryError:
+        raise ConfigErrors([f"{path}: is a folder; give the path of a TOML config file"]) from None
+    except OSError as exc:
+        raise ConfigErrors([f"{path}: cannot read it ({exc.strerror or exc})"]) from None
+    except UnicodeDecodeError as exc:
+        raise ConfigErrors(
+            [f"{path}: not UTF-8 text (byte {exc.start}); save the config as UTF-8"]
+        ) from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigErrors([f"{path}: not valid TOML ({exc}); fix the syntax"]) from None
 
 
-def load_config(source: str | os.PathLike[str] | Mapping[str, Any]) -> HostConfig:
+def unknown_key(where: str, key: str, known: Collection[str], fallback: str) -> str:
+    """The problem line for an unknown key: the closest known key when one is close enough,
+    else ``fallback`` (what the table takes)."""
+    close = difflib.get_close_matches(key, sorted(known), n=1, cutoff=0.6)
+    hint = f"did you mean {close[0]}?" if close else fallback
+    return f"{where}.{key}: unknown key; {hint}" if where else f"{key}: unknown key; {hint}"
+
+
+_HOST_KEYS = ("data_dir", "inference_model")
+_TOP_KEYS = ("host", "servers", "agents")
+
+
+def load_config(
+    source: str | os.PathLike[str] | Mapping[str, Any], *, data_dir: Path | None = None
+) -> HostConfig:
+    """The checked config; every problem found is in the one ``ConfigErrors`` raised.
+
+    ``data_dir`` (the command line's ``--data-dir``, relative to the current folder) is used when
+    the config sets no ``host.data_dir``; a config that sets one too is a problem, so neither
+    silently wins.
+    """
     raw, base = read_config_source(source)
     problems: list[str] = []
     host = raw.get("host", {})
@@ -137,18 +166,30 @@ def load_config(source: str | os.PathLike[str] | Mapping[str, Any]) -> HostConfi
         problems.append("host: must be a table ([host])")
         host = {}
     for key in host:
-        if key not in ("data_dir", "inference_model"):
-            problems.append(f"host.{key}: unknown key; [host] takes data_dir and inference_model")
+        if key not in _HOST_KEYS:
+            problems.append(
+                unknown_key("host", key, _HOST_KEYS, "[host] takes " + _keys(_HOST_KEYS))
+            )
     inference_model = _model_spec(
         "host.inference_model", host.get("inference_model"), base, problems
     )
-    data_dir = host.get("data_dir", "./mcplive-data")
-    if not isinstance(data_dir, str) or not data_dir:
+    configured = host.get("data_dir")
+    if data_dir is not None and configured is not None:
+        problems.append(
+            f"host.data_dir: the config sets it ({configured!r}) and so does --data-dir "
+            f"({str(data_dir)!r}); give only one"
+        )
+    data_root, data_dir_value = (Path.cwd(), str(data_dir)) if data_dir else (base, configured)
+    if data_dir_value is None:
+        data_dir_value = "./mcplive-data"
+    if not isinstance(data_dir_value, str) or not data_dir_value:
         problems.append("host.data_dir: must be a path string")
-        data_dir = "./mcplive-data"
+        data_dir_value = "./mcplive-data"
     for key in raw:
-        if key not in ("host", "servers", "agents"):
-            problems.append(f"{key}: unknown top-level key; use [host], [[servers]] or [[agents]]")
+        if key not in _TOP_KEYS:
+            problems.append(
+                unknown_key("", key, _TOP_KEYS, "use [host], [[servers]] or [[agents]]")
+            )
     servers = [
         _server(i, s, base, problems) for i, s in enumerate(_tables(raw, "servers", problems))
     ]
@@ -180,7 +221,7 @@ def load_config(source: str | os.PathLike[str] | Mapping[str, Any]) -> HostConfi
     if problems:
         raise ConfigErrors(problems)
     return HostConfig(
-        data_dir=(base / data_dir).resolve(),
+        data_dir=(data_root / data_dir_value).resolve(),
         servers=tuple(s for s in servers if s is not None),
         agents=tuple(a for a in agents if a is not None),
         base_dir=base,
@@ -188,15 +229,61 @@ def load_config(source: str | os.PathLike[str] | Mapping[str, Any]) -> HostConfi
     )
 
 
+def _keys(keys: Collection[str]) -> str:
+    names = sorted(keys)
+    return ", ".join(names[:-1]) + " and " + names[-1] if len(names) > 1 else "".join(names)
+
+
+#: The files a host writes in its data_dir (the store, its WAL files, the lock).
+_DATA_FILES = ("store.sqlite3", "store.sqlite3-wal", "store.sqlite3-shm", "mcplive.lock")
+
+
+def data_dir_problem(data_dir: Path) -> str | None:
+    """Why a host could not keep its data in ``data_dir``, as one line; None when it can. Looks
+    without creating or changing anything."""
+    if data_dir.exists() and not data_dir.is_dir():
+        return f"data_dir {data_dir}: is a file, not a folder; give a folder (made when missing)"
+    existing = data_dir
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        return f"data_dir {data_dir}: {existing} is a file, so the folder cannot be made there"
+    if not _writable(existing):
+        what = "it is" if existing == data_dir else f"{existing} is"
+        return (
+            f"data_dir {data_dir}: {what} not writable by this user; give a folder this user "
+            "may write to, or change its permissions"
+        )
+    for name in _DATA_FILES:
+        path = data_dir / name
+        if path.exists() and not _writable(path):
+            return f"data_dir {data_dir}: {path} is not writable by this user"
+    return None
+
+
+def _writable(path: Path) -> bool:
+    mode = os.W_OK | (os.X_OK if path.is_dir() else 0)
+    return os.access(path, mode, effective_ids=os.access in os.supports_effective_ids)
+
+
 _MODEL_SPEC = re.compile(r"(scripted|anthropic):.+")
+#: The environment variable holding each provider's credential.
+PROVIDER_KEYS = {"anthropic": "ANTHROPIC_API_KEY"}
 
 
 def _model_spec(where: str, value: Any, base: Path, problems: list[str]) -> str | None:
-    """A checked model spec (a scripted model's path made absolute), or None."""
+    """A checked model spec (a scripted model's path made absolute), or None. A provider whose
+    credential variable is unset (or empty) is a problem here, as a missing ``token_env`` is."""
     if value is None:
         return None
     if not isinstance(value, str) or not _MODEL_SPEC.fullmatch(value):
         problems.append(f"{where}: must be 'scripted:PATH' or 'anthropic:MODEL'")
+        return None
+    variable = PROVIDER_KEYS.get(value.partition(":")[0])
+    if variable is not None and not os.environ.get(variable):
+        problems.append(
+            f"{where}: {value} needs an API key; environment variable {variable} is not set"
+        )
         return None
     if value.startswith("scripted:"):
         path = (base / value.removeprefix("scripted:")).resolve()
@@ -234,8 +321,8 @@ def _number(
     if value is None:
         return default
     ok = isinstance(value, int) if integer else isinstance(value, int | float)
-    if not ok or isinstance(value, bool) or math.isnan(value) or value <= 0:
-        kind = "a positive integer" if integer else "a positive number"
+    if not ok or isinstance(value, bool) or not math.isfinite(value) or value <= 0:
+        kind = "a positive integer" if integer else "a positive finite number"
         problems.append(f"{where}: must be {kind}")
         return default
     return value
@@ -255,7 +342,7 @@ def _server(i: int, s: Mapping[str, Any], base: Path, problems: list[str]) -> Se
         )
     for key in s:
         if key not in _SERVER_KEYS:
-            problems.append(f"{where}.{key}: unknown key; see the README for server keys")
+            problems.append(unknown_key(where, key, _SERVER_KEYS, "see the README for server keys"))
     command = s.get("command")
     url = s.get("url")
     if command is None and url is None:
@@ -378,7 +465,7 @@ def _agent(i: int, a: Mapping[str, Any], base: Path, problems: list[str]) -> Age
         problems.append(f"{where}.name: required; letters, digits, '_', '.', '-' (at most 64)")
     for key in a:
         if key not in _AGENT_KEYS:
-            problems.append(f"{where}.{key}: unknown key; see the README for agent keys")
+            problems.append(unknown_key(where, key, _AGENT_KEYS, "see the README for agent keys"))
     model = a.get("model")
     if model is None:
         problems.append(f"{where}.model: required; 'scripted:PATH' or 'anthropic:MODEL'")

@@ -6,7 +6,7 @@ reads use a :class:`Reader`. This package does not depend on any async framework
 
 from store.bodytext import body_text, text_matcher
 from store.codec import decode_body, decode_value, encode_body, encode_value
-from store.errors import CorruptRecord, StoreClosed, StoreError, StoreFull
+from store.errors import CorruptRecord, StoreClosed, StoreDamaged, StoreError, StoreFull
 from store.records import (
     ROLES,
     Append,
@@ -19,7 +19,16 @@ from store.records import (
     PutState,
     TrimJournal,
 )
-from store.sqlite import DB_FILENAME, SCHEMA_VERSION, Database, Reader, connect, db_path
+from store.sqlite import (
+    DB_FILENAME,
+    SCHEMA_VERSION,
+    Database,
+    Reader,
+    StoredRow,
+    connect,
+    connect_read_only,
+    db_path,
+)
 from store.writer import Done, GroupCommitWriter, WriterStats
 
 __all__ = [
@@ -40,12 +49,15 @@ __all__ = [
     "PutState",
     "Reader",
     "StoreClosed",
+    "StoreDamaged",
     "StoreError",
     "StoreFull",
+    "StoredRow",
     "TrimJournal",
     "WriterStats",
     "body_text",
     "connect",
+    "connect_read_only",
     "db_path",
     "decode_body",
     "decode_value",

@@ -17,3 +17,14 @@ class StoreClosed(StoreError):
 
 class CorruptRecord(StoreError):
     """A stored value could not be decoded."""
+
+
+class StoreDamaged(StoreError):
+    """The store's file cannot be read as a store: damaged, truncated, or some other file.
+
+    ``path`` is the file and ``detail`` what SQLite (or the schema check) said."""
+
+    def __init__(self, path: object, detail: str) -> None:
+        super().__init__(f"{path}: {detail}")
+        self.path = path
+        self.detail = detail

@@ -8,6 +8,11 @@ used from any thread.
 Schema versions: 1 had ``meta``, ``messages``, ``dedupe`` and ``state``; 2 adds ``journal`` (see
 :mod:`store.records` for what it holds and how it is kept bounded). Opening a store of an older
 version upgrades it in place, in one transaction; a newer version is refused.
+
+A file SQLite reports as damaged (``SQLITE_CORRUPT``, ``SQLITE_NOTADB``), or a database holding
+tables but no store schema, raises :class:`~store.errors.StoreDamaged` naming the file, whether
+found on opening or on reading. :func:`connect_read_only` (``Reader(path, read_only=True)``) never
+writes to the file: not its schema, not its journal mode.
 """
 
 from __future__ import annotations
@@ -20,9 +25,11 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+import attrs
+
 from store.bodytext import body_text, text_matcher
 from store.codec import decode_body, decode_value, encode_body, encode_value
-from store.errors import CorruptRecord, StoreClosed, StoreError
+from store.errors import CorruptRecord, StoreClosed, StoreDamaged, StoreError
 from store.records import (
     Append,
     AppendResult,
@@ -79,6 +86,29 @@ def _schema_version(conn: sqlite3.Connection) -> int | None:
     return None if row is None else int(row[0])
 
 
+def _is_damage(exc: sqlite3.Error) -> bool:
+    """Whether SQLite says the file itself is bad (rather than busy, read-only or full)."""
+    name = getattr(exc, "sqlite_errorname", "")
+    return isinstance(name, str) and name.startswith(("SQLITE_CORRUPT", "SQLITE_NOTADB"))
+
+
+def _read_error(path: Path, what: str, exc: sqlite3.Error) -> StoreError:
+    """The store error for an SQLite failure while ``what`` on the store at ``path``."""
+    if _is_damage(exc):
+        return StoreDamaged(path, str(exc))
+    return StoreError(f"{what} {path}: {exc}")
+
+
+def _has_tables(conn: sqlite3.Connection) -> bool:
+    return conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table'").fetchone() is not None
+
+
+def _refuse_other_databases(conn: sqlite3.Connection, path: Path) -> None:
+    """Read (and write nothing) to make sure ``path`` is a store or a new, empty database."""
+    if _schema_version(conn) is None and _has_tables(conn):
+        raise StoreDamaged(path, "an SQLite database with tables but no store schema")
+
+
 def _ensure_schema(conn: sqlite3.Connection) -> None:
     version = _schema_version(conn)
     if version is None or version in _UPGRADES:
@@ -130,6 +160,7 @@ def connect(
     except (OSError, sqlite3.Error) as exc:
         raise StoreError(f"cannot open store at {target}: {exc}") from exc
     try:
+        _refuse_other_databases(conn, target)  # before anything is written to the file
         mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
         if str(mode).lower() != "wal":
             raise StoreError(f"store at {target} cannot use WAL (journal mode {mode})")
@@ -137,11 +168,80 @@ def connect(
         _ensure_schema(conn)
     except sqlite3.Error as exc:
         conn.close()
-        raise StoreError(f"cannot open store at {target}: {exc}") from exc
+        raise _read_error(target, "cannot open store at", exc) from exc
     except BaseException:
         conn.close()
         raise
     return conn
+
+
+def connect_read_only(
+    path: str | os.PathLike[str], *, busy_timeout: float = BUSY_TIMEOUT
+) -> sqlite3.Connection:
+    """Open the existing store at ``path`` for reading only: nothing is created or upgraded, and
+    the file's bytes are never written (SQLite's ``mode=ro``).
+
+    A reader of a WAL database needs its ``-shm`` index beside it. When the folder is read-only
+    and no ``-wal`` file is there, nothing can be writing, so the file is read as immutable (no
+    locks, no index). A ``-wal`` file that cannot be indexed is refused with a
+    :class:`StoreError`: reading without it would miss committed writes.
+    """
+    target = Path(path).absolute()
+    if not target.is_file():
+        raise StoreError(f"no store at {target}")
+    conn = _open_uri(target, "mode=ro", busy_timeout)
+    try:
+        version = _schema_version(conn)
+    except sqlite3.Error as exc:
+        conn.close()
+        if _is_damage(exc) or not _needs_immutable(target, exc):
+            raise _read_error(target, "cannot read store", exc) from exc
+        if Path(f"{target}-wal").exists():
+            raise StoreError(
+                f"cannot read store {target}: its write-ahead log {target.name}-wal is there "
+                "but the folder is read-only; copy the data dir somewhere writable and read "
+                "the copy"
+            ) from exc
+        conn = _open_uri(target, "immutable=1", busy_timeout)
+        try:
+            version = _schema_version(conn)
+        except sqlite3.Error as exc2:
+            conn.close()
+            raise _read_error(target, "cannot read store", exc2) from exc2
+    try:
+        if version is None:
+            raise StoreDamaged(target, "not a store (no schema version)")
+        if version > SCHEMA_VERSION:
+            raise StoreError(
+                f"store {target} has schema version {version}, this program reads up to "
+                f"{SCHEMA_VERSION}; use a newer mcplive"
+            )
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
+def _open_uri(target: Path, query: str, busy_timeout: float) -> sqlite3.Connection:
+    try:
+        return sqlite3.connect(
+            f"{target.as_uri()}?{query}",
+            uri=True,
+            timeout=busy_timeout,
+            isolation_level=None,
+            check_same_thread=False,
+        )
+    except sqlite3.Error as exc:
+        raise _read_error(target, "cannot open store", exc) from exc
+
+
+def _needs_immutable(target: Path, exc: sqlite3.Error) -> bool:
+    """Whether a read-only open failed only because the store's folder is read-only (SQLite
+    could not create the WAL index beside the file)."""
+    name = getattr(exc, "sqlite_errorname", "")
+    return name.startswith(("SQLITE_READONLY", "SQLITE_CANTOPEN")) and not os.access(
+        target.parent, os.W_OK, effective_ids=os.access in os.supports_effective_ids
+    )
 
 
 class Database:
@@ -219,6 +319,8 @@ class Database:
             return exc
         except Exception as exc:
             _rollback(conn)
+            if isinstance(exc, sqlite3.Error) and _is_damage(exc):
+                return StoreDamaged(self.path, str(exc))
             return StoreError(f"write failed: {exc}")
 
 
@@ -382,13 +484,31 @@ def _message(row: tuple[Any, ...]) -> dict[str, Any]:
     return {"id": message_id, "agent": agent, "role": role, "blocks": blocks, "metadata": metadata}
 
 
-class Reader:
-    """Read access to the store; safe to share between threads (calls are serialized)."""
+@attrs.frozen(kw_only=True)
+class StoredRow:
+    """A stored message (DESIGN section 5) with where and when it was stored: ``seq`` orders
+    the store (a later write has a higher seq), ``created_at`` is the writer's wall-clock time
+    in seconds since the epoch."""
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+    seq: int
+    created_at: float
+    message: dict[str, Any]
+
+
+class Reader:
+    """Read access to the store; safe to share between threads (calls are serialized).
+
+    ``read_only=True`` opens an existing store with :func:`connect_read_only`: a missing,
+    damaged or newer store raises at once, and nothing is ever written. Otherwise the store is
+    opened as the writer opens it (created or upgraded when needed).
+    """
+
+    def __init__(self, path: str | os.PathLike[str], *, read_only: bool = False) -> None:
         self.path = Path(path)
         self._lock = threading.Lock()
-        self._conn: sqlite3.Connection | None = connect(self.path)
+        self._conn: sqlite3.Connection | None = (
+            connect_read_only(self.path) if read_only else connect(self.path)
+        )
 
     def close(self) -> None:
         with self._lock:
@@ -409,7 +529,12 @@ class Reader:
             try:
                 return self._conn.execute(sql, tuple(params)).fetchall()
             except sqlite3.Error as exc:
-                raise StoreError(f"store read failed: {exc}") from exc
+                raise self._failure(exc) from exc
+
+    def _failure(self, exc: sqlite3.Error) -> StoreError:
+        if _is_damage(exc):
+            return StoreDamaged(self.path, str(exc))
+        return StoreError(f"store read failed: {exc}")
 
     def history(self, agent: str | None = None, limit: int | None = None) -> list[dict[str, Any]]:
         """Stored messages, oldest first; ``limit`` keeps the newest N; ``agent=None``: all."""
@@ -444,6 +569,54 @@ class Reader:
         rows.reverse()
         newest = rows[-1][0] if rows else after_seq
         return [_message(row) for row in rows], int(newest)
+
+    def rows(
+        self,
+        *,
+        agent: str | None = None,
+        after_seq: int = 0,
+        before_seq: int | None = None,
+        since: float | None = None,
+        roles: Iterable[str] | None = None,
+        newest_first: bool = False,
+        limit: int = 256,
+        offset: int = 0,
+    ) -> list[StoredRow]:
+        """One page of stored messages with their seq and time: those with a seq above
+        ``after_seq`` and below ``before_seq``, stored at ``since`` or later, of ``agent`` (None:
+        every agent) and of ``roles`` (None: every role); oldest first, or newest first, skipping
+        ``offset`` and at most ``limit`` of them. Page on with the last row's seq."""
+        if limit < 0 or offset < 0:
+            raise ValueError(f"limit and offset must be >= 0, got {limit}, {offset}")
+        clauses = ["seq > ?"]
+        params: list[Any] = [after_seq]
+        if before_seq is not None:
+            clauses.append("seq < ?")
+            params.append(before_seq)
+        if agent is not None:
+            clauses.append("agent = ?")
+            params.append(agent)
+        if since is not None:
+            clauses.append("created_at >= ?")
+            params.append(since)
+        if roles is not None:
+            wanted = sorted(set(roles))
+            clauses.append(f"role IN ({', '.join('?' * len(wanted))})")
+            params.extend(wanted)
+        order = "DESC" if newest_first else "ASC"
+        rows = self._query(
+            f"SELECT seq, created_at, id, agent, role, body FROM messages "
+            f"WHERE {' AND '.join(clauses)} ORDER BY seq {order} LIMIT ? OFFSET ?",
+            (*params, limit, offset),
+        )
+        return [
+            StoredRow(seq=int(seq), created_at=float(at), message=_message((seq, *rest)))
+            for seq, at, *rest in rows
+        ]
+
+    def last_message_seq(self) -> int:
+        """The seq of the newest stored message (0 when there is none)."""
+        return int(self._query("SELECT COALESCE(MAX(seq), 0) FROM messages")[0][0])
 
     def agents(self) -> list[str]:
         """Every agent with at least one stored message, sorted by name."""
@@ -482,7 +655,7 @@ class Reader:
                     if matches(body_text(message)):
                         found.append(message)
             except sqlite3.Error as exc:
-                raise StoreError(f"store read failed: {exc}") from exc
+                raise self._failure(exc) from exc
             finally:
                 # Ends the read transaction even when a corrupt row stops the scan early.
                 cursor.close()

@@ -17,6 +17,13 @@ from actors.errors import ConfigError
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
+@pytest.fixture(autouse=True)
+def _api_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The configs here name anthropic models; their credential is set (its absence is a
+    problem of its own, tested in ``test_config_checks``)."""
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-test")
+
+
 def base() -> dict[str, Any]:
     return {
         "host": {"data_dir": "data"},

@@ -1,0 +1,159 @@
+"""Pieces of the ``mcplive`` command that need no process: the parser's help, ``--since``,
+``--channel``, and ``history`` reading in pages."""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import io
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from actors.cli import build_parser
+from actors.cli_history import (
+    PAGE,
+    Printer,
+    Selection,
+    in_channel,
+    parse_since,
+    print_window,
+)
+from store import Reader
+from tests.cli_helpers import make_store, stored
+
+NOW = 1_800_000_000.0
+UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+def _subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return dict(action.choices)
+    return {}
+
+
+def test_every_subcommand_and_flag_has_help() -> None:
+    parser = build_parser()
+    subcommands = _subparsers(parser)
+    assert {"run", "check", "history", "rollback"} <= set(subcommands)
+    sub_action = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    helped = {choice.dest for choice in sub_action._choices_actions if choice.help}
+    assert helped == set(subcommands)
+    missing = [
+        f"{name or 'mcplive'} {'/'.join(action.option_strings) or action.dest}"
+        for name, p in [("", parser), *subcommands.items()]
+        for action in p._actions
+        if not isinstance(action, argparse._SubParsersAction)
+        and not (action.help and action.help != argparse.SUPPRESS)
+    ]
+    assert missing == []
+
+
+def test_version(capsys: pytest.CaptureFixture[str]) -> None:
+    from importlib.metadata import version
+
+    with pytest.raises(SystemExit) as info:
+        build_parser().parse_args(["--version"])
+    assert info.value.code == 0
+    assert capsys.readouterr().out == f"mcplive {version('mcplive')}\n"
+
+
+# -- --since ----------------------------------------------------------------------------------
+
+
+@given(st.lists(st.tuples(st.integers(0, 10_000), st.sampled_from(sorted(UNITS))), min_size=1))
+def test_a_duration_counts_back_from_now(parts: list[tuple[int, str]]) -> None:
+    text = "".join(f"{n}{unit}" for n, unit in parts)
+    assert parse_since(text, now=NOW) == NOW - sum(n * UNITS[unit] for n, unit in parts)
+
+
+@given(
+    st.datetimes(
+        min_value=dt.datetime(1971, 1, 2),
+        max_value=dt.datetime(9000, 1, 1),
+        timezones=st.timezones(),
+    )
+)
+def test_an_iso_time_with_an_offset_is_that_moment(when: dt.datetime) -> None:
+    if when.utcoffset() is None:  # a zone that does not say (and fold-ambiguous times)
+        return
+    text = when.isoformat()
+    assert parse_since(text, now=NOW) == dt.datetime.fromisoformat(text).timestamp()
+
+
+def test_an_iso_time_without_an_offset_is_local_time() -> None:
+    assert parse_since("2026-05-01T14:30", now=NOW) == dt.datetime(2026, 5, 1, 14, 30).timestamp()
+    assert parse_since("2026-05-01", now=NOW) == dt.datetime(2026, 5, 1).timestamp()
+    assert (
+        parse_since("2026-05-01T14:30Z", now=NOW)
+        == dt.datetime(2026, 5, 1, 14, 30, tzinfo=dt.UTC).timestamp()
+    )
+
+
+@pytest.mark.parametrize("text", ["", "2", "h", "2x", "-2h", "2h 30m", "yesterday", "2026-13-01"])
+def test_anything_else_is_refused(text: str) -> None:
+    with pytest.raises(ValueError, match="is neither an ISO date/time"):
+        parse_since(text, now=NOW)
+
+
+# -- --channel --------------------------------------------------------------------------------
+
+
+@given(
+    server=st.text(st.characters(blacklist_characters="/"), min_size=1, max_size=8),
+    channel=st.text(min_size=1, max_size=12),
+)
+def test_a_channel_matches_by_id_or_by_server_and_id(server: str, channel: str) -> None:
+    message = {"metadata": {"server_id": server, "channel_id": channel}}
+    assert in_channel(message, channel)
+    assert in_channel(message, f"{server}/{channel}")
+    assert not in_channel(message, f"{server}x/{channel}") or channel == f"{server}x/{channel}"
+    assert not in_channel({"metadata": {"server_id": server}}, channel)  # an unscoped push
+
+
+# -- reading in pages -------------------------------------------------------------------------
+
+
+class CountingReader(Reader):
+    """A reader that remembers the most rows one read handed over."""
+
+    largest = 0
+
+    def rows(self, **kwargs: Any) -> Any:
+        page = super().rows(**kwargs)
+        self.largest = max(self.largest, len(page), kwargs.get("limit", 0))
+        return page
+
+
+@pytest.mark.parametrize(
+    "selection",
+    [Selection(), Selection(channel="lobby:#general"), Selection(agent="Ada", matches=str.isascii)],
+)
+@pytest.mark.parametrize("limit", [None, 5, PAGE + 3])
+def test_history_reads_at_most_a_page_at_a_time(
+    tmp_path: Path, selection: Selection, limit: int | None
+) -> None:
+    count = 3 * PAGE + 7
+    path = make_store(
+        tmp_path / "data",
+        [
+            stored(f"m{i:05}", f"text {i}", server="lobby", channel=f"lobby:#{i % 3}")
+            if i % 2
+            else stored(f"m{i:05}", f"text {i}", server="lobby", channel="lobby:#general")
+            for i in range(count)
+        ],
+    )
+    out = io.StringIO()
+    with CountingReader(path, read_only=True) as reader:
+        last = print_window(reader, selection, limit, Printer(out, as_json=False))
+        assert reader.largest <= PAGE
+        everything = [r.message for r in reader.rows(limit=count)]
+    wanted = [m["id"] for m in everything if selection.wants(m)]
+    if limit is not None:
+        wanted = wanted[-limit:]
+    assert [line.split(" ")[2] for line in out.getvalue().splitlines()] == wanted
+    assert last >= count  # follow goes on from the newest message

@@ -1,0 +1,168 @@
+"""``mcplive history`` as an operator uses it: ids and times, the newest N, since when, one
+channel, set-aside messages marked, and clear errors; ``--json`` stays one stored message per
+line."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import time
+from pathlib import Path
+
+import pytest
+import trio
+
+from actors import Host
+from actors.agent import live_messages
+from store import Reader, db_path
+from tests.cli_helpers import make_store, mcplive, one_line, stored
+
+pytestmark = pytest.mark.slow
+
+
+def stamp(at: float) -> str:
+    return dt.datetime.fromtimestamp(at).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def history(data: Path, *args: str) -> list[str]:
+    result = mcplive("history", "--data-dir", str(data), *args, cwd=data.parent)
+    assert result.returncode == 0, result.stderr
+    assert result.stderr == ""
+    return result.stdout.splitlines()
+
+
+def ids(lines: list[str]) -> list[str]:
+    return [line.split(" ")[2] for line in lines]
+
+
+G = "lobby:#general"
+R = "lobby:#random"
+
+
+@pytest.fixture
+def chat(tmp_path: Path) -> Path:
+    """A data dir: two agents hearing two channels of one server over three hours."""
+    now = time.time()
+    data = tmp_path / "data"
+    make_store(
+        data,
+        [
+            stored("m1", "good morning", at=now - 3 * 3600, server="lobby", channel=G),
+            stored(
+                "m2", "good morning", at=now - 3 * 3600, agent="Grace", server="lobby", channel=G
+            ),
+            stored("m3", "Morning!", at=now - 2 * 3600, role="assistant"),
+            stored("m4", "anyone here?", at=now - 3600 + 60, server="lobby", channel=R),
+            stored("m5", "a chat/with/slashes", at=now - 1800, server="chat", channel="chat:a/b"),
+            stored("m6", "late news", at=now - 60, server="lobby", channel=G),
+        ],
+    )
+    return data
+
+
+def test_plain_lines_carry_time_and_id(chat: Path) -> None:
+    with Reader(db_path(chat), read_only=True) as reader:
+        rows = reader.rows()
+    lines = history(chat)
+    assert lines == [
+        f"{stamp(rows[0].created_at)} m1 Ada user lobby lobby:#general: good morning",
+        f"{stamp(rows[1].created_at)} m2 Grace user lobby lobby:#general: good morning",
+        f"{stamp(rows[2].created_at)} m3 Ada assistant Morning!",
+        f"{stamp(rows[3].created_at)} m4 Ada user lobby lobby:#random: anyone here?",
+        f"{stamp(rows[4].created_at)} m5 Ada user chat chat:a/b: a chat/with/slashes",
+        f"{stamp(rows[5].created_at)} m6 Ada user lobby lobby:#general: late news",
+    ]
+
+
+def test_limit_keeps_the_newest_n_oldest_first(chat: Path) -> None:
+    assert ids(history(chat, "--limit", "2")) == ["m5", "m6"]
+    assert ids(history(chat, "--limit", "2", "--agent", "Grace")) == ["m2"]
+    assert ids(history(chat, "--limit", "2", "--search", "good")) == ["m1", "m2"]
+    assert ids(history(chat, "--limit", "2", "--channel", "lobby:#general")) == ["m2", "m6"]
+    assert ids(history(chat, "--limit", "99")) == ["m1", "m2", "m3", "m4", "m5", "m6"]
+    assert history(chat, "--limit", "0") == []
+    bad = mcplive("history", "--data-dir", str(chat), "--limit", "-1", cwd=chat.parent)
+    assert bad.returncode == 2 and "--limit: -1 is negative" in bad.stderr
+
+
+def test_since_takes_a_duration_or_an_iso_time(chat: Path) -> None:
+    assert ids(history(chat, "--since", "1h")) == ["m4", "m5", "m6"]
+    assert ids(history(chat, "--since", "45m")) == ["m5", "m6"]
+    assert ids(history(chat, "--since", "1h30m", "--limit", "1")) == ["m6"]
+    two_hours_ago = dt.datetime.now() - dt.timedelta(hours=2, minutes=30)
+    assert ids(history(chat, "--since", two_hours_ago.isoformat(timespec="minutes"))) == [
+        "m3", "m4", "m5", "m6",
+    ]  # fmt: skip
+    in_utc = (dt.datetime.now(dt.UTC) - dt.timedelta(minutes=45)).isoformat()
+    assert ids(history(chat, "--since", in_utc)) == ["m5", "m6"]
+    with Reader(db_path(chat), read_only=True) as reader:
+        today = [
+            r.message["id"]
+            for r in reader.rows()
+            if dt.date.fromtimestamp(r.created_at) == dt.date.today()
+        ]
+    assert ids(history(chat, "--since", dt.date.today().isoformat())) == today
+    bad = mcplive("history", "--data-dir", str(chat), "--since", "last week", cwd=chat.parent)
+    assert bad.returncode == 2
+    assert one_line(bad).startswith("mcplive: --since: 'last week' is neither an ISO date/time")
+
+
+def test_channel_takes_an_id_or_server_slash_id(chat: Path) -> None:
+    assert ids(history(chat, "--channel", "lobby:#general")) == ["m1", "m2", "m6"]
+    assert ids(history(chat, "--channel", "lobby/lobby:#random")) == ["m4"]
+    assert ids(history(chat, "--channel", "chat:a/b")) == ["m5"]
+    assert ids(history(chat, "--channel", "chat/chat:a/b")) == ["m5"]
+    assert history(chat, "--channel", "other/lobby:#general") == []
+
+
+def test_an_unknown_agent_is_an_error_listing_the_known_ones(chat: Path) -> None:
+    result = mcplive("history", "--data-dir", str(chat), "--agent", "Bob", cwd=chat.parent)
+    assert result.returncode == 2
+    assert one_line(result) == (
+        f"mcplive: --agent Bob: no messages stored for that agent in {db_path(chat)}; agents "
+        "with stored messages: Ada, Grace"
+    )
+
+
+def test_json_stays_one_stored_message_per_line(chat: Path) -> None:
+    with Reader(db_path(chat), read_only=True) as reader:
+        expected = reader.history("Ada", limit=2)
+    lines = history(chat, "--json", "--agent", "Ada", "--limit", "2")
+    assert [json.loads(line) for line in lines] == expected
+
+
+async def test_set_aside_messages_are_marked(tmp_path: Path) -> None:
+    rules = tmp_path / "ada.toml"
+    rules.write_text('[[rules]]\nwhen = "(?i)hello"\nsay = "Hi!"\n', encoding="utf-8")
+    data = tmp_path / "data"
+    config = {
+        "host": {"data_dir": str(data)},
+        "agents": [{"name": "Ada", "model": f"scripted:{rules}"}],
+    }
+    with trio.fail_after(60):
+        async with Host.open(config) as host:
+            for text in ("hello one", "hello two"):
+                await host.post_local("Ada", text)
+                await host.run_until_idle()
+            first_reply = next(m for m in host.history("Ada") if m["role"] == "assistant")
+            await host.rollback("Ada", first_reply["id"])
+            await host.post_local("Ada", "hello three")
+            await host.run_until_idle()
+            messages = host.history("Ada")
+    live = {m["id"] for m in live_messages(messages)}
+    set_aside = [
+        m["id"] for m in messages if m["id"] not in live and m["metadata"].get("kind") != "rollback"
+    ]
+    order = [m["id"] for m in messages]
+    marker = next(m["id"] for m in messages if m["metadata"].get("kind") == "rollback")
+    # everything after the reply up to the rollback: "hello two", its reply, their receipts
+    assert set_aside == order[order.index(first_reply["id"]) + 1 : order.index(marker)]
+    lines = await trio.to_thread.run_sync(history, data)
+    marked = [line.split(" ")[2] for line in lines if " (set aside) " in line]
+    assert marked == set_aside
+    assert any("context rolled back to" in line for line in lines)  # the rollback itself
+    # marked also when the rollback is not among the lines printed
+    found = await trio.to_thread.run_sync(history, data, "--search", "hello two")
+    assert len(found) == 1 and " (set aside) " in found[0]
+    newest = await trio.to_thread.run_sync(history, data, "--limit", "2")
+    assert all(" (set aside) " not in line for line in newest)
