@@ -14,6 +14,7 @@ import pytest
 import trio
 
 from actors import Host
+from actors.config import load_config
 from actors.messages import AgentStatus
 from actors.models import Usage
 from actors.trace import TraceEvent
@@ -150,8 +151,11 @@ async def test_a_missing_key_pauses_without_a_call(
     with trio.fail_after(60):
         async with trio.open_nursery() as nursery:
             await fake_api(nursery, monkeypatch, script)
+            # the config is checked while the key is set (a missing key is a config problem);
+            # the key goes away before the first call
+            checked = load_config(config(tmp_path, [], [ADA]))
             monkeypatch.delenv("ANTHROPIC_API_KEY")
-            async with Host.open(config(tmp_path, [], [ADA])) as host:
+            async with Host.open(checked) as host:
                 stream = host.trace()
                 await host.post_local("Ada", "hi")
                 paused = await wait_trace(stream, of("Ada", "agent-paused"), "pause")
