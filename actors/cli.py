@@ -13,40 +13,58 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+import attrs
 import trio
 
 from .cli_check import cmd_check
 from .cli_history import cmd_history
 from .config import ConfigErrors, load_config
 from .errors import ConfigError
-from .transcript import print_transcript
+from .logs import host_redactor, redact_logs, setup_logging
+from .printer import TranscriptOptions, TranscriptPrinter, run_printer
+from .transcript import LEVEL_NAMES
 
 
 def bundled_example() -> Path:
     return Path(str(resources.files("examples") / "lobby.toml"))
 
 
-async def _run(config: Any, duration: float | None, out: Any) -> None:
+async def _run(
+    config: Any,
+    duration: float | None,
+    out: Any,
+    options: TranscriptOptions | None = None,
+    notes: Sequence[str] = (),
+) -> None:
+    """Run the host and print its transcript to ``out`` until ``duration`` is over or a signal
+    comes; then print what the host said while it stopped."""
     from .host import Host
 
+    options = options if options is not None else TranscriptOptions()
     async with Host.open(config) as host:
-        stream = host.trace()
+        stream = host.ctx.trace.subscribe_nowait(replay=True)  # from the start, drained whole
+        redactor = host_redactor(host.config)
+        redact_logs(redactor)
+        printer = TranscriptPrinter(out, attrs.evolve(options, redactor=redactor))
+        for note in notes:
+            printer.note(note, trio.current_time())
 
         async def stop_on_signal(scope: trio.CancelScope) -> None:
             with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
                 async for signum in signals:
-                    print(f"· {signal.Signals(signum).name}: stopping", file=out, flush=True)
+                    printer.note(f"{signal.Signals(signum).name}: stopping", trio.current_time())
                     scope.cancel()
                     return
 
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(print_transcript, stream, out)
+            nursery.start_soon(run_printer, stream, printer)
             nursery.start_soon(stop_on_signal, nursery.cancel_scope)
             if duration is not None:
                 await trio.sleep(duration)
             else:
                 await trio.sleep_forever()
             nursery.cancel_scope.cancel()
+    await run_printer(stream, printer)  # the events of the host's stopping, then the end
 
 
 def _config_problems(exc: ConfigError) -> int:
@@ -58,19 +76,48 @@ def _config_problems(exc: ConfigError) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    level = LEVEL_NAMES[args.log_level or "info"]
+    setup_logging(level)
+    options = TranscriptOptions(
+        level=level,
+        json=args.json,
+        styled=not args.json and _is_terminal(sys.stdout),
+        ascii_json=args.json and not _speaks_utf8(sys.stdout),
+    )
+    if not args.json:
+        _tolerate_unencodable(sys.stdout)
+    notes = []
     config: Any = args.config
     if config is None:
         config = _bundled_config(Path(args.data_dir) if args.data_dir else Path("mcplive-data"))
-        print(f"· no config given: running the bundled lobby example ({bundled_example()})")
+        notes.append(f"no config given: running the bundled lobby example ({bundled_example()})")
     try:
         if not isinstance(config, dict):
             load_config(config)  # report problems before anything starts
-        trio.run(_run, config, args.duration, sys.stdout)
+        trio.run(_run, config, args.duration, sys.stdout, options, notes)
     except ConfigError as exc:
         return _config_problems(exc)
     except KeyboardInterrupt:
         print("· stopped", file=sys.stderr)
     return 0
+
+
+def _is_terminal(stream: Any) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError):
+        return False
+
+
+def _speaks_utf8(stream: Any) -> bool:
+    return str(getattr(stream, "encoding", "") or "").lower().replace("-", "") == "utf8"
+
+
+def _tolerate_unencodable(stream: Any) -> None:
+    """Characters the output's encoding lacks become ``?``, not an error."""
+    reconfigure = getattr(stream, "reconfigure", None)
+    if reconfigure is not None and not _speaks_utf8(stream):
+        reconfigure(errors="replace")
 
 
 def _bundled_config(data_dir: Path) -> dict[str, Any]:
@@ -132,7 +179,8 @@ async def _rollback(cfg: Any, agent: str, to: str) -> int:
         if pending:
             with trio.move_on_after(deadline):
                 async for event in host.trace(kinds={"ready", "disconnected"}):
-                    pending.discard(event.server_id)
+                    if event.kind != "trace-dropped":
+                        pending.discard(event.server_id)
                     if not pending:
                         break
         try:
@@ -159,9 +207,41 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="mcplive", description="An MCPL host for LLM agents.")
     sub = p.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="run the host (no CONFIG: the bundled lobby example)")
-    run.add_argument("config", nargs="?")
+    run.add_argument(
+        "config", nargs="?", help="the configuration file (TOML); none: the bundled example"
+    )
     run.add_argument("--duration", type=float, metavar="S", help="stop after S seconds")
     run.add_argument("--data-dir", help="(bundled example only) where to keep data")
+    run.add_argument(
+        "--json",
+        action="store_true",
+        help="print one trace event per line as JSON (keys ts, kind, level, agent, server_id, "
+        "channel_id, data) instead of the transcript",
+    )
+    levels = run.add_mutually_exclusive_group()
+    levels.add_argument(
+        "-v",
+        "--verbose",
+        dest="log_level",
+        action="store_const",
+        const="debug",
+        help="show debug lines too: servers' stderr, streamed model text, connection attempts",
+    )
+    levels.add_argument(
+        "-q",
+        "--quiet",
+        dest="log_level",
+        action="store_const",
+        const="warning",
+        help="show only warnings and errors",
+    )
+    levels.add_argument(
+        "--log-level",
+        choices=list(LEVEL_NAMES),
+        type=str.lower,
+        help="show this level and above (default: info); also the level of mcplive's log "
+        "records on stderr",
+    )
     run.set_defaults(fn=cmd_run)
     check = sub.add_parser("check", help="validate a config file")
     check.add_argument("config")
@@ -197,7 +277,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s")
+    setup_logging(logging.WARNING)  # ``run`` sets its own level
     return int(args.fn(args))
 
 
