@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import socket
 import sys
@@ -94,12 +95,27 @@ def cmd_run(args: argparse.Namespace) -> int:
     try:
         if not isinstance(config, dict):
             load_config(config)  # report problems before anything starts
-        trio.run(_run, config, args.duration, sys.stdout, options, notes)
+        _run_while_read(config, args.duration, options, notes)
     except ConfigError as exc:
         return _config_problems(exc)
     except KeyboardInterrupt:
         print("· stopped", file=sys.stderr)
     return 0
+
+
+def _run_while_read(
+    config: Any, duration: float | None, options: TranscriptOptions, notes: Sequence[str]
+) -> None:
+    """Run the host until it is told to stop, or until whoever reads the transcript stops
+    reading (``mcplive run | head``): then the host stops cleanly, with one line saying why."""
+    try:
+        trio.run(_run, config, duration, sys.stdout, options, notes)
+    except* BrokenPipeError:
+        # nothing more can be written there; later writes (at exit) go nowhere
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        print("mcplive: the transcript's reader went away; the host stopped", file=sys.stderr)
 
 
 def _is_terminal(stream: Any) -> bool:

@@ -3,6 +3,7 @@ repeats (on a mock clock, over the real trace bus)."""
 
 from __future__ import annotations
 
+import argparse
 import io
 import json
 import logging
@@ -330,3 +331,85 @@ def test_a_summary_is_a_json_event_too() -> None:
     assert summary["server_id"] == "flood" and summary["level"] == "warning"
     assert summary["data"]["count"] == 2 and summary["data"]["seconds"] == 4
     assert format_event(TraceEvent(kind="collapsed", server_id="flood", data=summary["data"]))
+
+
+# -- the run command's flags and logging -------------------------------------------------------
+
+
+@pytest.fixture
+def restore_logging() -> Any:
+    root = logging.getLogger()
+    saved = (root.level, list(root.handlers), {n: logging.getLogger(n).level for n in OWN})
+    try:
+        yield
+    finally:
+        root.setLevel(saved[0])
+        root.handlers[:] = saved[1]
+        for name, level in saved[2].items():
+            logging.getLogger(name).setLevel(level)
+
+
+OWN = ("mcplive", "store", "httpx")
+
+
+@pytest.mark.parametrize(
+    "argv,level",
+    [
+        ([], "info"),
+        (["-v"], "debug"),
+        (["--verbose"], "debug"),
+        (["-q"], "warning"),
+        (["--log-level", "ERROR"], "error"),
+        (["--log-level", "debug"], "debug"),
+    ],
+)
+def test_run_takes_one_level_flag(argv: list[str], level: str) -> None:
+    from actors.cli import build_parser
+
+    args = build_parser().parse_args(["run", *argv])
+    assert (args.log_level or "info") == level
+    assert args.json is False
+
+
+@pytest.mark.parametrize(
+    "argv", [["-v", "-q"], ["-q", "--log-level", "info"], ["--log-level", "x"]]
+)
+def test_conflicting_or_unknown_levels_are_refused(
+    argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    from actors.cli import build_parser
+
+    with pytest.raises(SystemExit) as exit_:
+        build_parser().parse_args(["run", *argv])
+    assert exit_.value.code == 2
+    assert "Traceback" not in capsys.readouterr().err
+
+
+def test_every_run_flag_has_help() -> None:
+    from actors.cli import build_parser
+
+    subcommands = next(
+        a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)
+    )
+    run = subcommands.choices["run"]
+    for action in run._actions:
+        assert action.help, action.option_strings or action.dest
+
+
+def test_the_log_level_applies_to_mcplives_loggers_and_records_are_stamped(
+    restore_logging: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from actors.logs import setup_logging
+
+    setup_logging(DEBUG, Redactor([SECRET]))
+    assert logging.getLogger("mcplive.connection").isEnabledFor(DEBUG)
+    assert logging.getLogger("store.writer").isEnabledFor(DEBUG)
+    assert not logging.getLogger("httpx").isEnabledFor(INFO)  # other libraries stay quiet
+    logging.getLogger("mcplive.connection").debug("sent %s", SECRET)
+    err = capsys.readouterr().err
+    assert STAMP.match(err) and f"DEBUG mcplive.connection: sent {REDACTED}" in err
+    setup_logging(ERROR)
+    assert not logging.getLogger("mcplive.connection").isEnabledFor(WARNING)
+    assert (
+        len([h for h in logging.getLogger().handlers if type(h).__name__ == "StderrHandler"]) == 1
+    )

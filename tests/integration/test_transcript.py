@@ -213,3 +213,32 @@ async def test_configured_secrets_are_redacted_from_chat_stderr_and_logs(tmp_pat
     assert "| Alice: the token is «redacted», key «redacted»" in printed  # the chat line
     assert "| Ada → you said «redacted»" in printed  # the agent's speech
     assert any("stderr:" in line and "you said «redacted»" in line for line in out.lines)
+
+
+async def test_when_the_reader_goes_away_the_host_stops_with_one_line(tmp_path: Path) -> None:
+    with trio.fail_after(90):
+        proc = await trio.lowlevel.open_process(
+            [*MCPLIVE, "run", "--data-dir", str(tmp_path / "data")],
+            cwd=tmp_path,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        try:
+            assert proc.stdout is not None and proc.stderr is not None
+            first = b""
+            while b"\n" not in first:
+                chunk = await proc.stdout.receive_some(4096)
+                assert chunk, "mcplive exited before its first line"
+                first += chunk
+            await proc.stdout.aclose()  # as `mcplive run | head -1` does
+            err = b""
+            while chunk := await proc.stderr.receive_some(4096):
+                err += chunk
+            await proc.wait()
+        finally:
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
+    assert STAMP.match(first.decode())
+    assert proc.returncode == 0
+    assert err.decode().strip() == "mcplive: the transcript's reader went away; the host stopped"
