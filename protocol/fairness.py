@@ -25,7 +25,6 @@ Pure: no I/O, no clock.
 
 from __future__ import annotations
 
-import heapq
 from collections import deque
 from collections.abc import Hashable
 from typing import Any, Generic, TypeVar
@@ -53,21 +52,25 @@ class Dropped:
     since: float = 0.0
 
 
+_DEAD: Any = object()  # an evicted item's place in the order
+_NOTICE: Any = object()  # a drop notice's place in the order
+
+
 class FairBuffer(Generic[T]):
     def __init__(self, cap: int, max_sources: int) -> None:
         if cap < 1 or max_sources < 1:
             raise ValueError("cap and max_sources must be at least 1")
         self.cap = cap
         self.max_sources = max_sources
-        self._seq = 0
         self._size = 0
-        # a source is here while it has items or a notice waiting (then maybe an empty queue)
-        self._queues: dict[Hashable, deque[tuple[int, T]]] = {}
-        # (seq of a queue's first item, source): every non-empty queue's head is here; entries
-        # whose queue moved on or emptied are skipped when they come up
-        self._heads: list[tuple[int, Hashable]] = []
-        # source -> (seq, time of the first drop, count), in seq order
-        self._notices: dict[Hashable, list[Any]] = {}
+        # every entry in the order it was put: [source, item], [source, _DEAD] once evicted,
+        # or [source, _NOTICE, count, since] for a drop notice
+        self._order: deque[list[Any]] = deque()
+        self._dead = 0
+        # each source's live entries, oldest first; a source stays (maybe empty) until room
+        # for a new one is needed
+        self._queues: dict[Hashable, deque[list[Any]]] = {}
+        self._notices: dict[Hashable, list[Any]] = {}  # source -> its notice entry
         self.dropped_total = 0
 
     def __len__(self) -> int:
@@ -79,8 +82,9 @@ class FairBuffer(Generic[T]):
         return len(queue) if queue else 0
 
     def sources(self) -> int:
-        """Sources told apart now (:data:`OTHER_SOURCES` included)."""
-        return len(self._queues)
+        """Sources told apart now: those with items or a notice waiting (:data:`OTHER_SOURCES`
+        included)."""
+        return sum(1 for s, q in self._queues.items() if q or s in self._notices)
 
     def pending_notices(self) -> int:
         return len(self._notices)
@@ -92,8 +96,10 @@ class FairBuffer(Generic[T]):
         queue = queues.get(source)
         if queue is None:
             if len(queues) - (OTHER_SOURCES in queues) >= self.max_sources:
-                source = OTHER_SOURCES
-                queue = queues.get(source)
+                self._forget_idle()
+                if len(queues) - (OTHER_SOURCES in queues) >= self.max_sources:
+                    source = OTHER_SOURCES
+            queue = queues.get(source)
             if queue is None:
                 queue = queues[source] = deque()
         if self._size >= self.cap:
@@ -101,60 +107,56 @@ class FairBuffer(Generic[T]):
             if len(queue) >= len(queues[biggest]):
                 self._drop(source, now)
                 return
-            # its newest item goes; its head (and heap entry) stay unless it empties
-            queues[biggest].pop()
+            evicted = queues[biggest].pop()  # the biggest holder's newest item
+            evicted[1] = _DEAD
+            self._dead += 1
             self._size -= 1
             self._drop(biggest, now)
-        seq = self._seq
-        self._seq += 1
-        if not queue:
-            heapq.heappush(self._heads, (seq, source))
-        queue.append((seq, item))
+            if self._dead > self.cap:
+                self._compact()
+        entry = [source, item]
+        queue.append(entry)
+        self._order.append(entry)
         self._size += 1
 
     def get(self) -> T | Dropped | None:
         """The oldest item or notice; None when there is neither."""
-        heads = self._heads
-        while heads:
-            seq, source = heads[0]
-            queue = self._queues.get(source)
-            if queue and queue[0][0] == seq:
-                break
-            heapq.heappop(heads)  # stale: that queue was emptied by a drop
-        notice = next(iter(self._notices.items()), None)
-        if notice is not None and (not heads or notice[1][0] < heads[0][0]):
-            source, (_, since, count) = notice
-            del self._notices[source]
-            self._tidy(source)
-            return Dropped(source, count, since)
-        if not heads:
-            return None
-        _, source = heapq.heappop(heads)
-        queue = self._queues[source]
-        _, item = queue.popleft()
-        self._size -= 1
-        if queue:
-            heapq.heappush(heads, (queue[0][0], source))
-        else:
-            self._tidy(source)
-        return item
+        order = self._order
+        while order:
+            entry = order.popleft()
+            item = entry[1]
+            if item is _DEAD:
+                self._dead -= 1
+                continue
+            if item is _NOTICE:
+                del self._notices[entry[0]]
+                return Dropped(entry[0], entry[2], entry[3])
+            self._queues[entry[0]].popleft()
+            self._size -= 1
+            return item  # type: ignore[no-any-return]
+        return None
 
     def clear(self) -> None:
+        self._order.clear()
         self._queues.clear()
-        self._heads.clear()
         self._notices.clear()
-        self._size = 0
+        self._size = self._dead = 0
 
     def _drop(self, source: Hashable, now: float) -> None:
         self.dropped_total += 1
         notice = self._notices.get(source)
         if notice is None:
-            self._notices[source] = [self._seq, now, 1]
-            self._seq += 1
+            notice = self._notices[source] = [source, _NOTICE, 1, now]
+            self._order.append(notice)
         else:
             notice[2] += 1
 
-    def _tidy(self, source: Hashable) -> None:
-        """Forget a source with no items and no notice waiting."""
-        if source not in self._notices and not self._queues.get(source):
-            self._queues.pop(source, None)
+    def _forget_idle(self) -> None:
+        """Forget the sources with no items and no notice waiting."""
+        for source in [s for s, q in self._queues.items() if not q and s not in self._notices]:
+            del self._queues[source]
+
+    def _compact(self) -> None:
+        """Drop the places of evicted items (they only pile up while nobody reads)."""
+        self._order = deque(e for e in self._order if e[1] is not _DEAD)
+        self._dead = 0
