@@ -18,7 +18,10 @@ before it); drops of the same source until the notice is taken add to its count,
 source has at most one notice waiting. Notices do not take room from items.
 
 At most ``max_sources`` sources are told apart at a time (a source counts while it has items or
-a notice waiting); items from further sources share the source :data:`OTHER_SOURCES`.
+a notice waiting); items from further sources share the source :data:`OTHER_SOURCES`. The order
+keeps the place of an evicted item until it is read or, once there are more than ``cap`` such
+places, until the order is compacted; so the buffer holds at most ``2 * cap + max_sources + 1``
+entries.
 
 Pure: no I/O, no clock.
 """

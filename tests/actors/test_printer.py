@@ -413,3 +413,24 @@ def test_the_log_level_applies_to_mcplives_loggers_and_records_are_stamped(
     assert (
         len([h for h in logging.getLogger().handlers if type(h).__name__ == "StderrHandler"]) == 1
     )
+
+
+async def test_print_transcript_takes_any_async_stream_and_prints_the_last_counts(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    from actors.transcript import print_transcript
+
+    async def stream() -> Any:
+        for n in range(6):
+            yield garbage(n)
+            await trio.sleep(1)
+        yield chat(1)
+
+    out = io.StringIO()
+    with trio.fail_after(60):
+        await print_transcript(stream(), out)
+    lines = [STAMP.sub("", line) for line in out.getvalue().splitlines()]
+    assert lines[3:] == [
+        "lobby lobby:#general | alice: hello 1",
+        "… 3 more like this from flood in the last 6 s (? flood: not JSON, skipped: 'junk 0')",
+    ]
