@@ -136,7 +136,8 @@ class FairBuffer(Generic[T]):
                 return Dropped(entry[0], entry[2], entry[3])
             self._queues[entry[0]].popleft()
             self._size -= 1
-            return item  # type: ignore[no-any-return]
+            kept: T = item
+            return kept
         return None
 
     def clear(self) -> None:
