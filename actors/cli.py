@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import socket
 import sys
@@ -13,6 +14,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+import attrs
 import trio
 
 from .cli_check import cmd_check
@@ -27,34 +29,51 @@ from .cli_history import cmd_history
 from .config import ConfigErrors, HostConfig, data_dir_problem, load_config
 from .datadir import holder
 from .errors import ConfigError
-from .transcript import print_transcript
+from .logs import host_redactor, redact_logs, setup_logging
+from .printer import TranscriptOptions, TranscriptPrinter, run_printer
+from .transcript import LEVEL_NAMES
 
 
 def bundled_example() -> Path:
     return Path(str(resources.files("examples") / "lobby.toml"))
 
 
-async def _run(config: Any, duration: float | None, out: Any) -> None:
+async def _run(
+    config: Any,
+    duration: float | None,
+    out: Any,
+    options: TranscriptOptions | None = None,
+    notes: Sequence[str] = (),
+) -> None:
+    """Run the host and print its transcript to ``out`` until ``duration`` is over or a signal
+    comes; then print what the host said while it stopped."""
     from .host import Host
 
+    options = options if options is not None else TranscriptOptions()
     async with Host.open(config) as host:
-        stream = host.trace()
+        stream = host.ctx.trace.subscribe_nowait(replay=True)  # from the start, drained whole
+        redactor = host_redactor(host.config)
+        redact_logs(redactor)
+        printer = TranscriptPrinter(out, attrs.evolve(options, redactor=redactor))
+        for note in notes:
+            printer.note(note, trio.current_time())
 
         async def stop_on_signal(scope: trio.CancelScope) -> None:
             with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
                 async for signum in signals:
-                    print(f"· {signal.Signals(signum).name}: stopping", file=out, flush=True)
+                    printer.note(f"{signal.Signals(signum).name}: stopping", trio.current_time())
                     scope.cancel()
                     return
 
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(print_transcript, stream, out)
+            nursery.start_soon(run_printer, stream, printer)
             nursery.start_soon(stop_on_signal, nursery.cancel_scope)
             if duration is not None:
                 await trio.sleep(duration)
             else:
                 await trio.sleep_forever()
             nursery.cancel_scope.cancel()
+    await run_printer(stream, printer)  # the events of the host's stopping, then the end
 
 
 def _config_problems(exc: ConfigError) -> int:
@@ -66,11 +85,22 @@ def _config_problems(exc: ConfigError) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    level = LEVEL_NAMES[args.log_level or "info"]
+    setup_logging(level)
+    options = TranscriptOptions(
+        level=level,
+        json=args.json,
+        styled=not args.json and _is_terminal(sys.stdout),
+        ascii_json=args.json and not _speaks_utf8(sys.stdout),
+    )
+    if not args.json:
+        _tolerate_unencodable(sys.stdout)
+    notes = []
     if args.config is None:
-        print(f"· no config given: running the bundled lobby example ({bundled_example()})")
+        notes.append(f"no config given: running the bundled lobby example ({bundled_example()})")
     try:
         cfg = _host_config(args)  # report problems before anything starts
-        trio.run(_run, cfg, args.duration, sys.stdout)
+        _run_while_read(cfg, args.duration, options, notes)
     except ConfigError as exc:
         return _config_problems(exc)
     except KeyboardInterrupt:
@@ -90,6 +120,39 @@ def _host_config(args: argparse.Namespace) -> HostConfig:
     if problem is not None:
         raise ConfigError(problem)
     return cfg
+
+
+def _run_while_read(
+    config: Any, duration: float | None, options: TranscriptOptions, notes: Sequence[str]
+) -> None:
+    """Run the host until it is told to stop, or until whoever reads the transcript stops
+    reading (``mcplive run | head``): then the host stops cleanly, with one line saying why."""
+    try:
+        trio.run(_run, config, duration, sys.stdout, options, notes)
+    except* BrokenPipeError:
+        # nothing more can be written there; later writes (at exit) go nowhere
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        print("mcplive: the transcript's reader went away; the host stopped", file=sys.stderr)
+
+
+def _is_terminal(stream: Any) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError):
+        return False
+
+
+def _speaks_utf8(stream: Any) -> bool:
+    return str(getattr(stream, "encoding", "") or "").lower().replace("-", "") == "utf8"
+
+
+def _tolerate_unencodable(stream: Any) -> None:
+    """Characters the output's encoding lacks become ``?``, not an error."""
+    reconfigure = getattr(stream, "reconfigure", None)
+    if reconfigure is not None and not _speaks_utf8(stream):
+        reconfigure(errors="replace")
 
 
 def _bundled_config(data_dir: Path) -> dict[str, Any]:
@@ -156,7 +219,8 @@ async def _rollback(cfg: Any, agent: str, to: str) -> int:
         if pending:
             with trio.move_on_after(deadline):
                 async for event in host.trace(kinds={"ready", "disconnected"}):
-                    pending.discard(event.server_id)
+                    if event.kind != "trace-dropped":
+                        pending.discard(event.server_id)
                     if not pending:
                         break
         try:
@@ -215,6 +279,36 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("config", nargs="?", help="the TOML config (default: the bundled example)")
     run.add_argument("--duration", type=float, metavar="S", help="stop after S seconds")
     run.add_argument("--data-dir", help=DATA_DIR_HELP)
+    run.add_argument(
+        "--json",
+        action="store_true",
+        help="print one trace event per line as JSON (keys ts, kind, level, agent, server_id, "
+        "channel_id, data) instead of the transcript",
+    )
+    levels = run.add_mutually_exclusive_group()
+    levels.add_argument(
+        "-v",
+        "--verbose",
+        dest="log_level",
+        action="store_const",
+        const="debug",
+        help="show debug lines too: servers' stderr, streamed model text, connection attempts",
+    )
+    levels.add_argument(
+        "-q",
+        "--quiet",
+        dest="log_level",
+        action="store_const",
+        const="warning",
+        help="show only warnings and errors",
+    )
+    levels.add_argument(
+        "--log-level",
+        choices=list(LEVEL_NAMES),
+        type=str.lower,
+        help="show this level and above (default: info); also the level of mcplive's log "
+        "records on stderr",
+    )
     run.set_defaults(fn=cmd_run)
     check = sub.add_parser("check", help="validate a config file")
     check.add_argument("config", help="the TOML config to check")
@@ -273,7 +367,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s")
+    setup_logging(logging.WARNING)  # ``run`` sets its own level
     try:
         status = int(args.fn(args))
         sys.stdout.flush()  # here, so that a reader gone away is seen here

@@ -1,27 +1,37 @@
 """Trace events: what the host did, for the CLI transcript and for tests.
 
-``TraceBus.emit`` never blocks: each subscriber has a bounded buffer (``SUBSCRIBER_CAP``); when a
-subscriber falls behind, new events for it are counted and dropped, and it receives one
-``trace-dropped`` event with the count, just before the next event, as soon as it has room for
-both again.
+Each event carries the wall-clock time it was emitted (``ts``, seconds since the epoch), for
+people reading the transcript; the host's own timing uses trio's clock.
+
+``TraceBus.emit`` never blocks: each subscriber has a bounded buffer (``SUBSCRIBER_CAP`` events),
+fair per *source* (the server an event concerns, else its agent, else the host; see
+:func:`source_of`). When a subscriber falls behind, the source holding most of its buffer loses
+events, never a quieter one (``protocol.fairness.FairBuffer``), and the subscriber receives one
+``trace-dropped`` event per source that lost some, naming it (``server_id`` or ``agent``) with
+the ``count``. At most ``MAX_SOURCES`` sources are told apart per subscriber; events of further
+ones share a slot reported as ``other_sources``.
 """
 
 from __future__ import annotations
 
-import logging
+import time
 from collections import deque
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Hashable, Mapping
 from contextlib import asynccontextmanager
 from typing import Any
 
 import attrs
 import trio
 
-log = logging.getLogger("mcplive.trace")
+from protocol.fairness import OTHER_SOURCES, Dropped, FairBuffer
 
 SUBSCRIBER_CAP = 4096
 MAX_SUBSCRIBERS = 64
+MAX_SOURCES = 64  # sources told apart in one subscriber's buffer
 REPLAY_CAP = 1024  # recent events replayed to a new subscriber; oldest forgotten first
+
+#: The source of events that name neither a server nor an agent.
+HOST_SOURCE: Hashable = ("host", "")
 
 
 @attrs.frozen(kw_only=True)
@@ -31,6 +41,8 @@ class TraceEvent:
     server_id: str | None = None
     channel_id: str | None = attrs.field(default=None)
     data: Mapping[str, Any] = attrs.field(factory=dict)
+    # when it was emitted (time.time()); not part of the event's identity
+    ts: float = attrs.field(factory=time.time, eq=False)
 
     @channel_id.validator
     def _plain(self, _: Any, value: Any) -> None:
@@ -38,30 +50,127 @@ class TraceEvent:
             raise TypeError("channel_id must be a string or None")
 
 
+def source_of(event: TraceEvent) -> Hashable:
+    """The source an event is counted against: its server, else its agent, else the host."""
+    if event.server_id is not None:
+        return ("server", event.server_id)
+    if event.agent is not None:
+        return ("agent", event.agent)
+    return HOST_SOURCE
+
+
+def dropped_event(notice: Dropped) -> TraceEvent:
+    """The ``trace-dropped`` event reporting a :class:`~protocol.fairness.Dropped` notice."""
+    data: dict[str, Any] = {"count": notice.count}
+    server_id = agent = None
+    if notice.source is OTHER_SOURCES:
+        data["other_sources"] = True
+    elif isinstance(notice.source, tuple) and notice.source[0] == "server":
+        server_id = notice.source[1]
+    elif isinstance(notice.source, tuple) and notice.source[0] == "agent":
+        agent = notice.source[1]
+    return TraceEvent(
+        kind="trace-dropped", server_id=server_id, agent=agent, data=data, ts=notice.since
+    )
+
+
+@attrs.frozen
+class ReceiverStatistics:
+    current_buffer_used: int
+    max_buffer_size: int
+    pending_notices: int
+
+
+class TraceReceiver:
+    """The reading end of one subscription, with the parts of a trio memory receive channel
+    the host uses: ``receive_nowait``/``receive`` (``trio.WouldBlock``, ``trio.EndOfChannel``
+    once the bus closed and the buffer is empty, ``trio.ClosedResourceError`` after
+    :meth:`close`), ``close`` and async iteration."""
+
+    def __init__(self, sub: _Subscriber) -> None:
+        self._sub = sub
+
+    def receive_nowait(self) -> TraceEvent:
+        sub = self._sub
+        if sub.receiver_closed:
+            raise trio.ClosedResourceError
+        got = sub.buffer.get()
+        if got is None:
+            if sub.sender_closed:
+                raise trio.EndOfChannel
+            raise trio.WouldBlock
+        if type(got) is Dropped:
+            return dropped_event(got)
+        assert isinstance(got, TraceEvent)
+        return got
+
+    async def receive(self) -> TraceEvent:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        try:
+            event = self.receive_nowait()
+        except trio.WouldBlock:
+            pass
+        else:
+            await trio.lowlevel.cancel_shielded_checkpoint()
+            return event
+        while True:
+            await self._sub.lot.park()
+            try:
+                return self.receive_nowait()
+            except trio.WouldBlock:
+                continue
+
+    def close(self) -> None:
+        sub = self._sub
+        sub.receiver_closed = True
+        sub.buffer.clear()
+        sub.lot.unpark_all()
+
+    def statistics(self) -> ReceiverStatistics:
+        buffer = self._sub.buffer
+        return ReceiverStatistics(len(buffer), buffer.cap, buffer.pending_notices())
+
+    def __aiter__(self) -> TraceReceiver:
+        return self
+
+    async def __anext__(self) -> TraceEvent:
+        try:
+            return await self.receive()
+        except trio.EndOfChannel:
+            raise StopAsyncIteration from None
+
+
 class _Subscriber:
     def __init__(self, kinds: frozenset[str] | None) -> None:
-        self.send, self.recv = trio.open_memory_channel[TraceEvent](SUBSCRIBER_CAP)
-        self.dropped = 0
+        self.buffer: FairBuffer[TraceEvent] = FairBuffer(SUBSCRIBER_CAP, MAX_SOURCES)
+        self.lot = trio.lowlevel.ParkingLot()
         self.kinds = kinds  # None: every kind
+        self.sender_closed = False
+        self.receiver_closed = False
+        self.recv = TraceReceiver(self)
 
     def wants(self, event: TraceEvent) -> bool:
         return self.kinds is None or event.kind in self.kinds or event.kind == "trace-dropped"
 
-    @property
-    def closed(self) -> bool:
-        return self.send.statistics().open_receive_channels == 0  # the reader went away
+    def put(self, source: Hashable, event: TraceEvent) -> None:
+        if self.sender_closed:
+            return  # the bus closed: nothing more is delivered
+        self.buffer.put(source, event, event.ts)
+        if self.lot:
+            self.lot.unpark_all()
 
-    def room(self) -> int:
-        stats = self.send.statistics()
-        return int(stats.max_buffer_size) - stats.current_buffer_used
+    def close_sender(self) -> None:
+        self.sender_closed = True
+        self.lot.unpark_all()
 
 
-#: An event kept for replay only, not built yet: (kind, server_id, channel_id, data).
-_Fields = tuple[str, str | None, str | None, Mapping[str, Any]]
+#: An event kept for replay only, not built yet: (kind, server_id, channel_id, data, ts).
+_Fields = tuple[str, str | None, str | None, Mapping[str, Any], float]
 
 
 class TraceBus:
-    def __init__(self) -> None:
+    def __init__(self, now: Callable[[], float] = time.time) -> None:
+        self._now = now  # the wall clock stamped on events
         self._subs: list[_Subscriber] = []
         self._recent: deque[TraceEvent | _Fields] = deque(maxlen=REPLAY_CAP)
         # the kinds some subscriber takes (None: every kind); recomputed whenever one is
@@ -69,33 +178,23 @@ class TraceBus:
         self._wanted: frozenset[str] | None = frozenset()
 
     def emit(self, kind: str, **fields: Any) -> TraceEvent:
+        if "ts" not in fields:
+            fields["ts"] = self._now()
         return self.publish(TraceEvent(kind=kind, **fields))
 
     def publish(self, event: TraceEvent) -> TraceEvent:
         """Hand a built event to every subscriber (never blocks)."""
         kind = event.kind
         self._recent.append(event)
-        if kind in ("diagnostic", "error"):
-            log.info("%s %s %s", event.server_id or event.agent or "", kind, dict(event.data))
+        source = source_of(event)
         gone = False
         for sub in self._subs:
             if sub.kinds is not None and kind not in sub.kinds:
                 continue
-            try:
-                if sub.dropped:
-                    if sub.room() < 2:
-                        # The count goes out with this event, or both wait: a count sent alone
-                        # would take the last slot and be followed by another count at once.
-                        sub.dropped += 1
-                        continue
-                    note = TraceEvent(kind="trace-dropped", data={"count": sub.dropped})
-                    sub.send.send_nowait(note)
-                    sub.dropped = 0
-                sub.send.send_nowait(event)
-            except trio.WouldBlock:
-                sub.dropped += 1
-            except (trio.BrokenResourceError, trio.ClosedResourceError):
+            if sub.receiver_closed:
                 gone = True
+                continue
+            sub.put(source, event)
         if gone:
             self._prune()
         return event
@@ -105,20 +204,22 @@ class TraceBus:
     ) -> None:
         """``publish(TraceEvent(kind=kind, server_id=server_id, channel_id=channel_id,
         data=data))``, except that the event is built only when a subscriber takes its kind
-        now; otherwise its fields wait in the replay buffer and it is built if it is replayed
-        (the hot lanes publish one event per item, and often nobody listens to them)."""
+        now; otherwise its fields (and the time) wait in the replay buffer and it is built if
+        it is replayed (the hot lanes publish one event per item, and often nobody listens to
+        them)."""
         wanted = self._wanted
-        if wanted is None or kind in wanted or kind in ("diagnostic", "error"):
+        ts = self._now()
+        if wanted is None or kind in wanted:
             self.publish(
-                TraceEvent(kind=kind, server_id=server_id, channel_id=channel_id, data=data)
+                TraceEvent(kind=kind, server_id=server_id, channel_id=channel_id, data=data, ts=ts)
             )
             return
         if channel_id is not None and not isinstance(channel_id, str):
             raise TypeError("channel_id must be a string or None")
-        self._recent.append((kind, server_id, channel_id, data))
+        self._recent.append((kind, server_id, channel_id, data, ts))
 
     def _prune(self) -> None:
-        self._subs = [s for s in self._subs if not s.closed]
+        self._subs = [s for s in self._subs if not s.receiver_closed]
         self._refresh()
 
     def _refresh(self) -> None:
@@ -132,8 +233,8 @@ class TraceBus:
 
     def subscribe_nowait(
         self, *, replay: bool = False, kinds: frozenset[str] | None = None
-    ) -> trio.MemoryReceiveChannel[TraceEvent]:
-        """Subscribe now; close the returned channel to unsubscribe. With ``kinds``, only
+    ) -> TraceReceiver:
+        """Subscribe now; close the returned receiver to unsubscribe. With ``kinds``, only
         events of those kinds (and ``trace-dropped``) are delivered."""
         return self._add(replay, kinds).recv
 
@@ -145,29 +246,29 @@ class TraceBus:
         if replay:
             recent = [e for e in map(_built, self._recent) if sub.wants(e)]
             for event in recent[-SUBSCRIBER_CAP // 2 :]:
-                sub.send.send_nowait(event)
+                sub.put(source_of(event), event)
         self._subs.append(sub)
         self._refresh()
         return sub
 
     @asynccontextmanager
-    async def subscribe(self) -> AsyncIterator[trio.MemoryReceiveChannel[TraceEvent]]:
+    async def subscribe(self) -> AsyncIterator[TraceReceiver]:
         sub = self._add(replay=False)
         try:
             yield sub.recv
         finally:
-            sub.send.close()  # the reader sees the end of the channel
+            sub.close_sender()  # the reader sees the end of the stream
             if sub in self._subs:
                 self._subs.remove(sub)
                 self._refresh()
 
     def close(self) -> None:
         for sub in self._subs:
-            sub.send.close()
+            sub.close_sender()
 
 
 def _built(entry: TraceEvent | _Fields) -> TraceEvent:
     if isinstance(entry, TraceEvent):
         return entry
-    kind, server_id, channel_id, data = entry
-    return TraceEvent(kind=kind, server_id=server_id, channel_id=channel_id, data=data)
+    kind, server_id, channel_id, data, ts = entry
+    return TraceEvent(kind=kind, server_id=server_id, channel_id=channel_id, data=data, ts=ts)

@@ -1,14 +1,66 @@
-"""The transcript: one human-readable line per trace event, and the loop that prints them
-while the host runs (``mcplive run``)."""
+"""The transcript: one human-readable line per trace event, each kind's level, and the loop
+that prints them while the host runs (``mcplive run``; the printing itself is in ``printer``).
+
+Every kind has one case in :func:`format_event` (or none: not shown) and a level in
+:data:`LEVELS` (a kind not listed is ``info``).
+"""
 
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Mapping
 from typing import Any
 
 from .models import Usage
 from .trace import TraceEvent
+
+DEBUG, INFO, WARNING, ERROR = logging.DEBUG, logging.INFO, logging.WARNING, logging.ERROR
+LEVEL_NAMES = {"debug": DEBUG, "info": INFO, "warning": WARNING, "error": ERROR}
+
+#: Each kind's level; a kind not listed is INFO. ``-q`` shows WARNING and up, ``-v`` DEBUG too.
+LEVELS: dict[str, int] = {
+    # what a server writes on its stderr, streamed model text, and the host's inner workings
+    "server-log": DEBUG,
+    "tokens": DEBUG,
+    "typing": DEBUG,
+    "connecting": DEBUG,
+    "turn-start": DEBUG,
+    "wake-parked": DEBUG,
+    "wake-withdrawn": DEBUG,
+    "route-suspended": DEBUG,
+    "header-notice": DEBUG,
+    "coalesce-compacted": DEBUG,
+    # something went wrong, or was refused, and the host went on
+    "diagnostic": WARNING,
+    "mcp-only": WARNING,
+    "disconnected": WARNING,
+    "request-timeout": WARNING,
+    "injection-dropped": WARNING,
+    "hook-failed": WARNING,
+    "turn-aborted": WARNING,
+    "trace-dropped": WARNING,
+    "error": ERROR,
+}
+
+
+def level_of(e: TraceEvent) -> int:
+    """The event's level: its kind's, or for a ``collapsed`` summary the level it stands for."""
+    if e.kind == "collapsed":
+        return LEVEL_NAMES.get(str(e.data.get("level")), WARNING)
+    return LEVELS.get(e.kind, INFO)
+
+
+def level_name(level: int) -> str:
+    return logging.getLevelName(level).lower()
+
+
+def _source_label(e: TraceEvent) -> str:
+    if e.server_id is not None:
+        return e.server_id
+    if e.agent is not None:
+        return e.agent
+    return "other sources" if e.data.get("other_sources") else "the host"
 
 
 def _excerpt(text: Any, limit: int = 240) -> str:
@@ -99,20 +151,37 @@ def format_event(e: TraceEvent) -> str | None:
         end = "" if d.get("phase") == "completed" else f" ({d.get('phase')})"
         return f"· {e.agent}: turn used {Usage.of(d).describe()} tokens{end}"
     if k == "trace-dropped":
-        return f"! transcript fell behind: {d.get('count')} events not shown"
+        count = d.get("count")
+        shown = f"{count:,}" if isinstance(count, int) else count
+        return f"! transcript fell behind: {shown} events from {_source_label(e)} not shown"
+    if k == "collapsed":
+        count = d.get("count")
+        shown = f"{count:,}" if isinstance(count, int) else count
+        like = "other lines" if d.get("other_shapes") else "like this"
+        sample = f" ({_excerpt(d.get('sample'), 120)})" if d.get("sample") else ""
+        seconds = d.get("seconds")
+        return f"… {shown} more {like} from {_source_label(e)} in the last {seconds} s{sample}"
+    if k == "note":
+        return f"· {d.get('text')}"
+    if k == "host-stopping":
+        return "· host stopping"
+    if k == "connecting":
+        return f"· {e.server_id} connecting ({d.get('transport')}, attempt {d.get('attempt')})"
+    if k == "server-log":
+        return f"  {e.server_id} stderr: {_excerpt(d.get('line'), 1000)}"
+    if k == "tokens":
+        return f"  {e.agent} streams: {_excerpt(d.get('delta'))}"
+    if k == "turn-start":
+        return f"· {e.agent} starts a turn ({d.get('wakes')} wake(s), {d.get('model')})"
+    if k == "request-timeout":
+        return f"! {e.server_id}: no answer to {d.get('method')} within {d.get('timeout_s')} s"
     return None
 
 
-async def print_transcript(stream: Any, out: Any) -> None:
-    """Print a line for every event of ``stream`` that has one, until the stream ends."""
-    last_context: dict[tuple[str | None, str | None], str] = {}  # one per server, agent
-    async for event in stream:
-        line = format_event(event)
-        if event.kind == "context-injected" and line is not None:
-            # the same status line before every turn is shown once, until it changes
-            key = (event.server_id, event.agent)
-            if last_context.get(key) == line or len(last_context) >= 1024:
-                continue
-            last_context[key] = line
-        if line is not None:
-            print(line, file=out, flush=True)
+async def print_transcript(stream: Any, out: Any, options: Any = None) -> None:
+    """Print a line for every event of ``stream`` that has one, until the stream ends
+    (``options``: a ``printer.TranscriptOptions``; default: info and up, plain text)."""
+    from .printer import TranscriptOptions, TranscriptPrinter, run_printer
+
+    printer = TranscriptPrinter(out, options if options is not None else TranscriptOptions())
+    await run_printer(stream, printer)

@@ -96,7 +96,7 @@ def test_a_subscriber_holds_exactly_subscriber_cap_events():
     assert kinds(drain(recv)) == ["after"]  # nothing was dropped
 
 
-def test_a_slow_subscriber_drops_and_then_gets_one_count():
+def test_a_slow_subscriber_keeps_the_oldest_and_then_gets_one_count():
     bus = TraceBus()
     slow = bus.subscribe_nowait()
     fast = bus.subscribe_nowait()
@@ -107,32 +107,76 @@ def test_a_slow_subscriber_drops_and_then_gets_one_count():
     drain(fast)
     assert slow.statistics().current_buffer_used == SUBSCRIBER_CAP
     got = drain(slow)
-    assert [e.data["i"] for e in got] == list(range(SUBSCRIBER_CAP))  # the oldest are kept
+    assert [e.data["i"] for e in got[:-1]] == list(range(SUBSCRIBER_CAP))  # the oldest are kept
+    assert got[-1].kind == "trace-dropped"
+    assert dict(got[-1].data) == {"count": 5}
+    assert (got[-1].server_id, got[-1].agent) == (None, None)  # the host's own events
 
     bus.emit("after")
-    got = drain(slow)
-    assert kinds(got) == ["trace-dropped", "after"]
-    assert dict(got[0].data) == {"count": 5}
+    assert kinds(drain(slow)) == ["after"]  # the count is reported once
     assert kinds(drain(fast)) == ["after"]  # the other subscriber lost nothing
 
-    bus.emit("later")
-    assert kinds(drain(slow)) == ["later"]  # the count is reported once
 
-
-def test_the_count_waits_for_room_for_itself_and_the_next_event():
+def test_a_count_takes_no_room_and_adds_up_until_it_is_read():
     bus = TraceBus()
     slow = bus.subscribe_nowait()
     for i in range(SUBSCRIBER_CAP + 3):
-        bus.emit("e", data={"i": i})
+        bus.emit("e", server_id="lobby", data={"i": i})
     slow.receive_nowait()
-    bus.emit("x")  # one free slot: the count would fill it alone, so "x" is counted too
-    assert slow.statistics().current_buffer_used == SUBSCRIBER_CAP - 1
-    slow.receive_nowait()
-    bus.emit("y")
+    bus.emit("e", server_id="lobby", data={"i": -1})  # the freed slot takes it
+    bus.emit("e", server_id="lobby", data={"i": -2})  # full again: counted with the others
     got = drain(slow)
-    assert kinds(got[-2:]) == ["trace-dropped", "y"]
-    assert dict(got[-2].data) == {"count": 4}
-    assert kinds(got[:-2]) == ["e"] * (SUBSCRIBER_CAP - 2)
+    assert len(got) == SUBSCRIBER_CAP + 1
+    notice = got[SUBSCRIBER_CAP - 1]
+    assert notice.kind == "trace-dropped" and notice.server_id == "lobby"
+    assert dict(notice.data) == {"count": 4}
+    assert got[-1].data == {"i": -1}  # kept, after the count opened by the first drop
+
+
+def test_a_flooding_server_loses_its_own_events_never_a_quiet_ones():
+    bus = TraceBus()
+    recv = bus.subscribe_nowait()
+    quiet = 0
+    for i in range(SUBSCRIBER_CAP * 3):
+        bus.emit("diagnostic", server_id="flood", data={"i": i})
+        if i % 50 == 0:
+            bus.emit("incoming", server_id="lobby", channel_id="general", data={"n": quiet})
+            bus.emit("published", agent="Ada", server_id="lobby", data={"n": quiet})
+            bus.emit("turn-start", agent="Ada", data={"n": quiet})
+            quiet += 1
+    got = drain(recv)
+    assert len([e for e in got if e.kind != "trace-dropped"]) == SUBSCRIBER_CAP
+    for kind in ("incoming", "published", "turn-start"):
+        assert [e.data["n"] for e in got if e.kind == kind] == list(range(quiet))
+    notices = [e for e in got if e.kind == "trace-dropped"]
+    assert [(e.server_id, e.agent) for e in notices] == [("flood", None)]
+    flood = [e.data["i"] for e in got if e.kind == "diagnostic"]
+    assert flood == sorted(flood)
+    assert len(flood) + notices[0].data["count"] == SUBSCRIBER_CAP * 3
+
+
+def test_sources_past_the_cap_share_one_slot_reported_as_other_sources():
+    with mock.patch.object(trace, "MAX_SOURCES", 2), mock.patch.object(trace, "SUBSCRIBER_CAP", 8):
+        bus = TraceBus()
+        recv = bus.subscribe_nowait()
+    for name in ("a", "b", "c", "d"):
+        for i in range(8):
+            bus.emit("e", server_id=name, data={"i": i})
+    got = drain(recv)
+    # "a" filled the buffer; "b" took half of it (each of its events evicted the newest of the
+    # biggest holder, until it was the biggest itself); "c" and "d" came past the cap and share
+    # one slot, which took room from both until it held as much as the biggest
+    items = [(e.server_id, e.data["i"]) for e in got if e.kind == "e"]
+    assert items == [("a", 0), ("a", 1), ("b", 0), ("b", 1), ("b", 2), ("c", 0), ("c", 1), ("c", 2)]
+    notices = {
+        ("other" if e.data.get("other_sources") else e.server_id): e.data["count"]
+        for e in got
+        if e.kind == "trace-dropped"
+    }
+    assert notices == {"a": 6, "b": 5, "other": 13}
+    # once drained, sources are forgotten and new ones are told apart again
+    bus.emit("e", server_id="c", data={"i": 99})
+    assert [(e.server_id, e.data) for e in drain(recv)] == [("c", {"i": 99})]
 
 
 bus_ops = st.lists(
@@ -224,13 +268,11 @@ def test_a_kinds_subscriber_that_falls_behind_still_hears_the_count():
     for _ in range(SUBSCRIBER_CAP + 5):
         bus.emit("x")
         bus.emit("y")  # never counted for this subscriber: it did not ask for it
-    assert len(drain(recv)) == SUBSCRIBER_CAP
+    got = drain(recv)
+    assert kinds(got) == ["x"] * SUBSCRIBER_CAP + ["trace-dropped"]
+    assert got[-1].data["count"] == 5
     bus.emit("y")
     assert drain(recv) == []
-    bus.emit("x")
-    got = drain(recv)
-    assert kinds(got) == ["trace-dropped", "x"]
-    assert got[0].data["count"] == 5
 
 
 # -- the subscriber cap -----------------------------------------------------------------------
@@ -279,7 +321,9 @@ async def test_close_ends_every_subscription_and_later_emits_are_harmless():
         bus.emit("e")
     bus.close()
     bus.emit("after close")
-    assert len(drain_until_end(slow)) == SUBSCRIBER_CAP
+    got = drain_until_end(slow)
+    assert kinds(got) == ["e"] * SUBSCRIBER_CAP + ["trace-dropped"]  # nothing lost unsaid
+    assert got[-1].data["count"] == 1
 
 
 def drain_until_end(recv: trio.MemoryReceiveChannel[TraceEvent]) -> list[TraceEvent]:
@@ -334,3 +378,64 @@ def test_published_fields_refuse_a_channel_id_that_is_not_a_string():
     bus.subscribe_nowait()
     with pytest.raises(TypeError):
         bus.publish_fields("incoming", "lobby", 5, {})  # type: ignore[arg-type]
+
+
+# -- timestamps -------------------------------------------------------------------------------
+
+
+class FakeWall:
+    def __init__(self) -> None:
+        self.now = 1_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_events_carry_the_wall_time_of_their_emission_outside_their_identity():
+    wall = FakeWall()
+    bus = TraceBus(now=wall)
+    recv = bus.subscribe_nowait()
+    sent = bus.emit("e", server_id="lobby")
+    wall.now = 2_000.0
+    assert sent.ts == 1_000.0
+    assert drain(recv)[0].ts == 1_000.0
+    assert sent == TraceEvent(kind="e", server_id="lobby", ts=5.0)  # equal whatever the time
+
+
+def test_lazily_built_events_keep_the_time_they_were_published_at():
+    wall = FakeWall()
+    bus = TraceBus(now=wall)
+    narrow = bus.subscribe_nowait(kinds=frozenset({"server-log"}))
+    bus.publish_fields("incoming", "lobby", "general", {"message_id": "m1"})
+    wall.now = 1_500.0
+    bus.publish_fields("incoming", "lobby", "general", {"message_id": "m2"})
+    wall.now = 9_000.0  # built only now, when a subscriber asks for the replay
+    later = bus.subscribe_nowait(replay=True)
+    assert [e.ts for e in drain(later)] == [1_000.0, 1_500.0]
+    bus.publish_fields("incoming", "lobby", "general", {"message_id": "m3"})
+    assert [e.ts for e in drain(later)] == [9_000.0]
+    assert drain(narrow) == []
+
+
+async def test_a_parked_reader_wakes_for_an_event_and_sees_the_end(autojump_clock):
+    bus = TraceBus()
+    recv = bus.subscribe_nowait()
+    got: list[TraceEvent] = []
+
+    async def read() -> None:
+        async for event in recv:
+            got.append(event)
+
+    with trio.fail_after(5):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(read)
+            await trio.testing.wait_all_tasks_blocked()
+            bus.emit("first")
+            await trio.testing.wait_all_tasks_blocked()
+            assert kinds(got) == ["first"]
+            bus.emit("second")
+            bus.close()
+    assert kinds(got) == ["first", "second"]
+    with pytest.raises(trio.ClosedResourceError):
+        recv.close()
+        recv.receive_nowait()

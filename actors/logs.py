@@ -1,0 +1,105 @@
+"""Python logging for the ``mcplive`` command: one handler on stderr, timestamped like the
+transcript, with configured secrets redacted from every record.
+
+mcplive's own loggers (``mcplive.*``, ``store.*``) follow the chosen level; other libraries'
+loggers stay at ``warning`` unless the chosen level is higher (an HTTP client logging each
+request at ``info`` is not the host's news).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from typing import Any
+
+from protocol.redact import NO_REDACTION, Redactor
+
+from .config import HostConfig
+
+OWN_LOGGERS = ("mcplive", "store")
+FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+DATE_FORMAT = "%Y-%m-%d %H:%M:%S"
+#: Environment variables holding model API keys the host reads.
+MODEL_KEY_VARIABLES = ("ANTHROPIC_API_KEY",)
+
+
+def host_secrets(cfg: HostConfig, environ: Any = None) -> list[str]:
+    """Every credential the host is configured with: each server's ``token`` (also when read
+    from ``token_env``), the model API keys it reads from the environment, and any other
+    ``*_env`` credential variable an agent or the host names."""
+    env = os.environ if environ is None else environ
+    secrets: list[str | None] = [s.token for s in cfg.servers]
+    names: list[str] = list(MODEL_KEY_VARIABLES)
+    for holder in (cfg, *cfg.agents):
+        for attribute in ("api_key_env", "web_token_env"):
+            name = getattr(holder, attribute, None)
+            if isinstance(name, str):
+                names.append(name)
+    secrets += [env.get(name) for name in names]
+    return [s for s in secrets if s]
+
+
+def host_redactor(cfg: HostConfig, environ: Any = None) -> Redactor:
+    return Redactor(host_secrets(cfg, environ))
+
+
+class RedactingFilter(logging.Filter):
+    """Replaces configured secrets in a record's message and in its traceback text."""
+
+    def __init__(self, redactor: Redactor) -> None:
+        super().__init__()
+        self.redactor = redactor
+        self._formatter = logging.Formatter()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not self.redactor:
+            return True
+        record.msg = self.redactor.text(record.getMessage())
+        record.args = None
+        if record.exc_info and not record.exc_text:
+            record.exc_text = self._formatter.formatException(record.exc_info)
+        if record.exc_text:
+            record.exc_text = self.redactor.text(record.exc_text)
+        if record.stack_info:
+            record.stack_info = self.redactor.text(record.stack_info)
+        return True
+
+
+class StderrHandler(logging.StreamHandler[Any]):
+    """Writes to whatever ``sys.stderr`` is at the time of the record."""
+
+    def __init__(self) -> None:
+        super().__init__(sys.stderr)
+
+    @property
+    def stream(self) -> Any:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, _: Any) -> None:
+        pass
+
+
+def setup_logging(level: int = logging.WARNING, redactor: Redactor = NO_REDACTION) -> None:
+    """Route log records to stderr at ``level`` (see the module docstring); calling it again
+    replaces the level and the redactor."""
+    root = logging.getLogger()
+    handler = next((h for h in root.handlers if isinstance(h, StderrHandler)), None)
+    if handler is None:
+        handler = StderrHandler()
+        handler.setFormatter(logging.Formatter(FORMAT, DATE_FORMAT))
+        root.addHandler(handler)
+    redact_logs(redactor)
+    root.setLevel(max(level, logging.WARNING))
+    for name in OWN_LOGGERS:
+        logging.getLogger(name).setLevel(level)
+
+
+def redact_logs(redactor: Redactor) -> None:
+    """Redact ``redactor``'s secrets from the records :func:`setup_logging` routes."""
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, StderrHandler):
+            for old in list(handler.filters):
+                handler.removeFilter(old)
+            handler.addFilter(RedactingFilter(redactor))

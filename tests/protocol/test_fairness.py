@@ -1,0 +1,143 @@
+"""The per-source fair buffer: bounded, ordered, and a flood only ever loses its own items."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from protocol.fairness import OTHER_SOURCES, Dropped, FairBuffer
+
+SOURCES = ["flood", "lobby", "ada", "clock"]
+
+ops = st.lists(
+    st.one_of(
+        st.tuples(st.just("put"), st.sampled_from(SOURCES)),
+        st.tuples(st.just("get"), st.integers(1, 6)),
+    ),
+    max_size=120,
+)
+
+
+def drain(buf: FairBuffer[int]) -> list[int | Dropped]:
+    out: list[int | Dropped] = []
+    while (got := buf.get()) is not None:
+        out.append(got)
+    return out
+
+
+@settings(max_examples=300)
+@given(ops, st.integers(1, 8))
+def test_every_item_is_delivered_in_order_or_counted_against_a_source_holding_the_most(
+    script: list[tuple[str, object]], cap: int
+) -> None:
+    buf: FairBuffer[int] = FairBuffer(cap, max_sources=len(SOURCES))
+    source_of: dict[int, str] = {}
+    got: list[int | Dropped] = []
+    for op, arg in script:
+        if op == "put":
+            assert isinstance(arg, str)
+            before = {s: buf.buffered(s) for s in SOURCES}
+            dropped_before = buf.dropped_total
+            item = len(source_of)
+            source_of[item] = arg
+            buf.put(arg, item)
+            if buf.dropped_total > dropped_before:
+                # a drop always hits a source that held the most at that moment
+                most = max(before.values())
+                losers = [s for s in SOURCES if buf.buffered(s) < before[s]]
+                if losers:  # an older item was evicted, and the new one kept
+                    (loser,) = losers
+                    assert before[loser] == most > before[arg]
+                else:  # the new item itself was dropped
+                    assert before[arg] == most
+        else:
+            assert isinstance(arg, int)
+            for _ in range(arg):
+                if (one := buf.get()) is None:
+                    break
+                got.append(one)
+        assert len(buf) <= cap
+        assert buf.pending_notices() <= len(SOURCES)
+    got += drain(buf)
+    assert len(buf) == 0 and buf.sources() == 0  # everything forgotten once drained
+    items = [g for g in got if not isinstance(g, Dropped)]
+    assert items == sorted(items)  # the order they were put in, across sources
+    counted = Counter[str]()
+    for g in got:
+        if isinstance(g, Dropped):
+            assert isinstance(g.source, str) and g.count > 0
+            counted[g.source] += g.count
+    delivered = Counter(source_of[i] for i in items)
+    assert delivered + counted == Counter(source_of.values())  # nothing lost unsaid
+
+
+@settings(max_examples=200)
+@given(st.integers(2, 16), st.lists(st.booleans(), max_size=300))
+def test_a_source_with_less_than_half_waiting_loses_nothing_to_a_flood(
+    cap: int, quiet_turns: list[bool]
+) -> None:
+    buf: FairBuffer[tuple[str, int]] = FairBuffer(cap, max_sources=4)
+    sent = 0
+    delivered: list[int] = []
+    for i, quiet in enumerate(quiet_turns):
+        buf.put("flood", ("flood", i))
+        if quiet:
+            buf.put("lobby", ("lobby", sent))
+            sent += 1
+        if buf.buffered("lobby") >= cap // 2:  # the reader comes by before the quiet one piles up
+            while (got := buf.get()) is not None:
+                if isinstance(got, tuple) and got[0] == "lobby":
+                    delivered.append(got[1])
+    while (got := buf.get()) is not None:
+        if isinstance(got, tuple) and got[0] == "lobby":
+            delivered.append(got[1])
+    assert delivered == list(range(sent))
+
+
+def test_one_notice_per_source_in_the_place_of_its_first_drop() -> None:
+    buf: FairBuffer[str] = FairBuffer(3, max_sources=4)
+    for item in ("f1", "f2", "f3", "f4", "f5"):
+        buf.put("flood", item)
+    buf.put("lobby", "l1")  # evicts the flood's newest (f3), not its oldest
+    buf.put("flood", "f6")
+    assert drain(buf) == ["f1", "f2", Dropped("flood", 4), "l1"]
+    assert drain(buf) == []
+
+
+def test_sources_past_the_cap_share_one_slot() -> None:
+    buf: FairBuffer[str] = FairBuffer(10, max_sources=2)
+    for source in ("a", "b", "c", "d"):
+        buf.put(source, source)
+    assert buf.sources() == 3  # a, b, and the shared slot
+    assert buf.buffered(OTHER_SOURCES) == 2
+    assert drain(buf) == ["a", "b", "c", "d"]
+    assert buf.sources() == 0
+    buf.put("d", "d2")  # room again: told apart
+    assert buf.buffered("d") == 1
+
+
+def test_the_shared_slot_is_counted_as_one_source_when_full() -> None:
+    buf: FairBuffer[str] = FairBuffer(2, max_sources=1)
+    buf.put("a", "a1")
+    buf.put("a", "a2")
+    buf.put("b", "b1")  # past the cap: the shared slot, which takes room from "a"
+    buf.put("c", "c1")  # the shared slot holds as much as "a" now: c1 is dropped
+    assert drain(buf) == ["a1", Dropped("a", 1), "b1", Dropped(OTHER_SOURCES, 1)]
+
+
+@pytest.mark.parametrize("cap,max_sources", [(0, 1), (1, 0)])
+def test_limits_must_be_positive(cap: int, max_sources: int) -> None:
+    with pytest.raises(ValueError):
+        FairBuffer(cap, max_sources)
+
+
+def test_a_notice_carries_the_time_of_its_first_drop() -> None:
+    buf: FairBuffer[str] = FairBuffer(1, max_sources=4)
+    buf.put("flood", "f1", now=1.0)
+    buf.put("flood", "f2", now=2.0)
+    buf.put("flood", "f3", now=3.0)
+    buf.put("lobby", "l1", now=4.0)  # evicts f1: the flood's notice keeps its first time
+    assert drain(buf) == [Dropped("flood", 3, since=2.0), "l1"]
