@@ -14,6 +14,7 @@ alone publishes nothing.
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 import uuid
@@ -25,7 +26,7 @@ import attrs
 import trio
 
 from protocol.coalesce import inference_needed
-from protocol.gate import Drained, Gate, GateEvent, WakeBuffer
+from protocol.gate import Drained, Gate, GateConfig, GateEvent, WakeBuffer
 from protocol.routes import Candidate, Route, decide_route
 from protocol.source import mark_text
 from protocol.state import Recorded, read_rollback_result, rollback_params, rollback_targets
@@ -45,7 +46,7 @@ from .config import AgentConfig, load_gate
 from .context import HostContext
 from .hooks import TurnHooks, injection_messages
 from .kernel import Actor, Reply
-from .messages import Call, Wake, Wakes, WakeTarget, Withdraw
+from .messages import Call, Reconfigure, Wake, Wakes, WakeTarget, Withdraw
 from .models import Model, ModelError, ModelRequest
 from .scripted import body_of
 from .speech import (
@@ -327,6 +328,8 @@ class AgentActor(Actor):
             else:
                 self.turn_running = True  # no turn starts while the rollback runs
                 self.spawn(self._rollback, msg.to, reply)
+        elif isinstance(msg, Reconfigure):
+            reply.value(self._reconfigure(msg.cfg))
         else:
             raise TypeError(f"unexpected message {msg!r}")
 
@@ -406,6 +409,25 @@ class AgentActor(Actor):
             self._gate_batch(batch)
         self._trace("gate-reloaded", path=str(path))
         self._timer_changed.set()
+
+    def _reconfigure(self, cfg: AgentConfig) -> bool:
+        """A config reload: the system prompt applies from the next turn, and the gate file (a
+        new one, or the same one changed on disk) is re-read now. True when the gate's policies
+        changed."""
+        before = self.gate.config
+        self.cfg = cfg
+        self.system = cfg.system_prompt or DEFAULT_PROMPT.format(name=cfg.name)
+        now = trio.current_time()
+        if cfg.gate is None:
+            for batch in self.gate.reload(GateConfig(), now):
+                self._gate_batch(batch)
+            self._gate_mtime = None
+        else:
+            self._gate_mtime = None  # read it whatever its modification time says
+            self._gate_checked = -math.inf
+            self._reload_gate(now)
+        self._timer_changed.set()
+        return self.gate.config != before
 
     def _gate_batch(self, batch: Any) -> None:
         """A debounced batch came due: one wake carrying its count (never a speech route)."""

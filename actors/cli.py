@@ -17,8 +17,10 @@ import trio
 
 from .cli_check import cmd_check
 from .cli_history import cmd_history
+from .cli_status import add_parser as add_status_parser
 from .config import ConfigErrors, load_config
 from .errors import ConfigError
+from .reload import ignore_sighup_until_ready, reload_on_sighup
 from .transcript import print_transcript
 
 
@@ -40,6 +42,7 @@ async def _run(config: Any, duration: float | None, out: Any) -> None:
                     return
 
         async with trio.open_nursery() as nursery:
+            await nursery.start(reload_on_sighup, host, config, out)
             nursery.start_soon(print_transcript, stream, out)
             nursery.start_soon(stop_on_signal, nursery.cancel_scope)
             if duration is not None:
@@ -65,6 +68,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     try:
         if not isinstance(config, dict):
             load_config(config)  # report problems before anything starts
+        ignore_sighup_until_ready()
         trio.run(_run, config, args.duration, sys.stdout)
     except ConfigError as exc:
         return _config_problems(exc)
@@ -176,6 +180,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--connect", action="store_true", help="connect to each server and report its grant"
     )
     check.set_defaults(fn=cmd_check)
+    add_status_parser(sub)
     hist = sub.add_parser("history", help="print stored messages")
     hist.add_argument("--data-dir", default="mcplive-data")
     hist.add_argument("--agent")

@@ -32,7 +32,9 @@ from .inference import InferenceRouter
 from .kernel import Work
 from .models import Model
 from .references import ReferenceRegistry
+from .reload import apply_plan, one_line, plan_reload
 from .scripted import ScriptedModel
+from .status import StatusWriter
 from .storage import StoreClient
 from .trace import TraceBus, TraceEvent
 
@@ -58,6 +60,9 @@ def model_from_spec(spec: str, where: str = "model") -> Model:
 class Host:
     def __init__(self, ctx: HostContext) -> None:
         self.ctx = ctx
+        self._source: str | os.PathLike[str] | None = None  # the config file, for reload()
+        self._reloading = trio.Lock()
+        self.status_writer: StatusWriter | None = None  # keeps <data_dir>/status.json
 
     @property
     def config(self) -> HostConfig:
@@ -75,6 +80,8 @@ class Host:
         lock.acquire()  # one running host per data_dir; DataDirBusy names the holder
         try:
             async with cls._opened(cfg, models) as host:
+                if isinstance(config, str | os.PathLike):
+                    host._source = config
                 yield host
         finally:
             lock.release()
@@ -110,6 +117,8 @@ class Host:
                         "data_dir": str(cfg.data_dir),
                     },
                 )
+                host.status_writer = StatusWriter(ctx)
+                nursery.start_soon(host.status_writer.run)
                 try:
                     yield host
                 except Exception as exc:  # re-raised below, outside the nursery
@@ -165,6 +174,37 @@ class Host:
         in force at ``to``. The report lists each server's answer."""
         report: dict[str, Any] = await self._agent(agent).ask(Rollback(to=to), timeout=300)
         return report
+
+    async def reload(
+        self, config: str | os.PathLike[str] | Mapping[str, Any] | HostConfig | None = None
+    ) -> dict[str, Any]:
+        """Put a new config in force where that is safe while running (agents' gates and
+        system prompts, servers' capability and feature-set masks; see ``actors.reload``) and
+        resume agents paused after a refused credential. ``config`` defaults to the file the
+        host was opened with. The report (also a ``config-reloaded`` trace event) lists what
+        changed, what needs a restart and who was resumed. An invalid config leaves the running
+        one in force: a ``reload-refused`` trace event says why, and the ``ConfigError`` is
+        raised."""
+        source = config if config is not None else self._source
+        if source is None:
+            raise ConfigError("reload: the host was not opened from a config file; pass one")
+        async with self._reloading:
+            try:
+                new = source if isinstance(source, HostConfig) else load_config(source)
+            except ConfigError as exc:
+                problems = getattr(exc, "problems", None) or [str(exc)]
+                self.ctx.trace.emit("reload-refused", data={"reason": one_line(problems)})
+                raise
+            plan = plan_reload(self.ctx.config, new)
+            return await apply_plan(self.ctx, plan, self._resume_after_reload)
+
+    async def _resume_after_reload(self, agent: str) -> bool:
+        """The one place a reload resumes an agent paused after its model refused the
+        credential: through ``Host.resume`` where the host has it."""
+        resume = getattr(self, "resume", None)
+        if resume is None:
+            return False
+        return bool(await resume(agent))
 
     def trace(self, kinds: Iterable[str] | None = None) -> TraceStream:
         """Trace events from now on (after a replay of recent ones); with ``kinds``, only

@@ -87,6 +87,19 @@ def format_event(e: TraceEvent) -> str | None:
             bits.append(f"batch {d['batch']}")
         detail = f" ({'; '.join(bits)})" if bits else ""
         return f"· {scope}: {d.get('reason')}{detail}"
+    if k == "config-reloaded":
+        changed = ", ".join(d.get("changed") or ()) or "nothing"
+        resumed = ", ".join(d.get("resumed") or ())
+        restart = ", ".join(d.get("restart") or ())
+        return (
+            f"· config reloaded: changed {changed}"
+            + (f"; resumed {resumed}" if resumed else "")
+            + (f"; needs a restart to apply: {restart}" if restart else "")
+        )
+    if k == "reload-refused":
+        return f"! config not reloaded, the running one stays: {d.get('reason')}"
+    if k == "status-unwritten":
+        return f"! status file {d.get('path')} not written: {d.get('error')}"
     if k == "trace-dropped":
         return f"! transcript fell behind: {d.get('count')} events not shown"
     return None
