@@ -106,10 +106,10 @@ def summary(
     for s in doc.get("servers") or ():
         if not isinstance(s, Mapping):
             continue
-        grant = ", ".join(s.get("grant") or ()) or "nothing granted"
+        grant = ", ".join(s.get("grant") or ())
         lines.append(
             f"  {s.get('id')}: {s.get('state')}; {s.get('tools')} tools; "
-            f"reconnects {s.get('reconnects')}; grants {grant}"
+            f"reconnects {s.get('reconnects')}; " + (f"grants {grant}" if grant else "no grant")
         )
         if s.get("last_error"):
             lines.append(f"    last error: {s['last_error']}")

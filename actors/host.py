@@ -71,15 +71,22 @@ class Host:
     @classmethod
     @asynccontextmanager
     async def open(
-        cls, config: str | os.PathLike[str] | Mapping[str, Any] | HostConfig
+        cls,
+        config: str | os.PathLike[str] | Mapping[str, Any] | HostConfig,
+        *,
+        status_file: bool = True,
     ) -> AsyncIterator[Host]:
+        """Start a host on ``config`` (see the README's Python API). With ``status_file``
+        (the default) it keeps ``<data_dir>/status.json`` for ``mcplive status``, paced by
+        wall-clock time; a test on a mock clock that waits for the host to sit idle for a
+        while (``autojump_threshold`` above zero) turns it off."""
         cfg = config if isinstance(config, HostConfig) else load_config(config)
         models = {a.name: make_model(a) for a in cfg.agents}
         cfg.data_dir.mkdir(parents=True, exist_ok=True)
         lock = DataDirLock(cfg.data_dir)
         lock.acquire()  # one running host per data_dir; DataDirBusy names the holder
         try:
-            async with cls._opened(cfg, models) as host:
+            async with cls._opened(cfg, models, status_file) as host:
                 if isinstance(config, str | os.PathLike):
                     host._source = config
                 yield host
@@ -88,7 +95,9 @@ class Host:
 
     @classmethod
     @asynccontextmanager
-    async def _opened(cls, cfg: HostConfig, models: Mapping[str, Model]) -> AsyncIterator[Host]:
+    async def _opened(
+        cls, cfg: HostConfig, models: Mapping[str, Model], status_file: bool
+    ) -> AsyncIterator[Host]:
         work = Work()
         trace = TraceBus()
         store = StoreClient(cfg.data_dir, work)
@@ -117,8 +126,9 @@ class Host:
                         "data_dir": str(cfg.data_dir),
                     },
                 )
-                host.status_writer = StatusWriter(ctx)
-                nursery.start_soon(host.status_writer.run)
+                if status_file:
+                    host.status_writer = StatusWriter(ctx)
+                    nursery.start_soon(host.status_writer.run)
                 try:
                     yield host
                 except Exception as exc:  # re-raised below, outside the nursery
