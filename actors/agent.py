@@ -418,12 +418,11 @@ class AgentActor(Actor):
         self.cfg = cfg
         self.system = cfg.system_prompt or DEFAULT_PROMPT.format(name=cfg.name)
         now = trio.current_time()
+        self._gate_mtime = None  # read the file whatever its modification time says
         if cfg.gate is None:
             for batch in self.gate.reload(GateConfig(), now):
                 self._gate_batch(batch)
-            self._gate_mtime = None
         else:
-            self._gate_mtime = None  # read it whatever its modification time says
             self._gate_checked = -math.inf
             self._reload_gate(now)
         self._timer_changed.set()

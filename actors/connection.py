@@ -254,16 +254,15 @@ class ConnectionActor(Actor):
             link.closed.set()  # negotiated under the old masks: reconnect to negotiate anew
         if link is None or link.mcp_only or not link.ready:
             reply.value(None)
-            return
+        else:
+            self.spawn(self._reapply, link, reply)
 
-        async def reapply() -> None:
-            try:
-                await self._apply_manifest(link, link.manifest, by_operator=True)
-            except NotConnected:
-                pass
-            reply.value(sorted(link.grant) if self.link is link and link.ready else None)
-
-        self.spawn(reapply)
+    async def _reapply(self, link: Link, reply: Reply) -> None:
+        try:
+            await self._apply_manifest(link, link.manifest, by_operator=True)
+        except NotConnected:
+            pass
+        reply.value(sorted(link.grant) if self.link is link and link.ready else None)
 
     def _notify_nowait(self, msg: Notify) -> None:
         """A best-effort notification: sent on a ready link if the outbox has room, dropped
@@ -804,7 +803,8 @@ class ConnectionActor(Actor):
 
         Removals are revoked at once, host-first, before the update is sent. Additions are never
         granted on the server's word: only an explicit ``enabled_capabilities`` pattern can grant
-        them, and then only once the receipt arrives; otherwise they wait for the operator.
+        them, and then only once the receipt arrives; otherwise they wait for the operator (a
+        config reload, ``by_operator``, grants them).
         """
         cfg = self.cfg
         before_grant, before_sets = link.grant, link.enabled_sets

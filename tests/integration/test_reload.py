@@ -107,6 +107,15 @@ async def test_a_gate_and_a_prompt_change_take_effect(
             await lb.host.run_until_idle()
             assert len(model.calls("Ada")) == 2
             assert model.calls("Ada")[1].system == "Be terse, Ada."
+            # no gate any more: everything wakes her again
+            skip.write_text('default = "skip"\n', encoding="utf-8")
+            assert (await lb.host.reload(terse))["changed"] == ["Ada.gate (file)"]
+            ungated = await lb.host.reload(with_agent(terse, gate=None))
+            assert ungated["changed"] == ["Ada.gate"]
+            send_incoming(lb.ctl, "lobby:#general", "m-d", "no gate")
+            await lb.ctl.wait_for(incoming_answered("m-d"), "m-d stored")
+            await lb.host.run_until_idle()
+            assert len(model.calls("Ada")) == 3
 
 
 async def test_what_needs_a_restart_is_reported_and_left_alone(tmp_path: Path) -> None:
