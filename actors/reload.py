@@ -167,7 +167,8 @@ async def reload_on_sighup(
         task_status.started()
         async for _ in signals:
             if isinstance(source, Mapping):
-                print("· SIGHUP: no config file to reload (the bundled example)", file=out)
+                note = "· SIGHUP: no config file to reload (the bundled example)"
+                print(note, file=out, flush=True)
                 continue
             try:
                 await host.reload(source)

@@ -13,6 +13,7 @@ When the host stops, one last snapshot says ``"running": false``.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import secrets
@@ -45,6 +46,7 @@ MAX_NAMES = 200
 MODEL_KEY_VARIABLES = ("ANTHROPIC_API_KEY",)
 
 
+@functools.cache
 def version() -> str:
     try:
         return metadata.version("mcplive")
