@@ -47,7 +47,7 @@ from .config import AgentConfig
 from .context import HostContext
 from .header_notice import HEADER_NOTICE, HeaderNotice
 from .kernel import Actor, Reply
-from .messages import AgentStatus, Wake, Wakes, Withdraw
+from .messages import AgentStatus, Reconfigure, Wake, Wakes, Withdraw
 from .models import Model, ModelAuthError, Usage
 from .rollback import CHECKPOINTS, record_checkpoints, roll_back
 from .speech import Drafts, SpeechSender, TurnSpeech
@@ -237,6 +237,8 @@ class AgentActor(Actor):
             else:
                 self.turn_running = True  # no turn starts while the rollback runs
                 self.spawn(self._rollback, msg.to, reply)
+        elif isinstance(msg, Reconfigure):
+            reply.value(self._reconfigure(msg.cfg))
         else:
             raise TypeError(f"unexpected message {msg!r}")
         self._publish_status()
@@ -346,6 +348,13 @@ class AgentActor(Actor):
             provider=exc.provider,
             waiting=self._queued(),
         )
+
+    def _reconfigure(self, cfg: AgentConfig) -> bool:
+        """A config reload: the system prompt applies from the next turn, the gate file is
+        re-read now. True when the gate's policies changed."""
+        self.cfg = cfg
+        self.system = cfg.system_prompt or DEFAULT_PROMPT.format(name=cfg.name)
+        return self.gate.reconfigure(cfg.gate)
 
     def _resume(self) -> bool:
         if self.paused is None:

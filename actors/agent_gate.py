@@ -9,6 +9,7 @@ buffers them like any other wake). Everything runs in the agent's tasks.
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -16,7 +17,7 @@ from typing import Any
 
 import trio
 
-from protocol.gate import Gate, GateEvent
+from protocol.gate import Gate, GateConfig, GateEvent
 
 from .config import load_gate
 from .messages import Wake
@@ -103,6 +104,23 @@ class WakeGate:
             self._batch(batch)
         self._trace("gate-reloaded", path=str(self.path))
         self._timer_changed.set()
+
+    def reconfigure(self, path: Path | None) -> bool:
+        """A config reload: the gate file (a new one, or the same one changed on disk) is
+        re-read now, whatever its modification time says; no file drops every policy. True
+        when the policies changed."""
+        before = self.gate.config
+        now = trio.current_time()
+        self.path = path
+        self._mtime = None
+        if path is None:
+            for batch in self.gate.reload(GateConfig(), now):
+                self._batch(batch)
+        else:
+            self._checked = -math.inf
+            self._reload(now)
+        self._timer_changed.set()
+        return bool(self.gate.config != before)
 
     def _batch(self, batch: Any) -> None:
         """A debounced batch came due: one wake carrying its count (never a speech route)."""

@@ -9,7 +9,7 @@ import os
 import signal
 import socket
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -26,11 +26,13 @@ from .cli_errors import (
     quiet_after_broken_pipe,
 )
 from .cli_history import cmd_history
+from .cli_status import add_parser as add_status_parser
 from .config import ConfigErrors, HostConfig, data_dir_problem, load_config
 from .datadir import holder
 from .errors import ConfigError
 from .logs import host_redactor, redact_logs, setup_logging
 from .printer import TranscriptOptions, TranscriptPrinter, run_printer
+from .reload import ignore_sighup_until_ready, reload_on_sighup
 from .transcript import LEVEL_NAMES
 
 
@@ -44,6 +46,7 @@ async def _run(
     out: Any,
     options: TranscriptOptions | None = None,
     notes: Sequence[str] = (),
+    reload_from: Callable[[], HostConfig] | None = None,
 ) -> None:
     """Run the host and print its transcript to ``out`` until ``duration`` is over or a signal
     comes; then print what the host said while it stopped."""
@@ -66,6 +69,7 @@ async def _run(
                     return
 
         async with trio.open_nursery() as nursery:
+            await nursery.start(reload_on_sighup, host, reload_from)
             nursery.start_soon(run_printer, stream, printer)
             nursery.start_soon(stop_on_signal, nursery.cancel_scope)
             if duration is not None:
@@ -100,7 +104,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         notes.append(f"no config given: running the bundled lobby example ({bundled_example()})")
     try:
         cfg = _host_config(args)  # report problems before anything starts
-        _run_while_read(cfg, args.duration, options, notes)
+        ignore_sighup_until_ready()
+        reload_from = None if args.config is None else (lambda: _host_config(args))
+        _run_while_read(cfg, args.duration, options, notes, reload_from)
     except ConfigError as exc:
         return _config_problems(exc)
     except KeyboardInterrupt:
@@ -123,12 +129,16 @@ def _host_config(args: argparse.Namespace) -> HostConfig:
 
 
 def _run_while_read(
-    config: Any, duration: float | None, options: TranscriptOptions, notes: Sequence[str]
+    config: Any,
+    duration: float | None,
+    options: TranscriptOptions,
+    notes: Sequence[str],
+    reload_from: Callable[[], HostConfig] | None = None,
 ) -> None:
     """Run the host until it is told to stop, or until whoever reads the transcript stops
     reading (``mcplive run | head``): then the host stops cleanly, with one line saying why."""
     try:
-        trio.run(_run, config, duration, sys.stdout, options, notes)
+        trio.run(_run, config, duration, sys.stdout, options, notes, reload_from)
     except* BrokenPipeError:
         # nothing more can be written there; later writes (at exit) go nowhere
         devnull = os.open(os.devnull, os.O_WRONLY)
@@ -323,6 +333,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--connect", action="store_true", help="connect to each server and report its grant"
     )
     check.set_defaults(fn=cmd_check)
+    add_status_parser(sub)
     hist = sub.add_parser(
         "history",
         help="print stored messages, oldest first (read-only; works beside a running host)",

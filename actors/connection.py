@@ -80,6 +80,7 @@ from .messages import (
     IngestBatch,
     Notify,
     Prepared,
+    Reconfigure,
     Register,
     Status,
     Unregister,
@@ -236,8 +237,32 @@ class ConnectionActor(Actor):
         elif isinstance(msg, Notify):
             self._notify_nowait(msg)
             reply.value(None)
+        elif isinstance(msg, Reconfigure):
+            self._reconfigure(msg.cfg, reply)
         else:
             raise TypeError(f"unexpected message {msg!r}")
+
+    def _reconfigure(self, cfg: ServerConfig, reply: Reply) -> None:
+        """A config reload changed this server's masks. A ready link gets them at once, the way
+        a manifest change is applied (host-first revocation, then ``featureSets/update``), but
+        additions are granted too: the operator asked for them. A link whose handshake already
+        negotiated under the old masks is reopened; otherwise the next handshake uses them.
+        The answer is the grant in force afterwards, or None when the server is not ready."""
+        self.cfg = cfg
+        link = self.link
+        if link is not None and not link.ready and not link.mcp_only and link.manifest:
+            link.closed.set()  # negotiated under the old masks: reconnect to negotiate anew
+        if link is None or link.mcp_only or not link.ready:
+            reply.value(None)
+        else:
+            self.spawn(self._reapply, link, reply)
+
+    async def _reapply(self, link: Link, reply: Reply) -> None:
+        try:
+            await self._apply_manifest(link, link.manifest, by_operator=True)
+        except NotConnected:
+            pass
+        reply.value(sorted(link.grant) if self.link is link and link.ready else None)
 
     def _notify_nowait(self, msg: Notify) -> None:
         """A best-effort notification: sent on a ready link if the outbox has room, dropped
@@ -771,12 +796,15 @@ class ConnectionActor(Actor):
             link.refetch = False
             self.work.dec()
 
-    async def _apply_manifest(self, link: Link, manifest: Mapping[str, Any]) -> None:
+    async def _apply_manifest(
+        self, link: Link, manifest: Mapping[str, Any], *, by_operator: bool = False
+    ) -> None:
         """Diff a fetched manifest against the one in force and apply it (SPEC §6.7, §17).
 
         Removals are revoked at once, host-first, before the update is sent. Additions are never
         granted on the server's word: only an explicit ``enabled_capabilities`` pattern can grant
-        them, and then only once the receipt arrives; otherwise they wait for the operator.
+        them, and then only once the receipt arrives; otherwise they wait for the operator (a
+        config reload, ``by_operator``, grants them).
         """
         cfg = self.cfg
         before_grant, before_sets = link.grant, link.enabled_sets
@@ -786,7 +814,7 @@ class ConnectionActor(Actor):
             self.diagnostic(note)
         wanted = cfg.grant_for(advertised)
         added = wanted - before_grant
-        pending = added if cfg.enabled_capabilities is None else frozenset()
+        pending = added if cfg.enabled_capabilities is None and not by_operator else frozenset()
         target = wanted - pending
         reduced = before_grant & target
         # host-first: what the server no longer offers (or policy no longer allows) is gone now

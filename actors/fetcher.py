@@ -28,10 +28,10 @@ import secrets
 import zlib
 from http.cookiejar import CookieJar, DefaultCookiePolicy
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import ada_url
 import attrs
-import httpx
 import trio
 
 from protocol.references import (
@@ -44,6 +44,9 @@ from protocol.references import (
     is_expired,
     sniff_mime,
 )
+
+if TYPE_CHECKING:  # imported where a fetch needs it: most runs never fetch, and it is slow to load
+    import httpx
 
 __all__ = ["FetchPlan", "FetchRefused", "Fetched", "fetch", "make_client"]
 
@@ -95,6 +98,8 @@ def make_client() -> httpx.AsyncClient:
     """A client for reference fetches: no redirects, no proxies or netrc from the environment,
     no cookie kept from one response for the next, no timeouts of its own (each fetch has one
     deadline for the whole exchange)."""
+    import httpx
+
     return httpx.AsyncClient(
         follow_redirects=False,
         trust_env=False,
@@ -160,6 +165,8 @@ def _request_url(uri: str) -> httpx.URL:
     """The URL to dial: the WHATWG reading of the uri (the one its origin was checked on),
     without user-info (no credential but the server's token goes out) or fragment; refused
     unless httpx reads the same scheme, host and port from it."""
+    import httpx
+
     try:
         parsed = ada_url.URL(uri)
     except ValueError:
@@ -185,6 +192,8 @@ def _request_url(uri: str) -> httpx.URL:
 
 
 async def _get(plan: FetchPlan, client: httpx.AsyncClient, url: httpx.URL) -> _Body:
+    import httpx
+
     headers = {"Accept-Encoding": "gzip, deflate"}
     if plan.token is not None:
         headers["Authorization"] = f"Bearer {plan.token}"
@@ -193,7 +202,7 @@ async def _get(plan: FetchPlan, client: httpx.AsyncClient, url: httpx.URL) -> _B
     with trio.move_on_after(plan.timeout) as deadline:
         try:
             async with client.stream(
-                "GET", url, headers=headers, follow_redirects=False, auth=_NoAuth()
+                "GET", url, headers=headers, follow_redirects=False, auth=_no_auth()
             ) as response:
                 status = response.status_code
                 if 300 <= status < 400:
@@ -216,8 +225,12 @@ async def _get(plan: FetchPlan, client: httpx.AsyncClient, url: httpx.URL) -> _B
     return _Body(data=counter.data, digest=counter.digest(), content_type=content_type)
 
 
-class _NoAuth(httpx.Auth):
-    """No credential from the client's defaults or from the URL."""
+def _no_auth() -> httpx.Auth:
+    """No credential from the client's defaults or from the URL (an ``httpx.Auth`` that adds
+    nothing)."""
+    import httpx
+
+    return httpx.Auth()
 
 
 @attrs.define

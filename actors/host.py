@@ -33,7 +33,9 @@ from .inference import InferenceRouter
 from .kernel import Work
 from .models import Model
 from .references import ReferenceRegistry
+from .reload import apply_plan, one_line, plan_reload
 from .scripted import ScriptedModel
+from .status import StatusWriter
 from .storage import StoreClient
 from .trace import TraceBus, TraceEvent
 
@@ -59,6 +61,9 @@ def model_from_spec(spec: str, where: str = "model") -> Model:
 class Host:
     def __init__(self, ctx: HostContext) -> None:
         self.ctx = ctx
+        self._source: str | os.PathLike[str] | None = None  # the config file, for reload()
+        self._reloading = trio.Lock()
+        self.status_writer: StatusWriter | None = None  # keeps <data_dir>/status.json
 
     @property
     def config(self) -> HostConfig:
@@ -67,22 +72,33 @@ class Host:
     @classmethod
     @asynccontextmanager
     async def open(
-        cls, config: str | os.PathLike[str] | Mapping[str, Any] | HostConfig
+        cls,
+        config: str | os.PathLike[str] | Mapping[str, Any] | HostConfig,
+        *,
+        status_file: bool = True,
     ) -> AsyncIterator[Host]:
+        """Start a host on ``config`` (see the README's Python API). With ``status_file``
+        (the default) it keeps ``<data_dir>/status.json`` for ``mcplive status``, paced by
+        wall-clock time; a test on a mock clock that waits for the host to sit idle for a
+        while (``autojump_threshold`` above zero) turns it off."""
         cfg = config if isinstance(config, HostConfig) else load_config(config)
         models = {a.name: make_model(a) for a in cfg.agents}
         cfg.data_dir.mkdir(parents=True, exist_ok=True)
         lock = DataDirLock(cfg.data_dir)
         lock.acquire()  # one running host per data_dir; DataDirBusy names the holder
         try:
-            async with cls._opened(cfg, models) as host:
+            async with cls._opened(cfg, models, status_file) as host:
+                if isinstance(config, str | os.PathLike):
+                    host._source = config
                 yield host
         finally:
             lock.release()
 
     @classmethod
     @asynccontextmanager
-    async def _opened(cls, cfg: HostConfig, models: Mapping[str, Model]) -> AsyncIterator[Host]:
+    async def _opened(
+        cls, cfg: HostConfig, models: Mapping[str, Model], status_file: bool
+    ) -> AsyncIterator[Host]:
         work = Work()
         trace = TraceBus()
         store = StoreClient(cfg.data_dir, work)
@@ -111,6 +127,9 @@ class Host:
                         "data_dir": str(cfg.data_dir),
                     },
                 )
+                if status_file:
+                    host.status_writer = StatusWriter(ctx)
+                    nursery.start_soon(host.status_writer.run)
                 try:
                     yield host
                 except Exception as exc:  # re-raised below, outside the nursery
@@ -173,6 +192,33 @@ class Host:
         in force at ``to``. The report lists each server's answer."""
         report: dict[str, Any] = await self._agent(agent).ask(Rollback(to=to), timeout=300)
         return report
+
+    async def reload(
+        self, config: str | os.PathLike[str] | Mapping[str, Any] | HostConfig | None = None
+    ) -> dict[str, Any]:
+        """Put a new config in force where that is safe while running (agents' gates and
+        system prompts, servers' capability and feature-set masks; see ``actors.reload``) and
+        resume agents paused after a refused credential. ``config`` defaults to the file the
+        host was opened with. The report (also a ``config-reloaded`` trace event) lists what
+        changed, what needs a restart and who was resumed. An invalid config leaves the running
+        one in force: a ``reload-refused`` trace event says why, and the ``ConfigError`` is
+        raised."""
+        source = config if config is not None else self._source
+        if source is None:
+            raise ConfigError("reload: the host was not opened from a config file; pass one")
+        async with self._reloading:
+            try:
+                new = source if isinstance(source, HostConfig) else load_config(source)
+            except ConfigError as exc:
+                problems = getattr(exc, "problems", None) or [str(exc)]
+                self.ctx.trace.emit("reload-refused", data={"reason": one_line(problems)})
+                raise
+            plan = plan_reload(self.ctx.config, new)
+            return await apply_plan(self.ctx, plan, self._resume_after_reload)
+
+    async def _resume_after_reload(self, agent: str) -> bool:
+        """A reload resumes every agent paused after its model refused the credential."""
+        return await self.resume(agent)
 
     def trace(self, kinds: Iterable[str] | None = None) -> TraceStream:
         """Trace events from now on (after a replay of recent ones); with ``kinds``, only

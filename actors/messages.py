@@ -229,3 +229,15 @@ class WakeTarget:
     channel_id: str
     message_id: str | None
     thread_id: str | None
+
+
+# --- to an AgentActor or a ConnectionActor ---------------------------------------------------
+
+
+@attrs.frozen(kw_only=True)
+class Reconfigure:
+    """A config reload: the actor's new ``AgentConfig`` or ``ServerConfig`` (only the keys that
+    may change while the host runs differ). An agent answers whether its gate policy changed; a
+    connection answers the grant in force after re-applying its masks (None: not connected)."""
+
+    cfg: Any

@@ -40,7 +40,11 @@ LEVELS: dict[str, int] = {
     "hook-failed": WARNING,
     "turn-aborted": WARNING,
     "trace-dropped": WARNING,
+    "model-retry": WARNING,
+    "reload-refused": WARNING,
+    "status-unwritten": WARNING,
     "error": ERROR,
+    "agent-paused": ERROR,
 }
 
 
@@ -150,6 +154,19 @@ def format_event(e: TraceEvent) -> str | None:
     if k == "turn-usage":
         end = "" if d.get("phase") == "completed" else f" ({d.get('phase')})"
         return f"· {e.agent}: turn used {Usage.of(d).describe()} tokens{end}"
+    if k == "config-reloaded":
+        changed = ", ".join(d.get("changed") or ()) or "nothing"
+        resumed = ", ".join(d.get("resumed") or ())
+        restart = ", ".join(d.get("restart") or ())
+        return (
+            f"· config reloaded: changed {changed}"
+            + (f"; resumed {resumed}" if resumed else "")
+            + (f"; needs a restart to apply: {restart}" if restart else "")
+        )
+    if k == "reload-refused":
+        return f"! config not reloaded, the running one stays: {d.get('reason')}"
+    if k == "status-unwritten":
+        return f"! status file {d.get('path')} not written: {d.get('error')}"
     if k == "trace-dropped":
         count = d.get("count")
         shown = f"{count:,}" if isinstance(count, int) else count

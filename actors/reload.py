@@ -1,0 +1,189 @@
+"""Config reload (SIGHUP, ``Host.reload``): what can change while the host runs, and applying it.
+
+:func:`plan_reload` compares the running config with a new one (pure). Only the *live* keys
+are taken: each agent's ``system_prompt`` and ``gate``, each server's capability and
+feature-set masks. Everything else that differs (a server or agent added or removed, a server's
+command, url, token or limits, an agent's model, servers or prose mode, ``data_dir``, the
+host's inference model) is listed as needing a restart and left as it runs. The config put in
+force is the running one with the new live keys, so every reader of ``ctx.config`` sees one
+consistent picture.
+
+:func:`apply_plan` hands each agent its new config (it takes the prompt for its next turn and
+re-reads its gate file now) and each server whose masks changed its new config (a live link gets
+them as a manifest change is applied: host-first revocation, then ``featureSets/update`` with the
+new grant), then resumes the agents that were paused after their model refused the credential,
+and reports it all in one ``config-reloaded`` trace event.
+"""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import attrs
+import trio
+
+from .config import AgentConfig, HostConfig, ServerConfig
+from .messages import Reconfigure
+
+SERVER_LIVE = (
+    "enabled_capabilities",
+    "disabled_capabilities",
+    "enabled_feature_sets",
+    "disabled_feature_sets",
+)
+AGENT_LIVE = ("system_prompt", "gate")
+#: Derived from another key (``endpoint`` from ``url``): never reported on its own.
+_DERIVED = frozenset({"endpoint"})
+#: How long a reload waits for one actor to take its new config, beyond the server's own
+#: request deadline (a live link's ``featureSets/update``).
+RECONFIGURE_GRACE_S = 10.0
+
+
+@attrs.frozen(kw_only=True)
+class ReloadPlan:
+    config: HostConfig  # what comes into force
+    servers: tuple[ServerConfig, ...]  # servers whose masks changed, with their new config
+    agents: tuple[AgentConfig, ...]  # every running agent, with its live keys from the new one
+    changed: tuple[str, ...]  # "Ada.system_prompt", "lobby.disabled_capabilities", …
+    restart: tuple[str, ...]  # what differs but needs a restart to apply
+
+
+def _differing(old: Any, new: Any, skip: tuple[str, ...]) -> list[str]:
+    return [
+        f.name
+        for f in attrs.fields(type(old))
+        if f.name not in skip and f.name not in _DERIVED
+        if getattr(old, f.name) != getattr(new, f.name)
+    ]
+
+
+def plan_reload(old: HostConfig, new: HostConfig) -> ReloadPlan:
+    changed: list[str] = []
+    restart: list[str] = []
+    for key in ("data_dir", "inference_model"):
+        if getattr(old, key) != getattr(new, key):
+            restart.append(key)
+    new_servers = {s.id: s for s in new.servers}
+    old_ids = {s.id for s in old.servers}
+    restart += [f"server {s.id} added" for s in new.servers if s.id not in old_ids]
+    servers: list[ServerConfig] = []
+    reconfigured: list[ServerConfig] = []
+    for s in old.servers:
+        n = new_servers.get(s.id)
+        if n is None:
+            restart.append(f"server {s.id} removed")
+            servers.append(s)
+            continue
+        restart += [f"{s.id}.{k}" for k in _differing(s, n, SERVER_LIVE)]
+        live = [k for k in SERVER_LIVE if getattr(s, k) != getattr(n, k)]
+        changed += [f"{s.id}.{k}" for k in live]
+        taken = attrs.evolve(s, **{k: getattr(n, k) for k in SERVER_LIVE})
+        servers.append(taken)
+        if live:
+            reconfigured.append(taken)
+    new_agents = {a.name: a for a in new.agents}
+    old_names = {a.name for a in old.agents}
+    restart += [f"agent {a.name} added" for a in new.agents if a.name not in old_names]
+    agents: list[AgentConfig] = []
+    for a in old.agents:
+        n_agent = new_agents.get(a.name)
+        if n_agent is None:
+            restart.append(f"agent {a.name} removed")
+            agents.append(a)
+            continue
+        restart += [f"{a.name}.{k}" for k in _differing(a, n_agent, AGENT_LIVE)]
+        changed += [f"{a.name}.{k}" for k in AGENT_LIVE if getattr(a, k) != getattr(n_agent, k)]
+        agents.append(attrs.evolve(a, **{k: getattr(n_agent, k) for k in AGENT_LIVE}))
+    config = attrs.evolve(old, servers=tuple(servers), agents=tuple(agents))
+    return ReloadPlan(
+        config=config,
+        servers=tuple(reconfigured),
+        agents=tuple(agents),
+        changed=tuple(changed),
+        restart=tuple(restart),
+    )
+
+
+async def apply_plan(
+    ctx: Any, plan: ReloadPlan, resume: Callable[[str], Awaitable[bool]]
+) -> dict[str, Any]:
+    """Put ``plan`` in force (see the module); the report is also the ``config-reloaded``
+    trace event's data: ``changed``, ``restart``, ``resumed`` and each re-applied server's
+    ``grants`` (None: not connected; it negotiates under the new masks when it is)."""
+    ctx.config = plan.config
+    changed = list(plan.changed)
+    grants: dict[str, list[str] | None] = {}
+
+    async def server(cfg: ServerConfig) -> None:
+        ref = ctx.connections.get(cfg.id)
+        if ref is not None:
+            timeout = cfg.request_timeout_s + RECONFIGURE_GRACE_S
+            grants[cfg.id] = await ref.ask(Reconfigure(cfg=cfg), timeout=timeout)
+
+    async def agent(cfg: AgentConfig) -> None:
+        ref = ctx.agents.get(cfg.name)
+        if ref is not None and await ref.ask(Reconfigure(cfg=cfg), timeout=RECONFIGURE_GRACE_S):
+            if f"{cfg.name}.gate" not in changed:
+                changed.append(f"{cfg.name}.gate (file)")
+
+    async with trio.open_nursery() as nursery:
+        for s in plan.servers:
+            nursery.start_soon(server, s)
+        for a in plan.agents:
+            nursery.start_soon(agent, a)
+    resumed = []
+    for a in plan.agents:
+        if getattr(ctx.agent_statuses.get(a.name), "paused", None) and await resume(a.name):
+            resumed.append(a.name)
+    report = {
+        "changed": changed,
+        "restart": list(plan.restart),
+        "resumed": resumed,
+        "grants": grants,
+    }
+    ctx.trace.emit("config-reloaded", data=report)
+    return report
+
+
+def one_line(problems: Any) -> str:
+    return "; ".join(" ".join(str(p).split()) for p in problems)
+
+
+async def reload_on_sighup(
+    host: Any,
+    load: Callable[[], Any] | None,
+    *,
+    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """On every SIGHUP, one at a time: read the config again with ``load`` (it returns the new
+    ``HostConfig``, or raises ``ConfigError``) and put it in force with ``host.reload``; the
+    outcome is a line of the transcript. With no config file (``load`` is None: the bundled
+    example), a SIGHUP only says so."""
+    from .errors import ConfigError
+
+    with trio.open_signal_receiver(signal.SIGHUP) as signals:
+        task_status.started()
+        async for _ in signals:
+            if load is None:
+                text = "SIGHUP: no config file to reload (the bundled example)"
+                host.ctx.trace.emit("note", data={"text": text})
+                continue
+            try:
+                config = load()
+            except ConfigError as exc:
+                problems = getattr(exc, "problems", None) or [str(exc)]
+                host.ctx.trace.emit("reload-refused", data={"reason": one_line(problems)})
+                continue
+            try:
+                await host.reload(config)
+            except ConfigError:
+                pass  # the host said why in the transcript; the running config stays
+
+
+def ignore_sighup_until_ready() -> None:
+    """Until :func:`reload_on_sighup` listens, a SIGHUP would end the process (its default
+    action): catch and drop it instead. A handler, not SIG_IGN, so child processes (servers)
+    started meanwhile still get the default action."""
+    signal.signal(signal.SIGHUP, lambda *_: None)

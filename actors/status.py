@@ -1,0 +1,266 @@
+"""The host's status file, ``<data_dir>/status.json``, for ``mcplive status`` and supervisors.
+
+A :class:`StatusWriter` builds a snapshot of every server's and agent's published status
+(``ctx.statuses``, ``ctx.agent_statuses``: snapshots their actors replace, read here without an
+ask) every second, and writes it when it differs from the last one written or when
+``WRITE_EVERY_S`` seconds have passed (the heartbeat a reader checks for staleness). A write
+goes to a temporary file that is flushed to disk and renamed over the old one, so a reader never
+sees half a file. Configured credentials never reach the file: every string in it goes through a
+:class:`protocol.redact.Redactor` built from them.
+
+When the host stops, one last snapshot says ``"running": false``.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import secrets
+import threading
+import time
+from collections.abc import Callable, Mapping
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import trio
+from trio_util import AsyncValue
+
+from protocol import status as fmt
+from protocol.redact import Redactor
+
+from .config import HostConfig, ServerConfig
+
+#: How often (wall clock) the snapshot is compared with the one last written.
+CHECK_EVERY_S = 1.0
+#: The heartbeat: the longest wall-clock time between two writes (the file's ``interval_s``).
+WRITE_EVERY_S = 5.0
+#: How long the last write of a stopping host may take.
+FINAL_WRITE_S = 5.0
+#: Caps on what one entry carries (the sources are bounded; these bound the file too).
+MAX_TAIL_LINES = 20
+MAX_LINE_CHARS = 500
+MAX_NAMES = 200
+#: Environment variables holding model credentials the host may read.
+MODEL_KEY_VARIABLES = ("ANTHROPIC_API_KEY",)
+
+
+@functools.cache
+def version() -> str:
+    try:
+        return metadata.version("mcplive")
+    except metadata.PackageNotFoundError:
+        return "0"
+
+
+def redactor_for(config: HostConfig, environ: Mapping[str, str] = os.environ) -> Redactor:
+    """Every credential the host was configured with: servers' tokens and model keys."""
+    return Redactor(
+        [s.token for s in config.servers] + [environ.get(v) for v in MODEL_KEY_VARIABLES]
+    )
+
+
+def _clip(text: Any) -> str | None:
+    if text is None:
+        return None
+    line = " ".join(str(text).split())
+    return line if len(line) <= MAX_LINE_CHARS else line[: MAX_LINE_CHARS - 1] + "…"
+
+
+def server_entry(cfg: ServerConfig, st: Any) -> dict[str, Any]:
+    """One server's part of the file, from its published ``ConnStatus`` (None: not yet
+    published). Read defensively: a field an older snapshot lacks counts as unset."""
+    connects = int(getattr(st, "connects", 0) or 0)
+    enabled = getattr(st, "feature_sets", None) or {}
+    return {
+        "id": cfg.id,
+        "state": fmt.server_state(
+            bool(getattr(st, "connected", False)),
+            bool(getattr(st, "ready", False)),
+            bool(getattr(st, "mcp_only", False)),
+        )
+        if st is not None
+        else "connecting",  # its first link is still being set up
+        "grant": sorted(getattr(st, "grant", None) or ())[:MAX_NAMES],
+        "feature_sets": sorted(enabled)[:MAX_NAMES],
+        "tools": len(getattr(st, "tools", None) or ()),
+        "connects": connects,
+        "reconnects": max(0, connects - 1),
+        "last_error": _clip(getattr(st, "last_error", None)),
+        "stderr_tail": [
+            _clip(line) for line in tuple(getattr(st, "stderr_tail", None) or ())[-MAX_TAIL_LINES:]
+        ],
+    }
+
+
+def agent_entry(name: str, st: Any) -> dict[str, Any]:
+    """One agent's part of the file, from its published ``AgentStatus`` (None: not yet
+    published); unknown fields count as unset."""
+    paused = _clip(getattr(st, "paused", None))
+    held = bool(getattr(st, "held", False))
+    running = bool(getattr(st, "turn_running", False))
+    last = getattr(st, "last_turn_at", None)
+    usage = getattr(st, "usage", None) or {}
+    return {
+        "name": name,
+        "state": fmt.agent_state(paused, held, running) if st is not None else "starting",
+        "paused": paused,
+        "held": held,
+        "turn_running": running,
+        "queued": int(getattr(st, "queued", 0) or 0),
+        "turns": int(getattr(st, "turns", 0) or 0),
+        "last_turn_at": fmt.iso(last) if isinstance(last, int | float) else None,
+        "last_outcome": _clip(getattr(st, "last_outcome", None)),
+        "usage": {str(k): v for k, v in usage.items() if isinstance(v, int)},
+    }
+
+
+def snapshot(
+    config: HostConfig,
+    statuses: Mapping[str, Any],
+    agent_statuses: Mapping[str, Any],
+    *,
+    pid: int,
+    started_at: float,
+    running: bool,
+    redactor: Redactor,
+) -> dict[str, Any]:
+    """The file's content less ``written_at`` (which the writer adds): every configured server
+    and agent, in configuration order, redacted."""
+    doc = {
+        "format": fmt.FORMAT,
+        "mcplive": version(),
+        "pid": pid,
+        "started_at": fmt.iso(started_at),
+        "interval_s": WRITE_EVERY_S,
+        "running": running,
+        "data_dir": str(config.data_dir),
+        "servers": [server_entry(s, statuses.get(s.id)) for s in config.servers],
+        "agents": [agent_entry(a.name, agent_statuses.get(a.name)) for a in config.agents],
+    }
+    result: dict[str, Any] = redactor.value(doc)
+    return result
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    """Replace ``path`` with ``data`` whole: a temporary file beside it, flushed to disk, then
+    renamed over it (blocking: call it from a worker thread)."""
+    temporary = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
+    try:
+        with open(temporary, "xb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        temporary.unlink(missing_ok=True)
+        raise
+
+
+class StatusWriter:
+    """Keeps ``<data_dir>/status.json`` current while the host runs (see the module).
+
+    The pace is wall-clock time, kept by a thread of its own that asks the host's trio loop for
+    each snapshot (so a hung loop stops the heartbeat, and the file goes stale as it should).
+    A timer on the host's clock would do the same in production, but a host run on a test's
+    ``MockClock`` would then never be idle past the next tick: every leap to a far deadline
+    would stop at each one.
+    """
+
+    def __init__(
+        self,
+        ctx: Any,
+        *,
+        wall_clock: Callable[[], float] = time.time,
+        check_every: float = CHECK_EVERY_S,
+    ) -> None:
+        self.ctx = ctx
+        self.path = Path(ctx.config.data_dir) / fmt.FILE_NAME
+        self.clock = wall_clock
+        self.check_every = check_every
+        self.started_at = wall_clock()
+        self.pid = os.getpid()
+        self.redactor = redactor_for(ctx.config)
+        self._failing = False
+        #: The document last written (None before the first): each write replaces it.
+        self.written: AsyncValue[dict[str, Any] | None] = AsyncValue(None)
+
+    def body(self, *, running: bool = True) -> dict[str, Any]:
+        ctx = self.ctx
+        return snapshot(
+            ctx.config,
+            ctx.statuses,
+            ctx.agent_statuses,
+            pid=self.pid,
+            started_at=self.started_at,
+            running=running,
+            redactor=self.redactor,
+        )
+
+    async def run(self) -> None:
+        """Write until cancelled, then write the last snapshot (``"running": false``)."""
+        stop = threading.Event()
+        thread = threading.Thread(
+            target=self._loop,
+            args=(trio.lowlevel.current_trio_token(), stop),
+            name="mcplive-status",
+            daemon=True,
+        )
+        thread.start()
+        try:
+            await trio.sleep_forever()
+        finally:
+            stop.set()
+            final = self.body(running=False)
+            # One uninterruptible thread call, bounded by the join's own timeout and one write
+            # (a trio deadline here would fire at once on an autojumping test clock).
+            with trio.CancelScope(shield=True):
+                doc, error = await trio.to_thread.run_sync(self._last_write, thread, final)
+            self._written(doc, error)
+
+    def _loop(self, token: trio.lowlevel.TrioToken, stop: threading.Event) -> None:
+        last: dict[str, Any] | None = None
+        last_at = -float("inf")
+        while not stop.is_set():
+            try:
+                body = trio.from_thread.run_sync(self.body, trio_token=token)
+            except (trio.RunFinishedError, trio.Cancelled):
+                return
+            now = self.clock()
+            if stop.is_set():
+                return  # the final write is the host's
+            if body != last or now - last_at >= WRITE_EVERY_S:
+                doc, error = self._write(body, now)
+                if error is None:
+                    last, last_at = body, now
+                try:
+                    trio.from_thread.run_sync(self._written, doc, error, trio_token=token)
+                except (trio.RunFinishedError, trio.Cancelled):
+                    return
+            stop.wait(self.check_every)
+
+    def _last_write(
+        self, thread: threading.Thread, body: dict[str, Any]
+    ) -> tuple[dict[str, Any], str | None]:
+        thread.join(FINAL_WRITE_S)  # its write in progress, if any, goes first
+        return self._write(body, self.clock())
+
+    def _write(self, body: dict[str, Any], now: float) -> tuple[dict[str, Any], str | None]:
+        """Write one snapshot (blocking): the document, and None or why it failed."""
+        doc = {**body, "written_at": fmt.iso(now)}
+        data = json.dumps(doc, ensure_ascii=False, indent=1).encode("utf-8", "replace") + b"\n"
+        try:
+            write_atomic(self.path, data)
+        except OSError as exc:
+            return doc, exc.strerror or str(exc)
+        return doc, None
+
+    def _written(self, doc: dict[str, Any], error: str | None) -> None:
+        """On the host's loop, after each write. A failure is one transcript line per streak of
+        failures, not one a second."""
+        if error is None:
+            self.written.value = doc
+        elif not self._failing:
+            self.ctx.trace.emit("status-unwritten", data={"path": str(self.path), "error": error})
+        self._failing = error is not None

@@ -1,0 +1,143 @@
+"""``actors.status.StatusWriter``: the file it keeps, its redaction, its last write, and a
+write that fails. Real clock (the writer paces itself on wall-clock time), generous deadlines,
+waits on the document it last wrote."""
+
+from __future__ import annotations
+
+import json
+import os
+import types
+from pathlib import Path
+from typing import Any
+
+import attrs
+import pytest
+import trio
+
+from actors.config import AgentConfig, HostConfig, ServerConfig
+from actors.messages import AgentStatus, ConnStatus
+from actors.status import StatusWriter, write_atomic
+from actors.trace import TraceBus
+from protocol import status as fmt
+from protocol.redact import REDACTED
+
+TOKEN = "tok-secret-123456"
+API_KEY = "sk-ant-test-987654"
+
+
+def fake_ctx(data_dir: Path) -> Any:
+    config = HostConfig(
+        data_dir=data_dir,
+        servers=(
+            ServerConfig(id="lobby", command=("lobby",), token=TOKEN),
+            ServerConfig(id="clock", command=("clock",)),
+        ),
+        agents=(AgentConfig(name="Ada", model="scripted:/a"), AgentConfig(name="Bob", model="x")),
+        base_dir=data_dir,
+    )
+    down = ConnStatus(
+        server_id="lobby",
+        connected=False,
+        ready=False,
+        mcp_only=False,
+        grant=frozenset(),
+        tools=(),
+        channels=(),
+        connects=3,
+        last_error=f"handshake refused: HTTP 401: Bearer {TOKEN}",
+        stderr_tail=tuple(f"line {i} {TOKEN}" for i in range(30)),
+    )
+    paused = AgentStatus(
+        name="Ada", paused=f"the credential {API_KEY} was refused", turns=2, last_turn_at=1e9
+    )
+    return types.SimpleNamespace(
+        config=config,
+        statuses={"lobby": down},
+        agent_statuses={"Ada": paused},
+        trace=TraceBus(),
+    )
+
+
+async def test_the_file_follows_the_statuses_without_a_credential_and_ends_stopped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("ANTHROPIC_API_KEY", API_KEY)
+    ctx = fake_ctx(tmp_path)
+    writer = StatusWriter(ctx, check_every=0.01)
+    path = tmp_path / fmt.FILE_NAME
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(writer.run)
+            first = await writer.written.wait_value(lambda d: d is not None)
+            text = path.read_text(encoding="utf-8")
+            assert fmt.parse(text) == first
+            assert TOKEN not in text and API_KEY not in text and REDACTED in text
+            lobby, clock = first["servers"]
+            assert (lobby["state"], lobby["connects"], lobby["reconnects"]) == (
+                "disconnected",
+                3,
+                2,
+            )
+            assert lobby["last_error"] == f"handshake refused: HTTP 401: Bearer {REDACTED}"
+            assert len(lobby["stderr_tail"]) == 20 and lobby["stderr_tail"][-1].startswith(
+                "line 29"
+            )
+            assert clock["state"] == "connecting" and clock["grant"] == []
+            ada, bob = first["agents"]
+            assert ada["state"] == "paused" and ada["turns"] == 2
+            assert ada["last_turn_at"] == fmt.iso(1e9)
+            assert bob["state"] == "starting"
+            assert fmt.assess(first, first["pid"], fmt.seconds(first["written_at"]) or 0).code == 1
+            # a change is written without waiting for the heartbeat
+            ctx.statuses["lobby"] = attrs.evolve(
+                ctx.statuses["lobby"], connected=True, ready=True, grant=frozenset({"tools"})
+            )
+            ctx.agent_statuses["Ada"] = AgentStatus(name="Ada")
+            ctx.agent_statuses["Bob"] = AgentStatus(name="Bob", turn_running=True, queued=4)
+            ctx.statuses["clock"] = attrs.evolve(ctx.statuses["lobby"], server_id="clock")
+            later = await writer.written.wait_value(
+                lambda d: d is not None and d["agents"][1]["state"] == "turn"
+            )
+            assert later["servers"][0]["grant"] == ["tools"]
+            assert fmt.assess(later, later["pid"], fmt.seconds(later["written_at"]) or 0).code == 0
+            nursery.cancel_scope.cancel()
+    last = fmt.parse(path.read_text(encoding="utf-8"))
+    assert last["running"] is False and last["agents"][1]["queued"] == 4
+    assert os.listdir(tmp_path) == [fmt.FILE_NAME]  # no temporary file left
+
+
+async def test_a_failing_write_is_one_line_per_streak(tmp_path: Path) -> None:
+    blocked = tmp_path / "data"
+    blocked.write_text("a file where the data dir should be")
+    ctx = fake_ctx(blocked)
+    writer = StatusWriter(ctx, check_every=0.01)
+    stream = ctx.trace.subscribe_nowait(kinds=frozenset({"status-unwritten"}))
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(writer.run)
+            first = await stream.receive()
+            assert first.data["path"] == str(blocked / fmt.FILE_NAME)
+            blocked.unlink()
+            blocked.mkdir()  # the streak ends with the next write
+            await writer.written.wait_value(lambda d: d is not None)
+            blocked.joinpath(fmt.FILE_NAME).unlink()
+            blocked.joinpath(fmt.FILE_NAME).mkdir()  # a folder in its place: a new streak
+            ctx.agent_statuses["Bob"] = AgentStatus(name="Bob", held=True)  # worth a write
+            second = await stream.receive()
+            assert second.kind == "status-unwritten"
+            nursery.cancel_scope.cancel()
+    with pytest.raises(trio.WouldBlock):
+        stream.receive_nowait()  # the last write failed too, but within the same streak
+
+
+def test_write_atomic_replaces_whole_and_leaves_nothing_behind(tmp_path: Path) -> None:
+    path = tmp_path / "status.json"
+    write_atomic(path, b'{"a": 1}')
+    write_atomic(path, b'{"a": 2}')
+    assert json.loads(path.read_bytes()) == {"a": 2}
+    assert [p.name for p in tmp_path.iterdir()] == ["status.json"]
+    path.unlink()
+    path.mkdir()
+    with pytest.raises(OSError):
+        write_atomic(path, b"{}")
+    assert [p.name for p in tmp_path.iterdir()] == ["status.json"]

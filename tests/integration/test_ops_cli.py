@@ -1,0 +1,223 @@
+"""Running the host 24/7, as an operator and a supervisor see it: ``mcplive status`` and its
+exit codes beside a real ``mcplive run`` (and after it stops), and a config reload on SIGHUP.
+
+Real processes and files, the real clock, generous deadlines, order-only assertions: the tests
+wait for transcript lines and for what ``mcplive status`` reports, never on the clock.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+from trio_util import AsyncValue
+
+from actors.datadir import DataDirLock
+from protocol import status as fmt
+
+pytestmark = pytest.mark.slow
+
+MCPLIVE = [sys.executable, "-m", "actors.cli"]
+LOBBY = '["python", "-m", "examples.lobby_server", "--script", "none"]'
+FLAKY = '["python", "-c", "import sys; sys.exit(3)"]'
+
+
+def write_config(tmp_path: Path, *, flaky: bool = False, extra: str = "") -> Path:
+    (tmp_path / "quiet.toml").write_text("", encoding="utf-8")
+    text = f'[host]\ndata_dir = "data"\n\n[[servers]]\nid = "lobby"\ncommand = {LOBBY}\n{extra}\n'
+    if flaky:
+        text += f'[[servers]]\nid = "flaky"\ncommand = {FLAKY}\n\n'
+    text += '[[agents]]\nname = "Ada"\nmodel = "scripted:quiet.toml"\n'
+    path = tmp_path / "host.toml"
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+class Host:
+    """A ``mcplive run`` process whose stdout lines are collected as they come."""
+
+    def __init__(self, proc: trio.Process) -> None:
+        self.proc = proc
+        self.lines: list[str] = []
+        self.count = AsyncValue(0)
+
+    async def read(self) -> None:
+        assert self.proc.stdout is not None
+        buf = b""
+        async for chunk in self.proc.stdout:
+            buf += chunk
+            *done, buf = buf.split(b"\n")
+            self.lines += [line.decode("utf-8", "replace") for line in done]
+            self.count.value = len(self.lines)
+
+    async def line(self, pred: Callable[[str], bool]) -> str:
+        """The first line (seen so far or coming) matching ``pred``."""
+        await self.count.wait_value(lambda _: any(pred(line) for line in self.lines))
+        return next(line for line in self.lines if pred(line))
+
+
+@asynccontextmanager
+async def mcplive_run(config: Path) -> AsyncIterator[Host]:
+    proc = await trio.lowlevel.open_process(
+        [*MCPLIVE, "run", str(config)],
+        cwd=config.parent,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    host = Host(proc)
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(host.read)
+            yield host
+            nursery.cancel_scope.cancel()
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            with trio.CancelScope(shield=True):
+                await proc.wait()
+
+
+async def status(*args: str, cwd: Path) -> subprocess.CompletedProcess[bytes]:
+    return await trio.run_process(
+        [*MCPLIVE, "status", *args], cwd=cwd, capture_stdout=True, capture_stderr=True, check=False
+    )
+
+
+async def status_until(
+    config: Path, pred: Callable[[dict[str, Any]], bool]
+) -> tuple[int, dict[str, Any]]:
+    """``mcplive status --json`` again and again (each run is a fresh process) until the
+    document it prints satisfies ``pred``."""
+    while True:
+        done = await status(str(config), "--json", cwd=config.parent)
+        doc = json.loads(done.stdout)
+        if doc.get("format") == fmt.FORMAT and pred(doc):
+            return done.returncode, doc
+
+
+def server(doc: dict[str, Any], sid: str) -> dict[str, Any]:
+    return next(s for s in doc["servers"] if s["id"] == sid)
+
+
+async def test_status_of_a_running_host_then_of_a_stopped_one(tmp_path: Path) -> None:
+    config = write_config(tmp_path)
+    before = await status(str(config), cwd=tmp_path)
+    assert before.returncode == 3
+    assert before.stdout.decode().startswith(f"no host running on {tmp_path / 'data'}")
+    with trio.fail_after(90):
+        async with mcplive_run(config) as host:
+            await host.line(lambda line: "lobby ready" in line)
+            code, doc = await status_until(config, lambda d: server(d, "lobby")["state"] == "ready")
+            assert code == 0
+            assert doc["pid"] == host.proc.pid and doc["running"] is True
+            assert "channels.incoming" in server(doc, "lobby")["grant"]
+            assert [a["name"] for a in doc["agents"]] == ["Ada"]
+            readable = await status(str(config), cwd=tmp_path)
+            out = readable.stdout.decode()
+            assert readable.returncode == 0, out
+            assert f"running on {tmp_path / 'data'}: pid {host.proc.pid}" in out
+            assert "  lobby: ready; 3 tools; reconnects 0; grants " in out
+            assert "  Ada: " in out and out.rstrip().endswith("health: ok")
+            by_dir = await status("--data-dir", str(tmp_path / "data"), cwd=tmp_path)
+            assert by_dir.returncode == 0
+            host.proc.send_signal(signal.SIGTERM)
+            assert await host.proc.wait() == 0
+    after = await status(str(config), cwd=tmp_path)
+    out = after.stdout.decode()
+    assert after.returncode == 3
+    assert f"last status: pid {host.proc.pid}" in out and "(it was stopping)" in out
+    stopped = await status(str(config), "--json", cwd=tmp_path)
+    assert stopped.returncode == 3 and json.loads(stopped.stdout)["running"] is False
+
+
+async def test_status_is_degraded_while_a_server_is_down(tmp_path: Path) -> None:
+    config = write_config(tmp_path, flaky=True)
+    with trio.fail_after(90):
+        async with mcplive_run(config) as host:
+            await host.line(lambda line: "flaky disconnected" in line)
+            code, _doc = await status_until(
+                config,
+                lambda d: (
+                    server(d, "flaky")["state"] == "disconnected"
+                    and server(d, "lobby")["state"] == "ready"
+                ),
+            )
+            assert code == 1
+            readable = await status(str(config), cwd=tmp_path)
+            assert readable.returncode == 1
+            assert "health: degraded: flaky disconnected" in readable.stdout.decode()
+            host.proc.send_signal(signal.SIGINT)
+            assert await host.proc.wait() == 0
+
+
+async def test_status_is_unknown_when_the_holder_keeps_no_fresh_file(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    data.mkdir()
+    with DataDirLock(data):  # this process holds the lock, and writes no status
+        missing = await status("--data-dir", str(data), cwd=tmp_path)
+        assert missing.returncode == 4
+        assert "no status yet" in missing.stdout.decode()
+        old = {
+            "format": fmt.FORMAT,
+            "pid": os.getpid(),
+            "interval_s": 5.0,
+            "running": True,
+            "written_at": fmt.iso(1_000_000_000.0),
+            "servers": [],
+            "agents": [],
+        }
+        (data / fmt.FILE_NAME).write_text(json.dumps(old), encoding="utf-8")
+        stale = await status("--data-dir", str(data), cwd=tmp_path)
+        assert stale.returncode == 4 and "ago (hung?)" in stale.stdout.decode()
+        (data / fmt.FILE_NAME).write_text("{not json", encoding="utf-8")
+        broken = await status("--data-dir", str(data), cwd=tmp_path)
+        assert broken.returncode == 4 and "not JSON" in broken.stdout.decode()
+    assert (await status("--data-dir", str(data), cwd=tmp_path)).returncode == 3
+
+
+async def test_status_with_bad_arguments_is_one_line(tmp_path: Path) -> None:
+    config = write_config(tmp_path)
+    both = await status(str(config), "--data-dir", "x", cwd=tmp_path)
+    assert both.returncode == 2
+    assert both.stderr.decode() == "mcplive: give a CONFIG or --data-dir, not both\n"
+    missing = await status(str(tmp_path / "nope.toml"), cwd=tmp_path)
+    assert missing.returncode == 2 and missing.stderr.decode().count("\n") == 1
+
+
+async def test_sighup_reloads_the_config_file(tmp_path: Path) -> None:
+    config = write_config(tmp_path)
+    with trio.fail_after(120):
+        async with mcplive_run(config) as host:
+            await host.line(lambda line: "lobby ready" in line)
+            # masks changed, and an agent added (which needs a restart)
+            write_config(tmp_path, extra='disabled_capabilities = ["pushEvents"]\n')
+            with config.open("a", encoding="utf-8") as f:
+                f.write('\n[[agents]]\nname = "Bob"\nmodel = "scripted:quiet.toml"\n')
+            os.kill(host.proc.pid, signal.SIGHUP)
+            line = await host.line(lambda line: "config reloaded" in line)
+            assert "changed lobby.disabled_capabilities" in line
+            assert line.endswith("needs a restart to apply: agent Bob added")
+            code, doc = await status_until(
+                config, lambda d: "pushEvents" not in server(d, "lobby")["grant"]
+            )
+            assert code == 0 and [a["name"] for a in doc["agents"]] == ["Ada"]
+            # a config that does not parse leaves the running one in force
+            config.write_text("[[agents]\n", encoding="utf-8")
+            os.kill(host.proc.pid, signal.SIGHUP)
+            refused = await host.line(lambda line: "config not reloaded" in line)
+            assert "not valid TOML" in refused
+            done = await status("--data-dir", str(tmp_path / "data"), "--json", cwd=tmp_path)
+            assert done.returncode == 0  # still running, still healthy, masks as reloaded
+            assert "pushEvents" not in server(json.loads(done.stdout), "lobby")["grant"]
+            host.proc.send_signal(signal.SIGINT)
+            assert await host.proc.wait() == 0
+    assert not any("Traceback" in line for line in host.lines)

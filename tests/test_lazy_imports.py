@@ -1,0 +1,71 @@
+"""HTTP clients load only when something needs them: ``httpx`` for a reference fetch,
+``anthropic`` (which imports httpx) for an ``anthropic:`` model. Checked in a fresh interpreter,
+where nothing else has imported them yet."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+LOBBY = [sys.executable, "-m", "examples.lobby_server", "--script", "none"]
+
+SCRIPT = """
+import sys
+import trio
+
+import actors.cli  # the CLI's own start-up
+assert not {"httpx", "anthropic"} & set(sys.modules), "imported by actors.cli"
+
+from actors import Host
+
+async def main():
+    async with Host.open(CONFIG) as host:
+        async for event in host.trace(kinds={"ready"}):
+            break  # the lobby connected and was granted what it asked for
+        await host.post_local("Ada", "hello")
+        await host.run_until_idle()
+        print([m["role"] for m in host.history("Ada") if m["role"] != "system"])
+
+trio.run(main)
+print(sorted({"httpx", "anthropic"} & set(sys.modules)))
+"""
+
+
+def test_a_host_that_fetches_nothing_never_imports_httpx(tmp_path: Path) -> None:
+    rules = tmp_path / "ada.toml"
+    rules.write_text('[[rules]]\nwhen = "hello"\nsay = "hi"\n', encoding="utf-8")
+    config = {
+        "host": {"data_dir": str(tmp_path / "data")},
+        "servers": [{"id": "lobby", "command": LOBBY}],
+        "agents": [{"name": "Ada", "model": f"scripted:{rules}"}],
+    }
+    done = subprocess.run(
+        [sys.executable, "-c", f"CONFIG = {config!r}\n{SCRIPT}"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["['user', 'assistant']", "[]"]
+
+
+def test_a_fetch_still_finds_httpx() -> None:
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys; from actors.fetcher import make_client, _request_url\n"
+            "assert 'httpx' not in sys.modules\n"
+            "make_client(); print(_request_url('http://127.0.0.1:8/a#b'))",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "http://127.0.0.1:8/a"
