@@ -12,13 +12,15 @@ import attrs
 import pytest
 import trio
 
+from actors import Host
 from actors.config import HostConfig
 from actors.errors import ConfigError
-from actors.messages import AgentStatus
+from tests.fake_anthropic import FakeScript, HttpError, Reply, serve_fake_anthropic, text_block
 from tests.helpers import (
     RecordingModel,
     answered,
     barrier,
+    config,
     incoming_answered,
     install,
     received,
@@ -163,17 +165,32 @@ async def test_an_invalid_config_keeps_the_running_one(tmp_path: Path) -> None:
                 await lb.host.reload()
 
 
-async def test_a_reload_resumes_the_paused_agents_only(tmp_path: Path) -> None:
-    resumed: list[str] = []
-
-    async def resume(agent: str) -> bool:
-        resumed.append(agent)
-        return True
-
-    with trio.fail_after(60):
-        async with running_lobby(tmp_path, {"Ada": "", "Grace": ""}) as lb:
-            lb.host.resume = resume  # type: ignore[attr-defined]
-            lb.host.ctx.agent_statuses["Ada"] = AgentStatus(name="Ada", paused="401 refused")
-            lb.host.ctx.agent_statuses["Grace"] = AgentStatus(name="Grace")
-            report = await lb.host.reload(lb.host.config)
-            assert resumed == ["Ada"] and report["resumed"] == ["Ada"]
+async def test_a_reload_resumes_the_paused_agents_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ada's model refuses her credential (a 401 from the fake Messages API on loopback): she
+    pauses. A reload resumes her, and only her: her waiting wake runs one turn."""
+    script = FakeScript([HttpError(status=401, error_type="authentication_error", message="no")])
+    with trio.fail_after(90):
+        async with trio.open_nursery() as nursery:
+            base_url = await nursery.start(serve_fake_anthropic, script)
+            monkeypatch.setenv("ANTHROPIC_BASE_URL", base_url)
+            monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-test")
+            ada = {"name": "Ada", "model": "anthropic:claude-test"}
+            grace = {"name": "Grace", "model": scripted(tmp_path, "grace", "")}
+            async with Host.open(config(tmp_path, [], [ada, grace])) as host:
+                stream = host.trace()
+                await host.post_local("Ada", "hello")
+                await wait_trace(stream, lambda e: e.kind == "agent-paused", "the pause")
+                await host.run_until_idle()
+                assert host.ctx.agent_statuses["Ada"].paused
+                script.add(Reply(blocks=[text_block("back again")]))
+                report = await host.reload(host.config)
+                assert report["resumed"] == ["Ada"]
+                resumed = await wait_trace(stream, lambda e: e.kind == "agent-resumed", "resume")
+                assert resumed.agent == "Ada"
+                await wait_trace(stream, lambda e: e.kind == "turn-end", "Ada's turn")
+                await host.run_until_idle()
+                assert len(script.requests) == 2
+                assert host.ctx.agent_statuses["Ada"].paused is None
+            nursery.cancel_scope.cancel()
