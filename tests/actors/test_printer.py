@@ -199,6 +199,7 @@ def test_the_hosts_secrets_are_its_server_tokens_and_model_keys(
     from actors.config import load_config
 
     monkeypatch.setenv("B_TOKEN_FOR_TEST", "server-b-token")
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-ant-abcdef")  # a model without its key is refused
     cfg = load_config(
         {
             "host": {"data_dir": str(tmp_path)},
