@@ -73,7 +73,8 @@ def format_event(e: TraceEvent) -> str | None:
         return f"! {e.agent or e.server_id}: {d.get('error')}"
     if k == "disconnected":
         retry = d.get("retry_in_s")
-        return f"! {e.server_id} disconnected ({d.get('reason')}); reconnecting in {retry}s"
+        line = f"! {e.server_id} disconnected ({d.get('reason')}); reconnecting in {retry}s"
+        return "\n    | ".join([line, *d.get("stderr_tail", ())])  # its last stderr lines
     if k == "diagnostic":
         return f"? {e.server_id or e.agent}: {_excerpt(d.get('text'))}"
     if k == "channel-registered":
@@ -87,6 +88,15 @@ def format_event(e: TraceEvent) -> str | None:
             bits.append(f"batch {d['batch']}")
         detail = f" ({'; '.join(bits)})" if bits else ""
         return f"· {scope}: {d.get('reason')}{detail}"
+    if k == "refused":
+        code = f" ({d['code']})" if d.get("code") is not None else ""
+        what = d.get("method") if code else f"an item of {d.get('method')}"
+        return f"! {where}: refused {what}{code}: {_excerpt(d.get('reason'))}"
+    if k == "duplicates-skipped":
+        n = d.get("count")
+        return f"· {n} already-stored item{'' if n == 1 else 's'} skipped from {e.server_id}"
+    if k == "declaration-mismatch":
+        return f"? {e.server_id}: {d.get('text')}"
     if k == "trace-dropped":
         return f"! transcript fell behind: {d.get('count')} events not shown"
     return None
