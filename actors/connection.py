@@ -2,25 +2,24 @@
 
 It owns the transport, the protocol session, our pending requests, and reconnection; the link
 in force (``actors.link.Link``) holds the grant, the declared feature sets and the channels this
-server registered on it. Its concerns live in parts it delegates to, each a module that imports
-only ``actors.link`` and below:
+server registered on it. Its concerns live in parts it delegates to, modules that never import
+the actor (they see it as an ``actors.link.LinkOwner``):
 
+- ``actors.link_io``: the wire loop of a link (writer, reader, dispatcher, pre-readiness
+  buffer);
 - ``actors.handshake.LinkPolicy``: the handshake, and manifest changes (re-applying a policy);
 - ``actors.inbound.HotLanes``: ``push/event`` and ``channels/incoming``, from admission to the
   answer after the commit, and the report of items skipped as already stored;
 - ``actors.server_requests.ServerRequests``: the server's other requests;
 - ``actors.link_end``: how a link ended, in one line, and the server's last stderr lines.
 
-Tasks of one link: a reader that only decodes and dispatches; a dispatcher that takes the
-server's requests from a bounded queue, hands the items of the hot lanes to their channel actors
-and gives any other request a handler task (at most ``MAX_HANDLERS``); a responder that answers
-the hot lanes once their writes are committed, then wakes the agents; and a writer that owns the
-transport's send side, fed by a bounded outbox. Between reader, dispatcher and responder, batch
-queues pass everything accumulated at once, so under load the batches grow and per-batch costs
-are shared. When a queue is full its producer waits: the reader stops reading, so a flooding
-server is slowed down by its own transport (backpressure), nothing it sent is refused for being
-too many, and memory stays bounded. Replies wait for room in the outbox the same way; no answer
-is ever dropped.
+Tasks of one link (``actors.link_io``): a reader that only decodes and dispatches; a dispatcher
+that takes the server's requests from a bounded queue, hands the items of the hot lanes to their
+channel actors and gives any other request a handler task; a responder that answers the hot
+lanes once their writes are committed, then wakes the agents; and a writer that owns the
+transport's send side, fed by a bounded outbox. Every queue is bounded and its producer waits
+when it is full, so a flooding server is slowed down by its own transport (backpressure),
+nothing it sent is refused for being too many, and no answer is ever dropped.
 
 The actor's own mailbox serves ``Call``/``Status`` asks from agents and channels; a ``Call`` runs
 in a child task, so a server that never answers stalls only the asker, and only until the request
@@ -41,48 +40,27 @@ import attrs
 import outcome
 import trio
 
-from protocol import grants
 from protocol import jsonrpc as rpc
-from protocol.errors import CAPABILITY_DENIED, INTERNAL_ERROR, METHOD_NOT_FOUND, RpcError
-from protocol.framing import Oversize, Undecodable
+from protocol.errors import INTERNAL_ERROR, METHOD_NOT_FOUND, RpcError
 from protocol.redact import Redactor
 
 from .config import ServerConfig
 from .context import HostContext
 from .errors import NotConnected
 from .handshake import LinkPolicy, manifest_impacts, policy_report
-from .inbound import HotLanes, Pending
-from .kernel import Actor, BatchQueue, Reply, backoff_delay
-from .link import (
-    MANIFEST_FETCHES,
-    READ_BATCH,
-    TAKE_LIMIT,
-    Link,
-    RequestTimeout,
-    admit,
-    describe,
-)
+from .inbound import HotLanes
+from .kernel import Actor, Reply, backoff_delay
+from .link import MANIFEST_FETCHES, Link, RequestTimeout, admit
 from .link_end import StderrTail, ending
+from .link_io import LinkIO, new_link
 from .messages import Call, CancelCall, ConnStatus, Notify, Status
 from .server_requests import ServerRequests
 from .transport import Transport, open_transport
 
-PRE_READY_CAP = 1000
-OUTBOX_CAP = 1024
-MAX_HANDLERS = 128
-REQUEST_QUEUE_CAP = 1024  # requests read, waiting for the dispatcher (reader waits past it)
-ANSWER_QUEUE_CAP = 1024  # prepared requests waiting for the responder (dispatcher waits past it)
-# Every request the server may have in flight with us: the queues (each may overshoot its cap by
-# one batch), the batch in each worker's hands, the handlers and the pre-readiness buffer.
-INBOUND_CAP = REQUEST_QUEUE_CAP + ANSWER_QUEUE_CAP + 2 * READ_BATCH + 2 * TAKE_LIMIT
-INBOUND_CAP += MAX_HANDLERS + PRE_READY_CAP
-HOT_LANES = frozenset({"push/event", "channels/incoming"})
-WRITE_BATCH = 256
 MAX_KEYED_CALLS = 1024
 BACKOFF_BASE_S = 5.0
 BACKOFF_CAP_S = 300.0
 HEALTHY_AFTER_S = 60.0
-WS_PING_EVERY_S = 30.0
 PROBE_TIMEOUT_S = 10.0
 
 
@@ -104,6 +82,7 @@ class ConnectionActor(Actor):
         self.policy = LinkPolicy(self)
         self.lanes = HotLanes(self)
         self.requests = ServerRequests(self)
+        self.io = LinkIO(self, self.lanes, self.requests, self._on_notification)
 
     # -- tracing ----------------------------------------------------------------------------
     def trace(self, kind: str, channel_id: str | None = None, **data: Any) -> None:
@@ -354,7 +333,7 @@ class ConnectionActor(Actor):
         error: Exception | None = None
         try:
             async with open_transport(self.cfg, self._on_stderr) as transport:
-                link = self._new_link(transport)
+                link = self.link = new_link(transport)
                 await self._serve_link(link, transport)
         except Exception as exc:
             error = exc
@@ -374,30 +353,17 @@ class ConnectionActor(Actor):
         }
         return reason, report
 
-    def _new_link(self, transport: Transport) -> Link:
-        out_send, out_recv = trio.open_memory_channel[list[str]](OUTBOX_CAP)
-        link = Link(
-            transport=transport,
-            session=rpc.RpcSession(max_pending=256, max_inbound=INBOUND_CAP),
-            outbox_send=out_send,
-            outbox_recv=out_recv,
-            requests=BatchQueue(REQUEST_QUEUE_CAP),
-            answers=BatchQueue(ANSWER_QUEUE_CAP),
-        )
-        self.link = link
-        return link
-
     async def _serve_link(self, link: Link, transport: Transport) -> None:
         self.trace("connecting", transport=transport.description, attempt=self.connects)
         async with trio.open_nursery() as nursery:
             link.nursery = nursery
-            nursery.start_soon(self._writer, link)
-            nursery.start_soon(self._reader, link)
-            nursery.start_soon(self._dispatcher, link)
+            nursery.start_soon(self.io.writer, link)
+            nursery.start_soon(self.io.reader, link)
+            nursery.start_soon(self.io.dispatcher, link)
             nursery.start_soon(self.lanes.responder, link)
             nursery.start_soon(self.lanes.skip_reporter)
             if self.cfg.url is not None:
-                nursery.start_soon(self._pinger, link)
+                nursery.start_soon(self.io.pinger, link)
             # The handshake is work in flight (connecting or waiting to reconnect is not).
             self.work.inc()
             try:
@@ -407,150 +373,11 @@ class ConnectionActor(Actor):
             await link.closed.wait()
             nursery.cancel_scope.cancel()
 
-    async def _pinger(self, link: Link) -> None:
-        ws = getattr(link.transport, "ws", None)
-        while ws is not None:
-            await trio.sleep(WS_PING_EVERY_S)
-            with trio.move_on_after(2 * WS_PING_EVERY_S) as scope:
-                await ws.ping()
-            if scope.cancelled_caught:
-                self.diagnostic("no pong in 60 s; closing the link")
-                link.close_reason = link.close_reason or "the server stopped answering pings"
-                await ws.aclose()
-                return
-
-    async def _writer(self, link: Link) -> None:
-        async for lines in link.outbox_recv:
-            while len(lines) < WRITE_BATCH:  # whatever else is waiting goes in the same write
-                try:
-                    lines = lines + link.outbox_recv.receive_nowait()
-                except trio.WouldBlock:
-                    break
-            try:
-                await link.transport.send_many(lines)
-            except Exception as exc:  # the link is gone; the reader sees EOF
-                self.diagnostic(f"write failed: {describe(exc)}")
-                link.closed.set()  # most often the server went away: its exit says why
-                return
-
-    async def _reader(self, link: Link) -> None:
-        """Decode what the server sends. Requests are passed on in batches: every request
-        already read is queued together before the reader waits for more input."""
-        batch: list[rpc.Request] = []
-        try:
-            while True:
-                first = await link.transport.receive()
-                if first is None:
-                    return
-                # what the transport has already framed is handled without waiting again
-                for item in [first, *link.transport.take_buffered()]:
-                    if isinstance(item, Oversize):
-                        size = "a frame" if item.size < 0 else f"{item.size} bytes"
-                        self.diagnostic(
-                            f"line over max_line_bytes ({self.cfg.max_line_bytes}) refused: {size}"
-                        )
-                        if item.size < 0:
-                            return
-                        continue
-                    if isinstance(item, Undecodable):
-                        self.diagnostic(f"undecodable line ({item.size} bytes) skipped")
-                        continue
-                    for event in link.session.receive_line(item):
-                        if isinstance(event, rpc.RequestReceived) and link.ready:
-                            self.work.inc()  # released once the request is answered
-                            batch.append(event.request)
-                        else:
-                            await self._dispatch_event(link, event)
-                    if len(batch) >= READ_BATCH:
-                        await self._queue_requests(link, batch)
-                        batch = []
-                if batch:  # nothing more is buffered: what was read goes on together
-                    await self._queue_requests(link, batch)
-                    batch = []
-        except Exception as exc:
-            self.diagnostic(f"read failed: {describe(exc)}")
-        finally:
-            self.work.dec(len(batch))  # read but never queued: the link is gone
-            for rid, waiter in list(link.waiters.items()):
-                waiter.close()
-                link.waiters.pop(rid, None)
-            link.session.close()
-            link.closed.set()
-
-    async def _dispatcher(self, link: Link) -> None:
-        """Take queued requests in order. Items of the hot lanes are handed to their channels
-        here, one ask per channel per batch, and answered by the responder after their commit;
-        any other request gets a handler task, at most ``MAX_HANDLERS`` at a time."""
-        slots = trio.Semaphore(MAX_HANDLERS)
-        assert link.nursery is not None
-        while True:
-            batch = await link.requests.take(TAKE_LIMIT)
-            hot = []
-            for req in batch:
-                if req.method in HOT_LANES:
-                    hot.append(req)
-                else:
-                    await slots.acquire()
-                    link.nursery.start_soon(self.requests.serve, link, req, slots)
-            batch.clear()
-            if hot:  # prepare empties hot once the requests are parsed
-                prepared: list[Pending] = await self.lanes.prepare(link, hot)
-                await link.answers.put_many(prepared)
-
-    async def _dispatch_event(self, link: Link, event: rpc.Event) -> None:
-        if isinstance(event, rpc.ResponseReceived):
-            self._resolve(link, event.id, outcome.Value(event.result))
-        elif isinstance(event, rpc.ErrorReceived):
-            self._resolve(link, event.id, outcome.Error(event.error))
-        elif isinstance(event, rpc.RequestReceived):
-            req = event.request
-            if not link.ready:
-                if len(link.pre_ready) >= PRE_READY_CAP:
-                    cap = grants.INBOUND_CAPABILITY.get(req.method)
-                    err = RpcError(
-                        code=CAPABILITY_DENIED,
-                        message="connection not ready; retry later",
-                        data={"capability": cap} if cap else None,
-                    )
-                    await self.requests.reply(link, req, error=err)
-                else:
-                    link.pre_ready.append(req)
-                return
-            self.work.inc()
-            await self._queue_requests(link, [req])
-        elif isinstance(event, rpc.NotificationReceived):
-            self._on_notification(link, event.notification)
-        elif isinstance(event, rpc.Diagnostic):
-            self.diagnostic(event.text)
-            if event.reply is not None:
-                await self.send_lines(link, [event.reply])
-
-    def _resolve(self, link: Link, rid: rpc.Id, result: outcome.Outcome[Any]) -> None:
-        waiter = link.waiters.get(rid)
-        if waiter is not None:
-            try:
-                waiter.send_nowait(result)
-            except (trio.WouldBlock, trio.BrokenResourceError, trio.ClosedResourceError):
-                pass
-
-    async def _queue_requests(self, link: Link, batch: list[rpc.Request]) -> None:
-        try:
-            await link.requests.put_many(batch)
-        except BaseException:
-            self.work.dec(len(batch))
-            raise
-
     # -- handshake --------------------------------------------------------------------------
     async def _handshake(self, link: Link) -> None:
         info = await self.policy.handshake(link)
-        # What waited for readiness goes first, in arrival order; the reader keeps buffering
-        # until the buffer is empty and the link is marked ready in the same step.
-        while link.pre_ready:
-            waiting = list(link.pre_ready)
-            link.pre_ready.clear()
-            self.work.inc(len(waiting))
-            for i in range(0, len(waiting), READ_BATCH):
-                await self._queue_requests(link, waiting[i : i + READ_BATCH])
+        # What waited for readiness goes first; the buffer is empty when the link turns ready.
+        await self.io.flush_pre_ready(link)
         link.ready = True
         self.publish_status()
         self.trace(

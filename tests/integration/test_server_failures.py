@@ -16,7 +16,7 @@ import trio_websocket
 
 from actors import Host
 from actors.messages import ConnStatus
-from tests.helpers import config, scripted, wait_trace
+from tests.helpers import config, running_lobby, scripted, wait_trace
 
 pytestmark = pytest.mark.slow
 
@@ -174,6 +174,25 @@ async def test_the_transcript_shows_failures_refusals_and_mismatches(tmp_path: P
     lines = out.splitlines()
     at = next(i for i, line in enumerate(lines) if line.startswith("! broken disconnected"))
     assert lines[at + 1] == "    | Traceback (most recent call last):"
+
+
+async def test_a_manifest_change_reports_its_mismatches_once(tmp_path: Path) -> None:
+    channels = {"register": True, "publish": True, "incoming": True, "lifecycle": True}
+    chat = {"uses": ["channels.register", "channels.incoming"]}
+    changed = {
+        "version": "0.5",
+        "channels": channels,  # pushEvents is no longer advertised
+        "featureSets": {"lobby.chat": chat, "lobby.events": {"uses": ["pushEvents"]}},
+    }
+    seen: list[Any] = []
+    with trio.fail_after(60):
+        async with running_lobby(tmp_path, {"Ada": ""}) as lob:
+            lob.ctl.send({"cmd": "manifest", "manifest": changed})
+            await wait_trace(lob.stream, lambda e: e.kind == "manifest-changed", "receipt", seen)
+    mismatches = [e.data for e in seen if e.kind == "declaration-mismatch"]
+    assert [(m["feature_set"], m["capability"]) for m in mismatches] == [
+        ("lobby.events", "pushEvents")
+    ]
 
 
 # -- a refused websocket upgrade never prints the token ----------------------------------------
