@@ -144,7 +144,7 @@ class TranscriptPrinter:
             event = _redacted(event, redactor)
         line = format_event(event)
         if line is not None:
-            line = printable(redactor.text(line))
+            line = _inert(redactor.text(line))
         elif not self.options.json:
             return
         if line is not None and event.kind == "context-injected" and self._repeated(event, line):
@@ -189,7 +189,7 @@ class TranscriptPrinter:
     def _summary(self, summary: Summary) -> None:
         event = summary_event(summary, self._wall())
         line = format_event(event)
-        self._write(event, summary.level, None if line is None else printable(line))
+        self._write(event, summary.level, None if line is None else _inert(line))
 
     def _write(self, event: TraceEvent, level: int, line: str | None) -> None:
         if self.options.json:
@@ -217,6 +217,13 @@ class TranscriptPrinter:
             text = f"{local_stamp(event.ts)} {line}"
         self.out.write(text + "\n")
         self.out.flush()
+
+
+def _inert(text: str) -> str:
+    """A formatted line made inert (see ``protocol.display.printable``); a line break that
+    ``format_event`` put there itself (an indented continuation, such as a server's last stderr
+    lines under its disconnection) is kept, each of its lines made inert on its own."""
+    return "\n".join([printable(part) for part in text.split("\n")])
 
 
 def _redacted(event: TraceEvent, redactor: Redactor) -> TraceEvent:

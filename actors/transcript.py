@@ -41,6 +41,8 @@ LEVELS: dict[str, int] = {
     "turn-aborted": WARNING,
     "trace-dropped": WARNING,
     "model-retry": WARNING,
+    "refused": WARNING,
+    "declaration-mismatch": WARNING,
     "reload-refused": WARNING,
     "status-unwritten": WARNING,
     "error": ERROR,
@@ -130,7 +132,8 @@ def format_event(e: TraceEvent) -> str | None:
         return f"! {e.agent or e.server_id}: {d.get('error')}"
     if k == "disconnected":
         retry = d.get("retry_in_s")
-        return f"! {e.server_id} disconnected ({d.get('reason')}); reconnecting in {retry}s"
+        line = f"! {e.server_id} disconnected ({d.get('reason')}); reconnecting in {retry}s"
+        return "\n    | ".join([line, *d.get("stderr_tail", ())])  # its last stderr lines
     if k == "diagnostic":
         return f"? {e.server_id or e.agent}: {_excerpt(d.get('text'))}"
     if k == "channel-registered":
@@ -167,6 +170,15 @@ def format_event(e: TraceEvent) -> str | None:
         return f"! config not reloaded, the running one stays: {d.get('reason')}"
     if k == "status-unwritten":
         return f"! status file {d.get('path')} not written: {d.get('error')}"
+    if k == "refused":
+        code = f" ({d['code']})" if d.get("code") is not None else ""
+        what = d.get("method") if code else f"an item of {d.get('method')}"
+        return f"! {where}: refused {what}{code}: {_excerpt(d.get('reason'))}"
+    if k == "duplicates-skipped":
+        n = d.get("count")
+        return f"· {n} already-stored item{'' if n == 1 else 's'} skipped from {e.server_id}"
+    if k == "declaration-mismatch":
+        return f"? {e.server_id}: {d.get('text')}"
     if k == "trace-dropped":
         count = d.get("count")
         shown = f"{count:,}" if isinstance(count, int) else count

@@ -1,12 +1,20 @@
 """Transports: a stdio subprocess (newline-delimited JSON) and a websocket (one message per text
 frame). Both yield a ``Transport`` whose ``receive()`` returns a text message, an ``Oversize`` or
 ``Undecodable`` marker, or ``None`` at end of stream.
+
+A transport that cannot open raises one of the ``TransportFailure`` errors below, whose text is
+one line fit for an operator (never a credential: a refused websocket upgrade gives its status
+line and a clipped excerpt of the body, never the headers). A server process's stderr is read
+line by line until it ends, also after the link closed, so the last lines before a crash are
+not lost; its exit status is kept on ``Transport.process``.
 """
 
 from __future__ import annotations
 
+import http
 import logging
 import os
+import signal
 import subprocess
 import sys
 import urllib.parse
@@ -15,6 +23,7 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Protocol
 
+import attrs
 import trio
 import trio_websocket
 
@@ -42,10 +51,82 @@ ENV_ALLOW = (
 )
 STDERR_LINE_CAP = 8192
 READ_CHUNK = 65536
+STOP_GRACE_S = 2.0  # how long a server may take to exit once asked (stdin closed, SIGTERM)
+DRAIN_GRACE_S = 1.0  # how long its last stderr lines may take to arrive once it exited
+BODY_EXCERPT_CHARS = 200
+
+
+class TransportFailure(OSError):
+    """A transport could not be opened; ``str()`` is one line for the operator."""
+
+
+class CommandNotFound(TransportFailure):
+    def __init__(self, command: str, why: str = "command not found") -> None:
+        super().__init__(f"{why}: {command}")
+        self.command = command
+
+
+class ServerExited(TransportFailure):
+    """A launched server exited before it listened."""
+
+    def __init__(self, returncode: int) -> None:
+        super().__init__(f"{exit_text(returncode)} before listening")
+        self.returncode = returncode
+
+
+class HandshakeRefused(TransportFailure):
+    """The websocket server answered the upgrade with an HTTP status other than 101."""
+
+    def __init__(self, status: int, body: bytes | None) -> None:
+        super().__init__(rejection_text(status, body))
+        self.status = status
+
+
+def exit_text(returncode: int) -> str:
+    """How a process ended, in words: its exit code, or the signal that killed it."""
+    if returncode >= 0:
+        return f"exited with code {returncode}"
+    try:
+        name = f" ({signal_name(-returncode)})"
+    except ValueError:
+        name = ""
+    return f"killed by signal {-returncode}{name}"
+
+
+def signal_name(number: int) -> str:
+    return signal.Signals(number).name
+
+
+def one_line(text: str, limit: int) -> str:
+    """``text`` with its whitespace runs (newlines included) made single spaces, clipped to
+    ``limit`` characters (the last one an ellipsis when clipped)."""
+    flat = " ".join(text.split())
+    return flat if len(flat) <= limit else flat[: max(limit - 1, 0)] + "…"
+
+
+def rejection_text(status: int, body: bytes | None) -> str:
+    """A refused websocket upgrade in one line: the status line and an excerpt of the body."""
+    try:
+        phrase = f" {http.HTTPStatus(status).phrase}"
+    except ValueError:
+        phrase = ""
+    text = f"handshake refused: HTTP {status}{phrase}"
+    excerpt = one_line((body or b"").decode("utf-8", "replace"), BODY_EXCERPT_CHARS)
+    return f"{text}: {excerpt}" if excerpt else text
+
+
+@attrs.define
+class ProcessExit:
+    """How a server process ended, known once the transport closed: its return code, and
+    whether the host had to kill it (it did not exit when asked)."""
+
+    returncode: int | None = None
+    killed: bool = False
 
 
 class Transport(Protocol):
     description: str
+    process: ProcessExit | None  # a server process the transport started, if any
 
     async def send(self, text: str) -> None: ...
 
@@ -66,6 +147,7 @@ class StdioTransport:
     def __init__(self, proc: trio.Process, max_line_bytes: int, description: str) -> None:
         self.proc = proc
         self.description = description
+        self.process: ProcessExit | None = ProcessExit()
         self._lines = LineBuffer(max_line_bytes)
         self._ready: deque[Framed] = deque()
         self._eof = False
@@ -135,15 +217,87 @@ async def _drain_stderr(stream: trio.abc.ReceiveStream, on_line: Callable[[str],
 
 async def _spawn(cfg: ServerConfig, *, stdin: int) -> trio.Process:
     """Start a server's command: its own session, the allowed environment, output piped."""
-    return await trio.lowlevel.open_process(
-        server_argv(cfg),
-        stdin=stdin,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        env=server_env(cfg),
-        cwd=str(cfg.cwd) if cfg.cwd else None,
-        start_new_session=True,
-    )
+    argv = server_argv(cfg)
+    try:
+        return await trio.lowlevel.open_process(
+            argv,
+            stdin=stdin,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=server_env(cfg),
+            cwd=str(cfg.cwd) if cfg.cwd else None,
+            start_new_session=True,
+        )
+    except FileNotFoundError as exc:
+        if cfg.cwd is not None and exc.filename == str(cfg.cwd):
+            raise CommandNotFound(str(cfg.cwd), "working folder not found") from None
+        raise CommandNotFound(argv[0]) from None
+    except PermissionError:
+        raise CommandNotFound(argv[0], "command not executable") from None
+
+
+@asynccontextmanager
+async def _running(
+    proc: trio.Process,
+    on_stderr: Callable[[str], None],
+    ended: ProcessExit,
+    *,
+    stdout_too: bool = False,
+) -> AsyncIterator[None]:
+    """Read the process's stderr (and stdout, if asked) as log lines while the body runs; then
+    stop the process (stdin closed, or SIGTERM when it has no stdin pipe; killed after
+    ``STOP_GRACE_S``), record how it ended in ``ended``, and read what it still wrote (at most
+    ``DRAIN_GRACE_S``). Runs to the end under a bounded shield, so a closing host also reaps
+    its servers."""
+    streams = [s for s in (proc.stderr, proc.stdout if stdout_too else None) if s is not None]
+    try:
+        async with trio.open_nursery() as nursery:
+            drained = [trio.Event() for _ in streams]
+
+            async def drain(stream: trio.abc.ReceiveStream, done: trio.Event) -> None:
+                try:
+                    await _drain_stderr(stream, on_stderr)
+                finally:
+                    done.set()
+
+            for stream, done in zip(streams, drained, strict=True):
+                nursery.start_soon(drain, stream, done)
+            try:
+                yield
+            finally:
+                with trio.move_on_after(STOP_GRACE_S + DRAIN_GRACE_S + 1) as scope:
+                    scope.shield = True
+                    await _stop(proc, ended)
+                    with trio.move_on_after(DRAIN_GRACE_S):
+                        for done in drained:
+                            await done.wait()
+                nursery.cancel_scope.cancel()
+    finally:
+        if proc.returncode is None:  # the stop above was cut short
+            proc.kill()
+            ended.killed = True
+            with trio.move_on_after(1) as scope:
+                scope.shield = True
+                await proc.wait()
+        ended.returncode = proc.returncode
+
+
+async def _stop(proc: trio.Process, ended: ProcessExit) -> None:
+    if proc.stdin is not None:
+        try:
+            await proc.stdin.aclose()  # EOF ends a well-behaved stdio server
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
+    elif proc.returncode is None:
+        proc.terminate()
+    if proc.returncode is None:
+        with trio.move_on_after(STOP_GRACE_S):
+            await proc.wait()
+    if proc.returncode is None:
+        proc.kill()
+        ended.killed = True
+        await proc.wait()
+    ended.returncode = proc.returncode
 
 
 @asynccontextmanager
@@ -151,33 +305,17 @@ async def open_stdio(
     cfg: ServerConfig, on_stderr: Callable[[str], None]
 ) -> AsyncIterator[StdioTransport]:
     proc = await _spawn(cfg, stdin=subprocess.PIPE)
-    try:
-        async with trio.open_nursery() as nursery:
-            assert proc.stderr is not None
-            nursery.start_soon(_drain_stderr, proc.stderr, on_stderr)
-            try:
-                yield StdioTransport(proc, cfg.max_line_bytes, f"pid {proc.pid}")
-            finally:
-                nursery.cancel_scope.cancel()
-    finally:
-        with trio.move_on_after(3) as scope:
-            scope.shield = True
-            if proc.stdin is not None:
-                try:
-                    await proc.stdin.aclose()  # EOF ends a well-behaved stdio server
-                except (trio.BrokenResourceError, trio.ClosedResourceError):
-                    pass
-            with trio.move_on_after(2):
-                await proc.wait()
-            if proc.returncode is None:
-                proc.kill()
-                await proc.wait()
+    transport = StdioTransport(proc, cfg.max_line_bytes, f"pid {proc.pid}")
+    assert transport.process is not None
+    async with _running(proc, on_stderr, transport.process):
+        yield transport
 
 
 class WebsocketTransport:
     def __init__(self, ws: trio_websocket.WebSocketConnection, description: str) -> None:
         self.ws = ws
         self.description = description
+        self.process: ProcessExit | None = None  # set for a server the host launched
 
     async def send(self, text: str) -> None:
         await self.ws.send_message(text)
@@ -211,14 +349,35 @@ class WebsocketTransport:
 async def open_websocket(cfg: ServerConfig) -> AsyncIterator[WebsocketTransport]:
     assert cfg.endpoint is not None
     headers = [(b"Authorization", f"Bearer {cfg.token}".encode())] if cfg.token else []
-    async with trio_websocket.open_websocket_url(
-        cfg.endpoint,
-        extra_headers=headers,
-        max_message_size=cfg.max_line_bytes,
-        connect_timeout=cfg.request_timeout_s,
-        disconnect_timeout=2,
-    ) as ws:
-        yield WebsocketTransport(ws, cfg.url or cfg.endpoint)
+    opened = False
+    try:
+        async with trio_websocket.open_websocket_url(
+            cfg.endpoint,
+            extra_headers=headers,
+            max_message_size=cfg.max_line_bytes,
+            connect_timeout=cfg.request_timeout_s,
+            disconnect_timeout=2,
+        ) as ws:
+            opened = True
+            yield WebsocketTransport(ws, cfg.url or cfg.endpoint)
+    except trio_websocket.HandshakeError as exc:
+        if opened:
+            raise
+        # Never the exception itself: a rejection's text holds the response's headers and body,
+        # which may echo the Authorization header we sent.
+        raise _handshake_failure(exc, cfg.request_timeout_s) from None
+
+
+def _handshake_failure(exc: trio_websocket.HandshakeError, timeout: float) -> TransportFailure:
+    if isinstance(exc, trio_websocket.ConnectionRejected):
+        return HandshakeRefused(exc.status_code, exc.body)
+    if isinstance(exc, trio_websocket.ConnectionTimeout):
+        return TransportFailure(f"no websocket handshake within {timeout:g}s")
+    cause = exc.__cause__
+    if isinstance(cause, OSError):
+        why = cause.strerror or str(cause) or type(cause).__name__
+        return TransportFailure(f"could not connect: {why}")
+    return TransportFailure(f"websocket handshake failed ({type(exc).__name__})")
 
 
 @asynccontextmanager
@@ -250,7 +409,7 @@ async def _until_listening(cfg: ServerConfig, proc: trio.Process) -> None:
     with trio.fail_after(LAUNCH_TIMEOUT_S):
         while True:
             if proc.returncode is not None:
-                raise OSError(f"the server exited with code {proc.returncode}")
+                raise ServerExited(proc.returncode)
             try:
                 stream = await trio.open_tcp_stream(host, port)
             except OSError:
@@ -268,23 +427,9 @@ async def open_launched(
     runs for as long as the link, and the host dials ``url`` once it accepts connections. Its
     stdout and stderr are both read as log lines."""
     proc = await _spawn(cfg, stdin=subprocess.DEVNULL)
-    try:
-        async with trio.open_nursery() as nursery:
-            assert proc.stderr is not None and proc.stdout is not None
-            nursery.start_soon(_drain_stderr, proc.stderr, on_stderr)
-            nursery.start_soon(_drain_stderr, proc.stdout, on_stderr)
-            await _until_listening(cfg, proc)
-            try:
-                async with open_websocket(cfg) as ws:
-                    yield ws
-            finally:
-                nursery.cancel_scope.cancel()
-    finally:
-        with trio.move_on_after(3) as scope:
-            scope.shield = True
-            proc.terminate()
-            with trio.move_on_after(2):
-                await proc.wait()
-            if proc.returncode is None:
-                proc.kill()
-                await proc.wait()
+    ended = ProcessExit()
+    async with _running(proc, on_stderr, ended, stdout_too=True):
+        await _until_listening(cfg, proc)
+        async with open_websocket(cfg) as ws:
+            ws.process = ended
+            yield ws

@@ -9,6 +9,10 @@ sharing them.
 * stdio (default): newline-delimited JSON-RPC on stdin/stdout, logs on stderr, exits on stdin EOF.
 * ``--ws HOST:PORT``: a websocket server, one JSON-RPC object per text frame; every connection is
   an independent session. ``LISTENING ws://HOST:PORT`` is the first stdout line.
+* Ids the lobby makes up (scripted messages ``m1``…, clock events ``e1``…, posts ``out-1``…)
+  carry a random tag per process (``--run-id``), e.g. ``k3xq-m1``: a second run's messages are
+  new to a host that kept the first run's. The photo Alice shares keeps one id (``share-board``)
+  across runs, so a second run shows the host skipping it as already stored.
 * ``--control-connect HOST:PORT``: every session dials a test-side control socket and exchanges
   JSON lines with it: events about what the lobby saw, commands telling it what to send
   (see ``examples/lobby_control.py`` for the test side).
@@ -77,7 +81,7 @@ import struct
 import sys
 import zlib
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import trio
@@ -219,13 +223,23 @@ SCRIPT_LINES: tuple[tuple[str, list[str]], ...] = (
     ("@Ada can you roll a die for me?", ["chat:mention"]),
 )
 CHIME = "The lobby clock chimes."
-SHARE_EVENT_ID = "share-board"  # stable, so a reconnect's replay is recognised as a duplicate
+# Stable across runs and reconnects (no run id): a host that already stored it skips it, and
+# says so in its transcript ("1 already-stored item skipped from lobby").
+SHARE_EVENT_ID = "share-board"
 SHARE_FILE = "board.png"
 SHARE_TEXT = "Alice shared a photo of the board game night."
 
 
 # --------------------------------------------------------------------------------------------
 # options
+
+RUN_ID_ALPHABET = "abcdefghjkmnpqrstuvwxyz23456789"  # no 0/o, 1/l/i: easy to read back
+RUN_ID_CHARS = 4
+
+
+def new_run_id() -> str:
+    """A short random tag for this process's ids (messages, events, posts)."""
+    return "".join(random.SystemRandom().choice(RUN_ID_ALPHABET) for _ in range(RUN_ID_CHARS))
 
 
 @dataclass
@@ -249,6 +263,13 @@ class LobbyOptions:
     assist: bool = False  # lobby.assist: inference/request and model/info
     notes: bool = False  # lobby.notes: the note tool, checkpoints and state/rollback
     files: bool = False  # --ws only: plain HTTP GET /files/<name> on the websocket port
+    # The prefix of the ids the lobby makes up (``k3xq-m1``, ``k3xq-e1``, ``k3xq-out-1``): a new
+    # one per process, so a second run's messages are new to a host that kept the first run's;
+    # "" gives the bare form (``m1``).
+    run_id: str = field(default_factory=new_run_id)
+
+    def make_id(self, kind: str, n: int) -> str:
+        return f"{self.run_id}-{kind}{n}" if self.run_id else f"{kind}{n}"
 
     @property
     def effective_script(self) -> str:
@@ -372,6 +393,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --ws: also answer plain HTTP 'GET /files/<name>' on the websocket port "
         "(board.png, notes.txt), for references shared by push events",
     )
+    p.add_argument(
+        "--run-id",
+        metavar="TAG",
+        help="prefix of the ids the lobby makes up (TAG-m1, TAG-e1, TAG-out-1); default: a "
+        "random tag per process, so every run's messages are new; '' for the bare form (m1)",
+    )
     return p
 
 
@@ -395,6 +422,7 @@ def parse_args(argv: list[str] | None = None) -> LobbyOptions:
         assist=ns.assist,
         notes=ns.notes,
         files=ns.files,
+        run_id=new_run_id() if ns.run_id is None else ns.run_id,
     )
 
 
@@ -1758,7 +1786,7 @@ class Session:
         if reason is not None:
             return None, None, reason
         thread = place if isinstance(place, str) else None
-        message_id = f"out-{next(self._out_counter)}"
+        message_id = self.options.make_id("out-", next(self._out_counter))
         where = f" [{thread}]" if thread is not None else ""
         self.log(f"{channel_label(cid)}{where} <- {text_of(content)}")
         if not self.options.no_echo:
@@ -2397,7 +2425,11 @@ class Session:
             text, tags = SCRIPT_LINES[(tick - 1) % len(SCRIPT_LINES)]
             if self.allows("channels.incoming"):
                 message = self._chat_message(
-                    cid, f"m{next(self._msg_counter)}", text, dict(person), tags
+                    cid,
+                    self.options.make_id("m", next(self._msg_counter)),
+                    text,
+                    dict(person),
+                    tags,
                 )
                 self.log(f"{channel_label(cid)} {person['name']}: {text}")
                 self.request("channels/incoming", {"messages": [message]})
@@ -2410,8 +2442,9 @@ class Session:
                 if self.allows("pushEvents"):
                     n = next(self._event_counter)
                     origin = {"mcplChannelId": "lobby:#general"} if n % 2 == 0 else None
-                    params = self._event_params(f"e{n}", CHIME, origin=origin)
-                    self.log(f"push/event e{n}: {CHIME}")
+                    event_id = self.options.make_id("e", n)
+                    params = self._event_params(event_id, CHIME, origin=origin)
+                    self.log(f"push/event {event_id}: {CHIME}")
                     self.request("push/event", params)
                 else:
                     self.log("pushEvents not granted; the clock stays silent")
@@ -2559,7 +2592,9 @@ class Session:
         elif name == "share":  # a push/event carrying a reference to one of our files
             file_name = cmd["file"]
             text = cmd.get("text", f"Shared {file_name}.")
-            event_id = cmd.get("eventId") or f"share-{next(self._share_counter)}"
+            event_id = cmd.get("eventId") or self.options.make_id(
+                "share-", next(self._share_counter)
+            )
             uri = cmd.get("uri")  # a test may point the reference elsewhere (another origin)
             if not all(isinstance(v, str) for v in (file_name, text, event_id)):
                 raise TypeError("file, text and eventId must be strings")
@@ -2907,6 +2942,8 @@ async def serve_ws(
 
 
 async def _amain(options: LobbyOptions) -> None:
+    if options.run_id:
+        log(f"ids made up by this run start with {options.run_id}-")
     if options.ws:
         host, port = split_host_port(options.ws)
         async with trio.open_nursery() as nursery:

@@ -26,7 +26,8 @@ from examples.lobby_control import ControlListener, LobbyControl, open_control_l
 from protocol.hooks import ModelInfo
 from store.bodytext import without_header
 
-LOBBY = [sys.executable, "-m", "examples.lobby_server"]
+# The lobby's own ids bare (m1, out-1), so tests can name them; by default each run tags them.
+LOBBY = [sys.executable, "-m", "examples.lobby_server", "--run-id", ""]
 
 
 def lobby(address: str, *extra: str, sid: str = "lobby", **keys: Any) -> dict[str, Any]:

@@ -196,10 +196,13 @@ class Lobby(Peer):
 
 
 @asynccontextmanager
-async def lobby_process(*args: str) -> AsyncIterator[Lobby]:
+async def lobby_process(*args: str, run_id: str | None = "") -> AsyncIterator[Lobby]:
+    """The lobby as a subprocess. Its ids are bare (``m1``) unless ``run_id`` says otherwise
+    (None: the lobby's own default, a random tag per process)."""
+    tagged = [] if run_id is None else ["--run-id", run_id]
     with tempfile.TemporaryFile() as stderr:
         proc = await trio.lowlevel.open_process(
-            [sys.executable, "-m", "examples.lobby_server", *args],
+            [sys.executable, "-m", "examples.lobby_server", *tagged, *args],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=stderr,
@@ -556,7 +559,7 @@ async def test_scripted_people_talk_and_the_clock_chimes() -> None:
                 messages.append(message)
                 results = [{"messageId": message["messageId"], "accepted": True}]
                 await lobby.answer(incoming, {"results": results})
-            assert [m["messageId"] for m in messages] == ["m1", "m2", "m3"]
+            assert [m["messageId"] for m in messages] == ["m1", "m2", "m3"]  # --run-id ''
             assert [m["author"]["id"] for m in messages] == ["alice", "bob", "alice"]
             assert {m["channelId"] for m in messages} == {"lobby:#general", "lobby:#random"}
             assert all(m["content"][0]["type"] == "text" for m in messages)
@@ -572,6 +575,33 @@ async def test_scripted_people_talk_and_the_clock_chimes() -> None:
             assert isinstance(params["timestamp"], str)
             await lobby.answer(push, {"accepted": True})
             assert await lobby.close_stdin_and_wait() == 0
+
+
+async def first_ids(run_id: str | None) -> tuple[str, str]:
+    """The first scripted message id and the first post id of a fresh lobby process."""
+    async with lobby_process("--interval", "0.05", "--no-echo", run_id=run_id) as lobby:
+        await lobby.handshake()
+        incoming = await lobby.server_request("channels/incoming")
+        [message] = incoming["params"]["messages"]
+        await lobby.answer(
+            incoming, {"results": [{"messageId": message["messageId"], "accepted": True}]}
+        )
+        params = {"channelId": "lobby:#general", "content": [{"type": "text", "text": "hi"}]}
+        reply = await lobby.request("channels/publish", params)
+        assert await lobby.close_stdin_and_wait() == 0
+        return message["messageId"], reply["result"]["messageId"]
+
+
+async def test_each_process_makes_up_fresh_ids() -> None:
+    # a second run must not repeat the first run's ids: a host that kept them would skip them
+    with trio.fail_after(TIMEOUT):
+        first, second = await first_ids(None), await first_ids(None)
+        assert first != second
+        for message_id, post_id in (first, second):
+            tag, _, rest = message_id.partition("-")
+            assert rest == "m1" and len(tag) == 4
+            assert post_id == f"{tag}-out-1"
+        assert await first_ids("run7") == ("run7-m1", "run7-out-1")
 
 
 # ---- control ----------------------------------------------------------------------------------

@@ -8,8 +8,8 @@ import pytest
 import trio
 
 import actors.channel
-import actors.connection
 import actors.context
+import actors.link_io
 from actors.messages import Describe
 from tests.helpers import (
     answered,
@@ -46,7 +46,7 @@ async def test_channels_per_server_cap_refuses_per_item(
 async def test_pre_readiness_buffer_cap_refuses_the_overflow(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(actors.connection, "PRE_READY_CAP", 3)
+    monkeypatch.setattr(actors.link_io, "PRE_READY_CAP", 3)
     with trio.fail_after(60):
         async with running_lobby(
             tmp_path, {"Ada": ""}, "--fsu-mode", "never", request_timeout_s=3, wait_ready=False

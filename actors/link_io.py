@@ -1,0 +1,214 @@
+"""The wire loop of one link: the writer, the reader, the dispatcher, and the buffer of
+requests that arrive before the link is ready.
+
+The reader only decodes and dispatches: answers to our requests resolve their waiters, the
+server's requests go to a bounded batch queue (or, before readiness, to a buffer capped at
+``PRE_READY_CAP``, past which they are refused), notifications go to the actor. The dispatcher
+hands hot-lane requests to ``actors.inbound.HotLanes`` a batch at a time and gives any other
+request a handler task of ``actors.server_requests.ServerRequests`` (at most ``MAX_HANDLERS``).
+The writer owns the transport's send side, fed by the bounded outbox, and writes whatever waits
+in one go. Every queue is bounded and its producer waits when it is full: a flooding server is
+slowed down by its own transport.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import outcome
+import trio
+
+from protocol import grants
+from protocol import jsonrpc as rpc
+from protocol.errors import CAPABILITY_DENIED, RpcError
+from protocol.framing import Oversize, Undecodable
+
+from .inbound import HotLanes, Pending
+from .kernel import BatchQueue
+from .link import READ_BATCH, TAKE_LIMIT, Link, LinkOwner, describe
+from .server_requests import ServerRequests
+from .transport import Transport
+
+PRE_READY_CAP = 1000
+OUTBOX_CAP = 1024
+MAX_HANDLERS = 128
+REQUEST_QUEUE_CAP = 1024  # requests read, waiting for the dispatcher (reader waits past it)
+ANSWER_QUEUE_CAP = 1024  # prepared requests waiting for the responder (dispatcher waits past it)
+# Every request the server may have in flight with us: the queues (each may overshoot its cap by
+# one batch), the batch in each worker's hands, the handlers and the pre-readiness buffer.
+INBOUND_CAP = REQUEST_QUEUE_CAP + ANSWER_QUEUE_CAP + 2 * READ_BATCH + 2 * TAKE_LIMIT
+INBOUND_CAP += MAX_HANDLERS + PRE_READY_CAP
+MAX_PENDING = 256  # our own requests awaiting the server's answer
+HOT_LANES = frozenset({"push/event", "channels/incoming"})
+WRITE_BATCH = 256
+WS_PING_EVERY_S = 30.0
+
+
+def new_link(transport: Transport) -> Link:
+    """A link over a freshly opened transport, with its session, outbox and queues."""
+    out_send, out_recv = trio.open_memory_channel[list[str]](OUTBOX_CAP)
+    return Link(
+        transport=transport,
+        session=rpc.RpcSession(max_pending=MAX_PENDING, max_inbound=INBOUND_CAP),
+        outbox_send=out_send,
+        outbox_recv=out_recv,
+        requests=BatchQueue(REQUEST_QUEUE_CAP),
+        answers=BatchQueue(ANSWER_QUEUE_CAP),
+    )
+
+
+class LinkIO:
+    def __init__(
+        self,
+        owner: LinkOwner,
+        lanes: HotLanes,
+        requests: ServerRequests,
+        on_notification: Callable[[Link, rpc.Notification], None],
+    ) -> None:
+        self.owner = owner
+        self.lanes = lanes
+        self.requests = requests
+        self.on_notification = on_notification
+
+    async def pinger(self, link: Link) -> None:
+        ws = getattr(link.transport, "ws", None)
+        while ws is not None:
+            await trio.sleep(WS_PING_EVERY_S)
+            with trio.move_on_after(2 * WS_PING_EVERY_S) as scope:
+                await ws.ping()
+            if scope.cancelled_caught:
+                self.owner.diagnostic("no pong in 60 s; closing the link")
+                link.close_reason = link.close_reason or "the server stopped answering pings"
+                await ws.aclose()
+                return
+
+    async def writer(self, link: Link) -> None:
+        async for lines in link.outbox_recv:
+            while len(lines) < WRITE_BATCH:  # whatever else is waiting goes in the same write
+                try:
+                    lines = lines + link.outbox_recv.receive_nowait()
+                except trio.WouldBlock:
+                    break
+            try:
+                await link.transport.send_many(lines)
+            except Exception as exc:  # the link is gone; the reader sees EOF
+                self.owner.diagnostic(f"write failed: {describe(exc)}")
+                link.closed.set()  # most often the server went away: its exit says why
+                return
+
+    async def reader(self, link: Link) -> None:
+        """Decode what the server sends. Requests are passed on in batches: every request
+        already read is queued together before the reader waits for more input."""
+        batch: list[rpc.Request] = []
+        try:
+            while True:
+                first = await link.transport.receive()
+                if first is None:
+                    return
+                # what the transport has already framed is handled without waiting again
+                for item in [first, *link.transport.take_buffered()]:
+                    if isinstance(item, Oversize):
+                        size = "a frame" if item.size < 0 else f"{item.size} bytes"
+                        cap = self.owner.cfg.max_line_bytes
+                        self.owner.diagnostic(f"line over max_line_bytes ({cap}) refused: {size}")
+                        if item.size < 0:
+                            return
+                        continue
+                    if isinstance(item, Undecodable):
+                        self.owner.diagnostic(f"undecodable line ({item.size} bytes) skipped")
+                        continue
+                    for event in link.session.receive_line(item):
+                        if isinstance(event, rpc.RequestReceived) and link.ready:
+                            self.owner.work.inc()  # released once the request is answered
+                            batch.append(event.request)
+                        else:
+                            await self.dispatch_event(link, event)
+                    if len(batch) >= READ_BATCH:
+                        await self.queue_requests(link, batch)
+                        batch = []
+                if batch:  # nothing more is buffered: what was read goes on together
+                    await self.queue_requests(link, batch)
+                    batch = []
+        except Exception as exc:
+            self.owner.diagnostic(f"read failed: {describe(exc)}")
+        finally:
+            self.owner.work.dec(len(batch))  # read but never queued: the link is gone
+            for rid, waiter in list(link.waiters.items()):
+                waiter.close()
+                link.waiters.pop(rid, None)
+            link.session.close()
+            link.closed.set()
+
+    async def dispatcher(self, link: Link) -> None:
+        """Take queued requests in order. Items of the hot lanes are handed to their channels
+        here, one ask per channel per batch, and answered by the responder after their commit;
+        any other request gets a handler task, at most ``MAX_HANDLERS`` at a time."""
+        slots = trio.Semaphore(MAX_HANDLERS)
+        assert link.nursery is not None
+        while True:
+            batch = await link.requests.take(TAKE_LIMIT)
+            hot = []
+            for req in batch:
+                if req.method in HOT_LANES:
+                    hot.append(req)
+                else:
+                    await slots.acquire()
+                    link.nursery.start_soon(self.requests.serve, link, req, slots)
+            batch.clear()
+            if hot:  # prepare empties hot once the requests are parsed
+                prepared: list[Pending] = await self.lanes.prepare(link, hot)
+                await link.answers.put_many(prepared)
+
+    async def dispatch_event(self, link: Link, event: rpc.Event) -> None:
+        if isinstance(event, rpc.ResponseReceived):
+            self.resolve(link, event.id, outcome.Value(event.result))
+        elif isinstance(event, rpc.ErrorReceived):
+            self.resolve(link, event.id, outcome.Error(event.error))
+        elif isinstance(event, rpc.RequestReceived):
+            req = event.request
+            if not link.ready:
+                if len(link.pre_ready) >= PRE_READY_CAP:
+                    cap = grants.INBOUND_CAPABILITY.get(req.method)
+                    err = RpcError(
+                        code=CAPABILITY_DENIED,
+                        message="connection not ready; retry later",
+                        data={"capability": cap} if cap else None,
+                    )
+                    await self.requests.reply(link, req, error=err)
+                else:
+                    link.pre_ready.append(req)
+                return
+            self.owner.work.inc()
+            await self.queue_requests(link, [req])
+        elif isinstance(event, rpc.NotificationReceived):
+            self.on_notification(link, event.notification)
+        elif isinstance(event, rpc.Diagnostic):
+            self.owner.diagnostic(event.text)
+            if event.reply is not None:
+                await self.owner.send_lines(link, [event.reply])
+
+    def resolve(self, link: Link, rid: rpc.Id, result: outcome.Outcome[Any]) -> None:
+        waiter = link.waiters.get(rid)
+        if waiter is not None:
+            try:
+                waiter.send_nowait(result)
+            except (trio.WouldBlock, trio.BrokenResourceError, trio.ClosedResourceError):
+                pass
+
+    async def queue_requests(self, link: Link, batch: list[rpc.Request]) -> None:
+        try:
+            await link.requests.put_many(batch)
+        except BaseException:
+            self.owner.work.dec(len(batch))
+            raise
+
+    async def flush_pre_ready(self, link: Link) -> None:
+        """Queue what waited for readiness, in arrival order. The caller marks the link ready
+        in the same step as the buffer is found empty (the reader keeps buffering until then)."""
+        while link.pre_ready:
+            waiting = list(link.pre_ready)
+            link.pre_ready.clear()
+            self.owner.work.inc(len(waiting))
+            for i in range(0, len(waiting), READ_BATCH):
+                await self.queue_requests(link, waiting[i : i + READ_BATCH])

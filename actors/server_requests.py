@@ -1,0 +1,185 @@
+"""The server's requests that are not hot lanes: channel registration and listing, ``model/info``,
+``inference/request`` and ``ping``; and the ``channels/changed`` notification.
+
+Each request runs in a handler task of the link's nursery (the dispatcher caps how many); the
+answer, or the refusal (traced as ``refused``), goes back through the link's outbox.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import trio
+
+from protocol import jsonrpc as rpc
+from protocol.errors import INTERNAL_ERROR, INVALID_PARAMS, INVALID_REQUEST, RpcError
+from protocol.inference import parse_inference_request
+from protocol.lanes import ChannelDescriptor, ChannelsChanged, parse_descriptors, structure
+
+from .context import ChannelLimit
+from .link import Link, LinkOwner, admit, as_rpc_error, refusal_reason
+from .messages import ChannelInfo, Describe, Register, Unregister
+
+
+class ServerRequests:
+    def __init__(self, owner: LinkOwner) -> None:
+        self.owner = owner
+
+    async def serve(self, link: Link, req: rpc.Request, slots: trio.Semaphore) -> None:
+        try:
+            try:
+                result = await self.answer(link, req)
+            except Exception as exc:
+                await self.reply(link, req, error=as_rpc_error(exc, req.method))
+            else:
+                await self.reply(link, req, result=result)
+        finally:
+            slots.release()
+            self.owner.work.dec()
+
+    async def reply(
+        self, link: Link, req: rpc.Request, *, result: Any = None, error: RpcError | None = None
+    ) -> None:
+        """Answer one of the server's requests; a link that already ended takes no answer."""
+        try:
+            if error is not None:
+                line = link.session.send_error(req.id, error)
+            else:
+                line = link.session.send_response(req.id, result)
+        except rpc.LocalProtocolError:
+            return  # the session closed while we worked: the server will retry on a new link
+        if error is not None:
+            self.owner.refused(req.method, error, refusal_reason(error), request_id=req.id)
+        await self.owner.send_lines(link, [line])
+
+    async def answer(self, link: Link, req: rpc.Request) -> Any:
+        method = req.method
+        if method == "ping":
+            return {}
+        params = req.params if isinstance(req.params, Mapping) else {}
+        admit(link, method, params.get("featureSet"))
+        if method == "channels/register":
+            return await self.register(link, req.params)
+        if method == "channels/changed":
+            return await self.channels_changed(link, req.params)
+        if method == "channels/list":
+            return await self.list_channels(link)
+        if method == "model/info":
+            info = self.owner.ctx.inference.model_info(self.owner.sid)
+            if info is None:
+                raise RpcError(code=INTERNAL_ERROR, message="no model serves this server")
+            return info.to_wire()
+        if method == "inference/request":
+            return await self.inference(link, req)
+        raise rpc.method_not_found(method)
+
+    async def inference(self, link: Link, req: rpc.Request) -> Any:
+        """A server-initiated inference (admitted by ``answer``): never while one of our hooks
+        or renders awaits this server, within its budget, streamed when asked and granted."""
+        owner = self.owner
+        if link.hooks_in_flight:
+            raise RpcError(
+                code=INVALID_REQUEST,
+                message="inference/request refused: a context/beforeInference or push/render "
+                "call to this server is in flight, and neither may start inference",
+            )
+        request = parse_inference_request(req.params)
+        streamed = request.stream and "inferenceRequest.streaming" in link.grant
+
+        async def chunk(method: str, params: Mapping[str, object]) -> None:
+            await owner.notify(link, method, params)
+
+        result, model = await owner.ctx.inference.answer(
+            owner.sid,
+            req.id,
+            request,
+            now=trio.current_time(),
+            chunks=chunk if streamed else None,
+        )
+        owner.trace(
+            "inference-request",
+            feature_set=request.feature_set,
+            model=model,
+            streamed=streamed,
+            finish_reason=result["finishReason"],
+            usage=result["usage"],
+        )
+        return result
+
+    # channels/register, channels/changed, channels/list ----------------------------------------
+    async def register(self, link: Link, params: Any) -> dict[str, Any]:
+        results = [await self._add_channel(link, d) for d in parse_descriptors(params)]
+        self._trace_refused("channels/register", results)
+        return {"results": results}
+
+    async def _add_channel(self, link: Link, raw: Any) -> dict[str, Any]:
+        owner = self.owner
+        cid = raw.get("id") if isinstance(raw, Mapping) else None
+        try:
+            desc = structure(raw, ChannelDescriptor)
+        except RpcError as exc:
+            return {"id": cid, "accepted": False, "reason": exc.message}
+        if not desc.id:
+            return {"id": cid, "accepted": False, "reason": "empty channel id"}
+        try:
+            chan = await owner.ctx.channel(owner.sid, desc.id)
+        except ChannelLimit as exc:
+            return {"id": desc.id, "accepted": False, "reason": str(exc)}
+        await chan.ask(Register(descriptor=desc), timeout=owner.cfg.request_timeout_s)
+        link.channels.add(desc.id)
+        owner.trace("channel-registered", channel_id=desc.id, label=desc.label)
+        return {"id": desc.id, "accepted": True}
+
+    async def channels_changed(self, link: Link, params: Any) -> dict[str, Any]:
+        owner = self.owner
+        if not isinstance(params, Mapping):
+            raise RpcError(code=INVALID_PARAMS, message="Invalid params: params must be an object")
+        changed = structure({k: params[k] for k in ("removed",) if k in params}, ChannelsChanged)
+        results: list[dict[str, Any]] = []
+        for key in ("added", "updated"):
+            if key in params:
+                results.extend(
+                    [await self._add_channel(link, d) for d in parse_descriptors(params, key)]
+                )
+        for cid in changed.removed:
+            if cid in link.channels:
+                link.channels.discard(cid)
+                chan = await owner.ctx.channel(owner.sid, cid)
+                await chan.tell(Unregister())
+                owner.trace("channel-removed", channel_id=cid)
+                results.append({"id": cid, "accepted": True})
+            else:
+                results.append({"id": cid, "accepted": False, "reason": "unknown_channel"})
+        self._trace_refused("channels/changed", results)
+        return {"results": results}
+
+    def _trace_refused(self, method: str, results: list[dict[str, Any]]) -> None:
+        for r in results:
+            if not r.get("accepted"):
+                cid = r.get("id")
+                self.owner.refused(
+                    method,
+                    None,
+                    str(r.get("reason")),
+                    channel_id=cid if isinstance(cid, str) else None,
+                )
+
+    async def list_channels(self, link: Link) -> dict[str, Any]:
+        owner = self.owner
+        out = []
+        for cid in sorted(link.channels):
+            chan = await owner.ctx.channel(owner.sid, cid)
+            info: ChannelInfo = await chan.ask(Describe(), timeout=owner.cfg.request_timeout_s)
+            out.append(dict(info.descriptor))
+        return {"channels": out}
+
+    async def changed_note(self, link: Link, params: Any) -> None:
+        """The notification form of ``channels/changed``: no answer, so refusals are only
+        traced."""
+        try:
+            await self.channels_changed(link, params)
+        except RpcError as exc:
+            self.owner.diagnostic(f"channels/changed notification refused: {exc}")
+        finally:
+            self.owner.work.dec()
