@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import itertools
+import re
 import signal
 import subprocess
 import sys
@@ -27,6 +28,15 @@ from protocol.hooks import ModelInfo
 from store.bodytext import without_header
 
 # The lobby's own ids bare (m1, out-1), so tests can name them; by default each run tags them.
+#: The local date and time that starts every line of the human transcript.
+STAMP = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d ")
+
+
+def unstamped(text: str) -> list[str]:
+    """The transcript's lines without their timestamps."""
+    return [STAMP.sub("", line) for line in text.splitlines()]
+
+
 LOBBY = [sys.executable, "-m", "examples.lobby_server", "--run-id", ""]
 
 

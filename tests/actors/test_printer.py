@@ -21,8 +21,8 @@ from actors.trace import TraceBus, TraceEvent
 from actors.transcript import DEBUG, ERROR, INFO, LEVELS, WARNING, format_event, level_of
 from protocol.redact import REDACTED, Redactor
 from protocol.repeats import RepeatCollapser
+from tests.helpers import STAMP
 
-STAMP = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d ")
 ISO_UTC = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$")
 KEYS = ["ts", "kind", "level", "agent", "server_id", "channel_id", "data"]
 

@@ -16,7 +16,7 @@ import trio_websocket
 
 from actors import Host
 from actors.messages import ConnStatus
-from tests.helpers import config, running_lobby, scripted, wait_trace
+from tests.helpers import config, running_lobby, scripted, unstamped, wait_trace
 
 pytestmark = pytest.mark.slow
 
@@ -171,7 +171,7 @@ async def test_the_transcript_shows_failures_refusals_and_mismatches(tmp_path: P
     out, err = await run_until(["run", str(path), "--duration", "120"], wanted, tmp_path)
     assert "Traceback" not in err
     # the tail comes right under its disconnected line
-    lines = out.splitlines()
+    lines = unstamped(out)
     at = next(i for i, line in enumerate(lines) if line.startswith("! broken disconnected"))
     assert lines[at + 1] == "    | Traceback (most recent call last):"
 

@@ -17,12 +17,11 @@ import pytest
 import trio
 
 from examples.lobby_control import open_control_listener
-from tests.helpers import LOBBY, interrupt, ready, send_incoming
+from tests.helpers import LOBBY, STAMP, interrupt, ready, send_incoming
 
 pytestmark = pytest.mark.slow
 
 MCPLIVE = [sys.executable, "-m", "actors.cli"]
-STAMP = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d ")
 ISO_UTC = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$")
 ROOT = Path(__file__).resolve().parents[2]
 
