@@ -22,6 +22,10 @@ from .config import ConfigErrors, read_config_source
 from .datadir import holder
 
 
+#: Server states whose stderr tail ``status`` leaves out.
+HEALTHY_STATES = frozenset({"ready", "mcp-only"})
+
+
 def data_dir_of(args: argparse.Namespace) -> Path:
     """The data dir to look at: ``--data-dir``, else the config's ``data_dir`` (relative to the
     config's folder, as the host resolves it), else ``./mcplive-data``. Only the config's
@@ -113,8 +117,9 @@ def summary(
         )
         if s.get("last_error"):
             lines.append(f"    last error: {s['last_error']}")
-        for line in s.get("stderr_tail") or ():
-            lines.append(f"    stderr: {line}")
+        if s.get("state") not in HEALTHY_STATES:  # a healthy server's stderr is its own chatter
+            for line in s.get("stderr_tail") or ():
+                lines.append(f"    stderr: {line}")
     lines.append("agents:")
     for a in doc.get("agents") or ():
         if not isinstance(a, Mapping):

@@ -141,3 +141,25 @@ def test_write_atomic_replaces_whole_and_leaves_nothing_behind(tmp_path: Path) -
     with pytest.raises(OSError):
         write_atomic(path, b"{}")
     assert [p.name for p in tmp_path.iterdir()] == ["status.json"]
+
+
+def test_the_summary_shows_a_stderr_tail_only_for_a_server_in_trouble(tmp_path: Path) -> None:
+    from actors.cli_status import summary
+
+    tail = ["[lobby] chatter"]
+    doc = {
+        "mcplive": "0",
+        "pid": 1,
+        "started_at": "2026-01-01T00:00:00.000Z",
+        "written_at": "2026-01-01T00:00:00.000Z",
+        "running": True,
+        "servers": [
+            {"id": "up", "state": "ready", "reconnects": 0, "stderr_tail": tail},
+            {"id": "down", "state": "disconnected", "reconnects": 2, "stderr_tail": ["boom"]},
+        ],
+        "agents": [],
+    }
+    verdict = types.SimpleNamespace(summary="degraded: down disconnected")
+    lines = summary(tmp_path, 1, doc, verdict, 0.0)
+    assert "    stderr: boom" in lines
+    assert not any("chatter" in line for line in lines)
