@@ -41,7 +41,9 @@ async def test_the_subject_cap_forgets_the_least_recently_touched(
     agent = {"model": f"scripted:{tmp_path / 'a.toml'}", "gate": str(tmp_path / "gate.toml")}
     (tmp_path / "a.toml").write_text("", encoding="utf-8")
     with trio.fail_after(240):
-        async with running_lobby(tmp_path, {"Ada": agent}) as lb:
+        # thousands of pushes at once: on a loaded machine the lobby's own 30 s wait for an
+        # answer is too short, so it waits as long as the test does
+        async with running_lobby(tmp_path, {"Ada": agent}, "--request-timeout", "240") as lb:
             # the oldest subject holds a deferred batch never rendered (nothing is read)
             [pending] = await push_many(lb.ctl, [("d0", {"key": "KD", "deferred": True})])
             assert pending["result"]["coalesce"]["outcome"] == "first"
