@@ -21,7 +21,6 @@ from protocol import status as fmt
 from .config import ConfigErrors, read_config_source
 from .datadir import holder
 
-
 #: Server states whose stderr tail ``status`` leaves out.
 HEALTHY_STATES = frozenset({"ready", "mcp-only"})
 
