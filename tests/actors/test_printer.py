@@ -320,6 +320,23 @@ def test_collapsing_keeps_sources_and_shapes_apart() -> None:
     ]
 
 
+def test_every_turns_usage_and_an_agents_pause_and_resume_are_shown() -> None:
+    usage = {"input_tokens": 10, "output_tokens": 2, "phase": "completed"}
+    events = [
+        TraceEvent(kind=k, agent="Ada", server_id="lobby", channel_id="lobby:#general", data=d)
+        for _ in range(5)
+        for k, d in (
+            ("turn-usage", usage),
+            ("agent-paused", {"reason": "refused", "remedy": "resume"}),
+            ("agent-resumed", {"waiting": 1}),
+        )
+    ]
+    lines = [STAMP.sub("", line) for line in printed(events)]
+    assert lines.count("· Ada: turn used 10 in, 2 out tokens") == 5
+    assert lines.count("· Ada resumed (1 waiting wakes)") == 5
+    assert len(lines) == 15 and not any(line.startswith("…") for line in lines)
+
+
 def test_a_summary_is_a_json_event_too() -> None:
     out = io.StringIO()
     printer = TranscriptPrinter(out, TranscriptOptions(json=True))
