@@ -206,8 +206,13 @@ async def test_sighup_reloads_the_config_file(tmp_path: Path) -> None:
             line = await host.line(lambda line: "config reloaded" in line)
             assert "changed lobby.disabled_capabilities" in line
             assert line.endswith("needs a restart to apply: agent Bob added")
+            # (a file written before the lobby was ready has no grant at all: wait for one)
             code, doc = await status_until(
-                config, lambda d: "pushEvents" not in server(d, "lobby")["grant"]
+                config,
+                lambda d: (
+                    "tools" in server(d, "lobby")["grant"]
+                    and "pushEvents" not in server(d, "lobby")["grant"]
+                ),
             )
             assert code == 0 and [a["name"] for a in doc["agents"]] == ["Ada"]
             # a config that does not parse leaves the running one in force
