@@ -30,7 +30,7 @@ from .cli_status import add_parser as add_status_parser
 from .config import ConfigErrors, HostConfig, data_dir_problem, load_config
 from .datadir import holder
 from .errors import ConfigError
-from .logs import host_redactor, redact_logs, setup_logging
+from .logs import redact_logs, setup_logging
 from .printer import TranscriptOptions, TranscriptPrinter, run_printer
 from .reload import ignore_sighup_until_ready, reload_on_sighup
 from .transcript import LEVEL_NAMES
@@ -55,7 +55,7 @@ async def _run(
     options = options if options is not None else TranscriptOptions()
     async with Host.open(config) as host:
         stream = host.ctx.trace.subscribe_nowait(replay=True)  # from the start, drained whole
-        redactor = host_redactor(host.config)
+        redactor = host.ctx.redactor
         redact_logs(redactor)
         printer = TranscriptPrinter(out, attrs.evolve(options, redactor=redactor))
         for note in notes:

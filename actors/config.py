@@ -20,6 +20,7 @@ import attrs
 from protocol import grants
 from protocol.gate import GateConfig, GateConfigError, parse_gate
 from protocol.mcpl import FeatureSet
+from protocol.redact import Redactor
 from protocol.uri import McplUriError, parse_endpoint
 
 from .errors import ConfigError
@@ -269,6 +270,29 @@ def _writable(path: Path) -> bool:
 _MODEL_SPEC = re.compile(r"(scripted|anthropic):.+")
 #: The environment variable holding each provider's credential.
 PROVIDER_KEYS = {"anthropic": "ANTHROPIC_API_KEY"}
+#: Environment variables holding model API keys the host reads.
+MODEL_KEY_VARIABLES = tuple(PROVIDER_KEYS.values())
+
+
+def host_secrets(cfg: HostConfig, environ: Mapping[str, str] | None = None) -> list[str]:
+    """Every credential the host is configured with: each server's ``token`` (also when read
+    from ``token_env``), the model API keys it reads from the environment, and any other
+    ``*_env`` credential variable an agent or the host names."""
+    env = os.environ if environ is None else environ
+    secrets: list[str | None] = [s.token for s in cfg.servers]
+    names: list[str] = list(MODEL_KEY_VARIABLES)
+    for holder in (cfg, *cfg.agents):
+        for attribute in ("api_key_env", "web_token_env"):
+            name = getattr(holder, attribute, None)
+            if isinstance(name, str):
+                names.append(name)
+    secrets += [env.get(name) for name in names]
+    return [s for s in secrets if s]
+
+
+def host_redactor(cfg: HostConfig, environ: Mapping[str, str] | None = None) -> Redactor:
+    """The one redactor of everything the host prints or writes for operators."""
+    return Redactor(host_secrets(cfg, environ))
 
 
 def _model_spec(where: str, value: Any, base: Path, problems: list[str]) -> str | None:

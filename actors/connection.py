@@ -42,7 +42,6 @@ import trio
 
 from protocol import jsonrpc as rpc
 from protocol.errors import INTERNAL_ERROR, METHOD_NOT_FOUND, RpcError
-from protocol.redact import Redactor
 
 from .config import ServerConfig
 from .context import HostContext
@@ -77,7 +76,7 @@ class ConnectionActor(Actor):
         self.connects = 0
         self.last_error: str | None = None
         # every configured server's credential is kept out of what this server's reports say
-        self.redactor = Redactor(s.token for s in ctx.config.servers)
+        self.redactor = ctx.redactor
         self.tail = StderrTail(self.redactor)
         self.policy = LinkPolicy(self)
         self.lanes = HotLanes(self)

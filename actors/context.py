@@ -14,7 +14,7 @@ import trio
 
 from protocol.state import Lineages
 
-from .config import HostConfig
+from .config import HostConfig, host_redactor
 from .kernel import ActorRef, Work
 from .storage import StoreClient
 from .trace import TraceBus
@@ -33,6 +33,8 @@ class HostContext:
         self.trace = trace
         self.work = work
         self.rng = random.Random()
+        # configured credentials, replaced in whatever the host prints or writes for operators
+        self.redactor = host_redactor(config)
         self.agents: dict[str, ActorRef[Any]] = {}
         self.connections: dict[str, ActorRef[Any]] = {}
         # Each connection's latest status, an immutable snapshot that only that connection

@@ -9,39 +9,14 @@ request at ``info`` is not the host's news).
 from __future__ import annotations
 
 import logging
-import os
 import sys
 from typing import Any
 
 from protocol.redact import NO_REDACTION, Redactor
 
-from .config import HostConfig
-
 OWN_LOGGERS = ("mcplive", "store")
 FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 DATE_FORMAT = "%Y-%m-%d %H:%M:%S"
-#: Environment variables holding model API keys the host reads.
-MODEL_KEY_VARIABLES = ("ANTHROPIC_API_KEY",)
-
-
-def host_secrets(cfg: HostConfig, environ: Any = None) -> list[str]:
-    """Every credential the host is configured with: each server's ``token`` (also when read
-    from ``token_env``), the model API keys it reads from the environment, and any other
-    ``*_env`` credential variable an agent or the host names."""
-    env = os.environ if environ is None else environ
-    secrets: list[str | None] = [s.token for s in cfg.servers]
-    names: list[str] = list(MODEL_KEY_VARIABLES)
-    for holder in (cfg, *cfg.agents):
-        for attribute in ("api_key_env", "web_token_env"):
-            name = getattr(holder, attribute, None)
-            if isinstance(name, str):
-                names.append(name)
-    secrets += [env.get(name) for name in names]
-    return [s for s in secrets if s]
-
-
-def host_redactor(cfg: HostConfig, environ: Any = None) -> Redactor:
-    return Redactor(host_secrets(cfg, environ))
 
 
 class RedactingFilter(logging.Filter):

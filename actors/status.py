@@ -30,7 +30,7 @@ from trio_util import AsyncValue
 from protocol import status as fmt
 from protocol.redact import Redactor
 
-from .config import HostConfig, ServerConfig
+from .config import HostConfig, ServerConfig, host_redactor
 
 #: How often (wall clock) the snapshot is compared with the one last written.
 CHECK_EVERY_S = 1.0
@@ -42,8 +42,6 @@ FINAL_WRITE_S = 5.0
 MAX_TAIL_LINES = 20
 MAX_LINE_CHARS = 500
 MAX_NAMES = 200
-#: Environment variables holding model credentials the host may read.
-MODEL_KEY_VARIABLES = ("ANTHROPIC_API_KEY",)
 
 
 @functools.cache
@@ -52,13 +50,6 @@ def version() -> str:
         return metadata.version("mcplive")
     except metadata.PackageNotFoundError:
         return "0"
-
-
-def redactor_for(config: HostConfig, environ: Mapping[str, str] = os.environ) -> Redactor:
-    """Every credential the host was configured with: servers' tokens and model keys."""
-    return Redactor(
-        [s.token for s in config.servers] + [environ.get(v) for v in MODEL_KEY_VARIABLES]
-    )
 
 
 def _clip(text: Any) -> str | None:
@@ -181,7 +172,7 @@ class StatusWriter:
         self.check_every = check_every
         self.started_at = wall_clock()
         self.pid = os.getpid()
-        self.redactor = redactor_for(ctx.config)
+        self.redactor = host_redactor(ctx.config)
         self._failing = False
         #: The document last written (None before the first): each write replaces it.
         self.written: AsyncValue[dict[str, Any] | None] = AsyncValue(None)

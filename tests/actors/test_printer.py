@@ -15,7 +15,8 @@ import pytest
 import trio
 import trio.testing
 
-from actors.logs import RedactingFilter, host_redactor, host_secrets
+from actors.config import host_redactor, host_secrets
+from actors.logs import RedactingFilter
 from actors.printer import TranscriptOptions, TranscriptPrinter, run_printer
 from actors.trace import TraceBus, TraceEvent
 from actors.transcript import DEBUG, ERROR, INFO, LEVELS, WARNING, format_event, level_of
