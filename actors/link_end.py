@@ -13,11 +13,12 @@ from __future__ import annotations
 
 from collections import deque
 
+from protocol.display import clip, one_line
 from protocol.redact import Redactor
 
 from .errors import NotConnected
 from .link import describe
-from .transport import ProcessExit, TransportFailure, exit_text, one_line
+from .transport import ProcessExit, TransportFailure, exit_text
 
 TAIL_LINES = 20
 TAIL_LINE_CHARS = 300
@@ -43,11 +44,6 @@ class StderrTail:
 
     def lines(self) -> tuple[str, ...]:
         return tuple(self._lines)
-
-
-def clip(text: str, limit: int) -> str:
-    """``text`` cut to ``limit`` characters (the last one an ellipsis when cut)."""
-    return text if len(text) <= limit else text[: max(limit - 1, 0)] + "…"
 
 
 def ending(

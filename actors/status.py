@@ -28,6 +28,7 @@ import trio
 from trio_util import AsyncValue
 
 from protocol import status as fmt
+from protocol.display import one_line
 from protocol.redact import Redactor
 
 from .config import HostConfig, ServerConfig, host_redactor
@@ -53,10 +54,7 @@ def version() -> str:
 
 
 def _clip(text: Any) -> str | None:
-    if text is None:
-        return None
-    line = " ".join(str(text).split())
-    return line if len(line) <= MAX_LINE_CHARS else line[: MAX_LINE_CHARS - 1] + "…"
+    return None if text is None else one_line(str(text), MAX_LINE_CHARS)
 
 
 def server_entry(cfg: ServerConfig, st: Any) -> dict[str, Any]:

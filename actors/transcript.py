@@ -12,6 +12,8 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
+from protocol.display import one_line
+
 from .models import Usage
 from .trace import TraceEvent
 
@@ -70,8 +72,7 @@ def _source_label(e: TraceEvent) -> str:
 
 
 def _excerpt(text: Any, limit: int = 240) -> str:
-    text = " ".join(str(text).split())
-    return text if len(text) <= limit else text[: limit - 1] + "…"
+    return one_line(str(text), limit)
 
 
 def format_event(e: TraceEvent) -> str | None:

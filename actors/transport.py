@@ -27,6 +27,7 @@ import attrs
 import trio
 import trio_websocket
 
+from protocol.display import one_line
 from protocol.framing import Framed, LineBuffer, Oversize, Undecodable
 
 from .config import ServerConfig
@@ -95,13 +96,6 @@ def exit_text(returncode: int) -> str:
 
 def signal_name(number: int) -> str:
     return signal.Signals(number).name
-
-
-def one_line(text: str, limit: int) -> str:
-    """``text`` with its whitespace runs (newlines included) made single spaces, clipped to
-    ``limit`` characters (the last one an ellipsis when clipped)."""
-    flat = " ".join(text.split())
-    return flat if len(flat) <= limit else flat[: max(limit - 1, 0)] + "…"
 
 
 def rejection_text(status: int, body: bytes | None) -> str:

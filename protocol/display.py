@@ -61,7 +61,14 @@ def well_formed(text: str) -> str:
 
 
 def clip(text: str, limit: int = STRING_CLIP) -> str:
-    return text if len(text) <= limit else text[: limit - 1] + "…"
+    """``text`` cut to ``limit`` characters (the last one an ellipsis when cut)."""
+    return text if len(text) <= limit else text[: max(limit - 1, 0)] + "…"
+
+
+def one_line(text: str, limit: int) -> str:
+    """``text`` with its whitespace runs (line breaks included) made single spaces, clipped to
+    ``limit`` characters (the last one an ellipsis when clipped)."""
+    return clip(" ".join(text.split()), limit)
 
 
 def _same(text: str) -> str:

@@ -2,18 +2,14 @@
 
 from __future__ import annotations
 
-from hypothesis import given
-from hypothesis import strategies as st
-
 from actors.errors import NotConnected
-from actors.link_end import TAIL_LINE_CHARS, TAIL_LINES, StderrTail, clip, ending
+from actors.link_end import TAIL_LINE_CHARS, TAIL_LINES, StderrTail, ending
 from actors.transport import (
     BODY_EXCERPT_CHARS,
     CommandNotFound,
     HandshakeRefused,
     ProcessExit,
     exit_text,
-    one_line,
     rejection_text,
 )
 from protocol.redact import REDACTED, Redactor
@@ -99,22 +95,6 @@ def test_a_refused_upgrade_gives_the_status_line_and_a_clipped_body() -> None:
         redactor=REDACT,
     )
     assert reason == f"handshake refused: HTTP 403 Forbidden: token {REDACTED} is not welcome"
-
-
-@given(st.text(), st.integers(min_value=1, max_value=500))
-def test_one_line_is_one_line_within_its_limit(text: str, limit: int) -> None:
-    flat = one_line(text, limit)
-    assert len(flat) <= limit
-    assert not any(c in flat for c in "\n\r\t\v\f")
-    if len(" ".join(text.split())) <= limit:
-        assert flat == " ".join(text.split())
-
-
-@given(st.text(), st.integers(min_value=1, max_value=500))
-def test_clip_keeps_a_prefix_within_its_limit(text: str, limit: int) -> None:
-    cut = clip(text, limit)
-    assert len(cut) <= limit
-    assert cut == text or (cut.endswith("…") and text.startswith(cut[:-1]))
 
 
 def test_the_stderr_tail_keeps_the_newest_lines_clipped_and_redacted() -> None:

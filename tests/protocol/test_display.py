@@ -9,7 +9,15 @@ import unicodedata
 from hypothesis import given
 from hypothesis import strategies as st
 
-from protocol.display import STRING_CLIP, clip, json_line, json_safe, printable, well_formed
+from protocol.display import (
+    STRING_CLIP,
+    clip,
+    json_line,
+    json_safe,
+    one_line,
+    printable,
+    well_formed,
+)
 
 BIDI = set("\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
 
@@ -100,3 +108,19 @@ def test_line_separators_inside_strings_are_escaped() -> None:
     line = json_line(json_safe({"text": "a\u2028b\x85c\u2029"}))
     assert line == '{"text":"a\\u2028b\\u0085c\\u2029"}'
     assert json.loads(line)["text"] == "a\u2028b\x85c\u2029"
+
+
+@given(st.text(), st.integers(min_value=1, max_value=500))
+def test_one_line_is_one_line_within_its_limit(text: str, limit: int) -> None:
+    flat = one_line(text, limit)
+    assert len(flat) <= limit
+    assert not any(c in flat for c in "\n\r\t\v\f")
+    if len(" ".join(text.split())) <= limit:
+        assert flat == " ".join(text.split())
+
+
+@given(st.text(), st.integers(min_value=1, max_value=500))
+def test_clip_keeps_a_prefix_within_its_limit(text: str, limit: int) -> None:
+    cut = clip(text, limit)
+    assert len(cut) <= limit
+    assert cut == text or (cut.endswith("…") and text.startswith(cut[:-1]))
