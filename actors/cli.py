@@ -34,6 +34,7 @@ from .logs import redact_logs, setup_logging
 from .printer import TranscriptOptions, TranscriptPrinter, run_printer
 from .reload import ignore_sighup_until_ready, reload_on_sighup
 from .transcript import LEVEL_NAMES
+from .version import installed_version
 
 
 def bundled_example() -> Path:
@@ -253,15 +254,6 @@ async def _rollback(cfg: Any, agent: str, to: str) -> int:
     return status
 
 
-def _version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("mcplive")
-    except PackageNotFoundError:
-        return "unknown (not installed)"
-
-
 DATA_DIR_HELP = (
     "where the data is kept, for a config that sets no host.data_dir (or the bundled example); "
     "a config that sets it too is an error"
@@ -282,7 +274,10 @@ def _count(text: str) -> int:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="mcplive", description="An MCPL host for LLM agents.")
     p.add_argument(
-        "--version", action="version", version=f"mcplive {_version()}", help="print the version"
+        "--version",
+        action="version",
+        version=f"mcplive {installed_version() or 'unknown (not installed)'}",
+        help="print the version",
     )
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     run = sub.add_parser("run", help="run the host (no CONFIG: the bundled lobby example)")

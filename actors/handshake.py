@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from importlib import metadata
 from typing import Any
 
 import trio
@@ -26,6 +25,7 @@ from protocol.manifest import ManifestError, manifest_digest
 from .config import ServerConfig
 from .errors import NotConnected
 from .link import MANIFEST_FETCHES, MANIFEST_WINDOW_S, Link, LinkOwner, RequestTimeout
+from .version import installed_version
 
 MAX_TOOLS = 1000
 MAX_TOOL_PAGES = 20
@@ -33,17 +33,10 @@ _REVISION = re.compile(r"sha256:[A-Za-z0-9_-]{43}")
 _DOMAINS = frozenset({"capabilities", "featureSets", "tagOntology"})
 
 
-def _version() -> str:
-    try:
-        return metadata.version("mcplive")
-    except metadata.PackageNotFoundError:
-        return "0"
-
-
 class LinkPolicy:
     def __init__(self, owner: LinkOwner) -> None:
         self.owner = owner
-        self.version = _version()
+        self.version = installed_version() or "0"
 
     # -- the handshake ---------------------------------------------------------------------------
     async def handshake(self, link: Link) -> Mapping[str, Any]:

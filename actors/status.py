@@ -13,14 +13,12 @@ When the host stops, one last snapshot says ``"running": false``.
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import secrets
 import threading
 import time
 from collections.abc import Callable, Mapping
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +30,7 @@ from protocol.display import one_line
 from protocol.redact import Redactor
 
 from .config import HostConfig, ServerConfig, host_redactor
+from .version import installed_version
 
 #: How often (wall clock) the snapshot is compared with the one last written.
 CHECK_EVERY_S = 1.0
@@ -43,14 +42,6 @@ FINAL_WRITE_S = 5.0
 MAX_TAIL_LINES = 20
 MAX_LINE_CHARS = 500
 MAX_NAMES = 200
-
-
-@functools.cache
-def version() -> str:
-    try:
-        return metadata.version("mcplive")
-    except metadata.PackageNotFoundError:
-        return "0"
 
 
 def _clip(text: Any) -> str | None:
@@ -119,7 +110,7 @@ def snapshot(
     and agent, in configuration order, redacted."""
     doc = {
         "format": fmt.FORMAT,
-        "mcplive": version(),
+        "mcplive": installed_version() or "0",
         "pid": pid,
         "started_at": fmt.iso(started_at),
         "interval_s": WRITE_EVERY_S,
