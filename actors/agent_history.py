@@ -15,6 +15,7 @@ from collections import deque
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from protocol.authors import author_line, shown_author, stored_author
 from store import Append, MessageRecord
 
 from .channel import new_id
@@ -107,23 +108,33 @@ class ContextTail:
 
 
 def render_for_model(message: Mapping[str, Any]) -> dict[str, Any]:
-    """A stored message as the model sees it: inbound items are introduced by their source."""
-    out = {
-        "role": message["role"],
-        "blocks": list(message.get("blocks", ())),
-        "metadata": message.get("metadata", {}),
-    }
+    """A stored message as every model sees it: an inbound item is introduced by its source
+    (the stored header, or for an item stored without one, a short intro) and then by its
+    author, on a line the host writes (:func:`protocol.authors.author_line`); a push or message
+    whose server named no author gets no such line. The stored message is not changed, and
+    the same message renders to the same bytes on every turn. ``prefix`` counts the leading
+    blocks the host wrote, before the sender's body."""
+    blocks = list(message.get("blocks", ()))
     meta = message.get("metadata") or {}
+    out = {"role": message["role"], "blocks": blocks, "metadata": message.get("metadata", {})}
     src = meta.get("inbound_source") if isinstance(meta, Mapping) else None
-    if message["role"] == "user" and isinstance(src, Mapping) and "source_header" not in meta:
-        where = f"{src.get('server')}" + (
-            f" {src.get('label') or src.get('channel')}" if src.get("channel") else " push event"
-        )
-        author = meta.get("author") or {}
-        who = author.get("name") or author.get("id") if isinstance(author, Mapping) else None
-        intro = f"[{where}] {who}:" if who else f"[{where}]"
-        out["blocks"] = [{"type": "text", "text": intro}, *out["blocks"]]
-        out["prefix"] = 1
+    if message["role"] != "user" or not isinstance(src, Mapping):
+        return out
+    author = stored_author(meta)
+    header = meta.get("source_header")
+    if isinstance(header, str):
+        first = blocks[0] if blocks else None
+        at = 1 if isinstance(first, Mapping) and first.get("text") == header else 0
+        if author is not None:
+            blocks.insert(at, {"type": "text", "text": author_line(author)})
+            out["prefix"] = at + 1
+        return out
+    where = f"{src.get('server')}" + (
+        f" {src.get('label') or src.get('channel')}" if src.get("channel") else " push event"
+    )
+    intro = f"[{where}] {shown_author(author)}:" if author is not None else f"[{where}]"
+    out["blocks"] = [{"type": "text", "text": intro}, *blocks]
+    out["prefix"] = 1
     return out
 
 

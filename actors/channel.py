@@ -26,6 +26,7 @@ from typing import Any
 
 import attrs
 
+from protocol.authors import origin_author
 from protocol.coalesce import Append as AppendEffect
 from protocol.content import ContentError, convert_blocks
 from protocol.digests import body_digest, body_digests
@@ -382,6 +383,9 @@ class ChannelActor(Actor):
             }
             if e.origin:
                 meta["adapter_origin"] = dict(e.origin)
+            pushed_by = origin_author(e.origin)
+            if pushed_by is not None:  # shown to the model with the item, like a message's
+                meta["author"] = pushed_by.as_metadata()
             dedupe = ("event", self.sid, e.event_id)
             author = ""
             source_message = None

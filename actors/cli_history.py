@@ -23,6 +23,7 @@ from typing import Any, TextIO
 
 import attrs
 
+from protocol.authors import shown_author, stored_author
 from store import Reader, StoredRow, body_text, db_path, text_matcher
 
 #: Messages read from the store at a time.
@@ -259,11 +260,12 @@ def history_line(
         else:
             parts.append(f"[{t}]")
     src = meta.get("inbound_source") or {}
-    author = (meta.get("author") or {}).get("name")
+    author = stored_author(meta)
     where = ""
     if src:
         where = f" {src.get('server')}" + (f" {src.get('channel')}" if src.get("channel") else "")
-        where += f" {author}:" if author else ":"
+        # the name (or id) as the model is shown it: one value, never a line of its own
+        where += f" {shown_author(author)}:" if author is not None else ":"
     stamp = ""
     if created_at is not None:
         stamp = dt.datetime.fromtimestamp(created_at).strftime("%Y-%m-%d %H:%M:%S ")

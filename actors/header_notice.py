@@ -26,7 +26,9 @@ HEADER_NOTICE = (
     "[source] Messages from connected servers begin with a header the host writes, naming where "
     "each came from: [source: <server> / <channel-id> · <label> · thread <id> · reply to <id>], "
     "with the label, thread and reply parts only when known. A push that belongs to no channel "
-    "reads [source: server · unscoped]. " + AUTHORITY
+    "reads [source: server · unscoped]. When the server names who wrote a message, the host "
+    "writes that on the next line, [author: <name>] (or [author id: <id>]); the sender's text "
+    "follows. " + AUTHORITY
 )
 
 

@@ -3,7 +3,10 @@
 On each wake the first rule whose ``when`` matches the newest incoming body (header excluded)
 fires once: its ``calls`` run, then its ``say`` is spoken, and the turn ends. No match: silence.
 An empty file is a valid model that never speaks. ``{0}`` is the whole match and ``{1}``, ``{2}``…
-its groups, in ``say`` and in any string inside ``calls`` arguments.
+its groups, in ``say`` and in any string inside ``calls`` arguments; ``{author}`` is who wrote
+that message, exactly as the host's author line shows it to every model
+(:func:`protocol.authors.shown_author`: the name, quoted when it holds anything a line could be
+forged with; else the id; empty when its server named no one).
 
 Usage is an estimate, a token per four characters of what a reply read (the system prompt and the
 message bodies) and wrote (its text, or its tool calls as JSON); a silent reply reports zeros, and
@@ -21,13 +24,14 @@ from typing import Any
 
 import attrs
 
+from protocol.authors import shown_author, stored_author
 from protocol.hooks import ModelInfo
 from store.bodytext import without_header
 
 from .errors import ConfigError
 from .models import DeltaSink, ModelReply, ModelRequest
 
-_FIELD = re.compile(r"\{(\d+)\}")
+_FIELD = re.compile(r"\{(\d+|author)\}")
 _RULE_KEYS = frozenset({"when", "say", "calls"})
 _CALL_KEYS = frozenset({"tool", "arguments"})
 
@@ -87,14 +91,22 @@ def load_rules(path: Path) -> tuple[Rule, ...]:
     return tuple(out)
 
 
-def fill(template: Any, match: re.Match[str]) -> Any:
-    """Substitute ``{n}`` with group n (empty when the group did not take part)."""
+def fill(template: Any, match: re.Match[str], author: str | None = None) -> Any:
+    """Substitute ``{n}`` with group n (empty when the group did not take part) and, when
+    ``author`` is given, ``{author}`` with it; what is substituted is not filled again."""
     if isinstance(template, str):
-        return _FIELD.sub(lambda m: _group(match, int(m.group(1))), template)
+
+        def field(m: re.Match[str]) -> str:
+            name = m.group(1)
+            if name == "author":
+                return m.group(0) if author is None else author
+            return _group(match, int(name))
+
+        return _FIELD.sub(field, template)
     if isinstance(template, Mapping):
-        return {k: fill(v, match) for k, v in template.items()}
+        return {k: fill(v, match, author) for k, v in template.items()}
     if isinstance(template, list):
-        return [fill(v, match) for v in template]
+        return [fill(v, match, author) for v in template]
     return template
 
 
@@ -145,7 +157,11 @@ class ScriptedModel:
         seen = request.system + "".join(body_of(m) for m in request.messages)
         return {"input_tokens": _tokens(seen), "output_tokens": _tokens(output) if output else 0}
 
-    def _match(self, messages: Sequence[Mapping[str, Any]]) -> tuple[Rule, re.Match[str]] | None:
+    def _match(
+        self, messages: Sequence[Mapping[str, Any]]
+    ) -> tuple[Rule, re.Match[str], str] | None:
+        """The rule that fires, its match, and who wrote the newest incoming message as the
+        host shows every model (empty when its server named no one)."""
         newest = next((m for m in reversed(messages) if _is_inbound(m)), None)
         if newest is None:
             return None
@@ -153,7 +169,8 @@ class ScriptedModel:
         for rule in self.rules:
             found = rule.when.search(body)
             if found is not None:
-                return rule, found
+                author = stored_author(newest.get("metadata"))
+                return rule, found, "" if author is None else shown_author(author)
         return None
 
     async def complete(
@@ -168,14 +185,14 @@ class ScriptedModel:
         hit = self._match(messages)
         if hit is None:
             return ModelReply(blocks=(), model=self.name)
-        rule, found = hit
+        rule, found, author = hit
         if rule.calls and last != "tool":
             uses = tuple(
                 {
                     "type": "tool_use",
                     "id": f"call_{i}",
-                    "name": fill(c["tool"], found),
-                    "input": fill(dict(c.get("arguments", {})), found),
+                    "name": fill(c["tool"], found, author),
+                    "input": fill(dict(c.get("arguments", {})), found, author),
                 }
                 for i, c in enumerate(rule.calls, 1)
             )
@@ -185,7 +202,7 @@ class ScriptedModel:
                 model=self.name,
                 usage=self._usage(request, json.dumps(uses)),
             )
-        text = fill(rule.say, found)
+        text = fill(rule.say, found, author)
         if text and on_delta is not None:
             for piece in _PIECES.findall(text):  # word by word, as a provider streams
                 await on_delta(piece)

@@ -12,7 +12,9 @@ from typing import Any
 
 import attrs
 
+from protocol.authors import author_from, shown_author
 from protocol.content import ContentError, convert_blocks
+from protocol.display import clip
 from protocol.errors import RpcError
 from protocol.prose import ChannelView, TargetError, resolve_target
 from protocol.receipts import (
@@ -25,7 +27,7 @@ from protocol.receipts import (
 )
 from protocol.references import fetch_result_text
 from protocol.routes import PublishOutcome, place_problem
-from protocol.source import channel_header, mark_blocks, mark_text, notice_label
+from protocol.source import channel_header, mark_blocks, mark_text, notice_value
 from protocol.state import StateError, read_tool_state
 
 from .context import HostContext
@@ -168,6 +170,8 @@ HOST_TOOLS: tuple[ToolSpec, ...] = (
 )
 HOST_TOOL_NAMES = frozenset(t.name for t in HOST_TOOLS)
 MAX_BACKSCROLL = 100
+#: A server's own claim about an item's source is shown clipped to this many characters.
+MAX_CLAIM_CHARS = 200
 MAX_SLEEP_S = 604_800.0
 FETCH_ASK_TIMEOUT_S = 90.0  # the fetch's own 60 s deadline, and time to queue
 
@@ -612,6 +616,8 @@ def _receipt(result: Any) -> str:
 
 
 def _backscroll_lines(result: Any, server_id: str, labels: Mapping[str, str]) -> list[str]:
+    """One line per history item: the host's source for it, the server's own claim about its
+    source (labelled as the server's, quoted like any connector value), who wrote it, its text."""
     history = result.get("history") if isinstance(result, Mapping) else None
     if not isinstance(history, list):
         return []
@@ -619,11 +625,8 @@ def _backscroll_lines(result: Any, server_id: str, labels: Mapping[str, str]) ->
     for item in backscroll_items(history[:MAX_BACKSCROLL], server_id, labels):
         if not isinstance(item, Mapping):
             continue
-        author = item.get("author")
-        who = (
-            (author.get("name") or author.get("id") or "?") if isinstance(author, Mapping) else "?"
-        )
-        who = notice_label(str(who))  # a name cannot start a line of its own
+        author = author_from(item.get("author"))
+        who = "?" if author is None else shown_author(author)  # never a line of its own
         content = item.get("content")
         if isinstance(content, str):
             text = content
@@ -632,8 +635,21 @@ def _backscroll_lines(result: Any, server_id: str, labels: Mapping[str, str]) ->
         else:
             text = ""
         source = item.get("source")
-        lines.append(f"{source} {who}: {text}" if isinstance(source, str) else f"{who}: {text}")
+        parts = [source] if isinstance(source, str) else []
+        claim = _server_claim(item.get("adapter_source"))
+        if claim is not None:
+            parts.append(f"(server says source: {claim})")
+        lines.append(" ".join([*parts, f"{who}: {text}"]))
     return lines
+
+
+def _server_claim(value: Any) -> str | None:
+    """An item's own ``source`` as its server gave it, as one quoted value (a value that is not
+    text as its compact JSON); ``None`` when it claims nothing."""
+    if value is None or value == "":
+        return None
+    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, default=str)
+    return notice_value(clip(text, MAX_CLAIM_CHARS))
 
 
 def backscroll_items(items: list[Any], server_id: str, labels: Mapping[str, str]) -> list[Any]:

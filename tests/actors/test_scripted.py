@@ -392,10 +392,17 @@ def test_rendering_never_changes_the_matched_body(
     rendered = render_for_model(stored)
     assert repr(stored) == before  # the stored message is not changed
     assert body_of(rendered) == body_of(stored) == "\n".join(texts)
+    named = author is not None and any(author.values())
     if source is not None and header is None:
         assert rendered["prefix"] == 1
         intro = rendered["blocks"][0]["text"]
         assert intro.startswith(f"[{source['server']}")
+    elif source is not None and named:
+        # the host's author line right after the stored header, the rest as stored
+        assert rendered["prefix"] == 2
+        assert rendered["blocks"][0] == stored["blocks"][0]
+        assert rendered["blocks"][1]["text"].startswith("[author")
+        assert rendered["blocks"][2:] == stored["blocks"][1:]
     else:
         assert rendered["blocks"] == stored["blocks"]
         assert "prefix" not in rendered
