@@ -6,7 +6,9 @@
 against the one in force and re-applies the policy of a ``ServerConfig`` to the live link
 (host-first revocation, then ``featureSets/update``); it serves ``mcpl/manifestChanged`` and can
 serve a new config's masks alike. Declaration mismatches (``protocol.declarations``) are traced
-once per handshake and per manifest change.
+once per handshake and per manifest change; a call refused because its feature set's ``uses``
+lacks the capability it exercises is traced as one too (``note_refused_use``), once per (set,
+capability) and link.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import trio
 from protocol import grants, mcpl
 from protocol.declarations import (
     NOT_ADVERTISED,
+    TAGGED_CAPABILITIES,
     UNKNOWN_CAPABILITY,
     UNLISTED_USE,
     Mismatch,
@@ -374,10 +377,8 @@ def policy_report(
             caps = lacking.get(name)
             if not caps:
                 return "enabled"
-            return (
-                f"enabled, but its uses lack {', '.join(caps)}: "
-                "the server's calls naming it for that are refused"
-            )
+            refused = "; ".join(f"{c}: {TAGGED_CAPABILITIES[c]} naming it is refused" for c in caps)
+            return f"enabled, but its uses lack {refused}"
         return (st.reason or "not enabled") + (f" ({', '.join(st.missing)})" if st.missing else "")
 
     return {

@@ -143,8 +143,8 @@ def test_check_connect_names_the_set_and_the_missing_use(tmp_path: Path) -> None
     at = lines.index("  server omit (live):")
     under = lines[at + 1 :]
     assert (
-        "    feature set omit.chat: enabled, but its uses lack pushEvents: the server's calls "
-        "naming it for that are refused"
+        "    feature set omit.chat: enabled, but its uses lack pushEvents: push/event naming it "
+        "is refused"
     ) in under
     assert "    feature set omit.chat: enabled" not in under  # never as if it could push
     assert "    feature set omit.legacy: invalid_uses" in under
