@@ -21,6 +21,7 @@ derived feature-set state.
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
+from types import MappingProxyType
 from typing import Any, Final
 
 import attrs
@@ -47,9 +48,9 @@ MAX_NOTED_USES = 32
 
 #: The capabilities a server exercises under a feature set's name (``push/event`` and
 #: ``inference/request`` carry ``featureSet``), each with the method that exercises it.
-TAGGED_CAPABILITIES: Final = {
-    INBOUND_CAPABILITY[method]: method for method in sorted(FEATURE_SET_METHODS)
-}
+TAGGED_CAPABILITIES: Final[Mapping[str, str]] = MappingProxyType(
+    {INBOUND_CAPABILITY[method]: method for method in sorted(FEATURE_SET_METHODS)}
+)
 
 
 @attrs.frozen(kw_only=True)
@@ -78,7 +79,9 @@ def declaration_mismatches(
     the :data:`UNLISTED_USE` lines come first: see :func:`unlisted_uses`.
     """
     declared = declared_feature_sets(manifest)
-    out = [] if state is None else list(unlisted_uses(state, declared.sets, grant or advertised))
+    out: list[Mismatch] = []
+    if state is not None:
+        out += unlisted_uses(state, declared.sets, advertised if grant is None else grant)
     out += [Mismatch(problem=DECLARATION, text=note) for note in declared.diagnostics]
     raw = manifest.get("featureSets") if isinstance(manifest, Mapping) else None
     if isinstance(raw, list):  # the 0.4 array form can name a set twice; the last one is kept
@@ -163,11 +166,11 @@ def unlisted_uses(
         if any((s := state.status(n)) is not None and not s.selected for n in listing):
             continue
         if enabled:
-            them = "it" if len(enabled) == 1 else "any of them"
+            them, its = ("it", "its") if len(enabled) == 1 else ("any of them", "their")
             text = (
                 f"the server advertises {cap}, but no enabled feature set lists it in its uses "
                 f"(enabled: {_named(enabled)}); every {method} naming {them} will be refused "
-                f"(-32002) until its uses include {cap}"
+                f"(-32002) until {its} uses include {cap}"
             )
         else:
             text = (

@@ -182,6 +182,7 @@ def test_an_unlisted_use_is_reported_exactly_when_every_such_call_is_refused(
     state = derive_feature_sets(declared, grant, enabled, disabled)
     found = declaration_mismatches(manifest, advertised, state, grant)
     reported = {m.capability: m for m in found if m.problem == UNLISTED_USE}
+    assert set(reported) <= grant  # an operator's denial is not the server's mismatch
     for cap, method in TAGGED_CAPABILITIES.items():
         # every call naming an enabled set, or a declared one, is refused
         outcomes = []
