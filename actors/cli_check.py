@@ -13,6 +13,8 @@ from typing import Any
 
 import trio
 
+from protocol.display import one_line
+
 from .config import ConfigErrors, ServerConfig, data_dir_problem, load_config
 from .datadir import holder
 from .errors import ConfigError
@@ -108,10 +110,13 @@ def _print_policy(sid: str, source: str, policy: Mapping[str, Any]) -> None:
         print(f"    advertised but not granted: {', '.join(policy['denied'])}")
     for name, state in policy.get("feature_sets", {}).items():
         print(f"    feature set {name}: {state}")
+    for text in policy.get("mismatches", []):
+        print(f"    declaration mismatch: {one_line(text, 1000)}")
 
 
 def _report_manifest_file(server: Any, path: Path) -> int:
     from protocol import mcpl
+    from protocol.declarations import declaration_mismatches
     from protocol.manifest import ManifestError, manifest_digest
 
     from .connection import policy_report
@@ -131,13 +136,13 @@ def _report_manifest_file(server: Any, path: Path) -> int:
     grant = server.grant_for(advertised)
     declared = mcpl.declared_feature_sets(manifest)
     state = server.feature_sets_for(declared.sets, grant)
+    found = declaration_mismatches(manifest, advertised, state, grant)
     try:
         digest = manifest_digest(manifest)
     except ManifestError as exc:
         digest = f"refused ({exc.code})"
-    _print_policy(
-        server.id, f"manifest {path}, digest {digest}", policy_report(advertised, grant, state)
-    )
+    report = policy_report(advertised, grant, state, found)
+    _print_policy(server.id, f"manifest {path}, digest {digest}", report)
     return 0
 
 

@@ -6,19 +6,29 @@
 against the one in force and re-applies the policy of a ``ServerConfig`` to the live link
 (host-first revocation, then ``featureSets/update``); it serves ``mcpl/manifestChanged`` and can
 serve a new config's masks alike. Declaration mismatches (``protocol.declarations``) are traced
-once per handshake and per manifest change.
+once per handshake and per manifest change; a call refused because its feature set's ``uses``
+lacks the capability it exercises is traced as one too (``note_refused_use``), once per (set,
+capability) and link.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import trio
 
 from protocol import grants, mcpl
-from protocol.declarations import NOT_ADVERTISED, UNKNOWN_CAPABILITY, declaration_mismatches
+from protocol.declarations import (
+    NOT_ADVERTISED,
+    TAGGED_CAPABILITIES,
+    UNKNOWN_CAPABILITY,
+    UNLISTED_USE,
+    Mismatch,
+    declaration_mismatches,
+    refused_use,
+)
 from protocol.errors import METHOD_NOT_FOUND, RpcError
 from protocol.manifest import ManifestError, manifest_digest
 
@@ -70,14 +80,15 @@ class LinkPolicy:
         owner, cfg = self.owner, self.owner.cfg
         advertised = mcpl.advertised_paths(manifest, caps)
         declared = mcpl.declared_feature_sets(manifest)
-        mismatched = self.report_declarations(manifest, advertised)
         grant = cfg.grant_for(advertised)
         state = cfg.feature_sets_for(declared.sets, grant)
+        found = declaration_mismatches(manifest, advertised, state, grant)
+        mismatched = self.report_declarations(found)
         params = grants.update_params(grant, state)
         link.manifest = manifest
         link.mcp_caps = caps
         link.feature_sets = declared.sets
-        link.policy = policy_report(advertised, grant, state)
+        link.policy = policy_report(advertised, grant, state, found)
         try:
             result = await owner.request(link, "featureSets/update", params)
         except RpcError as exc:
@@ -113,18 +124,12 @@ class LinkPolicy:
             if not status.enabled and status.name not in mismatched:
                 owner.diagnostic(f"feature set {status.name} not enabled: {status.reason}")
 
-    def report_declarations(self, manifest: Any, advertised: frozenset[str]) -> frozenset[str]:
-        """Trace each declaration mismatch of ``manifest`` (one ``declaration-mismatch`` event
-        each); returns the sets that cannot be enabled because of one."""
+    def report_declarations(self, found: Sequence[Mismatch]) -> frozenset[str]:
+        """Trace each declaration mismatch (one ``declaration-mismatch`` event each); returns
+        the sets that cannot be enabled because of one."""
         unusable: set[str] = set()
-        for m in declaration_mismatches(manifest, advertised):
-            self.owner.trace(
-                "declaration-mismatch",
-                problem=m.problem,
-                feature_set=m.feature_set,
-                capability=m.capability,
-                text=m.text,
-            )
+        for m in found:
+            trace_mismatch(self.owner, m)
             if m.feature_set is not None and m.problem in (NOT_ADVERTISED, UNKNOWN_CAPABILITY):
                 unusable.add(m.feature_set)
         return frozenset(unusable)
@@ -243,19 +248,20 @@ class LinkPolicy:
         before_grant, before_sets = link.grant, link.enabled_sets
         advertised = mcpl.advertised_paths(manifest, link.mcp_caps)
         declared = mcpl.declared_feature_sets(manifest)
-        if manifest is not link.manifest:
-            self.report_declarations(manifest, advertised)
         wanted = cfg.grant_for(advertised)
         added = wanted - before_grant
         pending = added if cfg.enabled_capabilities is None and not by_operator else frozenset()
         target = wanted - pending
         reduced = before_grant & target
+        state = cfg.feature_sets_for(declared.sets, target)
+        found = declaration_mismatches(manifest, advertised, state, target)
+        if manifest is not link.manifest:
+            self.report_declarations(found)
         # host-first: what the server no longer offers (or policy no longer allows) is gone now
         link.grant = reduced
         link.manifest = manifest
         link.feature_sets = declared.sets
         link.enabled_sets = cfg.feature_sets_for(declared.sets, reduced).enabled
-        state = cfg.feature_sets_for(declared.sets, target)
         params = grants.update_params(target, state)
         accepted = False
         try:
@@ -287,7 +293,7 @@ class LinkPolicy:
             digest = manifest_digest(manifest)
         except ManifestError as exc:
             digest = f"refused ({exc.code})"
-        link.policy = policy_report(advertised, link.grant, state)
+        link.policy = policy_report(advertised, link.grant, state, found)
         owner.publish_status()
         owner.trace("manifest-changed", digest=digest, impacts=impacts, grant=sorted(link.grant))
 
@@ -329,19 +335,56 @@ def manifest_impacts(
     return impacts
 
 
+def trace_mismatch(owner: LinkOwner, m: Mismatch) -> None:
+    owner.trace(
+        "declaration-mismatch",
+        problem=m.problem,
+        feature_set=m.feature_set,
+        capability=m.capability,
+        feature_sets=list(m.feature_sets),
+        text=m.text,
+    )
+
+
+def note_refused_use(owner: LinkOwner, link: Link, method: str, error: RpcError | None) -> None:
+    """After a refusal: when it refused a capability its feature set's ``uses`` does not list,
+    trace that declaration mismatch, once per (set, capability) on this link, within a cap."""
+    m = refused_use(method, error.code, error.data) if error is not None else None
+    if m is None:
+        return
+    link.noted_uses, line = link.noted_uses.note(m)
+    if line is not None:
+        trace_mismatch(owner, line)
+
+
 def policy_report(
-    advertised: frozenset[str], grant: frozenset[str], state: grants.FeatureSetState
+    advertised: frozenset[str],
+    grant: frozenset[str],
+    state: grants.FeatureSetState,
+    mismatches: Sequence[Mismatch] = (),
 ) -> dict[str, Any]:
-    """What a server advertised, what the host grants, and each feature set's status."""
+    """What a server advertised, what the host grants, each feature set's status, and the
+    declaration mismatches found (their lines). An enabled set that an :data:`UNLISTED_USE`
+    line names is reported with the capability its calls are refused."""
+    lacking: dict[str, list[str]] = {}
+    for m in mismatches:
+        if m.problem == UNLISTED_USE and m.capability is not None:
+            for name in m.feature_sets:
+                lacking.setdefault(name, []).append(m.capability)
+
+    def status(name: str, st: grants.FeatureSetStatus) -> str:
+        if st.enabled:
+            caps = lacking.get(name)
+            if not caps:
+                return "enabled"
+            refused = "; ".join(f"{c}: {TAGGED_CAPABILITIES[c]} naming it is refused" for c in caps)
+            return f"enabled, but its uses lack {refused}"
+        return (st.reason or "not enabled") + (f" ({', '.join(st.missing)})" if st.missing else "")
+
     return {
         "advertised": sorted(advertised),
         "granted": sorted(grant),
         "denied": sorted(advertised - grant),
-        "feature_sets": {
-            name: "enabled"
-            if st.enabled
-            else (st.reason or "not enabled")
-            + (f" ({', '.join(st.missing)})" if st.missing else "")
-            for name, st in sorted(state.statuses.items())
-        },
+        "feature_sets": {name: status(name, st) for name, st in sorted(state.statuses.items())},
+        "mismatches": [m.text for m in mismatches],
     }

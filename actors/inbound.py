@@ -35,6 +35,7 @@ from protocol.lanes import (
 from store import StoreError
 
 from .coalescer import ADVERTISED
+from .handshake import note_refused_use
 from .link import TAKE_LIMIT, Link, LinkOwner, Trace, admit, as_rpc_error, refusal_reason, utc_now
 from .messages import IngestBatch, Prepared, Wake, Wakes
 from .tally import SkipTally
@@ -306,6 +307,7 @@ class HotLanes:
         except rpc.LocalProtocolError:
             return None, 0  # the session closed meanwhile; the server retries on a new link
         self._trace_refusals(pending, error, failed)
+        note_refused_use(self.owner, link, pending.method, error)
         return line, skipped
 
     def _trace_refusals(

@@ -22,6 +22,7 @@ import trio
 
 from protocol import grants, mcpl
 from protocol import jsonrpc as rpc
+from protocol.declarations import NotedUses
 from protocol.errors import INTERNAL_ERROR, METHOD_NOT_FOUND, RpcError
 
 from .config import ServerConfig
@@ -76,6 +77,8 @@ class Link:
     refetch: bool = False
     tools: tuple[Mapping[str, Any], ...] = ()
     channels: set[str] = attrs.field(factory=set)
+    # the feature sets' refused uses already reported as declaration mismatches (capped)
+    noted_uses: NotedUses = attrs.field(factory=NotedUses)
     pre_ready: deque[rpc.Request] = attrs.field(factory=lambda: deque())
     closed: trio.Event = attrs.field(factory=trio.Event)
     probing: bool = False

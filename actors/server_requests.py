@@ -18,6 +18,7 @@ from protocol.inference import parse_inference_request
 from protocol.lanes import ChannelDescriptor, ChannelsChanged, parse_descriptors, structure
 
 from .context import ChannelLimit
+from .handshake import note_refused_use
 from .link import Link, LinkOwner, admit, as_rpc_error, refusal_reason
 from .messages import ChannelInfo, Describe, Register, Unregister
 
@@ -51,6 +52,7 @@ class ServerRequests:
             return  # the session closed while we worked: the server will retry on a new link
         if error is not None:
             self.owner.refused(req.method, error, refusal_reason(error), request_id=req.id)
+            note_refused_use(self.owner, link, req.method, error)
         await self.owner.send_lines(link, [line])
 
     async def answer(self, link: Link, req: rpc.Request) -> Any:

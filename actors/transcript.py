@@ -179,7 +179,7 @@ def format_event(e: TraceEvent) -> str | None:
         n = d.get("count")
         return f"· {n} already-stored item{'' if n == 1 else 's'} skipped from {e.server_id}"
     if k == "declaration-mismatch":
-        return f"? {e.server_id}: {d.get('text')}"
+        return f"? {e.server_id}: {_excerpt(d.get('text'), 1000)}"
     if k == "trace-dropped":
         count = d.get("count")
         shown = f"{count:,}" if isinstance(count, int) else count

@@ -134,7 +134,8 @@ class FeatureSetStatus:
     ``disabled`` (a disabled pattern names it; this beats any enabled pattern), then
     ``not_selected`` (an ``enabled`` list is present and does not name it); ``None`` when the
     set is enabled. ``selected`` is the host's choice alone (named, or no list, and not
-    disabled), independent of the grant: it is what ``featureSets/update`` lists as enabled.
+    disabled), independent of the grant; ``featureSets/update`` lists as enabled only the sets
+    that are selected *and* can run (:attr:`enabled`), the very sets admission lets through.
     """
 
     name: str
@@ -285,13 +286,16 @@ def update_params(grant: Collection[str], state: FeatureSetState) -> dict[str, A
     """``featureSets/update`` params for a grant (SPEC §6.7).
 
     ``effectiveCapabilities`` (sorted) is the sole allowlist and is always present, even
-    empty; ``enabled`` lists the sets the host selects (names expanded, sorted; always
-    present, since some servers start nothing until named); ``disabled`` appears when the
-    host disables any. ``deniedCapabilities`` is diagnostic only and is not sent.
+    empty; ``enabled`` lists exactly the sets the host treats as enabled (selected, with valid
+    ``uses`` all inside the grant; names expanded, sorted), the sets whose calls admission lets
+    through: a set it cannot run is never named, so the server does not start it and then
+    meet -32001. It is always present, since some servers start nothing until named (§17.7).
+    ``disabled`` appears when the host disables any. ``deniedCapabilities`` is diagnostic only
+    and is not sent.
     """
     params: dict[str, Any] = {
         "effectiveCapabilities": sorted(frozenset(grant) & VOCABULARY),
-        "enabled": list(state.selected),
+        "enabled": sorted(state.enabled),
     }
     if state.disabled:
         params["disabled"] = list(state.disabled)

@@ -439,6 +439,32 @@ def test_derivation_fails_closed(
         assert set(entry["missingCapabilities"]).isdisjoint(grant)
 
 
+@given(declarations, st.frozensets(paths), st.none() | name_patterns, name_patterns)
+def test_the_update_names_exactly_the_sets_admission_lets_through(
+    declared: dict[str, FeatureSet],
+    grant: frozenset[str],
+    enabled: list[str] | None,
+    disabled: list[str],
+) -> None:
+    state = derive_feature_sets(declared, grant, enabled, disabled)
+    named = update_params(grant, state)["enabled"]
+    assert named == sorted(named)
+    runnable = {
+        n
+        for n, fs in declared.items()
+        if state.statuses[n].selected and fs.uses and set(fs.uses) <= VOCABULARY & grant
+    }
+    assert set(named) == runnable <= set(state.selected)
+    for name in declared:  # a set it names is never refused as not enabled, and vice versa
+        for method in FEATURE_SET_METHODS:
+            try:
+                admit(method, ALL, name, declared=declared, enabled=state.enabled)
+            except RpcError as exc:
+                assert (exc.code == FEATURE_SET_NOT_ENABLED) == (name not in named)
+            else:
+                assert name in named
+
+
 # --- admission -------------------------------------------------------------------------------
 
 DECLARED = sets(
