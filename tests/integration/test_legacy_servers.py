@@ -1,0 +1,239 @@
+"""An agent answering on a 0.4-era MCPL server (``tests.legacy_server``, a real stdio
+subprocess) whose channels declare no publish target: by default its plain speech is held as a
+draft and the operator and the agent are told why and what changes it; with the server's
+``publish_undeclared`` the reply reaches the server in RFC-011's legacy form, unconfirmed.
+Also: prose for a channel opened with ``channel_open`` that is not published is kept as a
+draft, and every message naming the agent's conversation carries the same ``conversationId``.
+
+Real clock, generous deadlines, order-only assertions.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from actors import Host
+from actors.trace import TraceEvent
+from tests.cli_helpers import Running, mcplive
+from tests.helpers import config, scripted, wait_trace
+
+pytestmark = pytest.mark.slow
+
+DEADLINE_S = 60
+ANSWER = '[[rules]]\nwhen = "."\nsay = "noted"\n'
+OPEN_DEV = (
+    '[[rules]]\nwhen = "anyone"\n'
+    'calls = [{ tool = "channel_open", arguments = { channel_id = "legacy:#dev" } }]\n'
+    'say = "moving to dev"\n'
+)
+
+
+def legacy(record: Path, *extra: str, **keys: Any) -> dict[str, Any]:
+    command = [sys.executable, "-m", "tests.legacy_server", "--record", str(record), *extra]
+    return {"id": "legacy", "command": command, **keys}
+
+
+def host_config(tmp_path: Path, rules: str, *extra: str, **keys: Any) -> dict[str, Any]:
+    agent = {"name": "Ada", "model": scripted(tmp_path, "ada", rules)}
+    return config(tmp_path, [legacy(tmp_path / "received.jsonl", *extra, **keys)], [agent])
+
+
+def received(tmp_path: Path) -> list[dict[str, Any]]:
+    """What the legacy server recorded of the host's ``channels/publish``, oldest first."""
+    path = tmp_path / "received.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+
+
+def all_texts(host: Host) -> list[str]:
+    return [
+        "".join(b.get("text", "") for b in m["blocks"] if b.get("type") == "text")
+        for m in host.history("Ada")
+    ]
+
+
+def turn_end(e: TraceEvent) -> bool:
+    return e.kind == "turn-end" and e.agent == "Ada"
+
+
+async def one_turn(host: Host, seen: list[TraceEvent]) -> None:
+    """Wait for Ada's turn (woken by the server's message) and for everything it left."""
+    await wait_trace(host.trace(), turn_end, "Ada's turn", seen)
+    await host.run_until_idle()
+
+
+async def drafts(host: Host) -> str:
+    result = await host.execute_tool_call("Ada", "drafts", {"action": "list"})
+    return " ".join(b.get("text", "") for b in result["content"])
+
+
+async def test_by_default_speech_to_an_undeclared_channel_is_held_and_everyone_is_told(
+    tmp_path: Path,
+) -> None:
+    seen: list[TraceEvent] = []
+    with trio.fail_after(DEADLINE_S):
+        async with Host.open(host_config(tmp_path, ANSWER)) as host:
+            await one_turn(host, seen)
+            # the agent was woken and answered; the answer is a draft, nothing reached the server
+            held = [e for e in seen if e.kind == "speech-held"]
+            assert [e.data["text"] for e in held] == ["noted"]
+            assert received(tmp_path) == []
+            listing = await drafts(host)
+            assert "noted" in listing and "legacy:#general" in listing
+            # the agent's notice says what it can do about it
+            [notice] = [t for t in all_texts(host) if t.startswith("[held]")]
+            assert "channel_publish" in notice
+            assert "publish_undeclared" in notice and '"legacy"' in notice
+            # the operator was told once per channel, naming the key that changes it
+            told = [e for e in seen if e.kind == "publish-undeclared"]
+            assert sorted(e.channel_id for e in told) == ["legacy:#dev", "legacy:#general"]
+            for e in told:
+                assert e.data["publish_undeclared"] is False
+                assert "held" in e.data["text"]
+                assert "publish_undeclared on [[servers]] legacy" in e.data["text"]
+            # channel_publish still posts there, in the legacy form
+            posted = await host.execute_tool_call(
+                "Ada", "channel_publish", {"channel_id": "legacy:#general", "content": "hi"}
+            )
+            assert posted["is_error"] is False
+            [got] = received(tmp_path)
+            assert got["form"] == "request" and "threadId" not in got["params"]
+
+
+async def test_publish_undeclared_publishes_in_the_legacy_form_unconfirmed(
+    tmp_path: Path,
+) -> None:
+    seen: list[TraceEvent] = []
+    cfg = host_config(tmp_path, ANSWER, publish_undeclared=True)
+    with trio.fail_after(DEADLINE_S):
+        async with Host.open(cfg) as host:
+            await one_turn(host, seen)
+            [got] = received(tmp_path)
+            assert got["form"] == "request"
+            params = got["params"]
+            assert params["channelId"] == "legacy:#general"
+            assert "threadId" not in params
+            assert params["content"] == [{"type": "text", "text": "noted"}]
+            # the server said delivered: true, but it never said where: unconfirmed
+            [published] = [e for e in seen if e.kind == "published"]
+            assert published.data["outcome"] == "unconfirmed"
+            receipt = [t for t in all_texts(host) if t.startswith("[delivered]")][-1]
+            assert "Not confirmed: 1 segment to #general" in receipt
+            assert "delivered] 1 segment" not in receipt
+            told = [e for e in seen if e.kind == "publish-undeclared"]
+            assert len(told) == 2
+            assert all(e.data["publish_undeclared"] is True for e in told)
+            assert all("unconfirmed" in e.data["text"] for e in told)
+            # a thread of such a channel is still no place to post
+            refused = await host.execute_tool_call(
+                "Ada",
+                "channel_publish",
+                {"channel_id": "legacy:#general", "content": "x", "thread_id": "t1"},
+            )
+            assert refused["is_error"] is True
+            assert len(received(tmp_path)) == 1
+
+
+async def test_speech_for_an_opened_channel_that_is_not_published_is_kept_as_a_draft(
+    tmp_path: Path,
+) -> None:
+    """``channel_open`` moves the route to an undeclared channel: the reply is a draft, and
+    the receipt says so (it was lost before: ``Failed: 1 segment to #dev``, no draft)."""
+    seen: list[TraceEvent] = []
+    with trio.fail_after(DEADLINE_S):
+        async with Host.open(host_config(tmp_path, OPEN_DEV)) as host:
+            await one_turn(host, seen)
+            assert received(tmp_path) == []
+            listing = await drafts(host)
+            assert "moving to dev" in listing and "legacy:#dev" in listing
+            receipt = [t for t in all_texts(host) if t.startswith("[delivered]")][-1]
+            assert "Kept as drafts: 1 segment" in receipt
+            assert "Failed" not in receipt
+
+
+async def test_a_refused_publish_is_kept_as_a_draft_and_the_receipt_says_so(
+    tmp_path: Path,
+) -> None:
+    seen: list[TraceEvent] = []
+    cfg = host_config(tmp_path, OPEN_DEV, "--refuse", "read-only room", publish_undeclared=True)
+    with trio.fail_after(DEADLINE_S):
+        async with Host.open(cfg) as host:
+            await one_turn(host, seen)
+            [got] = received(tmp_path)
+            assert got["params"]["channelId"] == "legacy:#dev"
+            listing = await drafts(host)
+            assert "moving to dev" in listing
+            receipt = [t for t in all_texts(host) if t.startswith("[delivered]")][-1]
+            assert "Failed: 1 segment to #dev" in receipt
+            assert "read-only room; kept as a draft" in receipt
+            assert "Kept as drafts: 1 segment" in receipt
+
+
+async def test_a_publish_names_the_agents_conversation(tmp_path: Path) -> None:
+    """The ``conversationId`` of a publish is the one the hooks and lifecycle carry."""
+    seen: list[TraceEvent] = []
+    cfg = host_config(tmp_path, ANSWER, publish_undeclared=True)
+    with trio.fail_after(DEADLINE_S):
+        async with Host.open(cfg) as host:
+            await one_turn(host, seen)
+            [got] = received(tmp_path)
+            assert got["params"]["conversationId"] == "agent:Ada"
+
+
+# ---- what the operator sees -------------------------------------------------------------------
+
+
+def toml_config(tmp_path: Path, *, publish_undeclared: bool = False) -> Path:
+    model = scripted(tmp_path, "ada", ANSWER).removeprefix("scripted:")
+    command = [sys.executable, "-m", "tests.legacy_server", "--record", "received.jsonl"]
+    flag = "publish_undeclared = true\n" if publish_undeclared else ""
+    path = tmp_path / "mcplive.toml"
+    path.write_text(
+        f'[host]\ndata_dir = "data"\n\n[[servers]]\nid = "legacy"\n'
+        f"command = {json.dumps(command)}\n{flag}\n"
+        f'[[agents]]\nname = "Ada"\nmodel = {json.dumps("scripted:" + model)}\n',
+        encoding="utf-8",
+    )
+    return path
+
+
+def test_the_transcript_says_once_per_channel_why_speech_is_held(tmp_path: Path) -> None:
+    running = Running("run", str(toml_config(tmp_path)), cwd=tmp_path)
+    try:
+        running.wait_for(lambda line: "kept as a draft" in line, "Ada's held reply")
+        assert running.interrupt() == 0
+    finally:
+        running.close()
+    told = [line for line in running.lines if "declares no publish target" in line]
+    assert len(told) == 2, running.lines
+    assert any("#general (legacy:#general)" in line for line in told)
+    assert any("#dev (legacy:#dev)" in line for line in told)
+    for line in told:
+        assert "held as drafts" in line
+        assert "set publish_undeclared on [[servers]] legacy to true" in line
+    assert received(tmp_path) == []
+
+
+@pytest.mark.parametrize("flag", [False, True], ids=["default", "publish_undeclared"])
+def test_check_connect_names_the_channels_without_a_publish_target(
+    tmp_path: Path, flag: bool
+) -> None:
+    result = mcplive(
+        "check", str(toml_config(tmp_path, publish_undeclared=flag)), "--connect", cwd=tmp_path
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    out = result.stdout
+    assert "server legacy (live):" in out
+    assert "channels without a publish target: 2" in out
+    lines = [line.strip() for line in out.splitlines() if "declares no publish target" in line]
+    assert len(lines) == 2, out
+    for line in lines:
+        assert "publish_undeclared on [[servers]] legacy" in line
+        assert ("held as drafts" in line) is not flag
