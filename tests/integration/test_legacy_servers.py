@@ -21,11 +21,12 @@ import trio
 from actors import Host
 from actors.trace import TraceEvent
 from tests.cli_helpers import Running, mcplive
-from tests.helpers import config, scripted, wait_trace
+from tests.helpers import answered, config, running_lobby, scripted, wait_trace
 
 pytestmark = pytest.mark.slow
 
 DEADLINE_S = 60
+ROOT_CAPS = {"capabilities": {"publish": {"target": "root"}}}
 ANSWER = '[[rules]]\nwhen = "."\nsay = "noted"\n'
 OPEN_DEV = (
     '[[rules]]\nwhen = "anyone"\n'
@@ -237,3 +238,29 @@ def test_check_connect_names_the_channels_without_a_publish_target(
     for line in lines:
         assert "publish_undeclared on [[servers]] legacy" in line
         assert ("held as drafts" in line) is not flag
+
+
+async def test_the_operator_is_told_once_per_channel_not_on_every_registration(
+    tmp_path: Path,
+) -> None:
+    """Registering the same undeclared descriptor again says nothing new; a channel that
+    declared a target in between and then withdrew it is told of again."""
+    plain = {"id": "lobby:#plain", "type": "chat", "label": "plain"}
+    declared = {**plain, "capabilities": {"publish": {"target": "root"}}}
+    sentinel = {"id": "lobby:#last", "type": "chat", "label": "last", **ROOT_CAPS}
+    with trio.fail_after(DEADLINE_S):
+        async with running_lobby(tmp_path, {"Ada": ANSWER}) as lb:
+            for descriptor in (plain, plain, declared, plain, plain, sentinel):
+                mark = lb.ctl.mark()
+                lb.ctl.send({"cmd": "register", "channels": [descriptor]})
+                await lb.ctl.wait_for(answered("channels/register"), "registered", since=mark)
+            seen: list[TraceEvent] = []
+            await wait_trace(
+                lb.stream,
+                lambda e: e.kind == "channel-registered" and e.channel_id == "lobby:#last",
+                "the last registration",
+                seen,
+            )
+            told = [e.channel_id for e in seen if e.kind == "publish-undeclared"]
+            # the lobby's own channels declare a target: never told of
+            assert told == ["lobby:#plain", "lobby:#plain"]
