@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 import trio
 
+import actors.context
 from actors import Host
 from actors.trace import TraceEvent
 from tests.cli_helpers import Running, mcplive
@@ -27,6 +28,7 @@ pytestmark = pytest.mark.slow
 
 DEADLINE_S = 60
 ROOT_CAPS = {"capabilities": {"publish": {"target": "root"}}}
+ROOT_CHANNEL = {"id": "lobby:#last", "type": "chat", "label": "last", **ROOT_CAPS}
 ANSWER = '[[rules]]\nwhen = "."\nsay = "noted"\n'
 OPEN_DEV = (
     '[[rules]]\nwhen = "anyone"\n'
@@ -247,7 +249,7 @@ async def test_the_operator_is_told_once_per_channel_not_on_every_registration(
     declared a target in between and then withdrew it is told of again."""
     plain = {"id": "lobby:#plain", "type": "chat", "label": "plain"}
     declared = {**plain, "capabilities": {"publish": {"target": "root"}}}
-    sentinel = {"id": "lobby:#last", "type": "chat", "label": "last", **ROOT_CAPS}
+    sentinel = ROOT_CHANNEL
     with trio.fail_after(DEADLINE_S):
         async with running_lobby(tmp_path, {"Ada": ANSWER}) as lb:
             for descriptor in (plain, plain, declared, plain, plain, sentinel):
@@ -264,3 +266,28 @@ async def test_the_operator_is_told_once_per_channel_not_on_every_registration(
             told = [e.channel_id for e in seen if e.kind == "publish-undeclared"]
             # the lobby's own channels declare a target: never told of
             assert told == ["lobby:#plain", "lobby:#plain"]
+
+
+async def test_at_the_channel_cap_a_refused_channel_is_not_remembered_or_told(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What the operator was told of is kept only for the link's registered channels, so it is
+    bounded by the channels a server may register: one refused at that cap leaves no trace."""
+    monkeypatch.setattr(actors.context, "MAX_CHANNELS_PER_SERVER", 3)  # the lobby has 2
+    extra = [{"id": f"lobby:#x{i}", "type": "chat", "label": f"x{i}"} for i in range(2)]
+    with trio.fail_after(DEADLINE_S):
+        async with running_lobby(tmp_path, {"Ada": ANSWER}) as lb:
+            mark = lb.ctl.mark()
+            lb.ctl.send({"cmd": "register", "channels": [*extra, ROOT_CHANNEL]})
+            answer = await lb.ctl.wait_for(answered("channels/register"), "register", since=mark)
+            accepted = [r["accepted"] for r in answer["response"]["result"]["results"]]
+            assert accepted == [True, False, False]
+            seen: list[TraceEvent] = []
+            await wait_trace(
+                lb.stream,
+                lambda e: e.kind == "refused" and e.channel_id == ROOT_CHANNEL["id"],
+                "the last refusal",
+                seen,
+            )
+            told = [e.channel_id for e in seen if e.kind == "publish-undeclared"]
+            assert told == ["lobby:#x0"]
