@@ -335,7 +335,8 @@ class TurnSpeech:
         self.notices_dropped = 0
         self._keys = itertools.count(1)
         self.rewake = False  # a segment asked for another turn right after this one (" !")
-        self._route_told = False  # the notice of a deliberate route that takes no prose
+        self._route_told = False  # the agent was told that the route's place takes no prose
+        self._unroutable_kept = False  # prose was kept because the woken place takes none
         # streaming: the round's router, the pin as the stream has seen it, one chunk counter
         self._router: ProseStreamRouter | None = None
         self._stream_pin: Place | None = None
@@ -436,6 +437,7 @@ class TurnSpeech:
         if isinstance(decision, Hold):
             return Destination(kept="held")
         if isinstance(decision, Unroutable):
+            self._unroutable_kept = True
             return Destination(place=self._place(decision.conversation), kept=decision.reason)
         return Destination(kept="no route")
 
@@ -620,9 +622,7 @@ class TurnSpeech:
         if bounced:
             tokens = [target_token(v, self.channels) for v in self.channels]
             texts.append(bounce_notice(bounced, self.mode, tokens))
-        if isinstance(self.decision, Unroutable) and any(
-            r == self.decision.reason for r in reasons
-        ):
+        if isinstance(self.decision, Unroutable) and self._unroutable_kept:
             texts.append(
                 unroutable_notice(self._place(self.decision.conversation), self.decision.reason)
             )

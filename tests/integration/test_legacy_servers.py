@@ -159,6 +159,10 @@ async def test_speech_for_an_opened_channel_that_is_not_published_is_kept_as_a_d
             receipt = [t for t in all_texts(host) if t.startswith("[delivered]")][-1]
             assert "Kept as drafts: 1 segment" in receipt
             assert "Failed" not in receipt
+            # one notice, about the channel the reply was for (not the one that woke Ada)
+            [held] = [t for t in all_texts(host) if t.startswith("[held]")]
+            assert "#dev" in held and "#general" not in held
+            assert "channel_publish" in held and "publish_undeclared" in held
 
 
 async def test_a_refused_publish_is_kept_as_a_draft_and_the_receipt_says_so(
