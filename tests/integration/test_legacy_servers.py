@@ -3,7 +3,9 @@ subprocess) whose channels declare no publish target: by default its plain speec
 draft and the operator and the agent are told why and what changes it; with the server's
 ``publish_undeclared`` the reply reaches the server in RFC-011's legacy form, unconfirmed.
 Also: prose for a channel opened with ``channel_open`` that is not published is kept as a
-draft, and every message naming the agent's conversation carries the same ``conversationId``.
+draft, and a publish names the agent's one ``conversationId``. The lobby (declared channels,
+and undeclared ones it registers on command) shows the operator's notice is given once per
+channel, bounded by the channel cap, and that a config reload takes the key.
 
 Real clock, generous deadlines, order-only assertions.
 """
@@ -15,6 +17,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
 import trio
 
@@ -22,7 +25,17 @@ import actors.context
 from actors import Host
 from actors.trace import TraceEvent
 from tests.cli_helpers import Running, mcplive
-from tests.helpers import answered, config, running_lobby, scripted, wait_trace
+from tests.helpers import (
+    answered,
+    config,
+    publish_received,
+    publishes,
+    running_lobby,
+    scripted,
+    send_incoming,
+    wait_trace,
+)
+from tests.helpers import received as lobby_received
 
 pytestmark = pytest.mark.slow
 
@@ -295,3 +308,31 @@ async def test_at_the_channel_cap_a_refused_channel_is_not_remembered_or_told(
             )
             told = [e.channel_id for e in seen if e.kind == "publish-undeclared"]
             assert told == ["lobby:#x0"]
+
+
+async def test_a_config_reload_takes_publish_undeclared_for_the_next_reply(
+    tmp_path: Path,
+) -> None:
+    plain = {"id": "lobby:#plain", "type": "chat", "label": "plain"}
+    with trio.fail_after(DEADLINE_S):
+        async with running_lobby(tmp_path, {"Ada": ANSWER}) as lb:
+            mark = lb.ctl.mark()
+            lb.ctl.send({"cmd": "register", "channels": [plain]})
+            await lb.ctl.wait_for(answered("channels/register"), "registered", since=mark)
+            send_incoming(lb.ctl, "lobby:#plain", "p1", "first")
+            await wait_trace(lb.stream, turn_end, "the first turn")
+            await lb.host.run_until_idle()
+            assert publishes(lb.ctl) == []
+            on = attrs.evolve(
+                lb.host.config,
+                servers=tuple(
+                    attrs.evolve(s, publish_undeclared=True) for s in lb.host.config.servers
+                ),
+            )
+            report = await lb.host.reload(on)
+            assert report["changed"] == ["lobby.publish_undeclared"] and not report["restart"]
+            send_incoming(lb.ctl, "lobby:#plain", "p2", "second")
+            await lb.ctl.wait_for(publish_received("noted"), "the reply")
+            [publish] = lobby_received(lb.ctl, "channels/publish")
+            params = publish["params"]
+            assert params["channelId"] == "lobby:#plain" and "threadId" not in params
