@@ -11,7 +11,9 @@ what such a server does: ``python -m tests.legacy_server --record FILE [options]
 * It records every ``channels/publish`` it receives, request or notification, as one JSON line
   ``{"form": "request"|"notification", "params": {...}}`` in ``--record`` (written before it
   answers), and answers the request form with ``{delivered: true, messageId}``, or with
-  ``--refuse REASON`` with ``{delivered: false, reason}`` (nothing posted).
+  ``--refuse REASON`` with ``{delivered: false, reason}`` (nothing posted). With
+  ``--notifications-only`` it takes only the notification form, as the oldest servers do: a
+  request gets -32601 and is not recorded.
 * It answers ``channels/list`` with its channels and ``ping``; anything else it is asked gets
   -32601 (method not found), as a server that knows only these would answer.
 
@@ -49,10 +51,13 @@ METHOD_NOT_FOUND = -32601
 
 
 class Legacy:
-    def __init__(self, record: Path, say: str, refuse: str | None) -> None:
+    def __init__(
+        self, record: Path, say: str, refuse: str | None, notifications_only: bool
+    ) -> None:
         self.record = record
         self.say = say
         self.refuse = refuse
+        self.notifications_only = notifications_only
         self.ids = itertools.count(1)
         self.posts = itertools.count(1)
         self.register = -1  # the id of our channels/register, once sent
@@ -87,7 +92,7 @@ class Legacy:
             return {"result": {}}
         if method == "channels/list":
             return {"result": {"channels": CHANNELS}}
-        if method == "channels/publish":
+        if method == "channels/publish" and not self.notifications_only:
             self.keep("request", params)
             if self.refuse is not None:
                 return {"result": {"delivered": False, "reason": self.refuse}}
@@ -137,8 +142,9 @@ def main() -> None:
     parser.add_argument("--record", type=Path, required=True)
     parser.add_argument("--say", default="hello, is anyone there?")
     parser.add_argument("--refuse", default=None, metavar="REASON")
+    parser.add_argument("--notifications-only", action="store_true")
     args = parser.parse_args()
-    Legacy(args.record, args.say, args.refuse).run()
+    Legacy(args.record, args.say, args.refuse, args.notifications_only).run()
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ import trio
 
 import actors.context
 from actors import Host
+from actors.messages import Call
 from actors.trace import TraceEvent
 from tests.cli_helpers import Running, mcplive
 from tests.helpers import (
@@ -83,6 +84,13 @@ async def one_turn(host: Host, seen: list[TraceEvent]) -> None:
     """Wait for Ada's turn (woken by the server's message) and for everything it left."""
     await wait_trace(host.trace(), turn_end, "Ada's turn", seen)
     await host.run_until_idle()
+
+
+async def server_barrier(host: Host) -> None:
+    """A round trip to the legacy server: it reads its input in order, so once it answers, it
+    has recorded every notification the host sent it before."""
+    conn = host.ctx.connections["legacy"]
+    await conn.ask(Call(method="channels/list", params={}), timeout=DEADLINE_S)
 
 
 async def drafts(host: Host) -> str:
@@ -155,6 +163,23 @@ async def test_publish_undeclared_publishes_in_the_legacy_form_unconfirmed(
             )
             assert refused["is_error"] is True
             assert len(received(tmp_path)) == 1
+
+
+async def test_a_server_taking_only_notifications_gets_one_and_the_outcome_is_unknown(
+    tmp_path: Path,
+) -> None:
+    seen: list[TraceEvent] = []
+    cfg = host_config(tmp_path, ANSWER, "--notifications-only", publish_undeclared=True)
+    with trio.fail_after(DEADLINE_S):
+        async with Host.open(cfg) as host:
+            await one_turn(host, seen)
+            await server_barrier(host)
+            [got] = received(tmp_path)
+            assert got["form"] == "notification" and "threadId" not in got["params"]
+            [published] = [e for e in seen if e.kind == "published"]
+            assert published.data["outcome"] == "unknown"
+            receipt = [t for t in all_texts(host) if t.startswith("[delivered]")][-1]
+            assert "Outcome unknown: 1 segment to #general" in receipt
 
 
 async def test_speech_for_an_opened_channel_that_is_not_published_is_kept_as_a_draft(
