@@ -108,6 +108,7 @@ async def test_by_default_speech_to_an_undeclared_channel_is_held_and_everyone_i
             # the agent was woken and answered; the answer is a draft, nothing reached the server
             held = [e for e in seen if e.kind == "speech-held"]
             assert [e.data["text"] for e in held] == ["noted"]
+            await server_barrier(host)
             assert received(tmp_path) == []
             listing = await drafts(host)
             assert "noted" in listing and "legacy:#general" in listing
@@ -191,6 +192,7 @@ async def test_speech_for_an_opened_channel_that_is_not_published_is_kept_as_a_d
     with trio.fail_after(DEADLINE_S):
         async with Host.open(host_config(tmp_path, OPEN_DEV)) as host:
             await one_turn(host, seen)
+            await server_barrier(host)
             assert received(tmp_path) == []
             listing = await drafts(host)
             assert "moving to dev" in listing and "legacy:#dev" in listing
