@@ -28,6 +28,7 @@ from typing import Any
 
 import attrs
 
+from protocol.conversation import conversation_id
 from protocol.gate import Drained, WakeBuffer
 from protocol.source import mark_text
 from store import Append, MessageRecord
@@ -147,7 +148,7 @@ class AgentActor(Actor):
         self.ctx = ctx
         self.servers = tuple(s.id for s in ctx.config.servers if cfg.hears(s.id))
         self.system = cfg.system_prompt or DEFAULT_PROMPT.format(name=cfg.name)
-        self.conversation_id = f"agent:{cfg.name}"
+        self.conversation_id = conversation_id(cfg.name)
         self.history = ContextReader(ctx, cfg.name, cfg.context_tokens)
         self.header_notice = HeaderNotice(ctx, cfg.name, self.trace)
         # the wakes waiting for the next turn; a paused turn's own wakes wait in ``_carried``

@@ -29,16 +29,21 @@ import attrs
 from protocol.authors import origin_author
 from protocol.coalesce import Append as AppendEffect
 from protocol.content import ContentError, convert_blocks
+from protocol.conversation import conversation_id
 from protocol.digests import body_digest, body_digests
 from protocol.errors import INVALID_PARAMS, METHOD_NOT_FOUND, RpcError
 from protocol.lanes import ChannelDescriptor, IncomingMessage, PushEvent
 from protocol.routes import (
     ABSENT,
+    LEGACY,
     PublishOutcome,
     classify_error,
     classify_publish,
+    declared_target,
+    legacy_outcome,
     place_problem,
     publish_thread_param,
+    speech_place,
 )
 from protocol.source import (
     channel_header,
@@ -139,10 +144,13 @@ class ChannelActor(Actor):
         """Where the server says a post to this channel lands (RFC-011): ``"exact"``,
         ``"root"``, or None when it does not say."""
         desc = self.descriptor
-        caps = desc.capabilities if desc is not None else None
-        publish = caps.get("publish") if isinstance(caps, Mapping) else None
-        target = publish.get("target") if isinstance(publish, Mapping) else None
-        return target if target in ("exact", "root") else None
+        return declared_target(desc.capabilities) if desc is not None else None
+
+    @property
+    def speech_place(self) -> str | None:
+        """Where prose may go here: the declared place, ``"legacy"`` for an undeclared channel
+        of a server with ``publish_undeclared`` (read from the config in force), else None."""
+        return speech_place(self.place, self.ctx.config.publish_undeclared(self.sid))
 
     @property
     def label(self) -> str:
@@ -219,7 +227,7 @@ class ChannelActor(Actor):
             registered=self.registered,
             open_for={a: self.is_open(a) for a in self.ctx.agents_hearing(self.sid)},
             descriptor=wire,
-            place=self.place,
+            place=self.speech_place,
         )
 
     # -- ingest -----------------------------------------------------------------------------
@@ -605,7 +613,7 @@ class ChannelActor(Actor):
             text=_wake_text(blocks) if blocks else "",
             tags=tags,
             author=author,
-            place=self.place,
+            place=self.speech_place,
             registered=self.registered,
             occurrence=occurrence,
         )
@@ -627,13 +635,15 @@ class ChannelActor(Actor):
         conn = self.ctx.connections.get(self.sid)
         if conn is None or self.cid is None:
             return PublishOutcome(status="failed", reason="no such channel"), None
-        place = self.place
+        place = self.speech_place
         problem = place_problem(place, msg.thread_id)
         if problem is not None and (msg.prose or msg.thread_id is not None):
+            if place == LEGACY:  # a thread is never a place of an undeclared channel
+                problem = "untargetable"
             return PublishOutcome(status="failed", reason=REFUSALS[problem]), None
         thread = publish_thread_param(place, msg.thread_id)
         params: dict[str, Any] = {
-            "conversationId": msg.agent,
+            "conversationId": conversation_id(msg.agent),
             "channelId": self.cid,
             "content": [dict(b) for b in msg.blocks],
         }
@@ -662,6 +672,8 @@ class ChannelActor(Actor):
         except (AskTimeout, ActorDied) as exc:
             return classify_error(str(exc) or type(exc).__name__), None
         outcome = classify_publish(result, thread)
+        if place == LEGACY and msg.prose:
+            outcome = legacy_outcome(outcome)
         if outcome.message_id is not None:
             self._receipts[outcome.message_id] = msg.agent
             while len(self._receipts) > MAX_RECEIPTS:

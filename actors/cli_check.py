@@ -14,6 +14,7 @@ from typing import Any
 import trio
 
 from protocol.display import one_line
+from protocol.errors import RpcError
 
 from .config import ConfigErrors, ServerConfig, data_dir_problem, load_config
 from .datadir import holder
@@ -166,10 +167,15 @@ async def _report_connect(cfg: Any) -> int:
 
 async def _await_reports(host_cls: Any, quiet: Any, pending: set[str], deadline: float) -> int:
     status = 0
+    mcpl: list[str] = []  # servers ready as MCPL servers, in the order they were
+    undeclared: dict[str, dict[str, str]] = {}  # server -> channel -> the operator's line
     async with host_cls.open(quiet) as host:
         with trio.move_on_after(deadline):
             async for event in host.trace():
                 sid = event.server_id
+                if sid is not None and event.kind == "publish-undeclared":
+                    lines = undeclared.setdefault(sid, {})
+                    lines.setdefault(str(event.channel_id), str(event.data.get("text")))
                 if sid is None or sid not in pending:
                     continue
                 if event.kind == "ready":
@@ -179,10 +185,52 @@ async def _await_reports(host_cls: Any, quiet: Any, pending: set[str], deadline:
                         print(f"  server {sid} (live): MCP-only; {tools}")
                     else:
                         _print_policy(sid, "live", event.data.get("policy", {}))
+                        mcpl.append(sid)
                 elif event.kind == "disconnected":
                     pending.discard(sid)
                     status = 1
                     print(f"  server {sid} (live): could not connect: {event.data.get('reason')}")
                 if not pending:
                     break
+        for sid in mcpl:
+            with trio.move_on_after(deadline):
+                await _listed_undeclared(host, sid, undeclared.setdefault(sid, {}))
+            _print_undeclared(sid, undeclared[sid])
     return status
+
+
+async def _listed_undeclared(host: Any, sid: str, lines: dict[str, str]) -> None:
+    """Add to ``lines`` the channels the server lists (``channels/list``) that declare no
+    publish target: a server may register its channels after the handshake. A server that
+    does not answer the listing leaves what its registrations showed."""
+    from protocol.receipts import undeclared_channel_line
+    from protocol.routes import declared_target
+
+    from .errors import ActorDied, AskTimeout, NotConnected
+    from .messages import Call
+
+    conn = host.ctx.connections.get(sid)
+    if conn is None:
+        return
+    timeout = host.ctx.config.request_timeout(sid)
+    try:
+        result = await conn.ask(Call(method="channels/list", params={}), timeout=timeout + 5)
+    except (RpcError, NotConnected, AskTimeout, ActorDied):
+        return
+    listed = result.get("channels") if isinstance(result, Mapping) else None
+    flag = host.ctx.config.publish_undeclared(sid)
+    for desc in listed if isinstance(listed, list) else ():
+        cid = desc.get("id") if isinstance(desc, Mapping) else None
+        if not isinstance(cid, str) or not cid or cid in lines:
+            continue
+        if declared_target(desc.get("capabilities")) is None:
+            label = desc.get("label")
+            label = label if isinstance(label, str) else ""
+            lines[cid] = undeclared_channel_line(sid, cid, label, flag)
+
+
+def _print_undeclared(sid: str, lines: Mapping[str, str]) -> None:
+    if lines:
+        print(f"    channels without a publish target: {len(lines)}")
+    for line in lines.values():
+        print(f"    {line}")

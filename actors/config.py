@@ -52,6 +52,8 @@ class ServerConfig:
     inference_requests_per_hour: int = 60
     # feature-set name pattern -> model spec, for this server's inference/request
     inference_models: Mapping[str, str] = attrs.field(factory=dict)
+    # publish plain speech to channels that declare no publish target (RFC-011 legacy form)
+    publish_undeclared: bool = False
     cwd: Path | None = None
 
     def inference_model_for(self, feature_set: str) -> str | None:
@@ -103,6 +105,11 @@ class HostConfig:
 
     def server(self, server_id: str) -> ServerConfig | None:
         return next((s for s in self.servers if s.id == server_id), None)
+
+    def publish_undeclared(self, server_id: str) -> bool:
+        """Whether plain speech may go to this server's channels that declare no target."""
+        server = self.server(server_id)
+        return server is not None and server.publish_undeclared
 
     def request_timeout(self, server_id: str) -> float:
         """The server's ``request_timeout_s`` (the default for a server not configured)."""
@@ -436,6 +443,10 @@ def _server(i: int, s: Mapping[str, Any], base: Path, problems: list[str]) -> Se
             checked = _model_spec(f"{where}.inference_models.{pattern}", spec, base, problems)
             if checked is not None:
                 inference_models[pattern] = checked
+    publish_undeclared = s.get("publish_undeclared", False)
+    if not isinstance(publish_undeclared, bool):
+        problems.append(f"{where}.publish_undeclared: must be true or false")
+        publish_undeclared = False
     if not valid:
         return None
     assert isinstance(sid, str)
@@ -458,6 +469,7 @@ def _server(i: int, s: Mapping[str, Any], base: Path, problems: list[str]) -> Se
         hook_timeout_s=float(numbers["hook_timeout_s"]),
         inference_requests_per_hour=numbers["inference_requests_per_hour"],
         inference_models=inference_models,
+        publish_undeclared=publish_undeclared,
         cwd=base,
     )
 

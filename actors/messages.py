@@ -132,7 +132,8 @@ class Publish:
     The channel applies RFC-011: where its server declares the place of a post, the request
     names it (``threadId``: the thread, or null for the root); where it does not, no thread is
     sent, a thread is refused, and so is ``prose`` (speech is only published where its place is
-    known). Nothing refused is sent."""
+    known), unless the server's ``publish_undeclared`` is set: then prose goes without a thread
+    and its delivery is reported unconfirmed. Nothing refused is sent."""
 
     agent: str
     blocks: tuple[Mapping[str, Any], ...]
@@ -182,7 +183,9 @@ class ChannelInfo:
     registered: bool
     open_for: Mapping[str, bool]
     descriptor: Mapping[str, Any]
-    place: str | None = None  # RFC-011: "exact", "root", or None when undeclared
+    # where prose may go (RFC-011): "exact", "root", "legacy" (undeclared, and the server's
+    # publish_undeclared is set) or None (undeclared: prose is held)
+    place: str | None = None
 
 
 # --- to an AgentActor ----------------------------------------------------------------------
@@ -202,7 +205,7 @@ class Wake:
     text: str = ""  # the body, cut short: what the gate's filters read
     tags: tuple[str, ...] = ()
     author: str | None = None
-    place: str | None = None  # where the channel's server says a post lands (RFC-011)
+    place: str | None = None  # where prose may go (as ``ChannelInfo.place``)
     registered: bool = True
     deferred: bool = False  # an RFC-006 deferred notice: its batch is rendered at assembly
     occurrence: str | None = None  # a coalesced item's occurrence (see ``Withdraw``)

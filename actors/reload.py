@@ -2,11 +2,11 @@
 
 :func:`plan_reload` compares the running config with a new one (pure). Only the *live* keys
 are taken: each agent's ``system_prompt`` and ``gate``, each server's capability and
-feature-set masks. Everything else that differs (a server or agent added or removed, a server's
-command, url, token or limits, an agent's model, servers or prose mode, ``data_dir``, the
-host's inference model) is listed as needing a restart and left as it runs. The config put in
-force is the running one with the new live keys, so every reader of ``ctx.config`` sees one
-consistent picture.
+feature-set masks and its ``publish_undeclared`` (read where it is used). Everything else
+that differs (a server or agent added or removed, a server's command, url, token or limits,
+an agent's model, servers or prose mode, ``data_dir``, the host's inference model) is listed
+as needing a restart and left as it runs. The config put in force is the running one with the
+new live keys, so every reader of ``ctx.config`` sees one consistent picture.
 
 :func:`apply_plan` hands each agent its new config (it takes the prompt for its next turn and
 re-reads its gate file now) and each server whose masks changed its new config (a live link gets
@@ -33,6 +33,8 @@ SERVER_LIVE = (
     "enabled_feature_sets",
     "disabled_feature_sets",
 )
+#: Server keys read where they are used, from the config in force: taken, nothing to re-apply.
+SERVER_READ = ("publish_undeclared",)
 AGENT_LIVE = ("system_prompt", "gate")
 #: Derived from another key (``endpoint`` from ``url``): never reported on its own.
 _DERIVED = frozenset({"endpoint"})
@@ -76,10 +78,12 @@ def plan_reload(old: HostConfig, new: HostConfig) -> ReloadPlan:
             restart.append(f"server {s.id} removed")
             servers.append(s)
             continue
-        restart += [f"{s.id}.{k}" for k in _differing(s, n, SERVER_LIVE)]
+        restart += [f"{s.id}.{k}" for k in _differing(s, n, SERVER_LIVE + SERVER_READ)]
         live = [k for k in SERVER_LIVE if getattr(s, k) != getattr(n, k)]
-        changed += [f"{s.id}.{k}" for k in live]
-        taken = attrs.evolve(s, **{k: getattr(n, k) for k in SERVER_LIVE})
+        changed += [
+            f"{s.id}.{k}" for k in (*SERVER_LIVE, *SERVER_READ) if getattr(s, k) != getattr(n, k)
+        ]
+        taken = attrs.evolve(s, **{k: getattr(n, k) for k in (*SERVER_LIVE, *SERVER_READ)})
         servers.append(taken)
         if live:
             reconfigured.append(taken)

@@ -16,6 +16,8 @@ from protocol import jsonrpc as rpc
 from protocol.errors import INTERNAL_ERROR, INVALID_PARAMS, INVALID_REQUEST, RpcError
 from protocol.inference import parse_inference_request
 from protocol.lanes import ChannelDescriptor, ChannelsChanged, parse_descriptors, structure
+from protocol.receipts import undeclared_channel_line
+from protocol.routes import declared_target
 
 from .context import ChannelLimit
 from .handshake import note_refused_use
@@ -26,6 +28,10 @@ from .messages import ChannelInfo, Describe, Register, Unregister
 class ServerRequests:
     def __init__(self, owner: LinkOwner) -> None:
         self.owner = owner
+        # the link's channels whose lack of a publish target the operator was told of: a
+        # subset of ``link.channels`` (so bounded by the channels a server may register), new
+        # for each link
+        self._told: tuple[Link | None, set[str]] = (None, set())
 
     async def serve(self, link: Link, req: rpc.Request, slots: trio.Semaphore) -> None:
         try:
@@ -131,7 +137,34 @@ class ServerRequests:
         await chan.ask(Register(descriptor=desc), timeout=owner.cfg.request_timeout_s)
         link.channels.add(desc.id)
         owner.trace("channel-registered", channel_id=desc.id, label=desc.label)
+        self._tell_undeclared(link, desc)
         return {"id": desc.id, "accepted": True}
+
+    def _told_on(self, link: Link) -> set[str]:
+        if self._told[0] is not link:
+            self._told = (link, set())
+        return self._told[1]
+
+    def _tell_undeclared(self, link: Link, desc: ChannelDescriptor) -> None:
+        """Tell the operator, once per channel of a link, that this channel declares no
+        publish target and what that means for plain speech; told again only after the
+        channel declared one (or was removed) in between."""
+        told = self._told_on(link)
+        if declared_target(desc.capabilities) is not None:
+            told.discard(desc.id)
+            return
+        if desc.id in told:
+            return
+        told.add(desc.id)
+        owner = self.owner
+        publish = owner.ctx.config.publish_undeclared(owner.sid)
+        owner.trace(
+            "publish-undeclared",
+            channel_id=desc.id,
+            label=desc.label,
+            publish_undeclared=publish,
+            text=undeclared_channel_line(owner.sid, desc.id, desc.label, publish),
+        )
 
     async def channels_changed(self, link: Link, params: Any) -> dict[str, Any]:
         owner = self.owner
@@ -147,6 +180,7 @@ class ServerRequests:
         for cid in changed.removed:
             if cid in link.channels:
                 link.channels.discard(cid)
+                self._told_on(link).discard(cid)
                 chan = await owner.ctx.channel(owner.sid, cid)
                 await chan.tell(Unregister())
                 owner.trace("channel-removed", channel_id=cid)

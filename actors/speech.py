@@ -20,6 +20,7 @@ from typing import Any
 import attrs
 import trio
 
+from protocol.conversation import conversation_id
 from protocol.prose import (
     SKIP,
     ChannelView,
@@ -40,6 +41,7 @@ from protocol.receipts import (
     unroutable_notice,
 )
 from protocol.routes import (
+    LEGACY,
     Candidate,
     Hold,
     PublishOutcome,
@@ -333,6 +335,8 @@ class TurnSpeech:
         self.notices_dropped = 0
         self._keys = itertools.count(1)
         self.rewake = False  # a segment asked for another turn right after this one (" !")
+        self._route_told = False  # the agent was told that the route's place takes no prose
+        self._unroutable_kept = False  # prose was kept because the woken place takes none
         # streaming: the round's router, the pin as the stream has seen it, one chunk counter
         self._router: ProseStreamRouter | None = None
         self._stream_pin: Place | None = None
@@ -355,7 +359,8 @@ class TurnSpeech:
         return Place(server_id=sid, channel_id=cid, label=label, thread_id=thread)
 
     def set_route(self, place: Place) -> None:
-        """A deliberate move of the route (``channel_open`` with set_speech_target)."""
+        """A deliberate move of the route (``channel_open`` with set_speech_target); prose for
+        a place that cannot take it is kept as drafts."""
         self.route = Route(
             server_id=place.server_id,
             channel_id=place.channel_id,
@@ -364,6 +369,7 @@ class TurnSpeech:
         )
         self.pin = None
         self.suspended = False
+        self._route_told = False
 
     def add_channel(self, view: ChannelView, place: str | None) -> None:
         if not any(
@@ -393,6 +399,21 @@ class TurnSpeech:
             return Destination(place=place, kept=problem)
         return Destination(place=place)
 
+    def _route_problem(self) -> str | None:
+        """Why the route's place cannot take prose (a deliberate route is not checked when it
+        is set: its channel may declare no target); the agent is told once per route."""
+        route = self.route
+        if route is None:
+            return None
+        decl = self.places.get((route.server_id, route.channel_id))
+        problem = place_problem(decl, route.thread_id)
+        if problem is not None and not self._route_told:
+            self._route_told = True
+            here = self.route_place()
+            assert here is not None
+            self._notice(unroutable_notice(here, problem))
+        return problem
+
     def _notice(self, text: str) -> None:
         if len(self.notices) < MAX_TURN_NOTICES:
             self.notices.append(text)
@@ -406,12 +427,17 @@ class TurnSpeech:
             return Destination(kept="bounced")
         decision = self.decision
         if self.route is not None:
+            here = self.route_place()
             if self.suspended:
-                return Destination(place=self.route_place(), kept="suspended")
-            return Destination(place=self.route_place())
+                return Destination(place=here, kept="suspended")
+            problem = self._route_problem()
+            if problem is not None:
+                return Destination(place=here, kept=problem)
+            return Destination(place=here)
         if isinstance(decision, Hold):
             return Destination(kept="held")
         if isinstance(decision, Unroutable):
+            self._unroutable_kept = True
             return Destination(place=self._place(decision.conversation), kept=decision.reason)
         return Destination(kept="no route")
 
@@ -519,14 +545,14 @@ class TurnSpeech:
         """The ``channels/outgoing/chunk`` params for ``delta``, or None where streaming is not
         allowed (the place is not declared, or the server was not granted streaming)."""
         decl = self.places.get((place.server_id, place.channel_id))
-        if place_problem(decl, place.thread_id) is not None:
-            return None
+        if decl == LEGACY or place_problem(decl, place.thread_id) is not None:
+            return None  # a stream goes only where the publish names its place
         status = self.ctx.statuses.get(place.server_id)
         if status is None or "channels.streaming" not in status.grant:
             return None
         params: dict[str, Any] = {
             "inferenceId": self.inference_id,
-            "conversationId": self.agent,
+            "conversationId": conversation_id(self.agent),
             "channelId": place.channel_id,
             "index": self._chunk_index,
             "delta": delta,
@@ -551,7 +577,7 @@ class TurnSpeech:
                     sid,
                     {
                         "inferenceId": self.inference_id,
-                        "conversationId": self.agent,
+                        "conversationId": conversation_id(self.agent),
                         "channelId": cid,
                         "content": [{"type": "text", "text": text}] if text else [],
                         "threadId": place.thread_id,
@@ -567,9 +593,23 @@ class TurnSpeech:
         for ticket in self.tickets:
             await ticket.done.wait()
 
+    def _keep_failed(self) -> set[int]:
+        """Keep as a draft every prose segment that was not published (refused, or never
+        sent): nothing the agent wrote is lost. The indexes of those tickets."""
+        kept: set[int] = set()
+        for i, ticket in enumerate(self.tickets):
+            outcome = ticket.outcome
+            if not ticket.prose or (outcome is not None and outcome.status != "failed"):
+                continue
+            reason = "not sent" if outcome is None else f"failed: {outcome.reason or 'refused'}"
+            self._keep(ticket.text, Destination(place=ticket.place, kept=reason))
+            kept.add(i)
+        return kept
+
     async def settle(self) -> list[str]:
         """Wait for this turn's segments; the texts to store: notices, then the receipt."""
         await self.sent()
+        failed = self._keep_failed()
         texts = list(self.notices)
         if self.notices_dropped:
             texts.append(f"[notices] {self.notices_dropped} more notices of this turn not shown")
@@ -582,9 +622,7 @@ class TurnSpeech:
         if bounced:
             tokens = [target_token(v, self.channels) for v in self.channels]
             texts.append(bounce_notice(bounced, self.mode, tokens))
-        if isinstance(self.decision, Unroutable) and any(
-            r == self.decision.reason for r in reasons
-        ):
+        if isinstance(self.decision, Unroutable) and self._unroutable_kept:
             texts.append(
                 unroutable_notice(self._place(self.decision.conversation), self.decision.reason)
             )
@@ -594,8 +632,9 @@ class TurnSpeech:
                     place=t.place,
                     status=t.outcome.status if t.outcome is not None else "unknown",
                     reason=t.outcome.reason if t.outcome is not None else "not sent",
+                    kept=i in failed,
                 )
-                for t in self.tickets
+                for i, t in enumerate(self.tickets)
             ]
             texts.append(
                 delivered_receipt(

@@ -26,7 +26,7 @@ from protocol.receipts import (
     target_error_notice,
 )
 from protocol.references import fetch_result_text
-from protocol.routes import PublishOutcome, place_problem
+from protocol.routes import LEGACY, PublishOutcome, place_problem
 from protocol.source import channel_header, mark_blocks, mark_text, notice_value
 from protocol.state import StateError, read_tool_state
 
@@ -412,10 +412,16 @@ class ToolRuntime:
             problem = place_problem(found.place, None)
             if problem is None:
                 notes.append("your replies for the rest of this turn go to this channel")
+                if found.place == LEGACY:
+                    notes.append(
+                        "(its server does not declare where a post lands: delivery of your "
+                        "replies there is reported unconfirmed)"
+                    )
             else:
                 notes.append(
                     "replies would go here, but its server does not declare where a post lands, "
-                    "so they will be kept as drafts"
+                    "so they will be kept as drafts; channel_publish still posts here, or the "
+                    "operator can set publish_undeclared for this server"
                 )
         return ok("\n".join(notes))
 

@@ -45,6 +45,7 @@ LEVELS: dict[str, int] = {
     "model-retry": WARNING,
     "refused": WARNING,
     "declaration-mismatch": WARNING,
+    "publish-undeclared": WARNING,
     "reload-refused": WARNING,
     "status-unwritten": WARNING,
     "error": ERROR,
@@ -178,6 +179,8 @@ def format_event(e: TraceEvent) -> str | None:
     if k == "duplicates-skipped":
         n = d.get("count")
         return f"· {n} already-stored item{'' if n == 1 else 's'} skipped from {e.server_id}"
+    if k == "publish-undeclared":
+        return f"? {d.get('text')}"
     if k == "declaration-mismatch":
         return f"? {e.server_id}: {_excerpt(d.get('text'), 1000)}"
     if k == "trace-dropped":

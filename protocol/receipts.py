@@ -30,6 +30,7 @@ __all__ = [
     "human_duration",
     "sleep_announcement",
     "target_error_notice",
+    "undeclared_channel_line",
     "unroutable_notice",
 ]
 
@@ -87,12 +88,14 @@ def describe_place(p: Place) -> str:
 @attrs.frozen(kw_only=True)
 class Delivery:
     """What became of ``count`` segments sent to ``place``: ``status`` is ``"delivered"``,
-    ``"unconfirmed"``, ``"failed"`` or ``"unknown"``."""
+    ``"unconfirmed"``, ``"failed"`` or ``"unknown"``; ``kept`` when they were kept as drafts
+    (nothing was published)."""
 
     place: Place
     status: str
     reason: str | None = None
     count: int = 1
+    kept: bool = False
 
 
 _STATUS_HEADINGS: Final = (
@@ -104,16 +107,19 @@ _STATUS_HEADINGS: Final = (
 
 def _grouped(deliveries: Sequence[Delivery], status: str) -> list[str]:
     """One entry per place and reason, in order of first appearance, with summed counts."""
-    counts: dict[tuple[Place, str | None], int] = {}
+    counts: dict[tuple[Place, str | None, bool], int] = {}
     for d in deliveries:
         if d.status == status:
-            key = (d.place, d.reason)
+            key = (d.place, d.reason, d.kept)
             counts[key] = counts.get(key, 0) + d.count
     entries = []
-    for (place, reason), count in counts.items():
+    for (place, reason, kept), count in counts.items():
         entry = f"{_segments(count)} to {describe_place(place)}"
-        if reason:
-            entry += f" ({notice_value(reason)})"
+        notes = [notice_value(reason)] if reason else []
+        if kept:
+            notes.append("kept as a draft" if count == 1 else "kept as drafts")
+        if notes:
+            entry += f" ({'; '.join(notes)})"
         entries.append(entry)
     return entries
 
@@ -173,11 +179,40 @@ def hold_notice(conversations: Sequence[Place], *, multiple_unknown: bool = Fals
 
 
 def unroutable_notice(place: Place, reason: str) -> str:
-    """The ``[held]`` notice of prose that could not go to the one conversation of a turn."""
+    """The ``[held]`` notice of prose that could not go to the one conversation of a turn. For
+    a channel without a declared target it names the two ways out: ``channel_publish``, or the
+    operator's ``publish_undeclared`` key for that server."""
     why = _UNROUTABLE_WHY.get(reason, notice_value(reason))
-    return (
+    text = (
         f"[held] Unaddressed prose was not published to {describe_place(place)}: {why}. "
-        f"It is kept as drafts. {_RESEND_HOW}"
+        "It is kept as drafts."
+    )
+    if reason == "untargetable":
+        text += (
+            " To post there anyway, call channel_publish with this channel (it publishes "
+            "without naming a place, and the server decides where it lands), or ask the "
+            "operator to set publish_undeclared = true for server "
+            f"{json.dumps(place.server_id)} in the host config, so replies go there."
+        )
+    return f"{text} {_RESEND_HOW}"
+
+
+def undeclared_channel_line(
+    server_id: str, channel_id: str, label: str, publish_undeclared: bool
+) -> str:
+    """The operator's line about a channel that declares no ``capabilities.publish.target``:
+    what happens to an agent's plain speech there, and the config key that changes it."""
+    name = f"{_label(label)} ({notice_value(channel_id)})" if label else notice_value(channel_id)
+    where = f"server {notice_value(server_id)}: channel {name} declares no publish target"
+    key = f"publish_undeclared on [[servers]] {notice_value(server_id)}"
+    if publish_undeclared:
+        return (
+            f"{where}: agents' plain speech there is published without a place and reported "
+            f"unconfirmed, since {key} is true (remove it to hold that speech as drafts)"
+        )
+    return (
+        f"{where}: agents' plain speech there is held as drafts (channel_publish still posts); "
+        f"set {key} to true to publish it there, unconfirmed"
     )
 
 

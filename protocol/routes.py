@@ -8,9 +8,12 @@ guesses between conversations.
 A channel declares where a publish lands in ``capabilities.publish.target``: ``"exact"`` (a
 ``threadId`` lands in that thread, ``null`` at the root), ``"root"`` (no threads; ``null`` is
 honoured, a string refused), or nothing (no guarantee: no ``threadId`` is sent and no prose is
-routed there). :func:`place_problem` applies this; :func:`publish_thread_param` gives the
-``threadId`` a request carries; :func:`classify_publish` reads the ``channels/publish``
-result.
+routed there). A server whose operator set ``publish_undeclared`` has its undeclared channels
+take prose anyway, in RFC-011's legacy form (no ``threadId``, never into a thread), and what
+lands there is never counted as delivered: :func:`speech_place` gives that effective place
+(:data:`LEGACY`) and :func:`legacy_outcome` the outcome. :func:`place_problem` applies this;
+:func:`publish_thread_param` gives the ``threadId`` a request carries;
+:func:`classify_publish` reads the ``channels/publish`` result.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import attrs
 
 __all__ = [
     "ABSENT",
+    "LEGACY",
     "PLACES",
     "Candidate",
     "Conversation",
@@ -32,8 +36,11 @@ __all__ = [
     "classify_error",
     "classify_publish",
     "decide_route",
+    "declared_target",
+    "legacy_outcome",
     "place_problem",
     "publish_thread_param",
+    "speech_place",
     "suspends",
 ]
 
@@ -42,6 +49,9 @@ Conversation = tuple[str, str, str | None]
 
 #: The declared publish targets this host understands; any other value counts as undeclared.
 PLACES: Final = ("exact", "root")
+#: The effective place of an undeclared channel whose server's operator set
+#: ``publish_undeclared``: prose goes to the channel without a ``threadId``, outcome unconfirmed.
+LEGACY: Final = "legacy"
 
 UNTARGETABLE: Final = "untargetable"
 THREAD: Final = "thread"
@@ -106,9 +116,29 @@ class Unroutable:
     conversation: Conversation
 
 
+def declared_target(capabilities: object) -> str | None:
+    """The ``capabilities.publish.target`` a channel descriptor declares, when this host knows
+    it (one of :data:`PLACES`); ``None`` otherwise."""
+    publish = capabilities.get("publish") if isinstance(capabilities, Mapping) else None
+    target = publish.get("target") if isinstance(publish, Mapping) else None
+    return target if isinstance(target, str) and target in PLACES else None
+
+
+def speech_place(declared: object, publish_undeclared: bool) -> str | None:
+    """Where prose may go in a channel whose descriptor declares ``declared`` as its
+    ``capabilities.publish.target``: the declared place when this host knows it, else
+    :data:`LEGACY` when the operator allows publishing to undeclared channels, else ``None``."""
+    if isinstance(declared, str) and declared in PLACES:
+        return declared
+    return LEGACY if publish_undeclared else None
+
+
 def place_problem(place: str | None, thread_id: str | None) -> str | None:
-    """Why prose may not be published to ``thread_id`` (``None`` = root) of a channel that
-    declares ``place``; ``None`` when it may."""
+    """Why prose may not be published to ``thread_id`` (``None`` = root) of a channel whose
+    effective place is ``place``; ``None`` when it may. A :data:`LEGACY` channel takes prose
+    only without a thread: the server chooses where it lands, never a thread the host names."""
+    if place == LEGACY:
+        return THREAD if thread_id is not None else None
     if place not in PLACES:
         return UNTARGETABLE
     if thread_id is not None and place != "exact":
@@ -211,7 +241,8 @@ ABSENT: Final = _Absent()
 
 def publish_thread_param(place: str | None, thread_id: str | None) -> str | object | None:
     """The ``threadId`` a publish carries: :data:`ABSENT` when the channel declares no known
-    target, else ``thread_id`` (``None`` is sent as JSON ``null``, the root)."""
+    target (also :data:`LEGACY`), else ``thread_id`` (``None`` is sent as JSON ``null``, the
+    root)."""
     if place not in PLACES:
         return ABSENT
     return thread_id
@@ -276,6 +307,19 @@ def classify_publish(result: object, sent_thread: str | object | None) -> Publis
         )
     return PublishOutcome(
         status=UNCONFIRMED, message_id=message_id, reason="malformed result: no delivered flag"
+    )
+
+
+UNDECLARED_REASON: Final = "the server does not declare where posts land in this channel"
+
+
+def legacy_outcome(outcome: PublishOutcome) -> PublishOutcome:
+    """The outcome of prose published in RFC-011's legacy form (:data:`LEGACY`): a delivery is
+    only unconfirmed, since the server never said where it lands; anything else stands."""
+    if outcome.status != DELIVERED:
+        return outcome
+    return PublishOutcome(
+        status=UNCONFIRMED, message_id=outcome.message_id, reason=UNDECLARED_REASON
     )
 
 

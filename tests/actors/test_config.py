@@ -79,6 +79,7 @@ def test_server_defaults(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     assert server.eager_limit_bytes == 262_144
     assert server.fetch_ceiling_bytes == 268_435_456
     assert server.fetch_budget_bytes == 1_073_741_824
+    assert server.publish_undeclared is False
     assert server.cwd == tmp_path
 
 
@@ -101,6 +102,7 @@ def test_every_documented_key_is_taken(tmp_path: Path, monkeypatch: pytest.Monke
                 "eager_limit_bytes": 1,
                 "fetch_ceiling_bytes": 2,
                 "fetch_budget_bytes": 3,
+                "publish_undeclared": True,
             },
             {"id": "local", "command": ["srv"], "env": {"A": "1"}, "token": "s3cret-local"},
         ],
@@ -129,6 +131,9 @@ def test_every_documented_key_is_taken(tmp_path: Path, monkeypatch: pytest.Monke
     assert remote.disabled_capabilities == ("b",)
     assert remote.enabled_feature_sets == ("c.*",)
     assert remote.disabled_feature_sets == ("c.x",)
+    assert remote.publish_undeclared is True
+    assert cfg.publish_undeclared("chat.example") and not cfg.publish_undeclared("local")
+    assert not cfg.publish_undeclared("nobody")
     assert dict(local.env) == {"A": "1"}
     assert local.token == "s3cret-local"
     assert "s3cret" not in repr(local)  # a credential is never shown
@@ -313,6 +318,8 @@ CASES: list[tuple[str, Callable[[dict[str, Any]], None], tuple[str, ...]]] = [
     ("capabilities with a number", server(disabled_capabilities=[1]), ("disabled_capabilities",)),
     ("feature sets as a table", server(enabled_feature_sets={}), ("enabled_feature_sets",)),
     ("feature sets as a string", server(disabled_feature_sets="a"), ("disabled_feature_sets",)),
+    ("publish_undeclared a string", server(publish_undeclared="yes"), ("publish_undeclared",)),
+    ("publish_undeclared a number", server(publish_undeclared=1), ("publish_undeclared",)),
     ("duplicate server ids", twice("servers"), ("servers.id", "'lobby'")),
     ("agents not an array of tables", top(agents="Ada"), ("agents",)),
     ("no agents", top(agents=[]), ("agents",)),

@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from actors.config import AgentConfig, HostConfig, ServerConfig
-from actors.reload import AGENT_LIVE, SERVER_LIVE, plan_reload
+from actors.reload import AGENT_LIVE, SERVER_LIVE, SERVER_READ, plan_reload
 
 masks = st.none() | st.lists(st.sampled_from(["tools", "channels.*", "pushEvents"]), max_size=2)
 server_st = st.builds(
@@ -21,6 +21,7 @@ server_st = st.builds(
     enabled_capabilities=masks.map(lambda m: None if m is None else tuple(m)),
     disabled_capabilities=st.lists(st.sampled_from(["tools", "pushEvents"]), max_size=2).map(tuple),
     enabled_feature_sets=masks.map(lambda m: None if m is None else tuple(m)),
+    publish_undeclared=st.booleans(),
 )
 agent_st = st.builds(
     AgentConfig,
@@ -67,14 +68,17 @@ def test_only_live_keys_come_into_force(old: HostConfig, new: HostConfig) -> Non
     new_servers = {s.id: s for s in new.servers}
     for before, after in zip(old.servers, got.servers, strict=True):
         source = new_servers.get(before.id, before)
-        assert after == attrs.evolve(before, **{k: getattr(source, k) for k in SERVER_LIVE})
+        taken = (*SERVER_LIVE, *SERVER_READ)
+        assert after == attrs.evolve(before, **{k: getattr(source, k) for k in taken})
     new_agents = {a.name: a for a in new.agents}
     for before, after in zip(old.agents, got.agents, strict=True):
         source = new_agents.get(before.name, before)
         assert after == attrs.evolve(before, **{k: getattr(source, k) for k in AGENT_LIVE})
     # the servers to reconfigure are exactly those whose masks changed
     assert {s.id for s in plan.servers} == {
-        s.id for s, g in zip(old.servers, got.servers, strict=True) if s != g
+        s.id
+        for s, g in zip(old.servers, got.servers, strict=True)
+        if any(getattr(s, k) != getattr(g, k) for k in SERVER_LIVE)
     }
     # a second reload of the same file has nothing live left to change
     again = plan_reload(got, new)
@@ -135,3 +139,17 @@ def test_a_restart_list_names_keys_never_values() -> None:
     assert "tok-" not in repr(plan.changed + plan.restart)
     assert plan.config.servers[0].token == "tok-old-123456"  # the running token stays
     assert plan.config.servers[0].disabled_capabilities == ("tools",)
+
+
+def test_publish_undeclared_is_taken_without_reconfiguring_the_server() -> None:
+    lobby = ServerConfig(id="lobby", command=("a",))
+    old = HostConfig(
+        data_dir=Path("/d"),
+        servers=(lobby,),
+        agents=(AgentConfig(name="Ada", model="scripted:/a"),),
+        base_dir=Path("/"),
+    )
+    new = attrs.evolve(old, servers=(attrs.evolve(lobby, publish_undeclared=True),))
+    plan = plan_reload(old, new)
+    assert plan.changed == ("lobby.publish_undeclared",) and plan.restart == ()
+    assert plan.config.publish_undeclared("lobby") and plan.servers == ()

@@ -135,6 +135,10 @@ async def test_hook_params_user_message_ids_model_and_channels(
             # the hook is about the same inference the lifecycle reports
             assert {p["inferenceId"] for p in lifecycle(ctl)} == {params["inferenceId"]}
             assert publishes(ctl) == [("lobby:#random", "Hi there!")]
+            # one conversation id for the agent: the hook's, the lifecycle's and the publish's
+            [publish] = received(ctl, "channels/publish")
+            ids = {p["conversationId"] for p in lifecycle(ctl)} | {params["conversationId"]}
+            assert ids == {publish["params"]["conversationId"]} == {"agent:Ada"}
             assert lobby_errors(ctl) == []
 
 

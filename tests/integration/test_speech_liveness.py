@@ -338,6 +338,10 @@ async def test_stream_events_carry_a_plain_channel_id_and_the_stream_matches_the
             ]
             assert completes[0][0] > max(i for i, _ in chunks)
             assert completes[0][1]["content"] == [{"type": "text", "text": SAID}]
+            # the conversation of the stream is the one of the publish, hooks and lifecycle
+            [(_, publish)] = received_at(ctl, "channels/publish")
+            named = {p["conversationId"] for _, p in (*chunks, *completes)}
+            assert named == {publish["conversationId"]} == {"agent:Ada"}
             assert (done["inferenceId"], done["channelId"], done["text"]) == (
                 inference,
                 "lobby:#general",
