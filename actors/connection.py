@@ -25,10 +25,13 @@ The actor's own mailbox serves ``Call``/``Status`` asks from agents and channels
 in a child task, so a server that never answers stalls only the asker, and only until the request
 deadline (after which a ``ping`` probe tells a slow server from a silent one).
 
-Supervision: a link that ends (EOF, crash, silence, garbage that kills the transport, a failed
-handshake) is reported (``disconnected``: how it ended, the handshake step it died in, the
-server's last stderr lines) and reopened after an exponential backoff with jitter (5 s base,
-5 min cap), with a fresh handshake. Nothing that happens on a link escapes into the host.
+Supervision: the whole handshake (``initialize`` to ``tools/list``) has ``request_timeout_s``;
+past it the link has failed: the server's requests that waited for readiness are refused
+(-32002) and the link is closed. A link that ends (EOF, crash, silence, garbage that kills the
+transport, a failed handshake) is reported (``disconnected``: how it ended, the handshake step
+it died in, the server's last stderr lines) and reopened after an exponential backoff with
+jitter (5 s base, 5 min cap), with a fresh handshake. Nothing that happens on a link escapes
+into the host.
 """
 
 from __future__ import annotations
@@ -49,9 +52,9 @@ from .errors import NotConnected
 from .handshake import LinkPolicy, manifest_impacts, policy_report
 from .inbound import HotLanes
 from .kernel import Actor, Reply, backoff_delay
-from .link import MANIFEST_FETCHES, Link, RequestTimeout, admit
+from .link import MANIFEST_FETCHES, Link, RequestTimeout
 from .link_end import StderrTail, ending
-from .link_io import LinkIO, new_link
+from .link_io import PRE_READY_WAIT_S, LinkIO, new_link
 from .messages import Call, CancelCall, ConnStatus, Notify, Reconfigure, Status
 from .server_requests import ServerRequests
 from .transport import Transport, open_transport
@@ -61,6 +64,8 @@ BACKOFF_BASE_S = 5.0
 BACKOFF_CAP_S = 300.0
 HEALTHY_AFTER_S = 60.0
 PROBE_TIMEOUT_S = 10.0
+HANDSHAKE_WORK_S = PRE_READY_WAIT_S  # the longest a handshake counts as work in flight
+DRAIN_S = 5.0  # the longest a failed handshake's refusals wait to be written
 
 
 class ConnectionActor(Actor):
@@ -388,25 +393,46 @@ class ConnectionActor(Actor):
             nursery.start_soon(self.io.writer, link)
             nursery.start_soon(self.io.reader, link)
             nursery.start_soon(self.io.dispatcher, link)
+            nursery.start_soon(self.io.pre_ready_expiry, link)
             nursery.start_soon(self.lanes.responder, link)
             nursery.start_soon(self.lanes.skip_reporter)
             if self.cfg.url is not None:
                 nursery.start_soon(self.io.pinger, link)
-            # The handshake is work in flight (connecting or waiting to reconnect is not).
-            self.work.inc()
+            settled = trio.CancelScope()
+            self.work.inc()  # connecting or waiting to reconnect is not work; a handshake is
+            nursery.start_soon(self._count_handshake, settled)
             try:
                 await self._handshake(link)
             finally:
-                self.work.dec()
+                settled.cancel()
             await link.closed.wait()
             nursery.cancel_scope.cancel()
 
+    async def _count_handshake(self, settled: trio.CancelScope) -> None:
+        """Hold the handshake's unit of work until it settles, but at most
+        ``HANDSHAKE_WORK_S``: past that it waits on the server, not on the host (a server
+        that sits on its own request, say), and ``Host.run_until_idle`` does not wait for it."""
+        try:
+            with settled:
+                await trio.sleep(HANDSHAKE_WORK_S)
+        finally:
+            self.work.dec()
+
     # -- handshake --------------------------------------------------------------------------
     async def _handshake(self, link: Link) -> None:
-        info = await self.policy.handshake(link)
+        """Negotiate within the handshake deadline (``request_timeout_s`` for the whole of it,
+        ``tools/list`` included), then turn ready; a handshake past its deadline fails the link."""
+        deadline = self.cfg.request_timeout_s
+        try:
+            with trio.fail_after(deadline):
+                info = await self.policy.handshake(link)
+        except (trio.TooSlowError, RequestTimeout):
+            await self._handshake_failed(link, f"the handshake timed out after {deadline:g}s")
+            return
         # What waited for readiness goes first; the buffer is empty when the link turns ready.
         await self.io.flush_pre_ready(link)
         link.ready = True
+        link.pre_ready_added.set()  # the buffer's expiry ends
         self.publish_status()
         self.trace(
             "ready",
@@ -418,6 +444,18 @@ class ConnectionActor(Actor):
             server_info=info,
         )
 
+    async def _handshake_failed(self, link: Link, reason: str) -> None:
+        """The link will never be ready: refuse what waits for readiness (-32002, so the server
+        retries on the next link), write it out (at most ``DRAIN_S``), and close the link; the
+        supervisor reconnects after its backoff."""
+        refused = await self.io.refuse_pre_ready(link)
+        waiting = f" {refused} waiting request(s) refused (-32002);" if refused else ""
+        self.diagnostic(f"{reason} waiting for {link.step};{waiting} closing the link to reconnect")
+        link.outbox_send.close()  # what is queued is written, then the writer stops
+        with trio.move_on_after(DRAIN_S):
+            await link.written.wait()
+        link.close(reason)
+
     # -- notifications ----------------------------------------------------------------------
     def _on_notification(self, link: Link, note: rpc.Notification) -> None:
         method = note.method
@@ -426,15 +464,8 @@ class ConnectionActor(Actor):
                 link.nursery.start_soon(self.policy.list_tools, link)
         elif method == "mcpl/manifestChanged":
             self.policy.on_manifest_changed(link, note.params)
-        elif method == "channels/changed":
-            try:
-                admit(link, method)
-            except RpcError:
-                self.diagnostic("channels/changed dropped: channels.register not granted")
-                return
-            assert link.nursery is not None
-            self.work.inc()
-            link.nursery.start_soon(self.requests.changed_note, link, note.params)
+        elif method == "channels/changed":  # a ready link's go through the dispatcher, in order
+            self.diagnostic("channels/changed before the connection was ready: dropped")
         elif method.startswith("notifications/"):
             pass  # MCP housekeeping (progress, logging, …) is tolerated and ignored
         else:
