@@ -5,6 +5,8 @@ in force (``actors.link.Link``) holds the grant, the declared feature sets and t
 server registered on it. Its concerns live in parts it delegates to, modules that never import
 the actor (they see it as an ``actors.link.LinkOwner``):
 
+- ``actors.link_run``: the life of a link once its transport is open: its tasks, the handshake
+  under its deadline, the server's notifications;
 - ``actors.link_io``: the wire loop of a link (writer, reader, dispatcher, pre-readiness
   buffer);
 - ``actors.handshake.LinkPolicy``: the handshake, and manifest changes (re-applying a policy);
@@ -14,12 +16,14 @@ the actor (they see it as an ``actors.link.LinkOwner``):
 - ``actors.link_end``: how a link ended, in one line, and the server's last stderr lines.
 
 Tasks of one link (``actors.link_io``): a reader that only decodes and dispatches; a dispatcher
-that takes the server's requests from a bounded queue, hands the items of the hot lanes to their
-channel actors and gives any other request a handler task; a responder that answers the hot
-lanes once their writes are committed, then wakes the agents; and a writer that owns the
-transport's send side, fed by a bounded outbox. Every queue is bounded and its producer waits
-when it is full, so a flooding server is slowed down by its own transport (backpressure),
-nothing it sent is refused for being too many, and no answer is ever dropped.
+that takes the server's requests (and its ``channels/changed`` notifications) from a bounded
+queue in arrival order, applies channel changes before anything after them is checked, hands the
+items of the hot lanes to their channel actors and gives any other request a handler task; a
+responder that answers the hot lanes once their writes are committed, then wakes the agents;
+and a writer that owns the transport's send side, fed by a bounded outbox. Every queue is
+bounded and its producer waits when it is full, so a flooding server is slowed down by its own
+transport (backpressure), nothing it sent is refused for being too many, and no answer is ever
+dropped.
 
 The actor's own mailbox serves ``Call``/``Status`` asks from agents and channels; a ``Call`` runs
 in a child task, so a server that never answers stalls only the asker, and only until the request
@@ -54,7 +58,8 @@ from .inbound import HotLanes
 from .kernel import Actor, Reply, backoff_delay
 from .link import MANIFEST_FETCHES, Link, RequestTimeout
 from .link_end import StderrTail, ending
-from .link_io import PRE_READY_WAIT_S, LinkIO, new_link
+from .link_io import new_link
+from .link_run import LinkRun
 from .messages import Call, CancelCall, ConnStatus, Notify, Reconfigure, Status
 from .server_requests import ServerRequests
 from .transport import Transport, open_transport
@@ -64,8 +69,6 @@ BACKOFF_BASE_S = 5.0
 BACKOFF_CAP_S = 300.0
 HEALTHY_AFTER_S = 60.0
 PROBE_TIMEOUT_S = 10.0
-HANDSHAKE_WORK_S = PRE_READY_WAIT_S  # the longest a handshake counts as work in flight
-DRAIN_S = 5.0  # the longest a failed handshake's refusals wait to be written
 
 
 class ConnectionActor(Actor):
@@ -86,7 +89,7 @@ class ConnectionActor(Actor):
         self.policy = LinkPolicy(self)
         self.lanes = HotLanes(self)
         self.requests = ServerRequests(self)
-        self.io = LinkIO(self, self.lanes, self.requests, self._on_notification)
+        self.life = LinkRun(self, self.policy, self.lanes, self.requests)
 
     # -- tracing ----------------------------------------------------------------------------
     def trace(self, kind: str, channel_id: str | None = None, **data: Any) -> None:
@@ -367,7 +370,8 @@ class ConnectionActor(Actor):
         try:
             async with open_transport(self.cfg, self._on_stderr) as transport:
                 link = self.link = new_link(transport)
-                await self._serve_link(link, transport)
+                self.trace("connecting", transport=transport.description, attempt=self.connects)
+                await self.life.serve(link)
         except Exception as exc:
             error = exc
         process = getattr(transport, "process", None)
@@ -385,91 +389,6 @@ class ConnectionActor(Actor):
             "stderr_tail": list(self.tail.lines()),
         }
         return reason, report
-
-    async def _serve_link(self, link: Link, transport: Transport) -> None:
-        self.trace("connecting", transport=transport.description, attempt=self.connects)
-        async with trio.open_nursery() as nursery:
-            link.nursery = nursery
-            nursery.start_soon(self.io.writer, link)
-            nursery.start_soon(self.io.reader, link)
-            nursery.start_soon(self.io.dispatcher, link)
-            nursery.start_soon(self.io.pre_ready_expiry, link)
-            nursery.start_soon(self.lanes.responder, link)
-            nursery.start_soon(self.lanes.skip_reporter)
-            if self.cfg.url is not None:
-                nursery.start_soon(self.io.pinger, link)
-            settled = trio.CancelScope()
-            self.work.inc()  # connecting or waiting to reconnect is not work; a handshake is
-            nursery.start_soon(self._count_handshake, settled)
-            try:
-                await self._handshake(link)
-            finally:
-                settled.cancel()
-            await link.closed.wait()
-            nursery.cancel_scope.cancel()
-
-    async def _count_handshake(self, settled: trio.CancelScope) -> None:
-        """Hold the handshake's unit of work until it settles, but at most
-        ``HANDSHAKE_WORK_S``: past that it waits on the server, not on the host (a server
-        that sits on its own request, say), and ``Host.run_until_idle`` does not wait for it."""
-        try:
-            with settled:
-                await trio.sleep(HANDSHAKE_WORK_S)
-        finally:
-            self.work.dec()
-
-    # -- handshake --------------------------------------------------------------------------
-    async def _handshake(self, link: Link) -> None:
-        """Negotiate within the handshake deadline (``request_timeout_s`` for the whole of it,
-        ``tools/list`` included), then turn ready; a handshake past its deadline fails the link."""
-        deadline = self.cfg.request_timeout_s
-        try:
-            with trio.fail_after(deadline):
-                info = await self.policy.handshake(link)
-        except (trio.TooSlowError, RequestTimeout):
-            await self._handshake_failed(link, f"the handshake timed out after {deadline:g}s")
-            return
-        # What waited for readiness goes first; the buffer is empty when the link turns ready.
-        await self.io.flush_pre_ready(link)
-        link.ready = True
-        link.pre_ready_added.set()  # the buffer's expiry ends
-        self.publish_status()
-        self.trace(
-            "ready",
-            mcp_only=link.mcp_only,
-            grant=sorted(link.grant),
-            feature_sets=sorted(link.enabled_sets),
-            policy=link.policy,
-            tools=[t.get("name") for t in link.tools],
-            server_info=info,
-        )
-
-    async def _handshake_failed(self, link: Link, reason: str) -> None:
-        """The link will never be ready: refuse what waits for readiness (-32002, so the server
-        retries on the next link), write it out (at most ``DRAIN_S``), and close the link; the
-        supervisor reconnects after its backoff."""
-        refused = await self.io.refuse_pre_ready(link)
-        waiting = f" {refused} waiting request(s) refused (-32002);" if refused else ""
-        self.diagnostic(f"{reason} waiting for {link.step};{waiting} closing the link to reconnect")
-        link.outbox_send.close()  # what is queued is written, then the writer stops
-        with trio.move_on_after(DRAIN_S):
-            await link.written.wait()
-        link.close(reason)
-
-    # -- notifications ----------------------------------------------------------------------
-    def _on_notification(self, link: Link, note: rpc.Notification) -> None:
-        method = note.method
-        if method == "notifications/tools/list_changed":
-            if link.ready and link.nursery is not None:
-                link.nursery.start_soon(self.policy.list_tools, link)
-        elif method == "mcpl/manifestChanged":
-            self.policy.on_manifest_changed(link, note.params)
-        elif method == "channels/changed":  # a ready link's go through the dispatcher, in order
-            self.diagnostic("channels/changed before the connection was ready: dropped")
-        elif method.startswith("notifications/"):
-            pass  # MCP housekeeping (progress, logging, …) is tolerated and ignored
-        else:
-            self.diagnostic(f"notification {method} ignored")
 
 
 __all__ = [
