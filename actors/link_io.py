@@ -185,7 +185,7 @@ class LinkIO:
                         hot = []
                     await self.requests.apply_change(link, item)
                     continue
-                refusal = self.requests.admission(link, item)
+                refusal = self.requests.admission(link, item.method, item.params)
                 await slots.acquire()
                 link.nursery.start_soon(self.requests.serve, link, item, slots, refusal)
             batch.clear()

@@ -120,7 +120,7 @@ class LinkRun:
         elif method == "mcpl/manifestChanged":
             self.policy.on_manifest_changed(link, note.params)
         elif method == "channels/changed":  # a ready link's are queued, applied in order
-            self.owner.diagnostic("channels/changed before the connection was ready: dropped")
+            self.owner.diagnostic("channels/changed dropped: the connection is not ready yet")
         elif method.startswith("notifications/"):
             pass  # MCP housekeeping (progress, logging, …) is tolerated and ignored
         else:

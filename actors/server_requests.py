@@ -29,13 +29,15 @@ class ServerRequests:
     def __init__(self, owner: LinkOwner) -> None:
         self.owner = owner
 
-    def admission(self, link: Link, req: rpc.Request) -> RpcError | None:
-        """Whether the grant in force admits ``req``: None, or the error refusing it."""
-        if req.method == "ping":
+    @staticmethod
+    def admission(link: Link, method: str, params: Any = None) -> RpcError | None:
+        """Whether the grant in force admits a call of ``method``: None, or the error refusing
+        it."""
+        if method == "ping":
             return None
-        params = req.params if isinstance(req.params, Mapping) else {}
+        params = params if isinstance(params, Mapping) else {}
         try:
-            admit(link, req.method, params.get("featureSet"))
+            admit(link, method, params.get("featureSet"))
         except RpcError as exc:
             return exc
         return None
@@ -54,10 +56,13 @@ class ServerRequests:
         checked; a request is answered once it is applied (a notification's refusals are only
         traced)."""
         if isinstance(item, rpc.Request):
-            await self._serve(link, item, self.admission(link, item))
+            await self._serve(link, item, self.admission(link, item.method, item.params))
             return
         try:
-            admit(link, item.method)
+            refusal = self.admission(link, item.method)
+            if refusal is not None:
+                self.owner.diagnostic(f"{item.method} dropped: {refusal_reason(refusal)}")
+                return
             await self.channels_changed(link, item.params)
         except RpcError as exc:
             self.owner.diagnostic(f"{item.method} notification refused: {exc}")

@@ -8,7 +8,9 @@ cues it with a tool call:
 - ``cue {"what": "push"}``: one write holding a ``channels/changed`` notification that adds
   ``dm:d1`` (``@d1``) and a ``push/event`` whose ``origin.mcplChannelId`` is ``dm:d1``;
 - ``cue {"what": "dm"}``: one write holding a ``channels/changed`` notification that adds
-  ``dm:d2`` (``@d2``) and a ``channels/incoming`` message in ``dm:d2``.
+  ``dm:d2`` (``@d2``) and a ``channels/incoming`` message in ``dm:d2``;
+- ``cue {"what": "register"}``: one write holding a ``channels/register`` request for ``dm:d3``
+  (``@d3``) and a ``push/event`` naming it.
 
 The tool call is answered once the host has answered the push or the message: its text is the
 host's whole answer, as JSON. ``published {}`` answers with the params of every
@@ -83,8 +85,14 @@ class Server:
     def cue(self, call_id: Any, what: str) -> None:
         rid = f"cue-{next(self.ids)}"
         self.cues[rid] = call_id
-        if what == "push":
-            changed = {"method": "channels/changed", "params": {"added": [dm_channel("d1")]}}
+        if what in ("push", "register"):
+            user = "d1" if what == "push" else "d3"
+            if what == "push":
+                params = {"added": [dm_channel(user)]}
+                change: dict[str, Any] = {"method": "channels/changed", "params": params}
+            else:
+                params = {"channels": [dm_channel(user)]}
+                change = {"id": f"reg-{rid}", "method": "channels/register", "params": params}
             push = {
                 "id": rid,
                 "method": "push/event",
@@ -92,11 +100,11 @@ class Server:
                     "featureSet": FEATURE_SET,
                     "eventId": f"e-{rid}",
                     "timestamp": TIMESTAMP,
-                    "origin": {"mcplChannelId": "dm:d1"},
-                    "payload": {"content": content("hello from a push in dm:d1")},
+                    "origin": {"mcplChannelId": f"dm:{user}"},
+                    "payload": {"content": content(f"hello from a push in dm:{user}")},
                 },
             }
-            write(changed, push)
+            write(change, push)
         else:
             changed = {"method": "channels/changed", "params": {"added": [dm_channel("d2")]}}
             message = {

@@ -1,10 +1,11 @@
 """A channel announced and used in the same write: the use finds the channel.
 
-``tests.dm_server`` writes a ``channels/changed`` notification that adds a DM channel and, in the
-same ``os.write``, a ``push/event`` naming it (``origin.mcplChannelId``) or the channel's first
-``channels/incoming`` message. The host applies a connection's messages in arrival order, so
-the item is stored scoped to the new channel and the agent's plain reply goes back there. Each
-case runs several times: a race would show in some runs only.
+``tests.dm_server`` writes a ``channels/changed`` notification that adds a DM channel (or a
+``channels/register`` request for it) and, in the same ``os.write``, a ``push/event`` naming it
+(``origin.mcplChannelId``) or the channel's first ``channels/incoming`` message. The host
+applies a connection's messages in arrival order, so the item is stored scoped to the new
+channel and the agent's plain reply goes back there. Each case runs several times: a race would
+show in some runs only.
 """
 
 from __future__ import annotations
@@ -58,23 +59,28 @@ async def published(host: Host) -> list[dict[str, Any]]:
 
 
 @pytest.mark.parametrize("run", RUNS)
+@pytest.mark.parametrize(
+    ("form", "channel"),
+    [("push", "dm:d1"), ("register", "dm:d3")],
+    ids=["channels-changed-notification", "channels-register-request"],
+)
 async def test_a_push_naming_a_channel_announced_just_before_it_is_scoped_to_it(
-    tmp_path: Path, run: int
+    tmp_path: Path, form: str, channel: str, run: int
 ) -> None:
     with trio.fail_after(60):
         async with running_dm(tmp_path) as host:
-            answer = await cue(host, "push")
+            answer = await cue(host, form)
             assert answer["result"] == {"accepted": True}
             await host.run_until_idle()
             (push,) = stored_channel_items(host)
             meta = push["metadata"]
-            assert meta["channel_id"] == "dm:d1"
+            assert meta["channel_id"] == channel
             assert "unscoped" not in meta["source_header"]
-            assert "dm:d1" in meta["source_header"]
+            assert channel in meta["source_header"]
             # the reply route: the agent's plain answer goes back to the DM
             sent = await published(host)
             assert [(p["channelId"], p["content"][0]["text"]) for p in sent] == [
-                ("dm:d1", "hi dee")
+                (channel, "hi dee")
             ]
 
 
