@@ -3,13 +3,13 @@ requests that arrive before the link is ready.
 
 The reader only decodes and dispatches: answers to our requests resolve their waiters, the
 server's requests go to a bounded batch queue (or, before readiness, to a buffer capped at
-``PRE_READY_CAP``, past which they are refused), notifications go to the actor, except
-``channels/changed``, which goes to the queue with the requests. The dispatcher takes the queue
-in arrival order: admission checks run in that order, and a channel change (``channels/register``,
-``channels/changed``) is applied before any later message is checked, so a push or a message
-naming a channel announced just before it finds the channel. Hot-lane requests go to
-``actors.inbound.HotLanes`` a batch at a time; any other request gets a handler task of
-``actors.server_requests.ServerRequests`` (at most ``MAX_HANDLERS``). The writer owns the
+``PRE_READY_CAP``, past which they are refused), notifications go to the actor, except a
+ready link's ``channels/changed``, which goes to the queue with the requests. The dispatcher
+takes the queue in arrival order: admission checks run in that order, and a channel change
+(``channels/register``, ``channels/changed``) is applied before any later message is checked,
+so a push or a message naming a channel announced just before it finds the channel. Hot-lane
+requests go to ``actors.inbound.HotLanes`` a batch at a time; any other request gets a handler
+task of ``actors.server_requests.ServerRequests`` (at most ``MAX_HANDLERS``). The writer owns the
 transport's send side, fed by the bounded outbox, and writes whatever waits in one go. Every
 queue is bounded and its producer waits when it is full: a flooding server is slowed down by its
 own transport.
