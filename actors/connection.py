@@ -5,6 +5,8 @@ in force (``actors.link.Link``) holds the grant, the declared feature sets and t
 server registered on it. Its concerns live in parts it delegates to, modules that never import
 the actor (they see it as an ``actors.link.LinkOwner``):
 
+- ``actors.link_run``: the life of a link once its transport is open: its tasks, the handshake
+  under its deadline, the server's notifications;
 - ``actors.link_io``: the wire loop of a link (writer, reader, dispatcher, pre-readiness
   buffer);
 - ``actors.handshake.LinkPolicy``: the handshake, and manifest changes (re-applying a policy);
@@ -14,21 +16,26 @@ the actor (they see it as an ``actors.link.LinkOwner``):
 - ``actors.link_end``: how a link ended, in one line, and the server's last stderr lines.
 
 Tasks of one link (``actors.link_io``): a reader that only decodes and dispatches; a dispatcher
-that takes the server's requests from a bounded queue, hands the items of the hot lanes to their
-channel actors and gives any other request a handler task; a responder that answers the hot
-lanes once their writes are committed, then wakes the agents; and a writer that owns the
-transport's send side, fed by a bounded outbox. Every queue is bounded and its producer waits
-when it is full, so a flooding server is slowed down by its own transport (backpressure),
-nothing it sent is refused for being too many, and no answer is ever dropped.
+that takes the server's requests (and its ``channels/changed`` notifications) from a bounded
+queue in arrival order, applies channel changes before anything after them is checked, hands the
+items of the hot lanes to their channel actors and gives any other request a handler task; a
+responder that answers the hot lanes once their writes are committed, then wakes the agents;
+and a writer that owns the transport's send side, fed by a bounded outbox. Every queue is
+bounded and its producer waits when it is full, so a flooding server is slowed down by its own
+transport (backpressure), nothing it sent is refused for being too many, and no answer is ever
+dropped.
 
 The actor's own mailbox serves ``Call``/``Status`` asks from agents and channels; a ``Call`` runs
 in a child task, so a server that never answers stalls only the asker, and only until the request
 deadline (after which a ``ping`` probe tells a slow server from a silent one).
 
-Supervision: a link that ends (EOF, crash, silence, garbage that kills the transport, a failed
-handshake) is reported (``disconnected``: how it ended, the handshake step it died in, the
-server's last stderr lines) and reopened after an exponential backoff with jitter (5 s base,
-5 min cap), with a fresh handshake. Nothing that happens on a link escapes into the host.
+Supervision: the whole handshake (``initialize`` to ``tools/list``) has ``request_timeout_s``;
+past it the link has failed: the server's requests that waited for readiness are refused
+(-32002) and the link is closed. A link that ends (EOF, crash, silence, garbage that kills the
+transport, a failed handshake) is reported (``disconnected``: how it ended, the handshake step
+it died in, the server's last stderr lines) and reopened after an exponential backoff with
+jitter (5 s base, 5 min cap), with a fresh handshake. Nothing that happens on a link escapes
+into the host.
 """
 
 from __future__ import annotations
@@ -49,9 +56,10 @@ from .errors import NotConnected
 from .handshake import LinkPolicy, manifest_impacts, policy_report
 from .inbound import HotLanes
 from .kernel import Actor, Reply, backoff_delay
-from .link import MANIFEST_FETCHES, Link, RequestTimeout, admit
+from .link import MANIFEST_FETCHES, Link, RequestTimeout
 from .link_end import StderrTail, ending
-from .link_io import LinkIO, new_link
+from .link_io import new_link
+from .link_run import LinkRun
 from .messages import Call, CancelCall, ConnStatus, Notify, Reconfigure, Status
 from .server_requests import ServerRequests
 from .transport import Transport, open_transport
@@ -81,7 +89,7 @@ class ConnectionActor(Actor):
         self.policy = LinkPolicy(self)
         self.lanes = HotLanes(self)
         self.requests = ServerRequests(self)
-        self.io = LinkIO(self, self.lanes, self.requests, self._on_notification)
+        self.life = LinkRun(self, self.policy, self.lanes, self.requests)
 
     # -- tracing ----------------------------------------------------------------------------
     def trace(self, kind: str, channel_id: str | None = None, **data: Any) -> None:
@@ -362,7 +370,8 @@ class ConnectionActor(Actor):
         try:
             async with open_transport(self.cfg, self._on_stderr) as transport:
                 link = self.link = new_link(transport)
-                await self._serve_link(link, transport)
+                self.trace("connecting", transport=transport.description, attempt=self.connects)
+                await self.life.serve(link)
         except Exception as exc:
             error = exc
         process = getattr(transport, "process", None)
@@ -380,65 +389,6 @@ class ConnectionActor(Actor):
             "stderr_tail": list(self.tail.lines()),
         }
         return reason, report
-
-    async def _serve_link(self, link: Link, transport: Transport) -> None:
-        self.trace("connecting", transport=transport.description, attempt=self.connects)
-        async with trio.open_nursery() as nursery:
-            link.nursery = nursery
-            nursery.start_soon(self.io.writer, link)
-            nursery.start_soon(self.io.reader, link)
-            nursery.start_soon(self.io.dispatcher, link)
-            nursery.start_soon(self.lanes.responder, link)
-            nursery.start_soon(self.lanes.skip_reporter)
-            if self.cfg.url is not None:
-                nursery.start_soon(self.io.pinger, link)
-            # The handshake is work in flight (connecting or waiting to reconnect is not).
-            self.work.inc()
-            try:
-                await self._handshake(link)
-            finally:
-                self.work.dec()
-            await link.closed.wait()
-            nursery.cancel_scope.cancel()
-
-    # -- handshake --------------------------------------------------------------------------
-    async def _handshake(self, link: Link) -> None:
-        info = await self.policy.handshake(link)
-        # What waited for readiness goes first; the buffer is empty when the link turns ready.
-        await self.io.flush_pre_ready(link)
-        link.ready = True
-        self.publish_status()
-        self.trace(
-            "ready",
-            mcp_only=link.mcp_only,
-            grant=sorted(link.grant),
-            feature_sets=sorted(link.enabled_sets),
-            policy=link.policy,
-            tools=[t.get("name") for t in link.tools],
-            server_info=info,
-        )
-
-    # -- notifications ----------------------------------------------------------------------
-    def _on_notification(self, link: Link, note: rpc.Notification) -> None:
-        method = note.method
-        if method == "notifications/tools/list_changed":
-            if link.ready and link.nursery is not None:
-                link.nursery.start_soon(self.policy.list_tools, link)
-        elif method == "mcpl/manifestChanged":
-            self.policy.on_manifest_changed(link, note.params)
-        elif method == "channels/changed":
-            try:
-                admit(link, method)
-            except RpcError:
-                self.diagnostic("channels/changed dropped: channels.register not granted")
-                return
-            assert link.nursery is not None
-            self.work.inc()
-            link.nursery.start_soon(self.requests.changed_note, link, note.params)
-        elif method.startswith("notifications/"):
-            pass  # MCP housekeeping (progress, logging, …) is tolerated and ignored
-        else:
-            self.diagnostic(f"notification {method} ignored")
 
 
 __all__ = [

@@ -2,7 +2,9 @@
 
 ``LinkPolicy.handshake`` runs ``initialize``, ``notifications/initialized``, the
 ``featureSets/update`` negotiation and ``tools/list`` on a fresh link, naming the step in
-``Link.step`` so a server that dies in it is reported with it. ``apply_manifest`` diffs a manifest
+``Link.step`` so a server that dies in it is reported with it. A step that gets no answer
+(``RequestTimeout``) fails the handshake; an unanswered ``featureSets/update`` is no receipt, so
+it never makes the link ready (MCP-only or not). ``apply_manifest`` diffs a manifest
 against the one in force and re-applies the policy of a ``ServerConfig`` to the live link
 (host-first revocation, then ``featureSets/update``); it serves ``mcpl/manifestChanged`` and can
 serve a new config's masks alike. Declaration mismatches (``protocol.declarations``) are traced
@@ -70,7 +72,7 @@ class LinkPolicy:
         # An MCP-only server keeps its tools; an MCPL server's tools need the ``tools`` grant.
         if caps.get("tools") is not None and (link.mcp_only or "tools" in link.grant):
             link.step = "tools/list"
-            await self.list_tools(link)
+            await self.list_tools(link, handshake=True)
         link.step = None
         return dict(info) if isinstance(info, Mapping) else {}
 
@@ -102,11 +104,7 @@ class LinkPolicy:
                 receipt = mcpl.Receipt(
                     ready=True, mcp_only=True, note=f"featureSets/update failed: {exc}"
                 )
-        except RequestTimeout:
-            receipt = mcpl.Receipt(
-                ready=True, mcp_only=True, note="featureSets/update never answered"
-            )
-        else:
+        else:  # no answer (RequestTimeout) fails the handshake: it is no receipt
             receipt = mcpl.read_receipt(result)
         if receipt.note:
             owner.diagnostic(receipt.note)
@@ -134,7 +132,9 @@ class LinkPolicy:
                 unusable.add(m.feature_set)
         return frozenset(unusable)
 
-    async def list_tools(self, link: Link) -> None:
+    async def list_tools(self, link: Link, *, handshake: bool = False) -> None:
+        """Fetch the server's tools; a failure keeps what was listed, except that a handshake's
+        listing that gets no answer fails the handshake (``RequestTimeout`` is raised)."""
         owner = self.owner
         tools: list[Mapping[str, Any]] = []
         cursor: Any = None
@@ -144,6 +144,8 @@ class LinkPolicy:
                     link, "tools/list", {"cursor": cursor} if cursor else {}
                 )
             except (RpcError, RequestTimeout) as exc:
+                if handshake and isinstance(exc, RequestTimeout):
+                    raise
                 owner.diagnostic(f"tools/list failed: {exc}")
                 break
             page = result.get("tools") if isinstance(result, Mapping) else None

@@ -54,7 +54,8 @@ class Link:
     session: rpc.RpcSession
     outbox_send: trio.MemorySendChannel[list[str]]
     outbox_recv: trio.MemoryReceiveChannel[list[str]]
-    requests: BatchQueue[rpc.Request]
+    # the server's requests, and its notifications that change channels, in arrival order
+    requests: BatchQueue[rpc.Request | rpc.Notification]
     answers: BatchQueue[Any]  # inbound.Pending, answered by the responder in order
     waiters: dict[rpc.Id, trio.MemorySendChannel[outcome.Outcome[Any]]] = attrs.field(factory=dict)
     ready: bool = False
@@ -79,8 +80,11 @@ class Link:
     channels: set[str] = attrs.field(factory=set)
     # the feature sets' refused uses already reported as declaration mismatches (capped)
     noted_uses: NotedUses = attrs.field(factory=NotedUses)
-    pre_ready: deque[rpc.Request] = attrs.field(factory=lambda: deque())
+    # requests that arrived before readiness, each with the time it is refused at (-32002)
+    pre_ready: deque[tuple[rpc.Request, float]] = attrs.field(factory=lambda: deque())
+    pre_ready_added: trio.Event = attrs.field(factory=trio.Event)
     closed: trio.Event = attrs.field(factory=trio.Event)
+    written: trio.Event = attrs.field(factory=trio.Event)  # the writer has stopped
     probing: bool = False
     nursery: trio.Nursery | None = None
     hooks_in_flight: int = 0  # our context/beforeInference calls awaiting this server

@@ -3,12 +3,23 @@ requests that arrive before the link is ready.
 
 The reader only decodes and dispatches: answers to our requests resolve their waiters, the
 server's requests go to a bounded batch queue (or, before readiness, to a buffer capped at
-``PRE_READY_CAP``, past which they are refused), notifications go to the actor. The dispatcher
-hands hot-lane requests to ``actors.inbound.HotLanes`` a batch at a time and gives any other
-request a handler task of ``actors.server_requests.ServerRequests`` (at most ``MAX_HANDLERS``).
-The writer owns the transport's send side, fed by the bounded outbox, and writes whatever waits
-in one go. Every queue is bounded and its producer waits when it is full: a flooding server is
-slowed down by its own transport.
+``PRE_READY_CAP``, past which they are refused), notifications go to the actor, except a
+ready link's ``channels/changed``, which goes to the queue with the requests. The dispatcher
+takes the queue in arrival order: admission checks run in that order, and a channel change
+(``channels/register``, ``channels/changed``) is applied before any later message is checked,
+so a push or a message naming a channel announced just before it finds the channel. Hot-lane
+requests go to ``actors.inbound.HotLanes`` a batch at a time; any other request gets a handler
+task of ``actors.server_requests.ServerRequests`` (at most ``MAX_HANDLERS``). The writer owns the
+transport's send side, fed by the bounded outbox, and writes whatever waits in one go. Every
+queue is bounded and its producer waits when it is full: a flooding server is slowed down by its
+own transport.
+
+A request that arrives before readiness waits in the buffer at most ``PRE_READY_WAIT_S``; then
+it is refused with -32002 ``{capability}`` (SPEC §5.3: privileged calls before the policy
+receipt are refused and retried). The bound is well under the 30 s after which servers give up
+on their own requests, so a server that waits for its request's answer before it reads anything
+else (and so never reads our ``featureSets/update``) is unblocked, answers the update, and
+retries.
 """
 
 from __future__ import annotations
@@ -31,6 +42,8 @@ from .server_requests import ServerRequests
 from .transport import Transport
 
 PRE_READY_CAP = 1000
+PRE_READY_WAIT_S = 5.0  # the longest a request waits for readiness before its -32002
+NOT_READY = "connection not ready; retry later"
 OUTBOX_CAP = 1024
 MAX_HANDLERS = 128
 REQUEST_QUEUE_CAP = 1024  # requests read, waiting for the dispatcher (reader waits past it)
@@ -41,6 +54,8 @@ INBOUND_CAP = REQUEST_QUEUE_CAP + ANSWER_QUEUE_CAP + 2 * READ_BATCH + 2 * TAKE_L
 INBOUND_CAP += MAX_HANDLERS + PRE_READY_CAP
 MAX_PENDING = 256  # our own requests awaiting the server's answer
 HOT_LANES = frozenset({"push/event", "channels/incoming"})
+# what changes the channels a later push or message is checked against: applied in order
+CHANNEL_CHANGES = frozenset({"channels/register", "channels/changed"})
 WRITE_BATCH = 256
 WS_PING_EVERY_S = 30.0
 
@@ -84,23 +99,28 @@ class LinkIO:
                 return
 
     async def writer(self, link: Link) -> None:
-        async for lines in link.outbox_recv:
-            while len(lines) < WRITE_BATCH:  # whatever else is waiting goes in the same write
+        """Write what the outbox holds until the link ends or the outbox is closed (then
+        everything queued before the close is written first)."""
+        try:
+            async for lines in link.outbox_recv:
+                while len(lines) < WRITE_BATCH:  # whatever else is waiting goes in the same write
+                    try:
+                        lines = lines + link.outbox_recv.receive_nowait()
+                    except (trio.WouldBlock, trio.EndOfChannel):
+                        break
                 try:
-                    lines = lines + link.outbox_recv.receive_nowait()
-                except trio.WouldBlock:
-                    break
-            try:
-                await link.transport.send_many(lines)
-            except Exception as exc:  # the link is gone; the reader sees EOF
-                self.owner.diagnostic(f"write failed: {describe(exc)}")
-                link.closed.set()  # most often the server went away: its exit says why
-                return
+                    await link.transport.send_many(lines)
+                except Exception as exc:  # the link is gone; the reader sees EOF
+                    self.owner.diagnostic(f"write failed: {describe(exc)}")
+                    link.closed.set()  # most often the server went away: its exit says why
+                    return
+        finally:
+            link.written.set()
 
     async def reader(self, link: Link) -> None:
         """Decode what the server sends. Requests are passed on in batches: every request
         already read is queued together before the reader waits for more input."""
-        batch: list[rpc.Request] = []
+        batch: list[rpc.Request | rpc.Notification] = []
         try:
             while True:
                 first = await link.transport.receive()
@@ -119,9 +139,13 @@ class LinkIO:
                         self.owner.diagnostic(f"undecodable line ({item.size} bytes) skipped")
                         continue
                     for event in link.session.receive_line(item):
-                        if isinstance(event, rpc.RequestReceived) and link.ready:
+                        if link.ready and isinstance(event, rpc.RequestReceived):
                             self.owner.work.inc()  # released once the request is answered
                             batch.append(event.request)
+                        elif link.ready and _changes_channels(event):
+                            assert isinstance(event, rpc.NotificationReceived)
+                            self.owner.work.inc()  # released once the change is applied
+                            batch.append(event.notification)
                         else:
                             await self.dispatch_event(link, event)
                     if len(batch) >= READ_BATCH:
@@ -141,24 +165,39 @@ class LinkIO:
             link.closed.set()
 
     async def dispatcher(self, link: Link) -> None:
-        """Take queued requests in order. Items of the hot lanes are handed to their channels
-        here, one ask per channel per batch, and answered by the responder after their commit;
-        any other request gets a handler task, at most ``MAX_HANDLERS`` at a time."""
+        """Take queued messages in arrival order. Items of the hot lanes are handed to their
+        channels here, one ask per channel per batch, and answered by the responder after their
+        commit. A channel change is applied here, after the hot-lane items before it and before
+        anything after it is checked. Any other request is admitted here, in order, and then
+        handled in a task of its own, at most ``MAX_HANDLERS`` at a time."""
         slots = trio.Semaphore(MAX_HANDLERS)
         assert link.nursery is not None
         while True:
             batch = await link.requests.take(TAKE_LIMIT)
-            hot = []
-            for req in batch:
-                if req.method in HOT_LANES:
-                    hot.append(req)
-                else:
-                    await slots.acquire()
-                    link.nursery.start_soon(self.requests.serve, link, req, slots)
+            hot: list[rpc.Request] = []
+            for item in batch:
+                if isinstance(item, rpc.Request) and item.method in HOT_LANES:
+                    hot.append(item)
+                    continue
+                if isinstance(item, rpc.Notification) or item.method in CHANNEL_CHANGES:
+                    if hot:  # what came before the change is checked before it
+                        await self.prepare_hot(link, hot)
+                        hot = []
+                    await self.requests.apply_change(link, item)
+                    continue
+                refusal = self.requests.admission(link, item.method, item.params)
+                await slots.acquire()
+                link.nursery.start_soon(self.requests.serve, link, item, slots, refusal)
             batch.clear()
-            if hot:  # prepare empties hot once the requests are parsed
-                prepared: list[Pending] = await self.lanes.prepare(link, hot)
-                await link.answers.put_many(prepared)
+            if hot:
+                await self.prepare_hot(link, hot)
+
+    async def prepare_hot(self, link: Link, hot: list[rpc.Request]) -> None:
+        """Admit, check and convert hot-lane requests (``prepare`` checks every one before it
+        first waits, and empties ``hot`` once they are parsed); their answers wait for the
+        responder."""
+        prepared: list[Pending] = await self.lanes.prepare(link, hot)
+        await link.answers.put_many(prepared)
 
     async def dispatch_event(self, link: Link, event: rpc.Event) -> None:
         if isinstance(event, rpc.ResponseReceived):
@@ -169,15 +208,10 @@ class LinkIO:
             req = event.request
             if not link.ready:
                 if len(link.pre_ready) >= PRE_READY_CAP:
-                    cap = grants.INBOUND_CAPABILITY.get(req.method)
-                    err = RpcError(
-                        code=CAPABILITY_DENIED,
-                        message="connection not ready; retry later",
-                        data={"capability": cap} if cap else None,
-                    )
-                    await self.requests.reply(link, req, error=err)
+                    await self.refuse_not_ready(link, req)
                 else:
-                    link.pre_ready.append(req)
+                    link.pre_ready.append((req, trio.current_time() + PRE_READY_WAIT_S))
+                    link.pre_ready_added.set()
                 return
             self.owner.work.inc()
             await self.queue_requests(link, [req])
@@ -196,7 +230,7 @@ class LinkIO:
             except (trio.WouldBlock, trio.BrokenResourceError, trio.ClosedResourceError):
                 pass
 
-    async def queue_requests(self, link: Link, batch: list[rpc.Request]) -> None:
+    async def queue_requests(self, link: Link, batch: list[rpc.Request | rpc.Notification]) -> None:
         try:
             await link.requests.put_many(batch)
         except BaseException:
@@ -207,8 +241,46 @@ class LinkIO:
         """Queue what waited for readiness, in arrival order. The caller marks the link ready
         in the same step as the buffer is found empty (the reader keeps buffering until then)."""
         while link.pre_ready:
-            waiting = list(link.pre_ready)
+            waiting: list[rpc.Request | rpc.Notification] = [req for req, _ in link.pre_ready]
             link.pre_ready.clear()
             self.owner.work.inc(len(waiting))
             for i in range(0, len(waiting), READ_BATCH):
                 await self.queue_requests(link, waiting[i : i + READ_BATCH])
+
+    async def pre_ready_expiry(self, link: Link) -> None:
+        """Refuse (-32002) each buffered request whose ``PRE_READY_WAIT_S`` ran out before
+        the link was ready; runs until the link is ready."""
+        while not link.ready:
+            if not link.pre_ready:
+                link.pre_ready_added = trio.Event()
+                await link.pre_ready_added.wait()
+                continue
+            await trio.sleep_until(link.pre_ready[0][1])
+            now = trio.current_time()
+            while link.pre_ready and link.pre_ready[0][1] <= now and not link.ready:
+                req, _ = link.pre_ready.popleft()
+                await self.refuse_not_ready(link, req)
+
+    async def refuse_pre_ready(self, link: Link) -> int:
+        """The link will not become ready: refuse (-32002) every buffered request now; how
+        many there were."""
+        waiting = [req for req, _ in link.pre_ready]
+        link.pre_ready.clear()
+        for req in waiting:
+            await self.refuse_not_ready(link, req)
+        return len(waiting)
+
+    async def refuse_not_ready(self, link: Link, req: rpc.Request) -> None:
+        """SPEC §5.3: a privileged call before the policy receipt gets -32002 ``{capability}``
+        (a request that needs no capability, such as ``ping``, gets it without data)."""
+        cap = grants.INBOUND_CAPABILITY.get(req.method)
+        err = RpcError(
+            code=CAPABILITY_DENIED, message=NOT_READY, data={"capability": cap} if cap else None
+        )
+        await self.requests.reply(link, req, error=err)
+
+
+def _changes_channels(event: rpc.Event) -> bool:
+    return (
+        isinstance(event, rpc.NotificationReceived) and event.notification.method in CHANNEL_CHANGES
+    )

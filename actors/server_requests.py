@@ -1,8 +1,11 @@
 """The server's requests that are not hot lanes: channel registration and listing, ``model/info``,
 ``inference/request`` and ``ping``; and the ``channels/changed`` notification.
 
-Each request runs in a handler task of the link's nursery (the dispatcher caps how many); the
-answer, or the refusal (traced as ``refused``), goes back through the link's outbox.
+The dispatcher (``actors.link_io``) admits each request in arrival order (``admission``). A
+channel change (``channels/register``, ``channels/changed``, request or notification) is applied
+by the dispatcher itself (``apply_change``), so it is in force before any later message is
+checked; any other request runs in a handler task of the link's nursery (the dispatcher caps how
+many). The answer, or the refusal (traced as ``refused``), goes back through the link's outbox.
 """
 
 from __future__ import annotations
@@ -33,8 +36,51 @@ class ServerRequests:
         # for each link
         self._told: tuple[Link | None, set[str]] = (None, set())
 
-    async def serve(self, link: Link, req: rpc.Request, slots: trio.Semaphore) -> None:
+    @staticmethod
+    def admission(link: Link, method: str, params: Any = None) -> RpcError | None:
+        """Whether the grant in force admits a call of ``method``: None, or the error refusing
+        it."""
+        if method == "ping":
+            return None
+        params = params if isinstance(params, Mapping) else {}
         try:
+            admit(link, method, params.get("featureSet"))
+        except RpcError as exc:
+            return exc
+        return None
+
+    async def serve(
+        self, link: Link, req: rpc.Request, slots: trio.Semaphore, refusal: RpcError | None
+    ) -> None:
+        """Answer an admitted request (or send ``refusal``) in a handler task."""
+        try:
+            await self._serve(link, req, refusal)
+        finally:
+            slots.release()
+
+    async def apply_change(self, link: Link, item: rpc.Request | rpc.Notification) -> None:
+        """Apply a channel change in the dispatcher, before anything that came after it is
+        checked; a request is answered once it is applied (a notification's refusals are only
+        traced)."""
+        if isinstance(item, rpc.Request):
+            await self._serve(link, item, self.admission(link, item.method, item.params))
+            return
+        try:
+            refusal = self.admission(link, item.method)
+            if refusal is not None:
+                self.owner.diagnostic(f"{item.method} dropped: {refusal_reason(refusal)}")
+                return
+            await self.channels_changed(link, item.params)
+        except RpcError as exc:
+            self.owner.diagnostic(f"{item.method} notification refused: {exc}")
+        finally:
+            self.owner.work.dec()
+
+    async def _serve(self, link: Link, req: rpc.Request, refusal: RpcError | None) -> None:
+        try:
+            if refusal is not None:
+                await self.reply(link, req, error=refusal)
+                return
             try:
                 result = await self.answer(link, req)
             except Exception as exc:
@@ -42,7 +88,6 @@ class ServerRequests:
             else:
                 await self.reply(link, req, result=result)
         finally:
-            slots.release()
             self.owner.work.dec()
 
     async def reply(
@@ -62,11 +107,10 @@ class ServerRequests:
         await self.owner.send_lines(link, [line])
 
     async def answer(self, link: Link, req: rpc.Request) -> Any:
+        """The result of an admitted request (or the error refusing it)."""
         method = req.method
         if method == "ping":
             return {}
-        params = req.params if isinstance(req.params, Mapping) else {}
-        admit(link, method, params.get("featureSet"))
         if method == "channels/register":
             return await self.register(link, req.params)
         if method == "channels/changed":
@@ -209,13 +253,3 @@ class ServerRequests:
             info: ChannelInfo = await chan.ask(Describe(), timeout=owner.cfg.request_timeout_s)
             out.append(dict(info.descriptor))
         return {"channels": out}
-
-    async def changed_note(self, link: Link, params: Any) -> None:
-        """The notification form of ``channels/changed``: no answer, so refusals are only
-        traced."""
-        try:
-            await self.channels_changed(link, params)
-        except RpcError as exc:
-            self.owner.diagnostic(f"channels/changed notification refused: {exc}")
-        finally:
-            self.owner.work.dec()

@@ -6,6 +6,7 @@ Real clock, generous deadlines, order-only assertions.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
@@ -78,17 +79,19 @@ async def test_featuresets_update_notification_fallback(tmp_path: Path) -> None:
             assert "after fallback" in texts(without_notices(lb.host.history("Ada")))
 
 
-async def test_featuresets_update_never_answered_runs_mcp_only(tmp_path: Path) -> None:
+async def test_featuresets_update_never_answered_fails_the_handshake(tmp_path: Path) -> None:
     with trio.fail_after(60):
         async with running_lobby(
             tmp_path, {"Ada": ""}, "--fsu-mode", "never", request_timeout_s=2, wait_ready=False
         ) as lb:
-            event = await wait_trace(lb.stream, lambda e: e.kind == "ready", "ready")
-            assert event.data["mcp_only"] is True
-            assert event.data["tools"] == ["forecast", "roll", "stall"]
-            lb.ctl.send({"cmd": "push", "eventId": "e1", "text": "refused"})
-            answer = await lb.ctl.wait_for(answered("push/event", "eventId", "e1"), "push answer")
-            assert answer["response"]["error"]["code"] == -32601
+            seen: list[Any] = []
+            gone = await wait_trace(lb.stream, lambda e: e.kind == "disconnected", "gone", seen)
+            # no receipt is no readiness: never "ready, MCP-only", but a failed link
+            assert not [e for e in seen if e.kind in ("ready", "mcp-only")]
+            assert gone.data["reason"] == (
+                "the handshake timed out after 2s during featureSets/update"
+            )
+            assert gone.data["step"] == "featureSets/update"
             await lb.host.run_until_idle()
             assert without_notices(lb.host.history("Ada")) == []
 
