@@ -17,7 +17,6 @@ once.
 from __future__ import annotations
 
 import itertools
-import json
 import secrets
 import time
 from collections import OrderedDict
@@ -29,40 +28,26 @@ import attrs
 from protocol.authors import origin_author
 from protocol.coalesce import Append as AppendEffect
 from protocol.content import ContentError, convert_blocks
-from protocol.conversation import conversation_id
-from protocol.digests import body_digest, body_digests
-from protocol.errors import INVALID_PARAMS, METHOD_NOT_FOUND, RpcError
+from protocol.errors import INVALID_PARAMS, RpcError
 from protocol.lanes import ChannelDescriptor, IncomingMessage, PushEvent
 from protocol.routes import (
-    ABSENT,
-    LEGACY,
     PublishOutcome,
-    classify_error,
-    classify_publish,
     declared_target,
-    legacy_outcome,
-    place_problem,
-    publish_thread_param,
     speech_place,
 )
 from protocol.source import (
     channel_header,
-    mark_blocks,
-    mark_text,
-    notice_label,
-    notice_value,
     unscoped_header,
 )
 from protocol.tags import expand_tags, is_addressed
 from store import Append, MessageRecord, PutState
 
-from .calls import notify
+from .channel_items import invitation_record, seal
+from .channel_publish import Receipts, now_iso, send_publish
 from .coalescer import Admit
 from .context import HostContext
-from .errors import ActorDied, AskTimeout, NotConnected
 from .kernel import Actor, Reply
 from .messages import (
-    Call,
     ChannelInfo,
     Describe,
     IngestBatch,
@@ -76,12 +61,6 @@ from .messages import (
 )
 from .references import resolve_references
 
-#: Why a publish was refused before it was sent (by ``place_problem``'s answer).
-REFUSALS = {
-    "untargetable": "the server does not declare where a post to this channel lands",
-    "thread": "this channel takes no posts in a thread",
-    "unresolved": "the channel is not registered",
-}
 WAKE_TEXT_CHARS = 2000  # what a wake carries of the body, for the gate's filters
 COALESCE_ASK_S = 60.0  # the coalescer's answer (its store write is submitted, not awaited)
 
@@ -95,10 +74,6 @@ def _visible(block: Mapping[str, Any]) -> bool:
     """A block that shows something (an empty or blank text block does not): a retraction
     whose notice shows nothing is a pure withdrawal."""
     return block.get("type") != "text" or bool(str(block.get("text", "")).strip())
-
-
-def _now_iso() -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
 OPEN_STATE_NS = "channel_open"
@@ -130,7 +105,7 @@ class ChannelActor(Actor):
         self.registered = False
         self.open_for: dict[str, bool] = {}
         self.hearers = tuple(ctx.agents_hearing(server_id))  # the configured agents: fixed
-        self._receipts: OrderedDict[str, str] = OrderedDict()  # message id -> agent
+        self._receipts = Receipts(MAX_RECEIPTS)  # what we posted, for echo detection
         self._publishing = 0
         self._flushing = False
         self._deferred: list[tuple[IngestBatch, Reply]] = []
@@ -426,23 +401,15 @@ class ChannelActor(Actor):
             "reply_to": reply_to,
             "accepted_at": accepted_at,
         }
-        refs = [b["ref_id"] for b in blocks if "ref_id" in b]
-        if refs:
-            meta["references"] = refs
         if spec is not None:
             meta["occurrence"] = f"{lane}:{self.sid}:{spec.event_id}"
             meta["coalesce_key"] = spec.key
-        # The header is rendered once, from what was frozen above; the sender's text is marked
-        # so that nothing in it reads as the host's own attribution (refs-and-headers F.1).
+        # The header is rendered once, from what was frozen above (refs-and-headers F.1).
         if self.cid is None:
             header = unscoped_header(self.sid)
         else:
             header = self._channel_header(label, thread_id, reply_to)
-        body = mark_blocks(blocks)
-        stored = ({"type": "text", "text": header}, *body)
-        meta["source_body_digest"], stored_digest = body_digests(blocks, stored)
-        meta["source_header"] = header
-        meta["stored_body_digest"] = stored_digest
+        stored, body = seal(meta, header, blocks)
         # what the host itself published wakes nobody; a message addressed to agents for whom
         # the channel is closed carries, in their copy, an invitation to open it
         echo = from_self or (message_id is not None and message_id in self._receipts)
@@ -463,7 +430,15 @@ class ChannelActor(Actor):
                     created_at=now,
                 )
                 if agent not in invited
-                else self._invitation(agent, stored, meta, author, now)
+                else invitation_record(
+                    record_id=new_id(),
+                    agent=agent,
+                    stored=stored,
+                    meta=meta,
+                    author=author,
+                    where=(self.sid, self.cid, self.label),
+                    now=now,
+                )
                 for agent in hearers
                 if agent != author_agent
             ]
@@ -514,7 +489,7 @@ class ChannelActor(Actor):
             "server_id": self.sid,
             "channel_id": self.cid,
             "event_id": msg.event_id,
-            "timestamp": msg.timestamp or _now_iso(),
+            "timestamp": msg.timestamp or now_iso(),
             "feature_set": msg.feature_set,
             "tags": list(tags),
         }
@@ -528,60 +503,24 @@ class ChannelActor(Actor):
             "message": message_id,
             "label": self.label or None,
             "reply_to": None,
-            "accepted_at": _now_iso(),
+            "accepted_at": now_iso(),
         }
         if message_id is not None:
             meta["message_id"] = message_id
         if thread_id is not None:
             meta["thread_id"] = thread_id
-        refs = [b["ref_id"] for b in blocks if "ref_id" in b]
-        if refs:
-            meta["references"] = refs
         meta["occurrence"] = msg.occurrence
         meta["coalesce_key"] = msg.key
         if self.cid is None:
             header = unscoped_header(self.sid)
         else:
             header = channel_header(self.sid, self.cid, self.label or None, thread_id, None)
-        meta["source_body_digest"] = body_digest(blocks)
-        stored = ({"type": "text", "text": header}, *mark_blocks(blocks))
-        meta["source_header"] = header
-        meta["stored_body_digest"] = body_digest(stored)
+        stored, _ = seal(meta, header, blocks)
         return tuple(
             MessageRecord(
                 id=new_id(), agent=agent, role="user", blocks=stored, metadata=meta, created_at=now
             )
             for agent in msg.contexts
-        )
-
-    def _invitation(
-        self,
-        agent: str,
-        stored: tuple[Mapping[str, Any], ...],
-        meta: dict[str, Any],
-        author: str,
-        now: float,
-    ) -> MessageRecord:
-        """The copy of an item for an agent invited to a channel it has not opened: the item
-        with a host notice after it (names shown by the notice rule, ids as JSON strings, the
-        whole marked like what the sender wrote), stored as a host notice."""
-        where = notice_label(self.label) if self.label else notice_value(self.cid or "")
-        text = mark_text(
-            f"[invitation] {notice_label(author or '?')} addressed you in {where} on "
-            f"{notice_value(self.sid)}, a channel you have not opened. To follow it, call "
-            f"channel_open with channel_id {json.dumps(self.cid)} and server_id "
-            f"{json.dumps(self.sid)} (add backscroll to read what came before); or leave it "
-            "closed and ignore this."
-        )
-        blocks = (*stored, {"type": "text", "text": text})
-        invited = {
-            **meta,
-            "system": True,
-            "kind": "channel-invitation",
-            "stored_body_digest": body_digest(blocks),
-        }
-        return MessageRecord(
-            id=new_id(), agent=agent, role="user", blocks=blocks, metadata=invited, created_at=now
         )
 
     def _wakes(
@@ -631,53 +570,11 @@ class ChannelActor(Actor):
                 await self._flush_deferred()
 
     async def _send_publish(self, msg: Publish) -> tuple[PublishOutcome, Any]:
-        """Send one publish (or refuse it unsent); its classified outcome and raw result."""
-        conn = self.ctx.connections.get(self.sid)
-        if conn is None or self.cid is None:
+        if self.cid is None:
             return PublishOutcome(status="failed", reason="no such channel"), None
-        place = self.speech_place
-        problem = place_problem(place, msg.thread_id)
-        if problem is not None and (msg.prose or msg.thread_id is not None):
-            if place == LEGACY:  # a thread is never a place of an undeclared channel
-                problem = "untargetable"
-            return PublishOutcome(status="failed", reason=REFUSALS[problem]), None
-        thread = publish_thread_param(place, msg.thread_id)
-        params: dict[str, Any] = {
-            "conversationId": conversation_id(msg.agent),
-            "channelId": self.cid,
-            "content": [dict(b) for b in msg.blocks],
-        }
-        if thread is not ABSENT:
-            params["threadId"] = thread
-        if msg.key is not None:
-            params["idempotencyKey"] = msg.key
-        params["writtenAt"] = _now_iso()
-        try:
-            result = await conn.ask(
-                # RFC-011: a publish naming its place is a request, never a notification
-                Call(method="channels/publish", params=params, notify_fallback=thread is ABSENT),
-                timeout=self._timeout() + 5,
-            )
-        except NotConnected as exc:
-            return PublishOutcome(status="failed", reason=str(exc)), None
-        except RpcError as exc:
-            if exc.code == METHOD_NOT_FOUND and place == "root" and thread is None:
-                # a root-only channel whose server takes only the notification form: without a
-                # thread id the post lands at the root all the same; delivery stays unknown
-                params.pop("threadId", None)
-                if not notify(self.ctx, self.sid, "channels/publish", params):
-                    return PublishOutcome(status="failed", reason="not sent"), None
-                return PublishOutcome(status="unknown"), {"outcome": "unknown"}
-            return classify_error(str(exc) or type(exc).__name__), None
-        except (AskTimeout, ActorDied) as exc:
-            return classify_error(str(exc) or type(exc).__name__), None
-        outcome = classify_publish(result, thread)
-        if place == LEGACY and msg.prose:
-            outcome = legacy_outcome(outcome)
+        outcome, result = await send_publish(self.ctx, self.sid, self.cid, self.speech_place, msg)
         if outcome.message_id is not None:
-            self._receipts[outcome.message_id] = msg.agent
-            while len(self._receipts) > MAX_RECEIPTS:
-                self._receipts.popitem(last=False)
+            self._receipts.note(outcome.message_id, msg.agent)
         return outcome, result
 
     async def _flush_deferred(self) -> None:
@@ -691,6 +588,3 @@ class ChannelActor(Actor):
                     waiting.error(exc)
         finally:
             self._flushing = False
-
-    def _timeout(self) -> float:
-        return self.ctx.config.request_timeout(self.sid)
