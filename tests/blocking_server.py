@@ -91,20 +91,11 @@ class BlockingServer(ChatServer):
         else:
             self._registered(register, answer)
         for msg in queued:
-            await self._dispatch(msg, nursery)
+            self._dispatch(msg, nursery)
         if answer is not None and answer.get("error", {}).get("code") == -32002:
             nursery.start_soon(self._retry_register)
         while True:
-            await self._dispatch(await self._next(ws), nursery)
-
-    async def _dispatch(self, msg: dict[str, Any], nursery: trio.Nursery) -> None:
-        if "method" in msg and "id" in msg:
-            nursery.start_soon(self._answer_host, msg, nursery)
-        elif "method" not in msg:
-            waiting = self._waiting.pop(msg.get("id"), None)
-            if waiting is not None:
-                waiting[1].append(msg)
-                waiting[0].set()
+            self._dispatch(await self._next(ws), nursery)
 
     def _registered(self, request: dict[str, Any], answer: dict[str, Any]) -> None:
         self.register_answers.append(answer)

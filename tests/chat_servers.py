@@ -136,16 +136,20 @@ class ChatServer:
                     break
                 msg = json.loads(raw)
                 self.received.append(msg)
-                if "method" in msg and "id" in msg:
-                    nursery.start_soon(self._answer_host, msg, nursery)
-                elif "method" not in msg:
-                    waiting = self._waiting.pop(msg.get("id"), None)
-                    if waiting is not None:
-                        waiting[1].append(msg)
-                        waiting[0].set()
+                self._dispatch(msg, nursery)
             nursery.cancel_scope.cancel()
         for event, _ in self._waiting.values():  # the link ended: nobody will answer now
             event.set()
+
+    def _dispatch(self, msg: dict[str, Any], nursery: trio.Nursery) -> None:
+        """A host request is answered in a task of its own; a response wakes its asker."""
+        if "method" in msg and "id" in msg:
+            nursery.start_soon(self._answer_host, msg, nursery)
+        elif "method" not in msg:
+            waiting = self._waiting.pop(msg.get("id"), None)
+            if waiting is not None:
+                waiting[1].append(msg)
+                waiting[0].set()
 
     async def _send(self, msg: Mapping[str, Any]) -> None:
         assert self._ws is not None, "the host has not connected"
