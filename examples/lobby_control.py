@@ -44,7 +44,7 @@ from typing import Any
 import trio
 
 BACKLOG = 10_000
-DEFAULT_TIMEOUT = 15.0
+DEFAULT_TIMEOUT = 60.0  # generous: tests run in parallel, often on a loaded machine
 
 Predicate = Callable[[dict[str, Any]], bool]
 

@@ -34,7 +34,8 @@ async def push_many(ctl: Any, pushes: list[tuple[str, dict[str, Any]]]) -> list[
             answers[event["request"]["params"]["eventId"]] = event["response"]
         return len(answers) == len(wanted)
 
-    await ctl.wait_for(collect, f"answers to {len(pushes)} pushes", since=mark)
+    # no deadline of its own: the test's fail_after bounds the whole run
+    await ctl.wait_for(collect, f"answers to {len(pushes)} pushes", since=mark, timeout=None)
     return [answers[event_id] for event_id, _ in pushes]
 
 
