@@ -34,6 +34,7 @@ Every lobby process (or websocket connection) connects once; after a restart, ``
 from __future__ import annotations
 
 import collections
+import itertools
 import json
 import os
 import socket
@@ -43,7 +44,7 @@ from typing import Any
 import trio
 
 BACKLOG = 10_000
-DEFAULT_TIMEOUT = 15.0
+DEFAULT_TIMEOUT = 60.0  # generous: tests run in parallel, often on a loaded machine
 
 Predicate = Callable[[dict[str, Any]], bool]
 
@@ -130,9 +131,12 @@ class LobbyControl:
 
     def _scan(self, pred: Predicate, after: int) -> tuple[dict[str, Any] | None, int]:
         """The first backlog event with seq >= after that matches, and the next seq to scan."""
-        for seq, event in self._backlog:
-            if seq >= after and self._matches(pred, event):
-                return event, seq + 1
+        if self._backlog:
+            # the backlog's seqs are consecutive: the one at ``after`` is at a known index
+            start = max(0, after - self._backlog[0][0])
+            for seq, event in itertools.islice(self._backlog, start, None):
+                if self._matches(pred, event):
+                    return event, seq + 1
         return None, self._seq
 
     async def _read_event(self) -> None:

@@ -1,5 +1,6 @@
 import os
 
+import pytest
 from hypothesis import HealthCheck, settings
 
 settings.register_profile(
@@ -7,3 +8,20 @@ settings.register_profile(
 )
 settings.register_profile("dev", deadline=None, max_examples=50)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
+
+# Most of the suite's time is spent waiting on real subprocesses and sockets, so it runs in
+# worker processes (pytest-xdist), more of them than a small machine has cores. ``-n N`` sets
+# the number, ``-n0`` or ``-p no:xdist`` runs everything in this process.
+WORKERS = 4
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_cmdline_main(config: pytest.Config) -> None:
+    if not config.pluginmanager.hasplugin("xdist") or hasattr(config, "workerinput"):
+        return
+    option = config.option
+    if option.numprocesses is not None or option.collectonly or option.usepdb:
+        return
+    option.numprocesses = WORKERS
+    if option.dist == "no":
+        option.dist = "worksteal"

@@ -203,9 +203,13 @@ async def test_configured_secrets_are_redacted_from_chat_stderr_and_logs(tmp_pat
                 ctl = await listener.accept(timeout=60)
                 await ready(ctl)
                 send_incoming(ctl, "lobby:#general", "s1", f"the token is {token}, key {api_key}")
+                # the server's stderr line and the agent's speech line come in either order
                 await out.wait_for(
-                    lambda lines: any("stderr:" in line and "you said" in line for line in lines),
-                    "the server's stderr line",
+                    lambda lines: (
+                        any("stderr:" in line and "you said" in line for line in lines)
+                        and any("| Ada → you said" in line for line in lines)
+                    ),
+                    "the server's stderr line and Ada's speech line",
                 )
     printed = "\n".join(out.lines) + out.stderr.decode()
     assert token not in printed and api_key not in printed
