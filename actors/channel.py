@@ -9,9 +9,10 @@ caller awaits durability, answers the server, and only then sends the wakes.
 
 Echoes: a message whose id matches one of our publish receipts, or tagged ``chat:from-self``,
 never wakes anyone, and it is not stored again for the agent that wrote it. While a publish to
-this channel is still waiting for its receipt, incoming items wait too (a server may echo a post
-before it answers the publish), at most ``MAX_DEFERRED`` batches; past that they are taken at
-once.
+this channel is still waiting for its receipt, a batch holding an item that could be its echo
+(``protocol.echoes.EchoWatch``: a server may echo a post before it answers the publish) waits,
+in order with the other waiting batches, until no publish is pending, at most ``MAX_DEFERRED``
+batches; past that they are taken at once. Every other batch is taken at once.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import attrs
 from protocol.authors import origin_author
 from protocol.coalesce import Append as AppendEffect
 from protocol.content import ContentError, convert_blocks
+from protocol.echoes import EchoWatch
 from protocol.errors import INVALID_PARAMS, RpcError
 from protocol.lanes import ChannelDescriptor, IncomingMessage, PushEvent
 from protocol.routes import (
@@ -79,6 +81,7 @@ def _visible(block: Mapping[str, Any]) -> bool:
 OPEN_STATE_NS = "channel_open"
 MAX_RECEIPTS = 1024  # publish receipts kept for echo detection; oldest forgotten first
 MAX_DEFERRED = 64  # ingest batches waiting for a publish receipt; past it: taken at once
+MAX_OWN_AUTHORS = 16  # accounts seen posting our echoes; least recently seen forgotten first
 MAX_LABELS = 32  # label history; oldest forgotten first
 MAX_SUBJECT_PLACES = 4096  # coalescing subjects whose place is known; least recent forgotten
 
@@ -106,7 +109,7 @@ class ChannelActor(Actor):
         self.open_for: dict[str, bool] = {}
         self.hearers = tuple(ctx.agents_hearing(server_id))  # the configured agents: fixed
         self._receipts = Receipts(MAX_RECEIPTS)  # what we posted, for echo detection
-        self._publishing = 0
+        self._echoes = EchoWatch(MAX_OWN_AUTHORS)  # publishes in flight, the host's accounts
         self._flushing = False
         self._deferred: list[tuple[IngestBatch, Reply]] = []
         # RFC-006 subjects of this channel (their key) and where each lives: (thread, message)
@@ -151,8 +154,8 @@ class ChannelActor(Actor):
         return not (self.descriptor is not None and self.descriptor.initially_open is False)
 
     async def handle(self, msg: Any, reply: Reply) -> None:
-        if isinstance(msg, IngestBatch) and msg.incoming and (self._publishing or self._flushing):
-            if len(self._deferred) < MAX_DEFERRED:
+        if isinstance(msg, IngestBatch) and len(self._deferred) < MAX_DEFERRED:
+            if (self._echoes.pending or self._flushing) and self._echoes.may_hold(msg.items):
                 self._deferred.append((msg, reply))
                 return
         if isinstance(msg, IngestBatch):
@@ -174,8 +177,7 @@ class ChannelActor(Actor):
         elif isinstance(msg, Materialized):
             reply.value(await self._materialized(msg))
         elif isinstance(msg, Publish):
-            self._publishing += 1
-            self.spawn(self._publish, msg, reply)
+            self.spawn(self._publish, msg, reply, self._echoes.begin(msg.blocks))
         else:
             raise TypeError(f"unexpected message {msg!r}")
 
@@ -331,6 +333,7 @@ class ChannelActor(Actor):
             tags = expand_tags(m.tags)[0] if m.tags else ()
             author_agent = self._receipts.get(m.message_id)
             from_self = author_agent is not None or "chat:from-self" in tags
+            self._echoes.seen(m.author.id, own=from_self)
             lane, message_id, thread_id = "incoming", m.message_id, m.thread_id
             meta: dict[str, Any] = {
                 "server_id": self.sid,
@@ -559,14 +562,14 @@ class ChannelActor(Actor):
         return tuple((agent, wake) for agent in woken)
 
     # -- publish ----------------------------------------------------------------------------
-    async def _publish(self, msg: Publish, reply: Reply) -> None:
+    async def _publish(self, msg: Publish, reply: Reply, token: str) -> None:
         try:
             reply.value(await self._send_publish(msg))
         except Exception as exc:
             reply.error(exc)
         finally:
-            self._publishing -= 1
-            if not self._publishing and not self._flushing:
+            self._echoes.end(token)
+            if not self._echoes.pending and not self._flushing:
                 await self._flush_deferred()
 
     async def _send_publish(self, msg: Publish) -> tuple[PublishOutcome, Any]:
@@ -580,7 +583,7 @@ class ChannelActor(Actor):
     async def _flush_deferred(self) -> None:
         self._flushing = True
         try:
-            while self._deferred and not self._publishing:
+            while self._deferred and not self._echoes.pending:
                 msg, waiting = self._deferred.pop(0)
                 try:
                     waiting.value(await self._ingest_batch(msg.items, msg.accepted_at, msg.specs))

@@ -108,10 +108,6 @@ class IngestBatch:
     accepted_at: str
     specs: tuple[Any, ...] = ()  # per item, its valid RFC-006 ``CoalesceSpec`` or None
 
-    @property
-    def incoming(self) -> bool:
-        return any(isinstance(i, IncomingMessage) for i in self.items)
-
 
 @attrs.frozen(kw_only=True)
 class Prepared:
