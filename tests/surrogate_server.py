@@ -83,10 +83,20 @@ def main() -> int:
     answer_of(2)
     author = {"id": "u1", "name": f"Uma{LONE}"}
     messages = [
-        {"channelId": ROOM, "messageId": "m1", "author": author, "timestamp": now,
-         **text(f"hello \udfff{LONE} world")},
-        {"channelId": ROOM, "messageId": "m2", "author": author, "timestamp": now,
-         **text("pair \ud83d\ude00 kept")},
+        {
+            "channelId": ROOM,
+            "messageId": "m1",
+            "author": author,
+            "timestamp": now,
+            **text(f"hello \udfff{LONE} world"),
+        },
+        {
+            "channelId": ROOM,
+            "messageId": "m2",
+            "author": author,
+            "timestamp": now,
+            **text("pair \ud83d\ude00 kept"),
+        },
     ]
     send({"id": 3, "method": "channels/incoming", "params": {"messages": messages}})
     answer_of(3)
