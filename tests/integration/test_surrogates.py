@@ -1,6 +1,7 @@
 """A server whose text holds lone surrogates (``"\\ud800"`` in a chat message, an author name,
 a push and a method name): ``mcplive run`` keeps running, prints each with U+FFFD where the
-surrogate was, stores it so, and ``mcplive history`` shows it; everything written as strict UTF-8."""
+surrogate was, stores it so, and ``mcplive history`` shows it; all of it written as strict
+UTF-8."""
 
 from __future__ import annotations
 

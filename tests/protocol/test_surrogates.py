@@ -38,7 +38,13 @@ def strings(value: Any) -> list[str]:
 
 def same_shape(a: Any, b: Any) -> bool:
     if isinstance(a, dict):
-        return isinstance(b, dict) and 0 < len(b) <= len(a) or a == b == {}
+        # keys that come out equal keep the later value, as a repeated JSON key does
+        last = {without_lone_surrogates(k): v for k, v in a.items()}
+        return (
+            isinstance(b, dict)
+            and list(b) == list(last)
+            and all(same_shape(v, b[k]) for k, v in last.items())
+        )
     if isinstance(a, list):
         return isinstance(b, list) and len(a) == len(b) and all(map(same_shape, a, b))
     if isinstance(a, str):
