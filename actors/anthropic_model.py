@@ -66,6 +66,7 @@ from actors.models import (
     ModelRequest,
     ModelRetry,
 )
+from protocol.display import scrub_surrogates, without_lone_surrogates
 from protocol.hooks import ModelInfo
 
 __all__ = [
@@ -165,14 +166,18 @@ class AnthropicModel:
         on_delta: DeltaSink | None,
     ) -> ModelReply:
         messages = to_messages_api(request.messages)
-        tools = [
-            {
-                "name": t.name,
-                "description": t.description,
-                "input_schema": {"type": "object", **dict(t.input_schema)},
-            }
-            for t in request.tools
-        ]
+        # a server's tool text was made well formed as it came in; this keeps the body valid
+        # UTF-8 whatever reaches it
+        tools = scrub_surrogates(
+            [
+                {
+                    "name": t.name,
+                    "description": t.description,
+                    "input_schema": {"type": "object", **dict(t.input_schema)},
+                }
+                for t in request.tools
+            ]
+        )
         retry = 0
         while True:
             try:
@@ -227,7 +232,7 @@ class AnthropicModel:
             model=self.model,
             max_tokens=request.max_tokens,
             messages=cast(Any, messages),
-            system=request.system if request.system else anthropic.omit,
+            system=without_lone_surrogates(request.system) if request.system else anthropic.omit,
             tools=cast(Any, tools) if tools else anthropic.omit,
             stream=True,
         )
@@ -459,6 +464,7 @@ def to_messages_api(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any
       it. A result that answers no ``tool_use`` of that turn (or answers one twice) becomes text;
       a ``tool_use`` with no stored result gets an error result saying so.
     * A final assistant turn loses trailing whitespace (the API rejects it).
+    * A lone surrogate in any string becomes U+FFFD (the body must be valid UTF-8).
 
     The result is never empty, starts with a user turn and alternates roles.
     """
@@ -491,7 +497,7 @@ def to_messages_api(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any
             turns.append({"role": "user", "content": _pair_results([], asked)})
         else:
             _strip_trailing_whitespace(turns)
-    return turns
+    return cast(list[dict[str, Any]], scrub_surrogates(turns))
 
 
 def _text(text: str) -> dict[str, Any]:

@@ -24,6 +24,7 @@ from typing import Any, TextIO
 import attrs
 
 from protocol.authors import shown_author, stored_author
+from protocol.display import well_formed
 from store import Reader, StoredRow, body_text, db_path, text_matcher
 
 #: Messages read from the store at a time.
@@ -141,7 +142,9 @@ class Printer:
             line = json.dumps(row.message, ensure_ascii=False, default=str)
         else:
             line = history_line(row.message, created_at=row.created_at, set_aside=set_aside)
-        self.out.write(line + "\n")
+        # whatever a record holds, the line can be written as UTF-8 (in JSON text a raw U+FFFD
+        # stands where a lone surrogate was; the JSON stays valid)
+        self.out.write(well_formed(line) + "\n")
         self.out.flush()
 
 

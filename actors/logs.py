@@ -12,6 +12,7 @@ import logging
 import sys
 from typing import Any
 
+from protocol.display import well_formed
 from protocol.redact import NO_REDACTION, Redactor
 
 OWN_LOGGERS = ("mcplive", "store")
@@ -20,7 +21,8 @@ DATE_FORMAT = "%Y-%m-%d %H:%M:%S"
 
 
 class RedactingFilter(logging.Filter):
-    """Replaces configured secrets in a record's message and in its traceback text."""
+    """Replaces configured secrets in a record's message and in its traceback text, and every
+    surrogate in them with U+FFFD (so a record always encodes as UTF-8)."""
 
     def __init__(self, redactor: Redactor) -> None:
         super().__init__()
@@ -28,17 +30,24 @@ class RedactingFilter(logging.Filter):
         self._formatter = logging.Formatter()
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if not self.redactor:
-            return True
-        record.msg = self.redactor.text(record.getMessage())
+        try:
+            message = record.getMessage()
+        except Exception:
+            return True  # the handler reports a record that cannot be formatted
+        # whatever text a server put in a record can be written out (a lone surrogate as U+FFFD)
+        record.msg = self._clean(message)
         record.args = None
         if record.exc_info and not record.exc_text:
             record.exc_text = self._formatter.formatException(record.exc_info)
         if record.exc_text:
-            record.exc_text = self.redactor.text(record.exc_text)
+            record.exc_text = self._clean(record.exc_text)
         if record.stack_info:
-            record.stack_info = self.redactor.text(record.stack_info)
+            record.stack_info = self._clean(record.stack_info)
         return True
+
+    def _clean(self, text: str) -> str:
+        text = well_formed(text)
+        return self.redactor.text(text) if self.redactor else text
 
 
 class StderrHandler(logging.StreamHandler[Any]):

@@ -8,6 +8,9 @@ the terminal or to a JSON reader:
   bidirectional overrides (which can make a line read differently from what it holds) are shown
   as escapes (``\\x1b``, ``\\u202e``); a lone surrogate, which cannot be written as UTF-8,
   becomes U+FFFD.
+* :func:`scrub_surrogates` is what every inbound message goes through right after JSON
+  decoding: a lone surrogate (``"\\ud800"`` is valid JSON but no UTF-8 text can hold it)
+  becomes U+FFFD once, so what is stored, digested, shown and sent on is the same string.
 * :func:`json_safe` turns a trace event's data into plain JSON values (every string well formed
   and passed through a caller's filter, e.g. a redactor, then clipped; non-finite floats,
   bytes and unknown objects as strings; nesting capped), and :func:`json_line` writes one
@@ -58,6 +61,28 @@ def well_formed(text: str) -> str:
     if text.isascii():
         return text
     return _SURROGATE.sub("\ufffd", text)
+
+
+def without_lone_surrogates(text: str) -> str:
+    """``text`` with each lone surrogate replaced by U+FFFD; a high surrogate followed by a low
+    one (a pair written as two code points) becomes the one character the pair encodes."""
+    if text.isascii() or not _SURROGATE.search(text):
+        return text
+    return text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
+
+
+def scrub_surrogates(value: Any) -> Any:
+    """``value`` (as ``json.loads`` returns it) with :func:`without_lone_surrogates` applied to
+    every string, dict keys too; everything else, and the nesting, unchanged. Two keys that
+    come out equal keep the later value, as a JSON object with a repeated key does. Returns
+    ``value`` itself when it holds no surrogate."""
+    if isinstance(value, str):
+        return without_lone_surrogates(value)
+    if isinstance(value, dict):
+        return {scrub_surrogates(k): scrub_surrogates(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [scrub_surrogates(v) for v in value]
+    return value
 
 
 def clip(text: str, limit: int = STRING_CLIP) -> str:

@@ -22,6 +22,7 @@ from typing import Any, cast
 
 import attrs
 
+from .display import scrub_surrogates
 from .errors import (
     INVALID_REQUEST,
     METHOD_NOT_FOUND,
@@ -109,22 +110,47 @@ _SCAN = json.scanner.make_scanner(cast(Any, _DECODER))  # what _DECODER scans wi
 
 
 def decode(text: str) -> Any:
-    """Strict JSON decoding (no NaN/Infinity). Raises ``ValueError`` on any failure."""
+    """Strict JSON decoding (no NaN/Infinity). Raises ``ValueError`` on any failure.
+
+    Every lone surrogate in the value (written as an escape such as ``"\\ud800"``, which JSON
+    allows and UTF-8 cannot hold) is replaced by U+FFFD here, once, for everything downstream:
+    see :func:`protocol.display.scrub_surrogates`. A pair written as escapes is joined by the
+    decoder and kept.
+    """
     try:
-        if text[:1] == "{":
-            # An object with nothing around it (every message a peer sends, in practice) is
-            # scanned directly, as JSONDecoder.decode would scan it; anything else, and every
-            # failure, goes through decode for its exact error.
-            try:
-                obj, end = _SCAN(text, 0)
-            except StopIteration:
-                pass
-            else:
-                if end == len(text):
-                    return obj
-        return _DECODER.decode(text)
+        obj = _decode(text)
+        if _may_hold_surrogate(text):
+            obj = scrub_surrogates(obj)
+        return obj
     except RecursionError as exc:
         raise ValueError("nested too deeply") from exc
+
+
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+
+
+def _may_hold_surrogate(text: str) -> bool:
+    """Whether ``text`` holds an escape of a surrogate code unit (``\\uD800``-``\\uDFFF``) or a
+    raw surrogate: the only ways a value decoded from it can hold one. (True only means the
+    value is scrubbed; most lines are cleared by the two plain scans.)"""
+    if "\\u" in text and _SURROGATE_ESCAPE.search(text):
+        return True
+    return not text.isascii() and _SURROGATE.search(text) is not None
+
+
+def _decode(text: str) -> Any:
+    if text[:1] == "{":
+        # An object with nothing around it (every message a peer sends, in practice) is
+        # scanned directly, as JSONDecoder.decode would scan it; anything else, and every
+        # failure, goes through decode for its exact error.
+        try:
+            obj, end = _SCAN(text, 0)
+        except StopIteration:
+            pass
+        else:
+            if end == len(text):
+                return obj
+    return _DECODER.decode(text)
 
 
 _SURROGATE = re.compile(r"[\ud800-\udfff]")

@@ -593,8 +593,13 @@ def test_lone_surrogates_from_the_peer_do_not_break_the_reply_line() -> None:
     assert isinstance(diag, Diagnostic)
     assert diag.reply is not None
     raw = encode_line(diag.reply)
-    assert json.loads(raw.decode("utf-8"))["id"] == "\ud800x"
-    only(session.receive_line('{"jsonrpc":"2.0","id":2,"method":"m","params":["\\udfff"]}'))
+    # the peer's lone surrogate became U+FFFD as the line was decoded
+    assert json.loads(raw.decode("utf-8"))["id"] == "\ufffdx"
+    received = only(
+        session.receive_line('{"jsonrpc":"2.0","id":2,"method":"m","params":["\\udfff"]}')
+    )
+    assert isinstance(received, RequestReceived) and received.request.params == ["\ufffd"]
+    # what the host itself sends is written as UTF-8 whatever it holds
     raw = encode_line(session.send_response(2, {"echo": "\udfff", "ok": "é"}))
     assert json.loads(raw.decode("utf-8"))["result"] == {"echo": "\udfff", "ok": "é"}
 
@@ -856,7 +861,7 @@ test_session_machine = SessionMachine.TestCase
         '{"a":[1,2',
         '{"a":NaN}',
         '{"a":-Infinity}',
-        '{"a":"\\ud800"}',
+        '{"a":"\\ud83d\\ude00"}',
         "[1]",
         "",
     ],
