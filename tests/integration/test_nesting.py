@@ -34,6 +34,26 @@ def nested(levels: int) -> dict[str, Any]:
     return value
 
 
+def deepest_push(levels: int) -> str:
+    """A push request (id 9001) whose ``origin`` is ``levels`` deep, as JSON text."""
+    head = (
+        '{"jsonrpc":"2.0","id":9001,"method":"push/event","params":{"featureSet":"lobby.events",'
+        '"eventId":"deepest","timestamp":"2026-01-01T00:00:00Z",'
+        '"payload":{"content":[{"type":"text","text":"deep"}]},"origin":'
+    )
+    return head + '{"x":' * (levels - 1) + "{}" + "}" * (levels - 1) + "}}"
+
+
+def answer_to(rid: int) -> Any:
+    """Control-event predicate: the host's answer to our raw request ``rid`` (or an error
+    answer with a null id: one the host could not read the id of)."""
+    return lambda e: (
+        e["event"] == "received"
+        and "method" not in e["message"]
+        and e["message"].get("id", "") in (rid, None)
+    )
+
+
 def parse_error(event: dict[str, Any]) -> bool:
     message = event["message"]
     return event["event"] == "received" and message.get("error", {}).get("code") == -32700
@@ -51,9 +71,14 @@ async def test_a_deep_origin_is_refused_and_the_agent_keeps_answering(tmp_path: 
                 "member": "origin",
                 "reason": f"nested deeper than {MAX_DEPTH}",
             }
+            # as deep as the parser may follow (written as text: no encoder here goes that deep)
+            ctl.send({"cmd": "line", "text": deepest_push(985)})
+            near = await ctl.wait_for(answer_to(9001), "answer to the deepest push")
+            assert near["message"].get("error", {}).get("code") in (-32602, -32700), near
             # JSON nested past what the parser follows is answered as a parse error
+            mark = ctl.mark()
             ctl.send({"cmd": "line", "text": "[" * 100_000 + "]" * 100_000})
-            refused = await ctl.wait_for(parse_error, "parse error answer")
+            refused = await ctl.wait_for(parse_error, "parse error answer", since=mark)
             assert refused["message"]["id"] is None
             send_incoming(ctl, "lobby:#general", "p1", "ping")
             await ctl.wait_for(publish_received("pong"), "pong")
