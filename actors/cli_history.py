@@ -24,7 +24,7 @@ from typing import Any, TextIO
 import attrs
 
 from protocol.authors import shown_author, stored_author
-from protocol.display import well_formed
+from protocol.display import one_line, well_formed
 from store import Reader, StoredRow, body_text, db_path, text_matcher
 
 #: Messages read from the store at a time.
@@ -122,6 +122,7 @@ def cmd_history(args: argparse.Namespace) -> int:
                 return 2
         printer = Printer(sys.stdout, as_json=args.json)
         last = print_window(reader, selection, args.limit, printer)
+        report_skipped(reader)
         if args.follow:
             try:
                 follow(reader, selection, last, printer)
@@ -188,10 +189,24 @@ def _rows(reader: Reader, selection: Selection, after: int) -> Iterator[StoredRo
         page = reader.rows(
             agent=selection.agent, since=selection.since, after_seq=after, limit=PAGE
         )
+        report_skipped(reader)
         yield from page
         if len(page) < PAGE:
             return
         after = page[-1].seq
+
+
+def report_skipped(reader: Reader, err: TextIO | None = None) -> None:
+    """One line on stderr for each stored record the reader skipped since the last call (a
+    record that does not decode is left out, never an end to the output)."""
+    out = sys.stderr if err is None else err
+    for skipped in reader.take_skipped():
+        what = f"{skipped.what} {skipped.key!r}" if skipped.key else "records"
+        where = f" (seq {skipped.seq})" if skipped.seq is not None else ""
+        out.write(
+            f"mcplive: history: skipped stored {what}{where}: {one_line(skipped.reason, 300)}\n"
+        )
+        out.flush()
 
 
 def _start_of_newest(reader: Reader, selection: Selection, limit: int) -> int:

@@ -8,6 +8,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import attrs
 import trio
 
 from protocol.state import Lineages
@@ -104,6 +105,7 @@ class Host:
         store = StoreClient(cfg.data_dir, work)
         store.start()
         ctx = HostContext(cfg, store, trace, work)
+        store.on_skip = lambda r: trace.emit("record-skipped", data=attrs.asdict(r))
         ctx.inference = InferenceRouter(cfg, models, model_from_spec)
         saved = store.reader.state(CHECKPOINTS[0]).get(CHECKPOINTS[1])
         ctx.lineages = Lineages.from_state(saved)
@@ -160,7 +162,10 @@ class Host:
 
     def history(self, agent: str) -> list[dict[str, Any]]:
         self._agent(agent)
-        return self.ctx.store.reader.history(agent)
+        try:
+            return self.ctx.store.reader.history(agent)
+        finally:
+            self.ctx.store.report_skipped()
 
     async def post_local(self, agent: str, text: str) -> None:
         await self._agent(agent).ask(PostLocal(text=text), timeout=60)

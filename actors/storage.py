@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 
 import trio
 
-from store import AppendResult, GroupCommitWriter, Reader
+from store import AppendResult, GroupCommitWriter, Reader, SkippedRecord
 
 from .kernel import Work
 
@@ -109,6 +109,9 @@ class StoreClient:
         self.work = work
         self.writer = GroupCommitWriter(self.path)
         self.reader = Reader(self.path)
+        #: Told of each stored record the reader skipped because it does not decode (once per
+        #: record); the host makes a ``record-skipped`` trace event of it.
+        self.on_skip: Callable[[SkippedRecord], object] | None = None
         # writes handed over and not yet committed (at most MAX_IN_FLIGHT); counted per batch
         self._in_flight = 0
         self._room = trio.Event()  # set (and replaced) whenever commits free room
@@ -178,7 +181,16 @@ class StoreClient:
         return await (await self.submit(op)).wait()
 
     async def read(self, fn: Callable[..., T], *args: Any) -> T:
-        return await trio.to_thread.run_sync(fn, *args, limiter=self._read_limiter)
+        try:
+            return await trio.to_thread.run_sync(fn, *args, limiter=self._read_limiter)
+        finally:
+            self.report_skipped()
+
+    def report_skipped(self) -> None:
+        """Hand every record the reader skipped since the last call to ``on_skip``."""
+        if self.on_skip is not None:
+            for record in self.reader.take_skipped():
+                self.on_skip(record)
 
     async def aclose(self) -> None:
         with trio.move_on_after(10) as scope:

@@ -48,6 +48,7 @@ LEVELS: dict[str, int] = {
     "publish-undeclared": WARNING,
     "reload-refused": WARNING,
     "status-unwritten": WARNING,
+    "record-skipped": WARNING,
     "error": ERROR,
     "agent-paused": ERROR,
 }
@@ -170,6 +171,9 @@ def format_event(e: TraceEvent) -> str | None:
         )
     if k == "reload-refused":
         return f"! config not reloaded, the running one stays: {d.get('reason')}"
+    if k == "record-skipped":
+        record = f"stored {d.get('what')} {d.get('key')!r}" if d.get("key") else "stored records"
+        return f"! skipped {record}: {_excerpt(d.get('reason'))}"
     if k == "status-unwritten":
         return f"! status file {d.get('path')} not written: {d.get('error')}"
     if k == "refused":

@@ -26,6 +26,7 @@ from .display import scrub_surrogates
 from .errors import (
     INVALID_REQUEST,
     METHOD_NOT_FOUND,
+    PARSE_ERROR,
     LocalProtocolError,
     RpcError,
 )
@@ -109,8 +110,13 @@ def _compact(obj: Any) -> str:
 _SCAN = json.scanner.make_scanner(cast(Any, _DECODER))  # what _DECODER scans with
 
 
+class NestedTooDeep(ValueError):
+    """JSON text nested deeper than the parser can follow (Python's recursion limit)."""
+
+
 def decode(text: str) -> Any:
-    """Strict JSON decoding (no NaN/Infinity). Raises ``ValueError`` on any failure.
+    """Strict JSON decoding (no NaN/Infinity). Raises ``ValueError`` on any failure
+    (:class:`NestedTooDeep` for text nested past what the parser can follow).
 
     Every lone surrogate in the value (written as an escape such as ``"\\ud800"``, which JSON
     allows and UTF-8 cannot hold) is replaced by U+FFFD here, once, for everything downstream:
@@ -123,7 +129,7 @@ def decode(text: str) -> Any:
             obj = scrub_surrogates(obj)
         return obj
     except RecursionError as exc:
-        raise ValueError("nested too deeply") from exc
+        raise NestedTooDeep("nested too deeply") from exc
 
 
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
@@ -184,6 +190,11 @@ def parse_message(text: str) -> Message | Invalid:
     """Classify one line or frame."""
     try:
         obj = decode(text)
+    except NestedTooDeep:
+        # JSON, but too deep to read even its id: answered as a parse error with a null id
+        # (a line that is not JSON at all is only skipped: it may be a server's stray output).
+        error = RpcError(code=PARSE_ERROR, message="Parse error: nested too deeply")
+        return Invalid(f"nested too deeply, refused: {_clip(text)!r}", ErrorResponse(None, error))
     except ValueError:
         return Invalid(f"not JSON, skipped: {_clip(text)!r}")
     if type(obj) is dict and obj.get("jsonrpc") == "2.0":

@@ -15,6 +15,7 @@ import cattrs
 from cattrs.errors import IterableValidationError, IterableValidationNote
 from cattrs.gen import make_dict_structure_fn, override
 
+from .depth import MAX_DEPTH, too_deep_member
 from .errors import INVALID_PARAMS, RpcError
 
 T = TypeVar("T")
@@ -85,6 +86,9 @@ def _camel(name: str) -> str:
 
 #: Members whose wire path is not the camelCase of the attribute (``parse_push`` flattens them).
 _WIRE_PATHS = {"payload_content": "payload.content"}
+
+
+_WIRE_PATHS_BY_KEY = {_camel(k): v for k, v in _WIRE_PATHS.items()}
 
 
 def _wire_name(name: str) -> str:
@@ -211,8 +215,28 @@ def _problems(exc: BaseException, path: str) -> list[str]:
     return out
 
 
+def check_depth(value: Any, names: Mapping[str, str] | None = None) -> None:
+    """Refuse (``RpcError(-32602)``, ``data`` naming the member) an object one of whose members
+    nests deeper than :data:`~protocol.depth.MAX_DEPTH`: the store could not read it back.
+    ``names`` maps a member's key to its wire path where they differ."""
+    if not isinstance(value, Mapping):
+        return
+    member = too_deep_member(value)
+    if member is None:
+        return
+    member = (names or {}).get(member, member)
+    reason = f"nested deeper than {MAX_DEPTH}"
+    raise RpcError(
+        code=INVALID_PARAMS,
+        message=f"Invalid params: {member} {reason}",
+        data={"member": member, "reason": reason},
+    )
+
+
 def structure(value: Any, cls: type[T]) -> T:
-    """Structure wire JSON into ``cls`` or raise ``RpcError(-32602)`` naming the bad members."""
+    """Structure wire JSON into ``cls`` or raise ``RpcError(-32602)`` naming the bad members
+    (a member nested too deeply included: see :func:`check_depth`)."""
+    check_depth(value, _WIRE_PATHS_BY_KEY)
     try:
         return _CONVERTER.structure(value, cls)
     except (cattrs.BaseValidationError, TypeError, ValueError, AttributeError, KeyError) as exc:
@@ -308,7 +332,10 @@ def _fast_incoming(raw: Any) -> IncomingMessage | None:
 def parse_incoming(raw: Any) -> IncomingMessage:
     """One message of a ``channels/incoming`` batch; ``RpcError(-32602)`` when malformed."""
     fast = _fast_incoming(raw)
-    return fast if fast is not None else structure(raw, IncomingMessage)
+    if fast is None:
+        return structure(raw, IncomingMessage)
+    check_depth(raw)
+    return fast
 
 
 def parse_incoming_batch(params: Any) -> list[Any]:

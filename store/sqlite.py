@@ -473,6 +473,53 @@ def _put_state(conn: sqlite3.Connection, op: PutState) -> None:
 
 
 _MESSAGE_COLUMNS = "seq, id, agent, role, body"
+_NO_BOUND = 2**63 - 1  # above every seq (``rows`` newest first without ``before_seq``)
+
+#: Undecodable records one reader reports one by one; past this many, further ones are skipped
+#: all the same and counted, with one last report saying so.
+MAX_SKIPPED = 1024
+
+
+@attrs.frozen(kw_only=True)
+class SkippedRecord:
+    """A stored record a reader left out because it does not decode (a value an older host
+    stored that the codec refuses, or a damaged blob): ``what`` is ``message``, ``journal`` or
+    ``state``, ``key`` the message id, ``stream#seq`` or ``namespace/key``."""
+
+    what: str
+    key: str
+    seq: int | None
+    reason: str
+
+
+class _SkipLog:
+    """Which undecodable records a reader has met, each listed once (thread-safe). Bounded: past
+    :data:`MAX_SKIPPED` records one last entry says the rest are not listed, and further ones
+    are skipped without a report; ``total`` counts the listed ones."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._seen: set[tuple[str, str]] = set()
+        self._new: list[SkippedRecord] = []
+        self.total = 0
+
+    def add(self, record: SkippedRecord) -> None:
+        ident = (record.what, record.key)
+        with self._lock:
+            if ident in self._seen or len(self._seen) > MAX_SKIPPED:
+                return
+            self._seen.add(ident)
+            if len(self._seen) <= MAX_SKIPPED:
+                self.total += 1
+                self._new.append(record)
+                return
+            reason = f"more than {MAX_SKIPPED} undecodable records; the rest are not listed"
+            self._new.append(SkippedRecord(what="", key="", seq=None, reason=reason))
+
+    def take(self) -> list[SkippedRecord]:
+        with self._lock:
+            new, self._new = self._new, []
+        return new
 
 
 def _message(row: tuple[Any, ...]) -> dict[str, Any]:
@@ -501,11 +548,15 @@ class Reader:
     ``read_only=True`` opens an existing store with :func:`connect_read_only`: a missing,
     damaged or newer store raises at once, and nothing is ever written. Otherwise the store is
     opened as the writer opens it (created or upgraded when needed).
+
+    A record that does not decode is left out of every answer, never raised: each is reported
+    once through :meth:`take_skipped`, so one bad record cannot stop any reader.
     """
 
     def __init__(self, path: str | os.PathLike[str], *, read_only: bool = False) -> None:
         self.path = Path(path)
         self._lock = threading.Lock()
+        self._skips = _SkipLog()
         self._conn: sqlite3.Connection | None = (
             connect_read_only(self.path) if read_only else connect(self.path)
         )
@@ -531,6 +582,29 @@ class Reader:
             except sqlite3.Error as exc:
                 raise self._failure(exc) from exc
 
+    def take_skipped(self) -> list[SkippedRecord]:
+        """The undecodable records met since the last call, each listed once per reader."""
+        return self._skips.take()
+
+    @property
+    def skipped_total(self) -> int:
+        """How many distinct undecodable records this reader has left out."""
+        return self._skips.total
+
+    def _decoded(self, row: tuple[Any, ...]) -> dict[str, Any] | None:
+        """The message of a ``_MESSAGE_COLUMNS`` row, or None (reported) when it does not decode."""
+        try:
+            return _message(row)
+        except CorruptRecord as exc:
+            seq, message_id = row[0], row[1]
+            self._skips.add(
+                SkippedRecord(what="message", key=str(message_id), seq=int(seq), reason=str(exc))
+            )
+            return None
+
+    def _messages(self, rows: Iterable[tuple[Any, ...]]) -> list[dict[str, Any]]:
+        return [m for m in map(self._decoded, rows) if m is not None]
+
     def _failure(self, exc: sqlite3.Error) -> StoreError:
         if _is_damage(exc):
             return StoreDamaged(self.path, str(exc))
@@ -551,7 +625,7 @@ class Reader:
             params.append(limit)
         rows = self._query(sql, params)
         rows.reverse()
-        return [_message(row) for row in rows]
+        return self._messages(rows)
 
     def history_after(
         self, agent: str, after_seq: int, limit: int
@@ -568,7 +642,7 @@ class Reader:
         )
         rows.reverse()
         newest = rows[-1][0] if rows else after_seq
-        return [_message(row) for row in rows], int(newest)
+        return self._messages(rows), int(newest)
 
     def rows(
         self,
@@ -604,15 +678,27 @@ class Reader:
             clauses.append(f"role IN ({', '.join('?' * len(wanted))})")
             params.extend(wanted)
         order = "DESC" if newest_first else "ASC"
-        rows = self._query(
+        sql = (
             f"SELECT seq, created_at, id, agent, role, body FROM messages "
-            f"WHERE {' AND '.join(clauses)} ORDER BY seq {order} LIMIT ? OFFSET ?",
-            (*params, limit, offset),
+            f"WHERE {' AND '.join(clauses)} AND seq {'<' if newest_first else '>'} ? "
+            f"ORDER BY seq {order} LIMIT ? OFFSET ?"
         )
-        return [
-            StoredRow(seq=int(seq), created_at=float(at), message=_message((seq, *rest)))
-            for seq, at, *rest in rows
-        ]
+        # A skipped record is made up for by reading on, so a page shorter than ``limit``
+        # still means there is no more.
+        bound = before_seq if newest_first else after_seq
+        page: list[StoredRow] = []
+        while len(page) < limit:
+            want = limit - len(page)
+            edge = bound if bound is not None else _NO_BOUND
+            rows = self._query(sql, (*params, edge, want, offset))
+            for seq, at, *rest in rows:
+                message = self._decoded((seq, *rest))
+                if message is not None:
+                    page.append(StoredRow(seq=int(seq), created_at=float(at), message=message))
+            if len(rows) < want:
+                break
+            bound, offset = int(rows[-1][0]), 0
+        return page
 
     def last_message_seq(self) -> int:
         """The seq of the newest stored message (0 when there is none)."""
@@ -651,8 +737,8 @@ class Reader:
             cursor = self._conn.cursor()
             try:
                 for row in cursor.execute(sql, params):
-                    message = _message(row)
-                    if matches(body_text(message)):
+                    message = self._decoded(row)
+                    if message is not None and matches(body_text(message)):
                         found.append(message)
             except sqlite3.Error as exc:
                 raise self._failure(exc) from exc
@@ -666,7 +752,16 @@ class Reader:
         rows = self._query(
             "SELECT key, value FROM state WHERE namespace = ? ORDER BY key", (namespace,)
         )
-        return {key: decode_value(value) for key, value in rows}
+        values: dict[str, Any] = {}
+        for key, blob in rows:
+            try:
+                values[key] = decode_value(blob)
+            except CorruptRecord as exc:
+                what = SkippedRecord(
+                    what="state", key=f"{namespace}/{key}", seq=None, reason=str(exc)
+                )
+                self._skips.add(what)
+        return values
 
     def journal(
         self, stream: str, after_seq: int = 0, limit: int | None = None
@@ -685,12 +780,14 @@ class Reader:
             try:
                 record = decode_value(blob)
             except CorruptRecord as exc:
-                raise CorruptRecord(f"journal entry {seq} of {stream!r}: {exc}") from exc
-            if not isinstance(record, dict):
-                raise CorruptRecord(
-                    f"journal entry {seq} of {stream!r} is {type(record).__name__}, not a map"
-                )
-            entries.append((int(seq), record))
+                reason = str(exc)
+            else:
+                if isinstance(record, dict):
+                    entries.append((int(seq), record))
+                    continue
+                reason = f"journal entry is {type(record).__name__}, not a map"
+            key = f"{stream}#{seq}"
+            self._skips.add(SkippedRecord(what="journal", key=key, seq=int(seq), reason=reason))
         return entries
 
     def last_seq(self, stream: str) -> int | None:

@@ -11,7 +11,6 @@ from store import (
     SCHEMA_VERSION,
     Append,
     AppendResult,
-    CorruptRecord,
     Database,
     MessageRecord,
     PutState,
@@ -204,15 +203,76 @@ def test_reader_sees_later_commits(path: Path) -> None:
         assert reader.count() == 1
 
 
-def test_corrupt_body_raises(path: Path) -> None:
+def test_corrupt_body_is_skipped_by_every_read(path: Path) -> None:
     with Database(path) as db:
-        db.apply([Append(records=(record(id="bad"),))])
+        db.apply([Append(records=(record(id="a"), record(id="bad"), record(id="c")))])
     conn = sqlite3.connect(path)
     conn.execute("UPDATE messages SET body = x'ff00' WHERE id = 'bad'")
     conn.commit()
     conn.close()
-    with Reader(path) as reader, pytest.raises(CorruptRecord, match="bad"):
+    with Reader(path) as reader:
+        assert [m["id"] for m in reader.history()] == ["a", "c"]
+        (skipped,) = reader.take_skipped()
+        assert (skipped.what, skipped.key, skipped.seq) == ("message", "bad", 2)
+        assert "bad" in skipped.reason
+        assert [m["id"] for m in reader.history_after("alice", 0, 10)[0]] == ["a", "c"]
+        assert reader.history_after("alice", 0, 10)[1] == 3
+        assert [r.message["id"] for r in reader.rows()] == ["a", "c"]
+        assert [m["id"] for m in reader.search("hello")] == ["a", "c"]
+        assert reader.take_skipped() == []  # reported once per reader
+        assert reader.skipped_total == 1
+
+
+def test_rows_reads_on_past_skipped_records(path: Path) -> None:
+    """A page stays full while more decodable rows exist, so paging never stops early."""
+    with Database(path) as db:
+        db.apply([Append(records=tuple(record(id=f"m{n}") for n in range(1, 8)))])
+    conn = sqlite3.connect(path)
+    conn.execute("UPDATE messages SET body = x'ff00' WHERE id IN ('m2', 'm3', 'm6')")
+    conn.commit()
+    conn.close()
+    with Reader(path) as reader:
+        assert [r.seq for r in reader.rows(limit=3)] == [1, 4, 5]
+        assert [r.seq for r in reader.rows(limit=3, after_seq=4)] == [5, 7]
+        assert [r.seq for r in reader.rows(limit=3, newest_first=True)] == [7, 5, 4]
+        assert [r.seq for r in reader.rows(limit=2, newest_first=True, before_seq=7)] == [5, 4]
+        assert [r.seq for r in reader.rows(limit=1, newest_first=True, offset=1)] == [5]
+        assert reader.rows(limit=0) == []
+        assert {s.key for s in reader.take_skipped()} == {"m2", "m3", "m6"}
+
+
+def test_skipped_reports_are_bounded(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import store.sqlite
+
+    monkeypatch.setattr(store.sqlite, "MAX_SKIPPED", 2)
+    with Database(path) as db:
+        db.apply([Append(records=tuple(record(id=f"m{n}") for n in range(5)))])
+    conn = sqlite3.connect(path)
+    conn.execute("UPDATE messages SET body = x'ff00' WHERE id != 'm0'")
+    conn.commit()
+    conn.close()
+    with Reader(path) as reader:
+        assert [m["id"] for m in reader.history()] == ["m0"]
+        skipped = reader.take_skipped()
+        # two listed, then one report that the rest are not listed
+        assert [s.key for s in skipped] == ["m1", "m2", ""]
+        assert "not listed" in skipped[2].reason
         reader.history()
+        assert reader.take_skipped() == []
+
+
+def test_corrupt_state_value_is_skipped(path: Path) -> None:
+    with Database(path) as db:
+        db.apply(
+            [PutState(namespace="ns", key="a", value=1), PutState(namespace="ns", key="b", value=2)]
+        )
+    conn = sqlite3.connect(path)
+    conn.execute("UPDATE state SET value = x'ff00' WHERE key = 'a'")
+    conn.commit()
+    conn.close()
+    with Reader(path) as reader:
+        assert reader.state("ns") == {"b": 2}
+        assert [s.key for s in reader.take_skipped()] == ["ns/a"]
 
 
 def _search_ids(reader: Reader, text: str, **kw: Any) -> list[str]:
@@ -258,7 +318,6 @@ def test_reader_recovers_after_corrupt_row_in_search(path: Path) -> None:
     conn.commit()
     conn.close()
     with Reader(path) as reader, Database(path) as db:
-        with pytest.raises(CorruptRecord):
-            reader.search("hello")
+        assert [m["id"] for m in reader.search("hello")] == ["good"]
         db.apply([Append(records=(record(id="later"),))])
         assert reader.count() == 3

@@ -17,7 +17,6 @@ from store import (
     SCHEMA_VERSION,
     Append,
     AppendResult,
-    CorruptRecord,
     Database,
     GroupCommitWriter,
     JournalEntry,
@@ -240,7 +239,7 @@ def test_writer_acknowledges_entries_once_durable(path: Path) -> None:
     assert seen[-1] == [2, 3]
 
 
-def test_corrupt_entry_raises(path: Path) -> None:
+def test_corrupt_entry_is_skipped_and_reported_once(path: Path) -> None:
     with Database(path) as db:
         db.apply([Append(records=(), journal=(entry("s", 1), entry("s", 2)))])
     conn = sqlite3.connect(path)
@@ -249,11 +248,17 @@ def test_corrupt_entry_raises(path: Path) -> None:
     conn.commit()
     conn.close()
     with Reader(path) as reader:
-        with pytest.raises(CorruptRecord, match="entry 1 of 's'"):
-            reader.journal("s")
-        assert records_of(reader, "s", after_seq=1) == [{"v": 1, "op": "admit", "n": 2}]
-        with pytest.raises(CorruptRecord, match="not a map"):
-            reader.journal("t")
+        assert records_of(reader, "s") == [{"v": 1, "op": "admit", "n": 2}]
+        assert reader.journal("t") == []
+        skipped = reader.take_skipped()
+        assert [(s.what, s.key, s.seq) for s in skipped] == [
+            ("journal", "s#1", 1),
+            ("journal", "t#3", 3),
+        ]
+        assert "not a map" in skipped[1].reason
+        reader.journal("s")
+        assert reader.take_skipped() == []  # once per record
+        assert reader.skipped_total == 2
 
 
 # ------------------------------------------------------------------------------ trimming
