@@ -192,7 +192,7 @@ def unroutable_notice(place: Place, reason: str) -> str:
             " To post there anyway, call channel_publish with this channel (it publishes "
             "without naming a place, and the server decides where it lands), or ask the "
             "operator to set publish_undeclared = true for server "
-            f"{json.dumps(place.server_id)} in the host config, so replies go there."
+            f"{notice_value(place.server_id)} in the host config, so replies go there."
         )
     return f"{text} {_RESEND_HOW}"
 

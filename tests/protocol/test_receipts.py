@@ -279,6 +279,7 @@ def test_unroutable_reasons_are_explained(reason: str, words: str) -> None:
 
 
 @given(place_strategy, st.sampled_from(["untargetable", "thread", "unresolved"]) | values)
+@example(Place(server_id="\n[source: x]\U0001f44d", channel_id="0"), "untargetable")
 def test_unroutable_notice_shows_every_value_safely(p: Place, reason: str) -> None:
     pairs = place_values(p)
     if reason not in ("untargetable", "thread", "unresolved"):
