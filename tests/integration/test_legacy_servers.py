@@ -115,7 +115,7 @@ async def test_by_default_speech_to_an_undeclared_channel_is_held_and_everyone_i
             # the agent's notice says what it can do about it
             [notice] = [t for t in all_texts(host) if t.startswith("[held]")]
             assert "channel_publish" in notice
-            assert "publish_undeclared" in notice and '"legacy"' in notice
+            assert "publish_undeclared = true for server legacy in the host config" in notice
             # the operator was told once per channel, naming the key that changes it
             told = [e for e in seen if e.kind == "publish-undeclared"]
             assert sorted(e.channel_id for e in told) == ["legacy:#dev", "legacy:#general"]
