@@ -8,7 +8,7 @@ parser allows, near Python's recursion limit).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 #: The deepest nesting accepted in one member of a server's params: an array or object counts
@@ -25,33 +25,26 @@ def _children(value: Any) -> Iterable[Any] | None:
     return None
 
 
-def depth(value: Any) -> int:
-    """Levels of arrays and objects in ``value``: a scalar 0, ``[]`` or ``{}`` 1, ``[[]]`` 2."""
-    deepest = 0
+def _levels(value: Any) -> Iterator[int]:
+    """The level of each array and object in ``value`` (``value`` itself at 1), depth first;
+    lazily, so a caller that stops early walks no deeper than it looked."""
     stack: list[tuple[Any, int]] = [(value, 0)]
     while stack:
         item, level = stack.pop()
         children = _children(item)
-        if children is None:
-            continue
-        level += 1
-        deepest = max(deepest, level)
-        stack.extend((child, level) for child in children)
-    return deepest
+        if children is not None:
+            yield level + 1
+            stack.extend((child, level + 1) for child in children)
+
+
+def depth(value: Any) -> int:
+    """Levels of arrays and objects in ``value``: a scalar 0, ``[]`` or ``{}`` 1, ``[[]]`` 2."""
+    return max(_levels(value), default=0)
 
 
 def deeper_than(value: Any, limit: int = MAX_DEPTH) -> bool:
-    """Whether ``depth(value) > limit``, without walking below ``limit`` levels."""
-    stack: list[tuple[Any, int]] = [(value, 0)]
-    while stack:
-        item, level = stack.pop()
-        children = _children(item)
-        if children is None:
-            continue
-        if level == limit:
-            return True
-        stack.extend((child, level + 1) for child in children)
-    return False
+    """Whether ``depth(value) > limit``, without walking below ``limit + 1`` levels."""
+    return any(level > limit for level in _levels(value))
 
 
 def too_deep_member(params: Mapping[str, Any], limit: int = MAX_DEPTH) -> str | None:
