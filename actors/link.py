@@ -80,6 +80,9 @@ class Link:
     channels: set[str] = attrs.field(factory=set)
     # the feature sets' refused uses already reported as declaration mismatches (capped)
     noted_uses: NotedUses = attrs.field(factory=NotedUses)
+    # the channels whose lack of a publish target the operator was told of: a subset of
+    # ``channels`` (so bounded by the channels a server may register)
+    undeclared_told: set[str] = attrs.field(factory=set)
     # requests that arrived before readiness, each with the time it is refused at (-32002)
     pre_ready: deque[tuple[rpc.Request, float]] = attrs.field(factory=lambda: deque())
     pre_ready_added: trio.Event = attrs.field(factory=trio.Event)

@@ -31,10 +31,6 @@ from .messages import ChannelInfo, Describe, Register, Unregister
 class ServerRequests:
     def __init__(self, owner: LinkOwner) -> None:
         self.owner = owner
-        # the link's channels whose lack of a publish target the operator was told of: a
-        # subset of ``link.channels`` (so bounded by the channels a server may register), new
-        # for each link
-        self._told: tuple[Link | None, set[str]] = (None, set())
 
     @staticmethod
     def admission(link: Link, method: str, params: Any = None) -> RpcError | None:
@@ -184,16 +180,11 @@ class ServerRequests:
         self._tell_undeclared(link, desc)
         return {"id": desc.id, "accepted": True}
 
-    def _told_on(self, link: Link) -> set[str]:
-        if self._told[0] is not link:
-            self._told = (link, set())
-        return self._told[1]
-
     def _tell_undeclared(self, link: Link, desc: ChannelDescriptor) -> None:
         """Tell the operator, once per channel of a link, that this channel declares no
         publish target and what that means for plain speech; told again only after the
         channel declared one (or was removed) in between."""
-        told = self._told_on(link)
+        told = link.undeclared_told
         if declared_target(desc.capabilities) is not None:
             told.discard(desc.id)
             return
@@ -224,7 +215,7 @@ class ServerRequests:
         for cid in changed.removed:
             if cid in link.channels:
                 link.channels.discard(cid)
-                self._told_on(link).discard(cid)
+                link.undeclared_told.discard(cid)
                 chan = await owner.ctx.channel(owner.sid, cid)
                 await chan.tell(Unregister())
                 owner.trace("channel-removed", channel_id=cid)
