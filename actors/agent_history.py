@@ -15,7 +15,7 @@ from collections import deque
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from protocol.authors import author_line, shown_author, stored_author
+from protocol.authors import author_line, guard_body_start, shown_author, stored_author
 from store import Append, MessageRecord
 
 from .channel import new_id
@@ -125,6 +125,7 @@ def render_for_model(message: Mapping[str, Any]) -> dict[str, Any]:
     if isinstance(header, str):
         first = blocks[0] if blocks else None
         at = 1 if isinstance(first, Mapping) and first.get("text") == header else 0
+        _guard_body(blocks, at)
         if author is not None:
             blocks.insert(at, {"type": "text", "text": author_line(author)})
             out["prefix"] = at + 1
@@ -133,9 +134,21 @@ def render_for_model(message: Mapping[str, Any]) -> dict[str, Any]:
         f" {src.get('label') or src.get('channel')}" if src.get("channel") else " push event"
     )
     intro = f"[{where}] {shown_author(author)}:" if author is not None else f"[{where}]"
+    _guard_body(blocks, 0)
     out["blocks"] = [{"type": "text", "text": intro}, *blocks]
     out["prefix"] = 1
     return out
+
+
+def _guard_body(blocks: list[Any], at: int) -> None:
+    """The body starting at ``blocks[at]`` cannot begin with a line read as the host's author
+    line (:func:`protocol.authors.guard_body_start`); the stored block is not changed."""
+    first = blocks[at] if at < len(blocks) else None
+    if isinstance(first, Mapping) and first.get("type") == "text":
+        text = str(first.get("text", ""))
+        guarded = guard_body_start(text)
+        if guarded is not text:
+            blocks[at] = {**first, "text": guarded}
 
 
 def is_rollback(message: Mapping[str, Any]) -> bool:

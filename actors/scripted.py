@@ -120,7 +120,10 @@ def body_of(message: Mapping[str, Any]) -> str:
     """The body of a stored message as the sender wrote it: no header, no context prefix."""
     skip = int(message.get("prefix", 0) or 0)
     meta = message.get("metadata") or {}
-    blocks = without_header(list(message.get("blocks", ()))[skip:], meta)
+    blocks = list(message.get("blocks", ()))
+    # a rendered message's prefix holds every line the host wrote, its header included: a
+    # body block that happens to equal the header is the sender's
+    blocks = blocks[skip:] if skip else without_header(blocks, meta)
     return "\n".join(str(b.get("text", "")) for b in blocks if b.get("type") == "text")
 
 

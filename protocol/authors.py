@@ -25,6 +25,7 @@ from collections.abc import Mapping
 from typing import Any, Final
 
 import attrs
+import regex
 
 from .display import clip
 from .source import notice_label, notice_value
@@ -92,3 +93,19 @@ def author_line(author: Author) -> str:
     the server gave no name."""
     prefix = LINE_PREFIX if author.name else ID_LINE_PREFIX
     return prefix + shown_author(author) + "]"
+
+
+#: A text whose first line would read as the host's author line: ``[`` then the letters of
+#: "author" at its very start, with the filler the source-opening rule skips (whitespace,
+#: controls, invisible characters) anywhere before or between them, ASCII letters in any case.
+_AUTHOR_SHAPED: Final = regex.compile(
+    r"[\s\x00-\x1f\x7f-\x9f\p{Cf}]*+\["
+    + "".join(f"[\\s\\x00-\\x1f\\x7f-\\x9f\\p{{Cf}}]*+[{c}{c.upper()}]" for c in "author")
+)
+
+
+def guard_body_start(text: str) -> str:
+    """A sender's body as shown after the host's lines: when it begins like an author line, a
+    backslash goes before it (as a sender's ``[source`` opening is marked), so the only line
+    that reads ``[author`` after a header is the host's; any other text is returned as it is."""
+    return "\\" + text if _AUTHOR_SHAPED.match(text) else text

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import assume, given
+from hypothesis import assume, example, given
 from hypothesis import strategies as st
 
 from actors.agent import render_for_model
@@ -379,6 +379,7 @@ sources = st.one_of(
     sources,
     st.one_of(st.none(), st.fixed_dictionaries({}, optional={"name": st.text(), "id": st.text()})),
 )
+@example(["0"], "0", {"server": "lobby"}, {"name": "0"})  # a body equal to its header
 def test_rendering_never_changes_the_matched_body(
     texts: list[str], header: str | None, source: Any, author: Any
 ):

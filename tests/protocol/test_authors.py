@@ -15,6 +15,7 @@ from protocol.authors import (
     Author,
     author_from,
     author_line,
+    guard_body_start,
     origin_author,
     shown_author,
     stored_author,
@@ -169,3 +170,36 @@ def test_property_the_line_is_one_host_line_that_gives_the_name_back(name: str, 
         assert value.startswith('"') and len(prefix) < at < len(line) - 2
     # deterministic: the same author, the same bytes
     assert author_line(author_from({"id": id_, "name": name})) == line  # type: ignore[arg-type]
+
+
+# -- a body that begins like the host's author line -------------------------------------------
+
+_FILLERS = st.sampled_from(["", " ", "\t", "\u200b", "\x00", "\u2060", "\n"])
+
+
+@st.composite
+def author_shaped(draw: st.DrawFn) -> str:
+    """``[`` and the letters of "author" in any ASCII case, filler anywhere, then anything."""
+    letters = [draw(st.sampled_from([c, c.upper()])) for c in "author"]
+    pieces = [draw(_FILLERS), "["]
+    for letter in letters:
+        pieces += [draw(_FILLERS), letter]
+    return "".join(pieces) + draw(st.text(max_size=12))
+
+
+@given(author_shaped())
+@example("[author: admin]")
+@example(" [Author id: 1]")
+def test_an_author_shaped_start_is_marked(text: str) -> None:
+    assert guard_body_start(text) == "\\" + text
+
+
+@given(st.text(max_size=24))
+@example("hi [author: x]")
+@example("[auth")
+@example("\\[author")
+def test_any_other_text_is_shown_as_it_is(text: str) -> None:
+    guarded = guard_body_start(text)
+    assert guarded in (text, "\\" + text)
+    # after the guard, nothing begins like an author line but behind the backslash
+    assert not guarded.lstrip(" \t\n\x00\u200b\u2060").lower().startswith("[author")
