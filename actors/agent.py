@@ -195,11 +195,13 @@ class AgentActor(Actor):
 
     async def handle(self, msg: Any, reply: Reply) -> None:
         if isinstance(msg, Wake):
-            self._note_wake(msg)
+            self._note_wake(msg, start=False)
+            self._start_if_due()
             reply.value(None)
         elif isinstance(msg, Wakes):
-            for wake in msg.items:
-                self._note_wake(wake)
+            for wake in msg.items:  # a turn starts (or not) once the batch is taken
+                self._note_wake(wake, start=False)
+            self._start_if_due()
             reply.value(None)
         elif isinstance(msg, Withdraw):
             self._withdraw(msg.occurrence)
@@ -245,10 +247,11 @@ class AgentActor(Actor):
         self._publish_status()
 
     # -- wakes ------------------------------------------------------------------------------
-    def _note_wake(self, wake: Wake) -> None:
+    def _note_wake(self, wake: Wake, *, start: bool = True) -> None:
         """Take a wake: the gate decides whether a channel item wakes the agent at all (it is
         stored either way); what does is buffered for the next turn (at most 100; the oldest
-        go first, their conversations still counted for the route)."""
+        go first, their conversations still counted for the route). With ``start`` false the
+        caller starts the turn, once for a batch, and publishes the status."""
         if wake.occurrence is not None and wake.occurrence in self._withdrawn:
             return  # replaced or retracted before it got here: it wakes nobody
         if wake.lane in ("incoming", "push") and not self.gate.admits(wake):
@@ -258,7 +261,8 @@ class AgentActor(Actor):
         if speech is not None and candidate is not None:
             speech.arrival(candidate)
         self.buffer.add(wake, candidate.conversation if candidate is not None else None)
-        self._maybe_start()
+        if start:
+            self._maybe_start()
 
     def _wake_self(self, wake: Wake) -> None:
         """A wake of the agent's own (a gate batch, the end of a sleep): no conversation."""

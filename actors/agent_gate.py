@@ -55,6 +55,8 @@ class WakeGate:
         """Whether a channel item wakes the agent now (it is stored either way)."""
         now = trio.current_time()
         self._reload(now)
+        if self.gate.wakes_plainly(now):
+            return True
         event = GateEvent(
             kind=wake.lane,
             server_id=wake.server_id or "",

@@ -9,6 +9,7 @@ what was stored since the previous turn and keeps the trimmed tail between turns
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 from collections import deque
@@ -24,6 +25,8 @@ from .context import HostContext
 
 #: No stored message counts for fewer tokens than this.
 MIN_MESSAGE_TOKENS = 8
+#: Messages read from the store at a time while assembling a context (newest first).
+CONTEXT_PAGE = 64
 
 
 async def store_message(
@@ -205,13 +208,9 @@ class ContextReader:
 
     async def read(self) -> list[Mapping[str, Any]]:
         """The agent's context from the store: only what was stored since the last read is read
-        and decoded; the kept tail is trimmed to the token budget (oldest whole units first)."""
-        # No message costs less than MIN_MESSAGE_TOKENS, so older ones could never fit.
-        newest = self.budget // MIN_MESSAGE_TOKENS + 1
-        store = self.ctx.store
-        fresh, seen = await store.read(
-            store.reader.history_after, self.agent, self._seen_seq, newest
-        )
+        and decoded, newest first a page at a time, until the budget is full; the kept tail is
+        trimmed to the token budget (oldest whole units first)."""
+        fresh, seen = await self._fresh()
         if any(is_rollback(m) for m in fresh) and self._seen_seq:
             # Something already in the tail was set aside: rebuild from the store.
             self._tail, self._seen_seq = ContextTail(self.budget), 0
@@ -232,3 +231,42 @@ class ContextReader:
             m["tokens"] = estimate_tokens(m)
         self._tail.extend(rendered)
         return self._tail.messages()
+
+    async def _fresh(self) -> tuple[list[dict[str, Any]], int]:
+        """What was stored since the last read, oldest first, and the newest seq among it.
+
+        Pages are read newest first and reading stops once the live messages read fill the
+        budget from the start of a unit (older messages could only be trimmed away, as a whole
+        unit is never split; a stored message is never larger than its rendering; what sets a
+        message aside is newer than it, so it is read first), or at
+        ``budget // MIN_MESSAGE_TOKENS + 1`` messages (no message costs less, so older ones
+        could never fit)."""
+        cap = self.budget // MIN_MESSAGE_TOKENS + 1
+        store = self.ctx.store
+        pages: list[list[dict[str, Any]]] = []
+        count, newest = 0, self._seen_seq
+        before: int | None = None
+        while count < cap:
+            rows = await store.read(
+                functools.partial(
+                    store.reader.rows,
+                    agent=self.agent,
+                    after_seq=self._seen_seq,
+                    before_seq=before,
+                    newest_first=True,
+                    limit=min(CONTEXT_PAGE, cap - count),
+                )
+            )
+            if not rows:
+                break
+            if before is None:
+                newest = rows[0].seq
+            before = rows[-1].seq
+            page = [r.message for r in reversed(rows)]
+            pages.append(page)
+            count += len(page)
+            if page[0].get("role") != "tool" and count < cap:
+                read = [m for p in reversed(pages) for m in p]
+                if sum(estimate_tokens(m) for m in live_messages(read)) > self.budget:
+                    break
+        return [m for page in reversed(pages) for m in page], newest

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from typing import Any
 
 import attrs
 
 from protocol.lanes import ChannelDescriptor, IncomingMessage, PushEvent
+from protocol.routes import Candidate
+
+#: Tags of items that are not conversation (they never count for the speech route).
+NOT_CONVERSATIONAL = frozenset({"chat:reaction", "chat:system"})
 
 # --- to a ConnectionActor ------------------------------------------------------------------
 
@@ -205,6 +210,23 @@ class Wake:
     registered: bool = True
     deferred: bool = False  # an RFC-006 deferred notice: its batch is rendered at assembly
     occurrence: str | None = None  # a coalesced item's occurrence (see ``Withdraw``)
+
+    @functools.cached_property
+    def candidate(self) -> Candidate | None:
+        """The route candidate this wake stands for: channel items only (a gate batch or local
+        input names no conversation). Made once, however many agents the wake reaches."""
+        if self.lane not in ("incoming", "push") or not self.server_id or not self.channel_id:
+            return None
+        return Candidate(
+            server_id=self.server_id,
+            channel_id=self.channel_id,
+            thread_id=self.thread_id,
+            message_id=self.message_id,
+            addressed=self.addressed,
+            conversational=not NOT_CONVERSATIONAL.intersection(self.tags),
+            place=self.place,
+            registered=self.registered,
+        )
 
 
 @attrs.frozen(kw_only=True)

@@ -14,25 +14,10 @@ from protocol.routes import Candidate, Hold, Route, Unroutable, decide_route
 
 from .messages import Wake, WakeTarget
 
-#: Tags of items that are not conversation (they never count for the speech route).
-NOT_CONVERSATIONAL = frozenset({"chat:reaction", "chat:system"})
-
 
 def candidate_of(wake: Wake) -> Candidate | None:
-    """The route candidate a wake stands for: channel items only (a gate batch or local input
-    names no conversation)."""
-    if wake.lane not in ("incoming", "push") or not wake.server_id or not wake.channel_id:
-        return None
-    return Candidate(
-        server_id=wake.server_id,
-        channel_id=wake.channel_id,
-        thread_id=wake.thread_id,
-        message_id=wake.message_id,
-        addressed=wake.addressed,
-        conversational=not NOT_CONVERSATIONAL.intersection(wake.tags),
-        place=wake.place,
-        registered=wake.registered,
-    )
+    """The route candidate a wake stands for (:attr:`Wake.candidate`)."""
+    return wake.candidate
 
 
 @attrs.frozen(kw_only=True)

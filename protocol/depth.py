@@ -43,8 +43,22 @@ def depth(value: Any) -> int:
 
 
 def deeper_than(value: Any, limit: int = MAX_DEPTH) -> bool:
-    """Whether ``depth(value) > limit``, without walking below ``limit + 1`` levels."""
-    return any(level > limit for level in _levels(value))
+    """Whether ``depth(value) > limit``, without walking below ``limit + 1`` levels (so the
+    recursion is at most ``limit + 1`` calls deep, whatever the value)."""
+    children = _children(value)
+    if children is None:
+        return False
+    if limit <= 0:
+        return True
+    for child in children:
+        if type(child) in _SCALARS:  # the common case, without the calls
+            continue
+        if deeper_than(child, limit - 1):
+            return True
+    return False
+
+
+_SCALARS = frozenset({str, int, float, bool, type(None)})
 
 
 def too_deep_member(params: Mapping[str, Any], limit: int = MAX_DEPTH) -> str | None:

@@ -615,6 +615,18 @@ class Gate:
 
     # decisions
 
+    def wakes_plainly(self, now: float) -> bool:
+        """True when any event wakes the agent at ``now`` without looking at it (no policy, the
+        default ``always``, awake); the decision is then counted as :meth:`decide` counts it.
+        False says nothing: ask :meth:`decide`."""
+        if self._config.policies or self._config.default != "always" or self.asleep(now):
+            return False
+        totals = self._totals
+        totals["events"] += 1
+        totals["default"] += 1
+        totals["woke"] += 1
+        return True
+
     def decide(self, event: GateEvent, now: float) -> Decision:
         """Whether ``event`` wakes the agent at ``now``; updates the matching policy's state."""
         self._totals["events"] += 1

@@ -21,7 +21,7 @@ import os
 import sqlite3
 import threading
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +34,7 @@ from store.records import (
     Append,
     AppendResult,
     JournalEntry,
+    MessageRecord,
     Op,
     OpResult,
     Outcome,
@@ -368,8 +369,7 @@ def _apply_bulk(conn: sqlite3.Connection, ops: Sequence[Op]) -> list[Outcome]:
                 continue
             present.add(op.dedupe)
             new_keys.append(op.dedupe)
-        for r in op.records:
-            body = encode_body(r.blocks, r.metadata)
+        for r, body in _encoded(op.records):
             rows.append((r.id, r.agent, r.role, float(r.created_at), body))
         entries.extend(_journal_row(entry) for entry in op.journal)
         outcomes.append(_STORED)
@@ -440,8 +440,7 @@ def _append(conn: sqlite3.Connection, op: Append) -> AppendResult:
         )
         if cur.rowcount == 0:
             return AppendResult(stored=False)
-    for record in op.records:
-        body = encode_body(record.blocks, record.metadata)
+    for record, body in _encoded(op.records):
         try:
             conn.execute(
                 "INSERT INTO messages (id, agent, role, created_at, body) VALUES (?, ?, ?, ?, ?)",
@@ -452,6 +451,16 @@ def _append(conn: sqlite3.Connection, op: Append) -> AppendResult:
     for entry in op.journal:
         conn.execute("INSERT INTO journal (stream, record) VALUES (?, ?)", _journal_row(entry))
     return AppendResult(stored=True)
+
+
+def _encoded(records: Iterable[MessageRecord]) -> Iterator[tuple[MessageRecord, bytes]]:
+    """Each record with its encoded body. The copies of one item for each agent hearing it
+    share their blocks and metadata objects: their body is encoded once."""
+    last: tuple[object, object, bytes] | None = None
+    for r in records:
+        if last is None or last[0] is not r.blocks or last[1] is not r.metadata:
+            last = (r.blocks, r.metadata, encode_body(r.blocks, r.metadata))
+        yield r, last[2]
 
 
 def _journal_row(entry: JournalEntry) -> tuple[str, bytes]:
