@@ -1310,3 +1310,38 @@ class GateMachine(RuleBasedStateMachine):
 
 
 TestGateMachine = GateMachine.TestCase
+
+
+# --- the plain decision ----------------------------------------------------------------------
+
+
+@given(
+    policies=st.lists(st.sampled_from(["always", "skip"]), max_size=2),
+    default=st.sampled_from(["always", "defer", "skip"]),
+    sleep_for=st.one_of(st.none(), st.floats(min_value=-5, max_value=5)),
+    privileged=st.booleans(),
+)
+def test_the_plain_decision_is_the_full_one_when_it_answers(
+    policies: list[str], default: str, sleep_for: float | None, privileged: bool
+) -> None:
+    """``wakes_plainly`` answers only when ``decide`` would wake whatever the event, and it
+    counts the decision exactly as ``decide`` does; otherwise it changes nothing."""
+    top: dict[str, Any] = {"default": default}
+    if privileged:
+        top["privileged_authors"] = ["root"]
+
+    def make() -> Gate:
+        gate = gate_of(*(pol(f"p{i}", b) for i, b in enumerate(policies)), **top)
+        if sleep_for is not None:
+            gate.sleep(100.0 + sleep_for)
+        return gate
+
+    plain, full = make(), make()
+    before = plain.status(100.0)["totals"]
+    answered = plain.wakes_plainly(100.0)
+    assert answered == (not policies and default == "always" and not full.asleep(100.0))
+    if answered:
+        assert full.decide(ev(author="someone"), 100.0).wake
+        assert plain.status(100.0)["totals"] == full.status(100.0)["totals"]
+    else:
+        assert plain.status(100.0)["totals"] == before
