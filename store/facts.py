@@ -85,9 +85,14 @@ class FactWriter:
     def write(self, conn: sqlite3.Connection, appends: Iterable[Append]) -> None:
         """Insert the fact rows of ``appends`` inside the current transaction."""
         rows: list[tuple[str, str]] = []
+        metadata: Mapping[str, Any] | None = None
+        facts: tuple[str, ...] = ()
         for op in appends:
             for record in op.records:
-                for fact in facts_of(record.metadata):
+                if record.metadata is not metadata:  # the copies of one item share theirs
+                    metadata = record.metadata
+                    facts = facts_of(metadata)
+                for fact in facts:
                     pair = (record.agent, fact)
                     if pair not in self._known and pair not in self._pending:
                         self._pending.add(pair)
