@@ -45,11 +45,6 @@ class HeaderNotice:
         self._trace = trace
         self._told = False
 
-    @property
-    def told(self) -> bool:
-        """Whether this agent is known to be recorded as told."""
-        return self._told
-
     async def explain(self) -> None:
         """Store the notice if this agent needs it now, and record the agent as told."""
         if self._told:
