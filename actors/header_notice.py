@@ -4,6 +4,11 @@ Before an agent's first turn whose history holds an item with a source header (h
 the host stores a system notice saying what the headers are, then records the agent as told in
 the store's state table (one list for every agent, at most ``MAX_EXPLAINED`` names). A notice
 already stored counts as given (only the host's own: ``system`` true and its kind).
+
+Whether the history holds a header, and whether the notice is stored, comes from the store's
+facts index (:mod:`store.facts`): one indexed read, however long the history. Once the agent is
+known to be told, later turns cost nothing; the record is read (under the host-wide lock that
+orders its read-modify-write) only until then.
 """
 
 from __future__ import annotations
@@ -11,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from store import PutState
+from store import HEADER_FACT, NOTICE_FACT, NOTICE_KIND, PutState
 
 from .agent_history import store_message
 from .context import HostContext
@@ -20,8 +25,6 @@ from .tools import AUTHORITY
 #: Where the names of the agents already told about source headers are kept (a JSON list).
 EXPLAINED = ("framework", "source_headers_explained")
 MAX_EXPLAINED = 10_000  # names kept; the oldest go first
-NOTICE_KIND = "source-header-notice"
-SCAN_ALL = 2**62  # the scan reads everything stored since the last one
 HEADER_NOTICE = (
     "[source] Messages from connected servers begin with a header the host writes, naming where "
     "each came from: [source: <server> / <channel-id> · <label> · thread <id> · reply to <id>], "
@@ -33,23 +36,31 @@ HEADER_NOTICE = (
 
 
 class HeaderNotice:
-    """One agent's side of the notice: how far its history was scanned, and what was seen."""
+    """One agent's side of the notice. Once the agent is known to be told (its name found in the
+    record, or just written there), every later turn returns at once: no lock, no read."""
 
     def __init__(self, ctx: HostContext, agent: str, trace: Callable[..., Any]) -> None:
         self.ctx = ctx
         self.agent = agent
         self._trace = trace
-        self._scan_seq = 0
-        self._sees_header = False
-        self._notice_given = False
+        self._told = False
 
     async def explain(self) -> None:
         """Store the notice if this agent needs it now, and record the agent as told."""
+        if self._told:
+            return
+        store = self.ctx.store
+        try:
+            facts = await store.read(store.reader.agent_facts, self.agent)
+        except Exception:
+            return  # nothing known this turn: no notice (the next turn asks again)
+        if not facts & {HEADER_FACT, NOTICE_FACT}:
+            return  # nothing to explain and no notice stored, whatever the record holds
         # the record is one list for every agent: one read-modify-write at a time
         async with self.ctx.explained_lock:
-            await self._explain_locked()
+            await self._explain_locked(facts)
 
-    async def _explain_locked(self) -> None:
+    async def _explain_locked(self, facts: frozenset[str]) -> None:
         try:
             state = await self.ctx.store.read(self.ctx.store.reader.state, EXPLAINED[0])
         except Exception:
@@ -57,11 +68,9 @@ class HeaderNotice:
         told = state.get(EXPLAINED[1])
         names = [n for n in told if isinstance(n, str)] if isinstance(told, list) else []
         if self.agent in names:
+            self._told = True
             return
-        sees, given = await self._scan()
-        if not given:
-            if not sees:
-                return
+        if NOTICE_FACT not in facts:  # so the agent's history holds a header to explain
             try:
                 await store_message(
                     self.ctx,
@@ -75,16 +84,10 @@ class HeaderNotice:
                 return  # not stored: not recorded either, so the next turn tries again
             self._trace("header-notice")
         names = [*names, self.agent][-MAX_EXPLAINED:]
-        await self.ctx.store.write(PutState(namespace=EXPLAINED[0], key=EXPLAINED[1], value=names))
-
-    async def _scan(self) -> tuple[bool, bool]:
-        """(some stored item has a source header, the notice is already stored), reading only
-        what was stored since the last scan."""
-        fresh, self._scan_seq = await self.ctx.store.read(
-            self.ctx.store.reader.history_after, self.agent, self._scan_seq, SCAN_ALL
-        )
-        for m in fresh:
-            meta = m.get("metadata") or {}
-            self._sees_header |= isinstance(meta.get("source_header"), str)
-            self._notice_given |= meta.get("system") is True and meta.get("kind") == NOTICE_KIND
-        return self._sees_header, self._notice_given
+        try:
+            await self.ctx.store.write(
+                PutState(namespace=EXPLAINED[0], key=EXPLAINED[1], value=names)
+            )
+        except Exception:
+            return  # not recorded: the next turn finds the notice stored and records it then
+        self._told = True

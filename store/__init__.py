@@ -7,6 +7,7 @@ reads use a :class:`Reader`. This package does not depend on any async framework
 from store.bodytext import body_text, text_matcher
 from store.codec import decode_body, decode_value, encode_body, encode_value
 from store.errors import CorruptRecord, StoreClosed, StoreDamaged, StoreError, StoreFull
+from store.facts import HEADER_FACT, NOTICE_FACT, NOTICE_KIND, facts_of
 from store.records import (
     ROLES,
     Append,
@@ -34,6 +35,9 @@ from store.writer import Done, GroupCommitWriter, WriterStats
 
 __all__ = [
     "DB_FILENAME",
+    "HEADER_FACT",
+    "NOTICE_FACT",
+    "NOTICE_KIND",
     "ROLES",
     "SCHEMA_VERSION",
     "Append",
@@ -65,5 +69,6 @@ __all__ = [
     "decode_value",
     "encode_body",
     "encode_value",
+    "facts_of",
     "text_matcher",
 ]

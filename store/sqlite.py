@@ -6,8 +6,10 @@ transaction is on disk when the commit returns. Only the writer thread (see
 used from any thread.
 
 Schema versions: 1 had ``meta``, ``messages``, ``dedupe`` and ``state``; 2 adds ``journal`` (see
-:mod:`store.records` for what it holds and how it is kept bounded). Opening a store of an older
-version upgrades it in place, in one transaction; a newer version is refused.
+:mod:`store.records` for what it holds and how it is kept bounded); 3 adds ``agent_facts`` (see
+:mod:`store.facts`), filled from the messages already stored when a version-2 store is upgraded.
+Opening a store of an older version upgrades it in place, in one transaction; a newer version is
+refused.
 
 A file SQLite reports as damaged (``SQLITE_CORRUPT``, ``SQLITE_NOTADB``), or a database holding
 tables but no store schema, raises :class:`~store.errors.StoreDamaged` naming the file, whether
@@ -21,7 +23,7 @@ import os
 import sqlite3
 import threading
 from collections import deque
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +32,7 @@ import attrs
 from store.bodytext import body_text, text_matcher
 from store.codec import decode_body, decode_value, encode_body, encode_value
 from store.errors import CorruptRecord, StoreClosed, StoreDamaged, StoreError
+from store.facts import FACTS_SCHEMA, FactWriter, backfill, read_facts
 from store.records import (
     Append,
     AppendResult,
@@ -45,7 +48,7 @@ from store.records import (
 #: File name of the store inside the data directory.
 DB_FILENAME = "store.sqlite3"
 #: Version of the schema below, kept in the ``meta`` table.
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 #: How long a connection waits for another connection's lock, in seconds.
 BUSY_TIMEOUT = 30.0
 
@@ -68,8 +71,12 @@ _JOURNAL_SCHEMA = (
     " seq INTEGER PRIMARY KEY AUTOINCREMENT, stream TEXT NOT NULL, record BLOB NOT NULL)",
     "CREATE INDEX IF NOT EXISTS journal_stream_seq ON journal (stream, seq)",
 )
-#: The statements that bring a store of version ``v`` to ``v + 1``.
-_UPGRADES: dict[int, tuple[str, ...]] = {1: _JOURNAL_SCHEMA}
+#: The steps that bring a store of version ``v`` to ``v + 1``: statements, or functions given the
+#: connection (inside the upgrade's transaction).
+_UPGRADES: dict[int, tuple[str | Callable[[sqlite3.Connection], None], ...]] = {
+    1: _JOURNAL_SCHEMA,
+    2: (backfill,),
+}
 
 
 def db_path(data_dir: str | os.PathLike[str]) -> Path:
@@ -118,7 +125,7 @@ def _ensure_schema(conn: sqlite3.Connection) -> None:
             # Read again under the write lock: another connection may have got here first.
             version = _schema_version(conn)
             if version is None:
-                for statement in (*_SCHEMA, *_JOURNAL_SCHEMA):
+                for statement in (*_SCHEMA, *_JOURNAL_SCHEMA, *FACTS_SCHEMA):
                     conn.execute(statement)
                 conn.execute(
                     "INSERT OR IGNORE INTO meta (key, value) VALUES ('schema_version', ?)",
@@ -126,8 +133,11 @@ def _ensure_schema(conn: sqlite3.Connection) -> None:
                 )
             elif version in _UPGRADES:
                 while version in _UPGRADES:
-                    for statement in _UPGRADES[version]:
-                        conn.execute(statement)
+                    for step in _UPGRADES[version]:
+                        if isinstance(step, str):
+                            conn.execute(step)
+                        else:
+                            step(conn)
                     version += 1
                 conn.execute(
                     "UPDATE meta SET value = ? WHERE key = 'schema_version'", (str(version),)
@@ -236,6 +246,12 @@ def _open_uri(target: Path, query: str, busy_timeout: float) -> sqlite3.Connecti
         raise _read_error(target, "cannot open store", exc) from exc
 
 
+def _is_indexed(conn: sqlite3.Connection) -> bool:
+    """Whether the store on ``conn`` has the facts index (schema version 3 and later)."""
+    version = _schema_version(conn)
+    return version is not None and version >= 3
+
+
 def _needs_immutable(target: Path, exc: sqlite3.Error) -> bool:
     """Whether a read-only open failed only because the store's folder is read-only (SQLite
     could not create the WAL index beside the file)."""
@@ -251,6 +267,7 @@ class Database:
     def __init__(self, path: str | os.PathLike[str], *, busy_timeout: float = BUSY_TIMEOUT) -> None:
         self.path = Path(path)
         self._conn: sqlite3.Connection | None = connect(self.path, busy_timeout=busy_timeout)
+        self.facts = FactWriter()
 
     def close(self) -> None:
         if self._conn is not None:
@@ -285,14 +302,23 @@ class Database:
             try:
                 conn.execute("BEGIN IMMEDIATE")
                 outcomes = _apply_bulk(conn, ops)
-                conn.execute("COMMIT")
+                self.facts.write(conn, _stored_appends(ops, outcomes))
+                self._commit(conn)
                 return outcomes
             except StoreError:
-                _rollback(conn)
+                self._rollback(conn)
             return self._apply_one_by_one(conn, ops)
         except Exception:
-            _rollback(conn)
+            self._rollback(conn)
         return [self._apply_alone(conn, op) for op in ops]
+
+    def _commit(self, conn: sqlite3.Connection) -> None:
+        conn.execute("COMMIT")
+        self.facts.committed()
+
+    def _rollback(self, conn: sqlite3.Connection) -> None:
+        self.facts.rolled_back()
+        _rollback(conn)
 
     def _apply_one_by_one(self, conn: sqlite3.Connection, ops: Sequence[Op]) -> list[Outcome]:
         outcomes: list[Outcome] = []
@@ -301,28 +327,40 @@ class Database:
             conn.execute("SAVEPOINT op")
             try:
                 outcome: Outcome = _apply_op(conn, op)
+                self.facts.write(conn, _stored_appends([op], [outcome]))
             except StoreError as exc:
                 conn.execute("ROLLBACK TO op")
+                self.facts.rolled_back()
                 outcome = exc
             conn.execute("RELEASE op")
             outcomes.append(outcome)
-        conn.execute("COMMIT")
+        self._commit(conn)
         return outcomes
 
     def _apply_alone(self, conn: sqlite3.Connection, op: Op) -> Outcome:
         try:
             conn.execute("BEGIN IMMEDIATE")
             result = _apply_op(conn, op)
-            conn.execute("COMMIT")
+            self.facts.write(conn, _stored_appends([op], [result]))
+            self._commit(conn)
             return result
         except StoreError as exc:
-            _rollback(conn)
+            self._rollback(conn)
             return exc
         except Exception as exc:
-            _rollback(conn)
+            self._rollback(conn)
             if isinstance(exc, sqlite3.Error) and _is_damage(exc):
                 return StoreDamaged(self.path, str(exc))
             return StoreError(f"write failed: {exc}")
+
+
+def _stored_appends(ops: Sequence[Op], outcomes: Sequence[Outcome]) -> list[Append]:
+    """The appends of ``ops`` whose outcome says they were stored."""
+    return [
+        op
+        for op, outcome in zip(ops, outcomes, strict=True)
+        if isinstance(op, Append) and isinstance(outcome, AppendResult) and outcome.stored
+    ]
 
 
 def _rollback(conn: sqlite3.Connection) -> None:
@@ -569,6 +607,8 @@ class Reader:
         self._conn: sqlite3.Connection | None = (
             connect_read_only(self.path) if read_only else connect(self.path)
         )
+        # A store of an older version, opened read-only, has no facts index.
+        self._indexed = read_only is False or _is_indexed(self._conn)
 
     def close(self) -> None:
         with self._lock:
@@ -810,6 +850,17 @@ class Reader:
             "SELECT 1 FROM dedupe WHERE kind = ? AND server = ? AND key = ?", (kind, server, key)
         )
         return bool(rows)
+
+    def agent_facts(self, agent: str) -> frozenset[str]:
+        """The facts (:mod:`store.facts`) the stored messages of ``agent`` make, read from the
+        index without decoding the history."""
+        with self._lock:
+            if self._conn is None:
+                raise StoreClosed("reader is closed")
+            try:
+                return read_facts(self._conn, agent, indexed=self._indexed)
+            except sqlite3.Error as exc:
+                raise self._failure(exc) from exc
 
     def count(self) -> int:
         """Number of stored messages."""

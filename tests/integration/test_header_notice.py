@@ -21,7 +21,7 @@ from actors.agent import HEADER_NOTICE
 from actors.config import load_config
 from actors.tools import AUTHORITY
 from protocol.digests import body_digest
-from store import PutState, Reader, db_path
+from store import PutState, Reader, StoreError, db_path
 from tests.chat_servers import DiscordServer, running_chat
 from tests.helpers import (
     RecordingModel,
@@ -62,6 +62,24 @@ def notices(history: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def explained(lb: RunningLobby) -> Any:
     """The stored list of agents told about source headers (None when there is none)."""
     return lb.host.ctx.store.reader.state(EXPLAINED_NS).get(EXPLAINED_KEY)
+
+
+def fail_record_write_once(monkeypatch: pytest.MonkeyPatch, lb: RunningLobby) -> list[Any]:
+    """Make the next write of the record fail as a full disk would; the list gets the value
+    that was not written."""
+    store = lb.host.ctx.store
+    write = store.write
+    failed: list[Any] = []
+
+    async def failing(op: Any) -> Any:
+        if isinstance(op, PutState) and (op.namespace, op.key) == (EXPLAINED_NS, EXPLAINED_KEY):
+            if not failed:
+                failed.append(op.value)
+                raise StoreError("database or disk is full")
+        return await write(op)
+
+    monkeypatch.setattr(store, "write", failing)
+    return failed
 
 
 async def clear_explained(lb: RunningLobby) -> None:
@@ -240,13 +258,14 @@ async def test_a_notice_already_stored_counts_as_given_and_repairs_the_record(
     install(monkeypatch, model)
     with trio.fail_after(60):
         async with running_lobby(tmp_path, {"Ada": ""}) as lb:
+            # the notice is stored but the record's write fails: the next turn repairs it
+            failed = fail_record_write_once(monkeypatch, lb)
             await incoming(lb, "lobby:#general", "m1", "hello")
             await turn_ended(lb, "Ada")
             [notice] = notices(lb.host.history("Ada"))
-            assert explained(lb) == ["Ada"]
+            assert failed == [["Ada"]]
+            assert explained(lb) is None
 
-            # the record is lost (as if its write had failed): the next turn repairs it
-            await clear_explained(lb)
             await incoming(lb, "lobby:#general", "m2", "again")
             await turn_ended(lb, "Ada")
             assert [m["id"] for m in notices(lb.host.history("Ada"))] == [notice["id"]]
