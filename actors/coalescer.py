@@ -120,7 +120,7 @@ RENDER_TIMEOUT_S = 5.0
 #: Renders started and not yet completed, remembered for their authority re-check.
 MAX_JOBS = 4096
 #: Agents remembered as having a render's outcome land in their context unasked; at the cap the
-#: one told longest ago is forgotten (its next assembly, if caused only by deferred batches,
+#: one remembered longest is forgotten (its next assembly, if caused only by deferred batches,
 #: then runs no inference: what landed stays in its context for the next one).
 MAX_LANDED = 4096
 ASK_S = 60.0
