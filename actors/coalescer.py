@@ -28,6 +28,13 @@ ChannelActor: ``Materialized``) are the turn task's work, never this actor's; th
 back as ``RenderDone``, whose ``Materialize`` effect stores those copies together with the
 journal entries before the answer. This actor itself never asks another actor.
 
+A batch is rendered once for its whole audience. An agent whose assembly begins while another
+agent's render of a batch it sees is in flight joins that render; one whose assembly begins
+only after that render completed finds the batch closed, its copy already stored. Its wake
+was still caused by the batch, so ``Begun.landed`` tells it what materialized into its
+context since its last assembly (RFC-006 rev 8: an inference caused only by deferred batches
+runs when something materialized), whatever the order in which the agents' turns got there.
+
 Journal compaction: the journal is a command log, one record per journaled transition. Once
 more than ``COMPACT_EVERY`` (1024) records have been journaled since the stream's latest
 snapshot, the step that journaled the last of them goes on, after its answer and before the
@@ -112,6 +119,10 @@ ADVERTISED = HOST_COALESCING
 RENDER_TIMEOUT_S = 5.0
 #: Renders started and not yet completed, remembered for their authority re-check.
 MAX_JOBS = 4096
+#: Agents remembered as having a render's outcome land in their context unasked; at the cap the
+#: one remembered longest is forgotten (its next assembly, if caused only by deferred batches,
+#: then runs no inference: what landed stays in its context for the next one).
+MAX_LANDED = 4096
 ASK_S = 60.0
 
 
@@ -169,15 +180,20 @@ class RenderWait:
 
     done: trio.Event = attrs.field(factory=trio.Event)
     outcome: str | None = None
+    #: the agents that hear the outcome from this render: the one rendering and each joiner
+    told: set[str] = attrs.field(factory=set)
 
 
 @attrs.frozen(kw_only=True)
 class Begun:
-    """The answer to ``BeginAssembly``: the renders the asker performs (``jobs``), and those
-    already under way elsewhere that it waits for (``joins``)."""
+    """The answer to ``BeginAssembly``: the renders the asker performs (``jobs``), those
+    already under way elsewhere that it waits for (``joins``), and the outcome of renders
+    completed elsewhere since its last assembly that materialized into its context
+    (``landed``: ``materialized`` or ``fallback``, at most one)."""
 
     jobs: tuple[RenderJob, ...] = ()
     joins: tuple[RenderWait, ...] = ()
+    landed: tuple[str, ...] = ()
 
 
 @attrs.frozen(kw_only=True)
@@ -227,6 +243,8 @@ class CoalescerActor(Actor):
     mailbox_size = 1024
     #: See the module docstring (a test may lower it on an instance).
     compact_every = COMPACT_EVERY
+    #: See ``MAX_LANDED`` (a test may lower it).
+    max_landed = MAX_LANDED
 
     def __init__(self, ctx: HostContext, new_id: Any) -> None:
         super().__init__("coalescer", ctx.work)
@@ -236,6 +254,8 @@ class CoalescerActor(Actor):
         self._hidden: OrderedDict[str, None] = OrderedDict()
         self._jobs: OrderedDict[str, RenderJob] = OrderedDict()
         self._waits: dict[str, RenderWait] = {}  # one per job in ``_jobs``, by batch
+        # agent -> a render outcome that landed in its context and it was not told of
+        self._landed: OrderedDict[str, str] = OrderedDict()
         # rows of the stream besides its latest snapshot (journaled, or submitted to be)
         self._since = 0
 
@@ -452,8 +472,11 @@ class CoalescerActor(Actor):
             for batch, job in self._jobs.items()
             if batch not in started and msg.context in job.contexts
         )
+        for wait in joins:
+            wait.told.add(msg.context)
+        landed = self._landed.pop(msg.context, None)
         if not renders:
-            return Begun(joins=joins)
+            return Begun(joins=joins, landed=(landed,) if landed else ())
         jobs = []
         for effect in renders:
             b = self.co.rendering(effect.subject)  # frozen by this very step
@@ -475,12 +498,12 @@ class CoalescerActor(Actor):
                 origin=b.origin,
             )
             self._jobs[job.batch] = job
-            self._waits[job.batch] = RenderWait()
+            self._waits[job.batch] = RenderWait(told={msg.context})
             while len(self._jobs) > MAX_JOBS:
                 forgotten, _ = self._jobs.popitem(last=False)
                 self._waits.pop(forgotten).done.set()  # nobody waits on it any longer
             jobs.append(job)
-        return Begun(jobs=tuple(jobs), joins=joins)
+        return Begun(jobs=tuple(jobs), joins=joins, landed=(landed,) if landed else ())
 
     async def _render_done(self, msg: RenderDone) -> str | None:
         job = self._jobs.pop(msg.batch, None)
@@ -501,6 +524,8 @@ class CoalescerActor(Actor):
         if records or step.records:
             entries = self._entries(step)
             await self.ctx.store.write(Append(records=tuple(records), journal=entries))
+        wait = self._waits.pop(msg.batch, None)
+        self._land(step, wait.told if wait is not None else set())
         self._audit(step)
         self.ctx.trace.emit(
             "coalesce-render",
@@ -508,11 +533,22 @@ class CoalescerActor(Actor):
             channel_id=job.channel_id if job is not None else None,
             data={"batch": msg.batch, "outcome": step.outcome, "reason": msg.reason},
         )
-        wait = self._waits.pop(msg.batch, None)
         if wait is not None:
             wait.outcome = step.outcome
             wait.done.set()
         return step.outcome
+
+    def _land(self, step: Step, told: set[str]) -> None:
+        """Remember, for each agent a render's outcome materialized for (now durable) that
+        neither rendered it nor joined it, that something landed in its context."""
+        for effect in step.effects:
+            if not isinstance(effect, Materialize):
+                continue
+            for agent in sorted(set(effect.contexts) - told):
+                self._landed.pop(agent, None)
+                self._landed[agent] = "fallback" if effect.source == "fallback" else "materialized"
+                while len(self._landed) > self.max_landed:
+                    self._landed.popitem(last=False)
 
 
 Failure = Literal["timeout", "error", "disconnect"]

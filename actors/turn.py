@@ -352,12 +352,13 @@ class Turn:
     async def _render_deferred(self) -> list[str]:
         """RFC-006 §5: before the context is read, render the pending deferred batches this
         agent would see (each ``push/render`` concurrently, under its timeout, in this task),
-        and wait until what they materialized is durable. The outcomes, one per render."""
+        and wait until what they materialized is durable. The outcomes, one per render, and
+        one for what renders of other turns materialized here since this agent's last read."""
         coalescer = self.ctx.coalescer
         if coalescer is None:
             return []
         begun = await coalescer.ask(BeginAssembly(context=self.agent), timeout=60)
-        outcomes: list[str] = []
+        outcomes = list(begun.landed)  # rendered by another turn before this one began
 
         async def one(job: Any) -> None:
             outcome = await render(self.ctx, job)

@@ -4,20 +4,27 @@
 the variants it names as needing the host run here, through :class:`actors.Host` with its
 store in a temp dir, and a :class:`tests.vector_server.VectorServer` joined by memory channels.
 Time is a MockClock that moves only where a vector says time passes (``wait``, a render
-timing out at ``joinTurn``, a reconnect's backoff): the store's writer thread would make an
-autojumping clock leap to the next deadline whenever it commits. A hung step still fails: past
-``HANG_S`` real seconds with every task blocked, the clock jumps, and the outer deadline fires.
+still held timing out at ``joinTurn``, a reconnect's backoff), never by itself: the store's
+writer thread would make an autojumping clock leap to the next deadline whenever it commits,
+and a leap while a commit is slow would decide a vector's outcome (a render join timing out)
+by the machine's load. A hung step fails instead, naming the step, once every task has been
+blocked for ``HANG_S`` real seconds; no step waits for that in a passing run.
 
 The profile: between steps every agent's turns are held (``Host.hold``), so the host's own
 wake decision runs where a vector says so: ``turn`` releases the agents, waits for the host
-to be idle and holds them again. ``assemble`` is an operator line (``post_local``) and a turn:
-one model request from the agent's context as it is. ``queueInference`` is an operator line
-left waiting. ``suppressWake`` keeps one agent held through the next ``turn``.
+to be idle and holds them again. Between ``startTurn`` and ``joinTurn`` one turn is open (its
+render may be held): a step then waits for what it did to be in force (the host's answer,
+or the ``manifest-changed`` trace event of a changed grant), not for the host to be idle,
+which it is not until the turn ends; ``joinTurn`` waits for that end. ``assemble`` is an
+operator line (``post_local``) and a turn: one model request from the agent's context as it
+is. ``queueInference`` is an operator line left waiting. ``suppressWake`` keeps one agent held
+through the next ``turn``.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -29,7 +36,7 @@ import trio.testing
 
 from actors import Host
 from actors.agent import live_messages
-from actors.coalescer import RENDER_TIMEOUT_S
+from actors.coalescer import RENDER_TIMEOUT_S, CoalescerActor
 from actors.connection import BACKOFF_CAP_S
 from actors.models import ModelError, ModelReply, ModelRequest
 from protocol.hooks import ModelInfo
@@ -38,8 +45,8 @@ from tests.protocol.test_coalesce_vectors import CASES, classify, evaluate, reso
 from tests.vector_server import VectorServer, memory_transports
 
 SERVER = "editor"
-HANG_S = 10.0  # real seconds with every task blocked before a hung step is forced to fail
-DEADLINE_S = 3600.0  # virtual: past what any vector needs; a forced jump runs into it
+HANG_S = 60.0  # real seconds with every task blocked before a step counts as hung
+DEADLINE_S = 3600.0  # virtual: past what any vector needs
 ASSEMBLE = "(operator) go on"
 QUEUED = "(operator) a queued request"
 
@@ -124,11 +131,31 @@ class Harness:
         self.agents = agents
         self.suppressed: set[str] = set()
         self.turn_open = False
+        self.step: Any = None  # the step being run, for a hang's message
 
     async def settle(self) -> None:
-        """Let every task run that can, then wait until the host has no work."""
+        """Let every task run that can, then wait until the host has no work; while a turn is
+        open the host has work until it ends, so only the former."""
         await trio.testing.wait_all_tasks_blocked()
-        await self.host.run_until_idle()
+        if not self.turn_open:
+            await self.host.run_until_idle()
+
+    async def watch(self) -> None:
+        """Fail the run once every task has been blocked for ``HANG_S`` real seconds: the clock
+        never moves by itself, so a step waiting for time no vector passes waits for ever."""
+        await trio.testing.wait_all_tasks_blocked(cushion=HANG_S)
+        raise AssertionError(f"hung for {HANG_S:g}s of real time at step {self.step!r}")
+
+    async def change_manifest(self) -> None:
+        """Announce the server's changed manifest; return once the host applied it."""
+        # subscribed without the bus's replay: an earlier change's event is not this one's
+        events = self.host.ctx.trace.subscribe_nowait(kinds=frozenset({"manifest-changed"}))
+        try:
+            await self.server.change_manifest()
+            await events.receive()
+        finally:
+            events.close()
+        await self.settle()
 
     async def pass_time(self, seconds: float) -> None:
         self.clock.jump(seconds)
@@ -150,6 +177,7 @@ class Harness:
             await self.host.hold(agent)
 
     async def run(self, step: dict[str, Any]) -> dict[str, Any]:
+        self.step = step
         op = step["op"]
         reply = None
         if op == "send":
@@ -181,12 +209,10 @@ class Harness:
         elif op == "grant":
             leaves = step["leaves"]
             self.server.capabilities = {leaf: True for leaf in leaves}
-            await self.server.change_manifest()
-            await self.settle()
+            await self.change_manifest()
         elif op == "disableFeature":
             self.server.feature_sets.pop("doc")
-            await self.server.change_manifest()
-            await self.settle()
+            await self.change_manifest()
         elif op == "startTurn":
             self.server.render_asked = trio.Event()
             await self.host.release(self.agents[0])
@@ -202,7 +228,10 @@ class Harness:
         elif op == "joinTurn":
             assert self.turn_open, "no turn to join"
             self.turn_open = False
-            await self.pass_time(RENDER_TIMEOUT_S + 0.001)
+            if self.server.held:  # its render is still unanswered: let it time out
+                await self.pass_time(RENDER_TIMEOUT_S + 0.001)
+            else:
+                await self.settle()
         elif op == "wait":
             await self.pass_time(step["ms"] / 1000)
         elif op == "disconnect":
@@ -311,14 +340,15 @@ async def harness(
             spec["gate"] = gate_file(tmp_path, setup["gate"])
         specs.append(spec)
     cfg = config(tmp_path, [{"id": SERVER, "command": ["vector-server"]}], specs)
-    clock.autojump_threshold = HANG_S
+    clock.autojump_threshold = math.inf  # the default; time moves only where a step says
     with trio.fail_after(DEADLINE_S), trio.CancelScope() as scope:
         async with trio.open_nursery() as nursery:
             server.nursery = nursery
             # no status file: its writer wakes the host every second of real time, so the host
-            # would never sit idle for HANG_S and the clock would never jump
+            # would never sit idle for HANG_S and a hung step would never be told
             async with Host.open(cfg, status_file=False) as host:
                 h = Harness(host, server, model, clock, agents)
+                nursery.start_soon(h.watch)
                 for name in agents:
                     await host.hold(name)
                 await h.connected()
@@ -396,3 +426,65 @@ async def test_held_turns_wait_for_release_and_then_run_once(
         assert len(h.model.requests) == 1  # both wakes in one turn
         assert "one" in h.model.requests[0][1] and "two" in h.model.requests[0][1]
         assert await host.release("agent") is False
+
+
+def deferred(event_id: str, text: str) -> dict[str, Any]:
+    """A ``send`` step of a deferred notice of subject ``K`` (``text`` is its fallback)."""
+    return push(event_id, text, key="K", deferred=True)
+
+
+async def test_a_render_that_landed_before_an_agent_assembled_still_starts_its_inference(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mock_clock: trio.testing.MockClock
+) -> None:
+    # Case 25 with b's turn beginning only after agent's render of their batch completed (as a
+    # slow store read can make it under load): the render is still one, and b, whose wake
+    # the batch caused, still reads what materialized in its context.
+    async with harness(tmp_path, monkeypatch, mock_clock, {"agents": ["agent", "b"]}) as h:
+        await h.run({"op": "render", "plan": {"mode": "immediate", "text": "RENDERED"}})
+        await h.run(deferred("n1", "FALLBACK"))
+        await h.run({"op": "suppressWake", "agent": "b"})
+        obs = await h.run({"op": "turn"})
+        assert obs["modelCalls"] == 1 and "RENDERED" in obs["contexts"]["b"]
+        obs = await h.run({"op": "turn"})
+        assert len(obs["renders"]) == 1
+        assert [who for who, _ in h.model.requests] == ["agent", "b"]
+        assert "RENDERED" in obs["requestText"] and "FALLBACK" not in obs["allRequestText"]
+        # told once: b's next turn caused only by a render that landed nothing runs no inference
+        await h.run({"op": "render", "plan": {"mode": "empty"}})
+        await h.run(deferred("n2", "FALLBACK_TWO"))
+        obs = await h.run({"op": "turn"})
+        assert obs["modelCalls"] == 2 and len(obs["renders"]) == 2
+
+
+async def test_agents_told_of_a_landed_render_are_bounded_oldest_forgotten(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mock_clock: trio.testing.MockClock
+) -> None:
+    # At the cap the agent told longest ago is forgotten: its turn caused only by the batch
+    # runs no inference, though what landed stays in its context for the next one.
+    monkeypatch.setattr(CoalescerActor, "max_landed", 1)
+    async with harness(tmp_path, monkeypatch, mock_clock, {"agents": ["agent", "b", "c"]}) as h:
+        await h.run({"op": "render", "plan": {"mode": "immediate", "text": "RENDERED"}})
+        await h.run(deferred("n1", "FALLBACK"))
+        await h.run({"op": "suppressWake", "agent": "b"})
+        await h.run({"op": "suppressWake", "agent": "c"})
+        await h.run({"op": "turn"})
+        obs = await h.run({"op": "turn"})
+        assert [who for who, _ in h.model.requests] == ["agent", "c"]
+        assert "RENDERED" in obs["contexts"]["b"]
+
+
+async def test_a_step_waiting_for_time_no_vector_passes_fails_naming_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mock_clock: trio.testing.MockClock
+) -> None:
+    # The clock never jumps by itself: a step that would wait for a render's timeout the vector
+    # does not pass (here: waiting for the host to be idle while the render is held) fails.
+    monkeypatch.setattr("tests.integration.test_coalesce_vectors_host.HANG_S", 0.5)
+    with pytest.raises(BaseExceptionGroup) as caught:
+        async with harness(tmp_path, monkeypatch, mock_clock, {}) as h:
+            await h.run({"op": "render", "plan": {"mode": "held"}})
+            await h.run(deferred("n1", "FALLBACK"))
+            await h.run({"op": "startTurn"})
+            h.turn_open = False  # as if the step did not know of the open turn
+            await h.settle()
+    assert caught.group_contains(AssertionError, match="hung for 0.5s .*'op': 'startTurn'")
+    assert trio.current_time() == 0  # the render did not time out meanwhile
