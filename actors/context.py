@@ -57,7 +57,9 @@ class HostContext:
         self.injections_noticed: set[str] = set()
         # The current checkpoint of every state lineage (server, feature set), host-wide.
         self.lineages = Lineages()
-        # Serializes updates of the record of agents told about source headers.
+        # The record of agents told about source headers: its names once read (kept in step
+        # with every write since), and the lock that orders its updates.
+        self.explained_names: list[str] | None = None
         self.explained_lock = trio.Lock()
 
     def binding(self, server_id: str) -> str:

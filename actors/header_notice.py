@@ -7,8 +7,8 @@ already stored counts as given (only the host's own: ``system`` true and its kin
 
 Whether the history holds a header, and whether the notice is stored, comes from the store's
 facts index (:mod:`store.facts`): one indexed read, however long the history. Once the agent is
-known to be told, later turns cost nothing; the record is read (under the host-wide lock that
-orders its read-modify-write) only until then.
+known to be told, later turns cost nothing. The record is read once per host and kept in step with
+its writes; a host-wide lock orders them, held only to hand a write over, never over a commit.
 """
 
 from __future__ import annotations
@@ -56,17 +56,9 @@ class HeaderNotice:
             return  # nothing known this turn: no notice (the next turn asks again)
         if not facts & {HEADER_FACT, NOTICE_FACT}:
             return  # nothing to explain and no notice stored, whatever the record holds
-        # the record is one list for every agent: one read-modify-write at a time
-        async with self.ctx.explained_lock:
-            await self._explain_locked(facts)
-
-    async def _explain_locked(self, facts: frozenset[str]) -> None:
-        try:
-            state = await self.ctx.store.read(self.ctx.store.reader.state, EXPLAINED[0])
-        except Exception:
+        names = await self._names()
+        if names is None:
             return  # no record to read: no notice this turn
-        told = state.get(EXPLAINED[1])
-        names = [n for n in told if isinstance(n, str)] if isinstance(told, list) else []
         if self.agent in names:
             self._told = True
             return
@@ -83,11 +75,44 @@ class HeaderNotice:
             except Exception:
                 return  # not stored: not recorded either, so the next turn tries again
             self._trace("header-notice")
-        names = [*names, self.agent][-MAX_EXPLAINED:]
+        self._told = await self._record()
+
+    async def _names(self) -> list[str] | None:
+        """The names in the record: read once per host, kept in step with every write since;
+        None when it cannot be read."""
+        ctx = self.ctx
+        async with ctx.explained_lock:
+            if ctx.explained_names is None:
+                try:
+                    state = await ctx.store.read(ctx.store.reader.state, EXPLAINED[0])
+                except Exception:
+                    return None
+                told = state.get(EXPLAINED[1])
+                ctx.explained_names = (
+                    [n for n in told if isinstance(n, str)] if isinstance(told, list) else []
+                )
+            return list(ctx.explained_names)
+
+    async def _record(self) -> bool:
+        """Add this agent to the record; whether the write committed. The lock is held only
+        to hand the write over (writes commit in the order they are handed over, so each
+        carries every name before it), never while a commit is awaited."""
+        ctx = self.ctx
+        async with ctx.explained_lock:
+            assert ctx.explained_names is not None
+            names = [*ctx.explained_names, self.agent][-MAX_EXPLAINED:]
+            try:
+                future = await ctx.store.submit(
+                    PutState(namespace=EXPLAINED[0], key=EXPLAINED[1], value=names)
+                )
+            except Exception:
+                return False
+            ctx.explained_names = list(names)  # the handed-over value is never changed
         try:
-            await self.ctx.store.write(
-                PutState(namespace=EXPLAINED[0], key=EXPLAINED[1], value=names)
-            )
+            await future.wait()
         except Exception:
-            return  # not recorded: the next turn finds the notice stored and records it then
-        self._told = True
+            async with ctx.explained_lock:  # not recorded: the next turn records it then
+                if ctx.explained_names is not None and self.agent in ctx.explained_names:
+                    ctx.explained_names.remove(self.agent)
+            return False
+        return True

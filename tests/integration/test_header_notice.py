@@ -68,17 +68,21 @@ def fail_record_write_once(monkeypatch: pytest.MonkeyPatch, lb: RunningLobby) ->
     """Make the next write of the record fail as a full disk would; the list gets the value
     that was not written."""
     store = lb.host.ctx.store
-    write = store.write
+    submit = store.submit
     failed: list[Any] = []
+
+    class FailedCommit:
+        async def wait(self) -> Any:
+            raise StoreError("database or disk is full")
 
     async def failing(op: Any) -> Any:
         if isinstance(op, PutState) and (op.namespace, op.key) == (EXPLAINED_NS, EXPLAINED_KEY):
             if not failed:
                 failed.append(op.value)
-                raise StoreError("database or disk is full")
-        return await write(op)
+                return FailedCommit()
+        return await submit(op)
 
-    monkeypatch.setattr(store, "write", failing)
+    monkeypatch.setattr(store, "submit", failing)
     return failed
 
 

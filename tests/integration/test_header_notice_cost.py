@@ -158,13 +158,13 @@ async def test_after_the_agent_is_told_later_turns_take_no_lock_and_read_nothing
 
             await turn(host, stream, "first")
             assert len(notices(host)) == 1
-            assert lock.taken == 1
+            assert lock.taken == 2  # to read the record, then to hand its write over
             assert "state" in asked
 
             asked.clear()
             for i in range(3):
                 await turn(host, stream, f"later {i}")
-            assert lock.taken == 1
+            assert lock.taken == 2
             assert "state" not in asked and "agent_facts" not in asked
             assert len(notices(host)) == 1
 
@@ -200,3 +200,79 @@ async def test_a_header_item_stored_before_the_upgrade_from_version_2_still_brin
             assert len([m for m in call.messages if is_header_notice(m)]) == 1
             await turn(host, stream, "again")
             assert len(notices(host)) == 1
+
+
+async def test_the_lock_is_never_held_while_a_record_write_commits(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two agents told at once: while the first agent's record write waits for its commit,
+    the second reads the record and hands its own write over; the record ends with both."""
+    header = "[source: lobby · unscoped]"
+    with Database(db_path(tmp_path / "data")) as db:
+        db.apply(
+            [
+                Append(
+                    records=tuple(
+                        MessageRecord(
+                            id=f"{name}-far-back",
+                            agent=name,
+                            role="user",
+                            blocks=(
+                                {"type": "text", "text": header},
+                                {"type": "text", "text": "x"},
+                            ),
+                            metadata={"source_header": header},
+                            created_at=1.0,
+                        )
+                        for name in ("Ada", "Bob")
+                    )
+                )
+            ]
+        )
+    install(monkeypatch, RecordingModel())
+    agents = [
+        {"name": name, "model": scripted(tmp_path, name.lower(), ""), "context_tokens": 400}
+        for name in ("Ada", "Bob")
+    ]
+    with trio.fail_after(60):
+        async with Host.open(config(tmp_path, [], agents)) as host:
+            client = host.ctx.store
+            submit = client.submit
+            handed: list[list[str]] = []
+            release = trio.Event()
+            second = trio.Event()
+
+            class HeldCommit:
+                def __init__(self, inner: Any) -> None:
+                    self.inner = inner
+
+                async def wait(self) -> Any:
+                    await release.wait()
+                    return await self.inner.wait()
+
+            async def holding(op: Any) -> Any:
+                future = await submit(op)
+                if getattr(op, "key", None) == EXPLAINED_KEY:
+                    handed.append(list(op.value))
+                    if len(handed) == 1:
+                        return HeldCommit(future)
+                    second.set()
+                return future
+
+            monkeypatch.setattr(client, "submit", holding)
+            stream = host.trace()
+            await host.post_local("Ada", "one")
+            await host.post_local("Bob", "two")
+            await second.wait()  # the first commit is still held here
+            assert not release.is_set() and len(handed) == 2
+            release.set()
+            for name in ("Ada", "Bob"):
+                await wait_trace(
+                    stream, lambda e, n=name: e.kind == "turn-end" and e.agent == n, name
+                )
+            await host.run_until_idle()
+            assert sorted(handed[-1]) == ["Ada", "Bob"]
+            assert sorted(host.ctx.store.reader.state(EXPLAINED_NS)[EXPLAINED_KEY]) == [
+                "Ada",
+                "Bob",
+            ]
