@@ -337,6 +337,7 @@ class ConnectionActor(Actor):
                 self.link = None
                 self.publish_status()
             self.lanes.flush_skips()
+            self.life.flush_ignored()
             self.last_error = reason
             self.publish_status()
             if trio.current_time() - started >= HEALTHY_AFTER_S:

@@ -32,8 +32,13 @@ from .transport import Transport
 
 log = logging.getLogger("mcplive.connection")
 
-READ_BATCH = 256  # requests read together are queued together, up to this many
-TAKE_LIMIT = 1024  # the most a dispatcher or responder takes at once
+#: A connection's share of the host per scheduling step: its reader, dispatcher and responder
+#: each handle at most this many messages before every other task has had its turn. A flooding
+#: server so gets one slice per round, as a quiet one does, and the rest waits in its bounded
+#: queues (then in its own transport: it is slowed down, never refused).
+INGEST_SLICE = 16
+READ_BATCH = INGEST_SLICE  # requests read together are queued together, up to this many
+TAKE_LIMIT = INGEST_SLICE  # the most a dispatcher or responder takes at once
 MANIFEST_FETCHES = 5  # at most this many mcpl/manifest fetches per window; the excess is dropped
 MANIFEST_WINDOW_S = 60.0
 
@@ -77,6 +82,9 @@ class Link:
     fetching: bool = False
     refetch: bool = False
     tools: tuple[Mapping[str, Any], ...] = ()
+    # a tools/list refresh runs (one at a time); ``tools_stale``: asked again meanwhile
+    tools_listing: bool = False
+    tools_stale: bool = False
     channels: set[str] = attrs.field(factory=set)
     # the feature sets' refused uses already reported as declaration mismatches (capped)
     noted_uses: NotedUses = attrs.field(factory=NotedUses)

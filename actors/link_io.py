@@ -37,7 +37,7 @@ from protocol.framing import Oversize, Undecodable
 
 from .inbound import HotLanes, Pending
 from .kernel import BatchQueue
-from .link import READ_BATCH, TAKE_LIMIT, Link, LinkOwner, describe
+from .link import INGEST_SLICE, READ_BATCH, TAKE_LIMIT, Link, LinkOwner, describe
 from .server_requests import ServerRequests
 from .transport import Transport
 
@@ -47,7 +47,9 @@ NOT_READY = "connection not ready; retry later"
 OUTBOX_CAP = 1024
 MAX_HANDLERS = 128
 REQUEST_QUEUE_CAP = 1024  # requests read, waiting for the dispatcher (reader waits past it)
-ANSWER_QUEUE_CAP = 1024  # prepared requests waiting for the responder (dispatcher waits past it)
+# prepared requests waiting for their commit and the responder (the dispatcher waits past it):
+# what one connection may have in the store's queue ahead of another's
+ANSWER_QUEUE_CAP = 8 * INGEST_SLICE
 # Every request the server may have in flight with us: the queues (each may overshoot its cap by
 # one batch), the batch in each worker's hands, the handlers and the pre-readiness buffer.
 INBOUND_CAP = REQUEST_QUEUE_CAP + ANSWER_QUEUE_CAP + 2 * READ_BATCH + 2 * TAKE_LIMIT
@@ -126,8 +128,16 @@ class LinkIO:
                 first = await link.transport.receive()
                 if first is None:
                     return
-                # what the transport has already framed is handled without waiting again
+                # what the transport has already framed is handled without waiting for input,
+                # a slice at a time: between slices every other task has its turn
+                handled = 0
                 for item in [first, *link.transport.take_buffered()]:
+                    handled += 1
+                    if handled % INGEST_SLICE == 0:
+                        if batch:
+                            await self.queue_requests(link, batch)
+                            batch = []
+                        await trio.lowlevel.checkpoint()
                     if isinstance(item, Oversize):
                         size = "a frame" if item.size < 0 else f"{item.size} bytes"
                         cap = self.owner.cfg.max_line_bytes

@@ -26,7 +26,9 @@ from .inbound import HotLanes
 from .link import Link, LinkOwner, RequestTimeout
 from .link_io import PRE_READY_WAIT_S, LinkIO
 from .server_requests import ServerRequests
+from .tally import SkipTally
 
+IGNORED_REPORT_S = 10.0  # at most one line per server this often for unknown notifications
 HANDSHAKE_WORK_S = PRE_READY_WAIT_S  # the longest a handshake counts as work in flight
 DRAIN_S = 5.0  # the longest a failed handshake's refusals wait to be written
 
@@ -39,6 +41,10 @@ class LinkRun:
         self.policy = policy
         self.lanes = lanes
         self.io = LinkIO(owner, lanes, requests, self.on_notification)
+        # notifications of methods the host does not know: the first after a quiet interval is
+        # told at once, the rest summed (one line per interval, whatever the rate)
+        self.ignored = SkipTally(IGNORED_REPORT_S)
+        self.last_ignored = ""
 
     async def serve(self, link: Link) -> None:
         """Run ``link`` until it is closed (by either side, or by a failed handshake)."""
@@ -111,12 +117,28 @@ class LinkRun:
             await link.written.wait()
         link.close(reason)
 
+    async def refresh_tools(self, link: Link) -> None:
+        """List the server's tools again, and once more if they changed meanwhile: however
+        many ``tools/list_changed`` a server sends, one listing runs at a time."""
+        try:
+            while True:
+                link.tools_stale = False
+                await self.policy.list_tools(link)
+                if not link.tools_stale:
+                    return
+        finally:
+            link.tools_listing = False
+
     def on_notification(self, link: Link, note: rpc.Notification) -> None:
         """A notification the reader does not queue with the requests."""
         method = note.method
         if method == "notifications/tools/list_changed":
             if link.ready and link.nursery is not None:
-                link.nursery.start_soon(self.policy.list_tools, link)
+                if link.tools_listing:  # changes during a listing make one listing more
+                    link.tools_stale = True
+                else:
+                    link.tools_listing = True
+                    link.nursery.start_soon(self.refresh_tools, link)
         elif method == "mcpl/manifestChanged":
             self.policy.on_manifest_changed(link, note.params)
         elif method == "channels/changed":  # a ready link's are queued, applied in order
@@ -124,4 +146,23 @@ class LinkRun:
         elif method.startswith("notifications/"):
             pass  # MCP housekeeping (progress, logging, …) is tolerated and ignored
         else:
+            self.note_ignored(method)
+
+    def note_ignored(self, method: str) -> None:
+        """A notification of a method the host does not know: told at once after a quiet
+        ``IGNORED_REPORT_S``, else summed and told once the interval is over."""
+        now = trio.current_time()
+        self.last_ignored = method
+        if self.ignored.add(1, now):
             self.owner.diagnostic(f"notification {method} ignored")
+        else:
+            self._tell_ignored(self.ignored.take(now))
+
+    def flush_ignored(self) -> None:
+        """Tell what is still summed (the link ended)."""
+        self._tell_ignored(self.ignored.flush(trio.current_time()))
+
+    def _tell_ignored(self, n: int) -> None:
+        if n:
+            last = self.last_ignored
+            self.owner.diagnostic(f"{n} more notifications ignored (the last: {last})")

@@ -32,14 +32,36 @@ async def main() -> None:
         action="store_true",
         help="every message is an edit of one message (RFC-006: one subject, a new eventId each)",
     )
+    p.add_argument(
+        "--push",
+        action="store_true",
+        help="send push/event requests (no channel) instead of channel messages",
+    )
     args = p.parse_args()
     stdin = trio.lowlevel.FdStream(sys.stdin.fileno())
-    stdout = trio.lowlevel.FdStream(sys.stdout.fileno())
+    raw_stdout = trio.lowlevel.FdStream(sys.stdout.fileno())
+    send_lock = trio.Lock()
+
+    class _Out:  # the reader answers while the sender sends: one write at a time
+        async def send_all(self, data: bytes) -> None:
+            async with send_lock:
+                await raw_stdout.send_all(data)
+
+    stdout = _Out()
     manifest = {
         "version": "0.5",
         "channels": {"register": True, "incoming": True, "publish": True},
+        "pushEvents": True,
         "featureSets": {
-            "bench": {"description": "bench", "uses": ["channels.register", "channels.incoming"]}
+            "bench": {
+                "description": "bench",
+                "uses": [
+                    "channels.register",
+                    "channels.incoming",
+                    "channels.publish",
+                    "pushEvents",
+                ],
+            }
         },
     }
     answered = 0
@@ -83,6 +105,11 @@ async def main() -> None:
                             _line({"jsonrpc": "2.0", "id": msg["id"], "result": {"accepted": True}})
                         )
                     ready.set()
+                elif method == "channels/publish" and "id" in msg:
+                    result = {"delivered": True, "messageId": f"p{msg['id']}"}
+                    await stdout.send_all(
+                        _line({"jsonrpc": "2.0", "id": msg["id"], "result": result})
+                    )
                 elif "id" in msg and method is not None:
                     await stdout.send_all(
                         _line(
@@ -105,7 +132,13 @@ async def main() -> None:
     async with trio.open_nursery() as nursery:
         nursery.start_soon(reader)
         await ready.wait()
-        desc = {"id": "bench:#load", "type": "chat", "label": "load", "direction": "bidirectional"}
+        desc: dict[str, object] = {
+            "id": "bench:#load",
+            "type": "chat",
+            "label": "load",
+            "direction": "bidirectional",
+            "capabilities": {"publish": {"target": "root"}},
+        }
         if args.closed:
             desc["initiallyOpen"] = False
         await stdout.send_all(
@@ -143,10 +176,17 @@ async def main() -> None:
                 message["messageId"] = "subject"
                 message["eventId"] = f"e{i}"
                 message["coalesce"] = {"key": "message:subject", "initial": i == 0}
+            method = "channels/incoming"
+            if args.push:
+                method = "push/event"
+                params = {
+                    "featureSet": "bench",
+                    "eventId": f"e{i}",
+                    "timestamp": "2026-01-01T00:00:00Z",
+                    "payload": {"content": [{"type": "text", "text": text}]},
+                }
             await stdout.send_all(
-                _line(
-                    {"jsonrpc": "2.0", "id": i + 2, "method": "channels/incoming", "params": params}
-                )
+                _line({"jsonrpc": "2.0", "id": i + 2, "method": method, "params": params})
             )
         await all_done.wait()
         print(

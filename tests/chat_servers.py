@@ -292,6 +292,13 @@ class ChatServer:
         await self.incoming(msg)
         return msg
 
+    async def notify(self, method: str, params: Mapping[str, Any] | None = None) -> None:
+        """Send one notification to the host."""
+        msg: dict[str, Any] = {"jsonrpc": "2.0", "method": method}
+        if params is not None:
+            msg["params"] = dict(params)
+        await self._send(msg)
+
     async def push(
         self,
         event_id: str,
