@@ -14,8 +14,16 @@ messages:
 
 It prints messages per second for each, the ratios a/b and b/c, mcplive's wake latency
 percentiles at an offered load of 1,000 messages per second, and the time to coalesce 300 edits
-of one message (RFC-006: each replaces the unread one before it). Figures are ratios of one run
-on one machine; nothing here is a test.
+of one message (RFC-006: each replaces the unread one before it). Then wake-to-reply latency (from
+the moment the server sent a message to the moment the agent's answer to it was published, the
+agents on a scripted model that answers every turn):
+
+(d) one agent and ten agents hearing one channel at 1,000 messages per second for 10 s;
+(e) a healthy agent on one server (20 messages per second for 15 s), alone and while a second
+    server floods the host with ``--flood`` (100,000) pipelined ``push/event`` requests, heard
+    by an agent of its own.
+
+Figures are ratios of one run on one machine; nothing here is a test.
 """
 
 from __future__ import annotations
@@ -120,6 +128,59 @@ async def run_mcplive(
             elif event.kind == "disconnected":
                 raise RuntimeError(f"bench server failed: {event.data}")
     raise RuntimeError("trace ended")
+
+
+REPLY_RULES = '[[rules]]\nwhen = "t=(\\S+)"\nsay = "re {1}"\n'  # names the message it answers
+FLOODED = "Flo"  # the agent hearing the flooding server (silent)
+
+
+async def run_replies(
+    workdir: Path, agents: int, messages: int, rate: float, flood: int = 0
+) -> list[float]:
+    """Wake-to-reply latencies: ``agents`` agents hear one channel receiving ``messages`` at
+    ``rate`` per second and answer each turn's newest message; a latency runs from the moment
+    the server sent that message to the moment its answer was published. With ``flood``, a
+    second server pipelines that many ``push/event`` requests at once, heard by an agent of its
+    own, for the whole run."""
+    (workdir / "reply.toml").write_text(REPLY_RULES, encoding="utf-8")
+    (workdir / "silent.toml").write_text("", encoding="utf-8")
+    paced = ["--messages", str(messages), "--rate", str(rate), "--window", str(messages)]
+    servers: list[dict[str, Any]] = [{"id": "bench", "command": [*SERVER, *paced]}]
+    cfg_agents: list[dict[str, Any]] = [
+        {
+            "name": f"Agent{i}",
+            "model": f"scripted:{workdir / 'reply.toml'}",
+            "context_tokens": 2000,
+            "servers": ["bench"],
+        }
+        for i in range(agents)
+    ]
+    if flood:
+        pushes = ["--push", "--messages", str(flood), "--window", str(flood)]
+        servers.append({"id": "flood", "command": [*SERVER, *pushes]})
+        cfg_agents.append(
+            {
+                "name": FLOODED,
+                "model": f"scripted:{workdir / 'silent.toml'}",
+                "context_tokens": 2000,
+                "servers": ["flood"],
+            }
+        )
+    cfg = {"host": {"data_dir": str(workdir / "data")}, "servers": servers, "agents": cfg_agents}
+    latencies: list[float] = []
+    async with Host.open(cfg) as host:
+        async for event in host.trace(kinds={"published", "server-log", "disconnected"}):
+            if event.kind == "published" and event.agent != FLOODED:
+                sent = float(str(event.data["text"]).split()[1])
+                latencies.append(time.monotonic() - sent)
+            elif event.kind == "server-log" and event.server_id == "bench":
+                if _bench_line(event.data["line"]) is not None:
+                    break  # every message answered; the flood (if any) is cut short here
+            elif event.kind == "disconnected" and event.server_id == "bench":
+                raise RuntimeError(f"bench server failed: {event.data}")
+    if not latencies:
+        raise RuntimeError("no reply was published")
+    return latencies
 
 
 def _send(stream_lines: list[bytes], obj: Any) -> None:
@@ -266,6 +327,10 @@ async def measure(kind: str, messages: int) -> dict[str, Any]:
             return {"seconds": await trio.to_thread.run_sync(run_raw, work, messages)}
         if kind == "coalesce":
             return {"seconds": (await run_mcplive(work, messages, ["--closed", "--coalesce"]))[0]}
+        if kind.startswith("replies-"):
+            agents, sent, per_s, flood = kind.split("-")[1:]
+            lat = await run_replies(work, int(agents), int(sent), float(per_s), int(flood))
+            return {"latencies": lat}
         if kind == "latency":
             rate = ["--rate", "1000", "--window", "100000"]
             _, lat = await run_mcplive(work, messages, rate, latency=True)
@@ -281,6 +346,32 @@ async def in_fresh_process(kind: str, messages: int) -> dict[str, Any]:
     return result
 
 
+def _p(values: list[float]) -> str:
+    return f"p50 {pct(values, 0.5) * 1000:7.1f} ms, p99 {pct(values, 0.99) * 1000:7.1f} ms"
+
+
+def _ratio(loaded: list[float], alone: list[float]) -> str:
+    p50 = pct(loaded, 0.5) / pct(alone, 0.5)
+    p99 = pct(loaded, 0.99) / pct(alone, 0.99)
+    return f"{p50:.2f}x / {p99:.2f}x (target <= 3x)"
+
+
+async def replies_rows(flood: int) -> None:
+    """(d) and (e): wake-to-reply latency, each measurement in a fresh process."""
+    one = (await in_fresh_process("replies-1-10000-1000-0", 0))["latencies"]
+    ten = (await in_fresh_process("replies-10-10000-1000-0", 0))["latencies"]
+    print("(d) wake-to-reply, agents hearing one channel at 1000 msg/s for 10 s:")
+    print(f"      1 agent:  {_p(one)}  ({len(one)} replies)")
+    print(f"     10 agents: {_p(ten)}  ({len(ten)} replies)")
+    print(f"     10 agents / 1 agent, p50 / p99: {_ratio(ten, one)}")
+    alone = (await in_fresh_process("replies-1-300-20-0", 0))["latencies"]
+    flooded = (await in_fresh_process(f"replies-1-300-20-{flood}", 0))["latencies"]
+    print("(e) a healthy agent's wake-to-reply (20 msg/s for 15 s) while another server floods:")
+    print(f"     alone:                  {_p(alone)}  ({len(alone)} replies)")
+    print(f"     with {flood} pushes: {_p(flooded)}  ({len(flooded)} replies)")
+    print(f"     flooded / alone, p50 / p99: {_ratio(flooded, alone)}")
+
+
 async def main() -> None:
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -288,6 +379,9 @@ async def main() -> None:
     p.add_argument("--messages", type=int, default=10000)
     p.add_argument("--latency-messages", type=int, default=3000)
     p.add_argument("--rounds", type=int, default=5, help="a, a', b alternate; medians shown")
+    p.add_argument(
+        "--flood", type=int, default=100_000, help="pushes the flooding server sends (row e)"
+    )
     p.add_argument("--one", help=argparse.SUPPRESS)
     args = p.parse_args()
     n = args.messages
@@ -323,6 +417,7 @@ async def main() -> None:
         f"coalescing: {COALESCED} edits of one unread message (one subject), each stored and "
         f"acknowledged: {statistics.median(coalesced):.3f} s (median of 3)"
     )
+    await replies_rows(args.flood)
     # marking header-shaped openings is linear: a block of 320,000 bytes with 40,000 openings
     bench_marking.report("marking", [bench_marking.block(40_000)], 40_000)
 
