@@ -130,7 +130,7 @@ async def run_mcplive(
     raise RuntimeError("trace ended")
 
 
-REPLY_RULES = '[[rules]]\nwhen = "t=(\\S+)"\nsay = "re {1}"\n'  # names the message it answers
+REPLY_RULES = "[[rules]]\nwhen = 't=(\\S+)'\nsay = \"re {1}\"\n"  # names what it answers
 FLOODED = "Flo"  # the agent hearing the flooding server (silent)
 
 

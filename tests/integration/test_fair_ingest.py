@@ -7,6 +7,8 @@ order is asserted, never time.
 from __future__ import annotations
 
 import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -75,6 +77,20 @@ async def test_a_flooding_server_does_not_hold_back_another_servers_item_or_its_
             nursery.cancel_scope.cancel()
 
 
+@asynccontextmanager
+async def ada_hearing(tmp_path: Path, server: DiscordServer) -> AsyncIterator[tuple[Host, Any]]:
+    """A host whose one agent hears ``server`` (served here), once the server is ready: the
+    host and its trace stream."""
+    agents = [{"name": "Ada", "model": scripted(tmp_path, "ada", ""), "servers": ["discord"]}]
+    async with trio.open_nursery() as nursery:
+        await nursery.start(server.serve)
+        async with Host.open(config(tmp_path, [server.server_config()], agents)) as host:
+            stream = host.trace()
+            await wait_trace(stream, lambda e: e.kind == "ready", "the server ready")
+            yield host, stream
+        nursery.cancel_scope.cancel()
+
+
 class HeldListings(DiscordServer):
     """Answers ``tools/list`` only once released (when ``holding``)."""
 
@@ -96,42 +112,30 @@ async def test_a_burst_of_tools_list_changed_makes_one_listing_at_a_time(tmp_pat
     """However many ``notifications/tools/list_changed`` a server sends, one listing runs at a
     time, and the changes that came during it make exactly one more."""
     server = HeldListings()
-    agents = [{"name": "Ada", "model": scripted(tmp_path, "ada", ""), "servers": ["discord"]}]
     with trio.fail_after(60):
-        async with trio.open_nursery() as nursery:
-            await nursery.start(server.serve)
-            async with Host.open(config(tmp_path, [server.server_config()], agents)) as host:
-                stream = host.trace()
-                await wait_trace(stream, lambda e: e.kind == "ready", "the server ready")
-                await host.run_until_idle()
-                before = server.listings()
-                server.holding = True
-                for _ in range(300):
-                    await server.notify("notifications/tools/list_changed")
-                await server.push("e1", "after the burst")  # answered: the burst was read
-                assert server.listings() - before == 1  # the first, still unanswered
-                server.release.set()
-                await host.run_until_idle()
-                assert server.listings() - before == 2  # and one more for all the others
-            nursery.cancel_scope.cancel()
+        async with ada_hearing(tmp_path, server) as (host, _):
+            await host.run_until_idle()
+            before = server.listings()
+            server.holding = True
+            for _ in range(300):
+                await server.notify("notifications/tools/list_changed")
+            await server.push("e1", "after the burst")  # answered: the burst was read
+            assert server.listings() - before == 1  # the first, still unanswered
+            server.release.set()
+            await host.run_until_idle()
+            assert server.listings() - before == 2  # and one more for all the others
 
 
 async def test_a_flood_of_unknown_notifications_is_told_in_one_line(tmp_path: Path) -> None:
     """The first notification of a method the host does not know is told at once; the rest of
     a burst is summed (one line per interval), not one line each."""
     server = DiscordServer()
-    agents = [{"name": "Ada", "model": scripted(tmp_path, "ada", ""), "servers": ["discord"]}]
     with trio.fail_after(60):
-        async with trio.open_nursery() as nursery:
-            await nursery.start(server.serve)
-            async with Host.open(config(tmp_path, [server.server_config()], agents)) as host:
-                stream = host.trace()
-                await wait_trace(stream, lambda e: e.kind == "ready", "the server ready")
-                for i in range(500):
-                    await server.notify(f"odd/{i % 3}")
-                await server.push("e1", "after the burst")  # answered: the burst was read
-                seen: list[Any] = []
-                await wait_trace(stream, lambda e: e.kind == "push", "the push", seen)
-                told = [e.data["text"] for e in seen if "ignored" in str(e.data.get("text"))]
-                assert told == ["notification odd/0 ignored"]
-            nursery.cancel_scope.cancel()
+        async with ada_hearing(tmp_path, server) as (_, stream):
+            for i in range(500):
+                await server.notify(f"odd/{i % 3}")
+            await server.push("e1", "after the burst")  # answered: the burst was read
+            seen: list[Any] = []
+            await wait_trace(stream, lambda e: e.kind == "push", "the push", seen)
+            told = [e.data["text"] for e in seen if "ignored" in str(e.data.get("text"))]
+            assert told == ["notification odd/0 ignored"]

@@ -9,8 +9,8 @@ from pathlib import Path
 
 from store import MessageRecord, encode_body
 
-#: The statements of schema version 2, as that release created a new store.
-SCHEMA_V2 = (
+#: The statements of schema version 1, as that release created a new store.
+SCHEMA_V1 = (
     "CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
     "CREATE TABLE IF NOT EXISTS messages ("
     " seq INTEGER PRIMARY KEY AUTOINCREMENT, id TEXT NOT NULL UNIQUE, agent TEXT NOT NULL,"
@@ -22,6 +22,10 @@ SCHEMA_V2 = (
     "CREATE TABLE IF NOT EXISTS state ("
     " namespace TEXT NOT NULL, key TEXT NOT NULL, value BLOB NOT NULL,"
     " PRIMARY KEY (namespace, key)) WITHOUT ROWID",
+)
+#: The statements of schema version 2, as that release created a new store.
+SCHEMA_V2 = (
+    *SCHEMA_V1,
     "CREATE TABLE IF NOT EXISTS journal ("
     " seq INTEGER PRIMARY KEY AUTOINCREMENT, stream TEXT NOT NULL, record BLOB NOT NULL)",
     "CREATE INDEX IF NOT EXISTS journal_stream_seq ON journal (stream, seq)",

@@ -29,6 +29,7 @@ from store import (
 
 from .conftest import kill_child_after, record
 from .durability_child import OTHER_STREAM, STREAM, journal_op
+from .old_schema import SCHEMA_V1
 
 
 def entry(stream: str, n: int, **extra: Any) -> JournalEntry:
@@ -366,21 +367,6 @@ def test_compaction_with_a_snapshot_replays_to_the_same_records(path: Path) -> N
 
 # ------------------------------------------------------------------------------ schema
 
-#: The schema of version 1, as the previous release created it.
-_SCHEMA_V1 = (
-    "CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
-    "CREATE TABLE IF NOT EXISTS messages ("
-    " seq INTEGER PRIMARY KEY AUTOINCREMENT, id TEXT NOT NULL UNIQUE, agent TEXT NOT NULL,"
-    " role TEXT NOT NULL, created_at REAL NOT NULL, body BLOB NOT NULL)",
-    "CREATE INDEX IF NOT EXISTS messages_agent_seq ON messages (agent, seq)",
-    "CREATE TABLE IF NOT EXISTS dedupe ("
-    " kind TEXT NOT NULL, server TEXT NOT NULL, key TEXT NOT NULL,"
-    " PRIMARY KEY (kind, server, key)) WITHOUT ROWID",
-    "CREATE TABLE IF NOT EXISTS state ("
-    " namespace TEXT NOT NULL, key TEXT NOT NULL, value BLOB NOT NULL,"
-    " PRIMARY KEY (namespace, key)) WITHOUT ROWID",
-)
-
 
 def _make_v1_store(path: Path) -> None:
     from store import encode_body, encode_value
@@ -390,7 +376,7 @@ def _make_v1_store(path: Path) -> None:
     try:
         conn.execute("PRAGMA journal_mode=WAL")
         conn.execute("BEGIN")
-        for statement in _SCHEMA_V1:
+        for statement in SCHEMA_V1:
             conn.execute(statement)
         conn.execute("INSERT INTO meta (key, value) VALUES ('schema_version', '1')")
         conn.execute(
