@@ -327,9 +327,11 @@ class AgentActor(Actor):
         self.spawn(self._turn, self.turn)
 
     async def _turn(self, turn: Turn) -> None:
+        self.ctx.turning[self.cfg.name] = self.cfg.servers
         try:
             await turn.run()
         finally:
+            self.ctx.turning.pop(self.cfg.name, None)
             self.turn = None
             if turn.speech is not None:
                 self._settling += 1

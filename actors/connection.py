@@ -338,6 +338,7 @@ class ConnectionActor(Actor):
                 self.publish_status()
             self.lanes.flush_skips()
             self.life.flush_ignored()
+            self.ctx.hot_in_flight.pop(self.sid, None)  # what was in hand went with the link
             self.last_error = reason
             self.publish_status()
             if trio.current_time() - started >= HEALTHY_AFTER_S:

@@ -57,10 +57,21 @@ class HostContext:
         self.injections_noticed: set[str] = set()
         # The current checkpoint of every state lineage (server, feature set), host-wide.
         self.lineages = Lineages()
+        # Agents whose turn runs now, with the servers each hears (None: every server): one
+        # entry per configured agent at most. A flooding server gives way to the others' turns.
+        self.turning: dict[str, tuple[str, ...] | None] = {}
+        # Hot-lane requests each connection has prepared and not answered yet: one entry per
+        # configured server, each written only by its own connection (dropped when its link
+        # ends).
+        self.hot_in_flight: dict[str, int] = {}
         # The record of agents told about source headers: its names once read (kept in step
         # with every write since), and the lock that orders its updates.
         self.explained_names: list[str] | None = None
         self.explained_lock = trio.Lock()
+
+    def others_turning(self, server_id: str) -> bool:
+        """Whether an agent that does not hear ``server_id`` is in a turn now."""
+        return any(hears is not None and server_id not in hears for hears in self.turning.values())
 
     def binding(self, server_id: str) -> str:
         """The identity of a server's binding for RFC-006 subjects: its id and where it is

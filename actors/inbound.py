@@ -258,6 +258,8 @@ class HotLanes:
                         await ref.tell(Wakes(items=tuple(items)))
             finally:
                 owner.work.dec(len(answers))
+                in_flight = owner.ctx.hot_in_flight
+                in_flight[owner.sid] = max(0, in_flight.get(owner.sid, 0) - len(answers))
 
     def answer_line(
         self, link: Link, pending: Pending, done: list[tuple[Prepared, Trace]]

@@ -33,6 +33,7 @@ import trio
 from protocol import grants
 from protocol import jsonrpc as rpc
 from protocol.errors import CAPABILITY_DENIED, RpcError
+from protocol.fairness import ingest_pause
 from protocol.framing import Oversize, Undecodable
 
 from .inbound import HotLanes, Pending
@@ -184,6 +185,7 @@ class LinkIO:
         assert link.nursery is not None
         while True:
             batch = await link.requests.take(TAKE_LIMIT)
+            began = trio.current_time()
             hot: list[rpc.Request] = []
             for item in batch:
                 if isinstance(item, rpc.Request) and item.method in HOT_LANES:
@@ -201,11 +203,30 @@ class LinkIO:
             batch.clear()
             if hot:
                 await self.prepare_hot(link, hot)
+            await self.give_way(link, trio.current_time() - began)
+
+    async def give_way(self, link: Link, spent: float) -> None:
+        """After a slice, a flooding server gives way to the rest of the host for a while
+        (:func:`protocol.fairness.ingest_pause`): its share is what the others leave. A server
+        alone, or heard by the agents in a turn, or the lighter of two, goes on at once."""
+        ctx, sid = self.owner.ctx, self.owner.sid
+        pause = ingest_pause(
+            waiting=len(link.requests),
+            in_hand=ctx.hot_in_flight.get(sid, 0),
+            slice_size=INGEST_SLICE,
+            others_turning=ctx.others_turning(sid),
+            others_in_hand=[n for s, n in ctx.hot_in_flight.items() if s != sid],
+            spent=spent,
+        )
+        if pause > 0:
+            await trio.sleep(pause)
 
     async def prepare_hot(self, link: Link, hot: list[rpc.Request]) -> None:
         """Admit, check and convert hot-lane requests (``prepare`` checks every one before it
         first waits, and empties ``hot`` once they are parsed); their answers wait for the
-        responder."""
+        responder (which counts them out of ``ctx.hot_in_flight``)."""
+        in_flight, sid = self.owner.ctx.hot_in_flight, self.owner.sid
+        in_flight[sid] = in_flight.get(sid, 0) + len(hot)
         prepared: list[Pending] = await self.lanes.prepare(link, hot)
         await link.answers.put_many(prepared)
 

@@ -1,5 +1,6 @@
-"""A bounded buffer that is fair per source: a flooding source loses its own items, never a
-quiet source's.
+"""Fairness between sources: a bounded buffer where a flooding source loses its own items,
+never a quiet source's (:class:`FairBuffer`), and how long a flooding connection gives way to
+the rest of the host (:func:`ingest_pause`).
 
 :class:`FairBuffer` holds at most ``cap`` items, each put with its source, and gives them back
 in the order they were put. When it is full and an item arrives:
@@ -29,7 +30,7 @@ Pure: no I/O, no clock.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Hashable
+from collections.abc import Hashable, Iterable
 from typing import Any, Generic, TypeVar
 
 import attrs
@@ -164,3 +165,38 @@ class FairBuffer(Generic[T]):
         """Drop the places of evicted items (they only pile up while nobody reads)."""
         self._order = deque(e for e in self._order if e[1] is not _DEAD)
         self._dead = 0
+
+
+# -- a connection's share of ingest ------------------------------------------------------------
+
+#: A flooding connection's pause after a slice, in multiples of the time the slice took.
+GIVE_WAY = 20.0
+#: The longest such pause, in seconds (a slice that took long, or a clock that jumped, never
+#: stops a connection for longer).
+MAX_PAUSE_S = 0.05
+
+
+def ingest_pause(
+    *,
+    waiting: int,
+    in_hand: int,
+    slice_size: int,
+    others_turning: bool,
+    others_in_hand: Iterable[int],
+    spent: float,
+) -> float:
+    """How long a connection pauses its ingest after a slice that took ``spent`` seconds.
+
+    Only a connection with at least ``slice_size`` requests ``waiting`` pauses (one with less is
+    keeping up), and only while something else needs the host: an agent that does not hear it is
+    in a turn (``others_turning``), or another connection has fewer requests in hand than its
+    load (``waiting`` + ``in_hand``) and more than none (so of two flooding servers, only the
+    heavier gives way). The pause is ``GIVE_WAY`` times ``spent``, at most ``MAX_PAUSE_S``; 0
+    means go on at once. Nothing is refused: the paused connection's reader waits in its own
+    transport."""
+    if waiting < slice_size or spent <= 0:
+        return 0.0
+    load = waiting + in_hand
+    if not (others_turning or any(0 < n < load for n in others_in_hand)):
+        return 0.0
+    return min(GIVE_WAY * spent, MAX_PAUSE_S)

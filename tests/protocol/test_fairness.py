@@ -8,7 +8,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from protocol.fairness import OTHER_SOURCES, Dropped, FairBuffer
+from protocol.fairness import (
+    GIVE_WAY,
+    MAX_PAUSE_S,
+    OTHER_SOURCES,
+    Dropped,
+    FairBuffer,
+    ingest_pause,
+)
 
 SOURCES = ["flood", "lobby", "ada", "clock"]
 
@@ -141,3 +148,60 @@ def test_a_notice_carries_the_time_of_its_first_drop() -> None:
     buf.put("flood", "f3", now=3.0)
     buf.put("lobby", "l1", now=4.0)  # evicts f1: the flood's notice keeps its first time
     assert drain(buf) == [Dropped("flood", 3, since=2.0), "l1"]
+
+
+# -- a connection's share of ingest ------------------------------------------------------------
+
+
+counts = st.integers(min_value=0, max_value=3000)
+
+
+@given(
+    waiting=counts,
+    in_hand=counts,
+    slice_size=st.integers(min_value=1, max_value=64),
+    others_turning=st.booleans(),
+    others=st.lists(counts, max_size=4),
+    spent=st.floats(min_value=-1.0, max_value=10.0, allow_nan=False),
+)
+def test_a_connection_pauses_only_when_it_floods_and_another_needs_the_host(
+    waiting: int,
+    in_hand: int,
+    slice_size: int,
+    others_turning: bool,
+    others: list[int],
+    spent: float,
+) -> None:
+    pause = ingest_pause(
+        waiting=waiting,
+        in_hand=in_hand,
+        slice_size=slice_size,
+        others_turning=others_turning,
+        others_in_hand=others,
+        spent=spent,
+    )
+    assert 0.0 <= pause <= MAX_PAUSE_S
+    keeping_up = waiting < slice_size
+    lighter = any(0 < n < waiting + in_hand for n in others)
+    if keeping_up or spent <= 0 or not (others_turning or lighter):
+        assert pause == 0.0
+    else:
+        assert pause == min(GIVE_WAY * spent, MAX_PAUSE_S)
+
+
+def test_of_two_flooding_connections_only_the_heavier_gives_way() -> None:
+    def pause(waiting: int, others: list[int]) -> float:
+        return ingest_pause(
+            waiting=waiting,
+            in_hand=0,
+            slice_size=16,
+            others_turning=False,
+            others_in_hand=others,
+            spent=0.001,
+        )
+
+    assert pause(500, [100]) > 0  # the heavier waits for the lighter
+    assert pause(100, [500]) == 0  # the lighter goes on
+    assert pause(500, [500]) == 0  # equals share the rounds
+    assert pause(500, [0]) == 0  # an idle one needs nothing
+    assert pause(10, [1]) == 0  # one keeping up never waits
