@@ -255,6 +255,7 @@ class ContextReader:
                     before_seq=before,
                     newest_first=True,
                     limit=min(CONTEXT_PAGE, cap - count),
+                    shared=True,  # read only: rendering copies what it changes
                 )
             )
             if not rows:

@@ -49,6 +49,9 @@ from store.records import (
 DB_FILENAME = "store.sqlite3"
 #: Version of the schema below, kept in the ``meta`` table.
 SCHEMA_VERSION = 3
+#: Decoded bodies a reader keeps for ``rows(shared=True)`` (the copies of one item for every
+#: agent hearing it decode once).
+MAX_SHARED_BODIES = 1024
 #: How long a connection waits for another connection's lock, in seconds.
 BUSY_TIMEOUT = 30.0
 
@@ -569,12 +572,23 @@ class _SkipLog:
         return new
 
 
-def _message(row: tuple[Any, ...]) -> dict[str, Any]:
+def _message(
+    row: tuple[Any, ...], shared: dict[bytes, tuple[Any, Any]] | None = None
+) -> dict[str, Any]:
+    """The message of a row; with ``shared``, a body already decoded there is not decoded again
+    (its blocks and metadata are then the same objects as in other results)."""
     seq, message_id, agent, role, body = row
-    try:
-        blocks, metadata = decode_body(body)
-    except CorruptRecord as exc:
-        raise CorruptRecord(f"message {message_id!r} (seq {seq}): {exc}") from exc
+    decoded = shared.get(body) if shared is not None else None
+    if decoded is None:
+        try:
+            decoded = decode_body(body)
+        except CorruptRecord as exc:
+            raise CorruptRecord(f"message {message_id!r} (seq {seq}): {exc}") from exc
+        if shared is not None:
+            if len(shared) >= MAX_SHARED_BODIES:
+                del shared[next(iter(shared))]  # the oldest goes first
+            shared[body] = decoded
+    blocks, metadata = decoded
     return {"id": message_id, "agent": agent, "role": role, "blocks": blocks, "metadata": metadata}
 
 
@@ -604,6 +618,7 @@ class Reader:
         self.path = Path(path)
         self._lock = threading.Lock()
         self._skips = _SkipLog()
+        self._shared: dict[bytes, tuple[Any, Any]] = {}  # body -> (blocks, metadata), see rows
         self._conn: sqlite3.Connection | None = (
             connect_read_only(self.path) if read_only else connect(self.path)
         )
@@ -640,10 +655,11 @@ class Reader:
         """How many distinct undecodable records this reader has left out."""
         return self._skips.total
 
-    def _decoded(self, row: tuple[Any, ...]) -> dict[str, Any] | None:
-        """The message of a ``_MESSAGE_COLUMNS`` row, or None (reported) when it does not decode."""
+    def _decoded(self, row: tuple[Any, ...], shared: bool = False) -> dict[str, Any] | None:
+        """The message of a ``_MESSAGE_COLUMNS`` row, or None (reported) when it does not decode;
+        ``shared``: see :meth:`rows`."""
         try:
-            return _message(row)
+            return _message(row, self._shared if shared else None)
         except CorruptRecord as exc:
             seq, message_id = row[0], row[1]
             self._skips.add(
@@ -704,11 +720,17 @@ class Reader:
         newest_first: bool = False,
         limit: int = 256,
         offset: int = 0,
+        shared: bool = False,
     ) -> list[StoredRow]:
         """One page of stored messages with their seq and time: those with a seq above
         ``after_seq`` and below ``before_seq``, stored at ``since`` or later, of ``agent`` (None:
         every agent) and of ``roles`` (None: every role); oldest first, or newest first, skipping
-        ``offset`` and at most ``limit`` of them. Page on with the last row's seq."""
+        ``offset`` and at most ``limit`` of them. Page on with the last row's seq.
+
+        With ``shared``, a body this reader decoded lately (the copies of one item stored for
+        each agent hearing it have the same body) is not decoded again: the messages' blocks and
+        metadata may be the same objects as in other shared results, so the caller must not
+        change them. At most ``MAX_SHARED_BODIES`` bodies are kept; the oldest go first."""
         if limit < 0 or offset < 0:
             raise ValueError(f"limit and offset must be >= 0, got {limit}, {offset}")
         clauses = ["seq > ?"]
@@ -741,7 +763,7 @@ class Reader:
             edge = bound if bound is not None else _NO_BOUND
             rows = self._query(sql, (*params, edge, want, offset))
             for seq, at, *rest in rows:
-                message = self._decoded((seq, *rest))
+                message = self._decoded((seq, *rest), shared)
                 if message is not None:
                     page.append(StoredRow(seq=int(seq), created_at=float(at), message=message))
             if len(rows) < want:

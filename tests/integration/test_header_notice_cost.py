@@ -83,9 +83,9 @@ class Decodes:
         self.count = 0
         decode = store.sqlite._message
 
-        def counting(row: tuple[Any, ...]) -> dict[str, Any]:
+        def counting(row: tuple[Any, ...], shared: Any = None) -> dict[str, Any]:
             self.count += 1  # reader calls are serialized by the reader's lock
-            return decode(row)
+            return decode(row, shared)
 
         monkeypatch.setattr(store.sqlite, "_message", counting)
 
