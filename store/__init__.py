@@ -8,6 +8,7 @@ from store.bodytext import body_text, text_matcher
 from store.codec import decode_body, decode_value, encode_body, encode_value
 from store.errors import CorruptRecord, StoreClosed, StoreDamaged, StoreError, StoreFull
 from store.facts import HEADER_FACT, NOTICE_FACT, NOTICE_KIND, facts_of
+from store.reader import Reader, SkippedRecord, StoredRow
 from store.records import (
     ROLES,
     Append,
@@ -24,9 +25,6 @@ from store.sqlite import (
     DB_FILENAME,
     SCHEMA_VERSION,
     Database,
-    Reader,
-    SkippedRecord,
-    StoredRow,
     connect,
     connect_read_only,
     db_path,

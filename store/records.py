@@ -14,12 +14,12 @@ The journal
     messages, so a retried transition is never journaled twice. An append may carry entries and
     no message (a transition that stores nothing). Each entry gets a ``seq`` that increases with
     every entry written and is never reused, even after a trim;
-    :meth:`~store.sqlite.Reader.journal` reads a stream back oldest first, for replay.
+    :meth:`~store.reader.Reader.journal` reads a stream back oldest first, for replay.
 
     Bound: the journal grows by every journaled transition and the store removes no row on its
     own. A stream's writer compacts it by appending a snapshot record (one entry that replays to
     the whole state, :meth:`protocol.coalesce.Coalescer.snapshot`), reading back that entry's
-    seq once the append is acknowledged (:meth:`~store.sqlite.Reader.last_seq`), and then
+    seq once the append is acknowledged (:meth:`~store.reader.Reader.last_seq`), and then
     applying ``TrimJournal(stream, before_seq=seq)``, which deletes every older row of that
     stream in one transaction. A crash between the two leaves the older rows in place, and
     replaying them before the snapshot gives the same state. The host's coalescer does this on

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import trio
 
-import store.sqlite
+import store.reader
 from actors import Host
 from store import Append, AppendResult, Database, MessageRecord, db_path
 from tests.helpers import (
@@ -77,17 +77,17 @@ def host_config(tmp_path: Path) -> dict[str, Any]:
 
 class Decodes:
     """Counts the stored messages readers decode (every read of a message goes through
-    ``store.sqlite._message``)."""
+    ``store.reader._message``)."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.count = 0
-        decode = store.sqlite._message
+        decode = store.reader._message
 
         def counting(row: tuple[Any, ...], shared: Any = None) -> dict[str, Any]:
             self.count += 1  # reader calls are serialized by the reader's lock
             return decode(row, shared)
 
-        monkeypatch.setattr(store.sqlite, "_message", counting)
+        monkeypatch.setattr(store.reader, "_message", counting)
 
 
 async def turn(host: Host, stream: Any, text: str) -> None:

@@ -242,9 +242,9 @@ def test_rows_reads_on_past_skipped_records(path: Path) -> None:
 
 
 def test_skipped_reports_are_bounded(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import store.sqlite
+    import store.reader
 
-    monkeypatch.setattr(store.sqlite, "MAX_SKIPPED", 2)
+    monkeypatch.setattr(store.reader, "MAX_SKIPPED", 2)
     with Database(path) as db:
         db.apply([Append(records=tuple(record(id=f"m{n}") for n in range(5)))])
     conn = sqlite3.connect(path)

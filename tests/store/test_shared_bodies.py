@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-import store.sqlite
+import store.reader
 from store import Append, Database, MessageRecord, Reader
 
 
@@ -38,13 +38,13 @@ def stored(tmp_path: Path, items: int, agents: list[str]) -> Path:
 class CountingDecode:
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.calls = 0
-        decode = store.sqlite.decode_body
+        decode = store.reader.decode_body
 
         def counting(body: bytes) -> Any:
             self.calls += 1
             return decode(body)
 
-        monkeypatch.setattr(store.sqlite, "decode_body", counting)
+        monkeypatch.setattr(store.reader, "decode_body", counting)
 
 
 def test_the_copies_of_one_item_decode_once_and_read_as_a_plain_read_does(
@@ -64,7 +64,7 @@ def test_the_copies_of_one_item_decode_once_and_read_as_a_plain_read_does(
 def test_the_reader_keeps_at_most_its_cap_of_bodies(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(store.sqlite, "MAX_SHARED_BODIES", 3)
+    monkeypatch.setattr(store.reader, "MAX_SHARED_BODIES", 3)
     path = stored(tmp_path, 10, ["A", "B"])
     decodes = CountingDecode(monkeypatch)
     with Reader(path) as reader:

@@ -1,0 +1,393 @@
+"""Reading the store: :class:`Reader`, with its own connection, safe to share between threads.
+
+Every answer is built from the stored rows as they are now; a record that does not decode is
+left out and reported once (:class:`SkippedRecord`), never raised.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import threading
+from collections import deque
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from store.bodytext import body_text, text_matcher
+from store.codec import decode_body, decode_value
+from store.errors import CorruptRecord, StoreClosed, StoreDamaged, StoreError
+from store.facts import read_facts
+from store.sqlite import _is_damage, _is_indexed, connect, connect_read_only
+
+#: Decoded bodies a reader keeps for ``rows(shared=True)`` (the copies of one item for every
+#: agent hearing it decode once).
+MAX_SHARED_BODIES = 1024
+
+_MESSAGE_COLUMNS = "seq, id, agent, role, body"
+_NO_BOUND = 2**63 - 1  # above every seq (``rows`` newest first without ``before_seq``)
+
+#: Undecodable records one reader reports one by one; past this many, further ones are skipped
+#: all the same and counted, with one last report saying so.
+MAX_SKIPPED = 1024
+
+
+@attrs.frozen(kw_only=True)
+class SkippedRecord:
+    """A stored record a reader left out because it does not decode (a value an older host
+    stored that the codec refuses, or a damaged blob): ``what`` is ``message``, ``journal`` or
+    ``state``, ``key`` the message id, ``stream#seq`` or ``namespace/key``."""
+
+    what: str
+    key: str
+    seq: int | None
+    reason: str
+
+
+class _SkipLog:
+    """Which undecodable records a reader has met, each listed once (thread-safe). Bounded: past
+    :data:`MAX_SKIPPED` records one last entry says the rest are not listed, and further ones
+    are skipped without a report; ``total`` counts the listed ones."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._seen: set[tuple[str, str]] = set()
+        self._new: list[SkippedRecord] = []
+        self.total = 0
+
+    def add(self, record: SkippedRecord) -> None:
+        ident = (record.what, record.key)
+        with self._lock:
+            if ident in self._seen or len(self._seen) > MAX_SKIPPED:
+                return
+            self._seen.add(ident)
+            if len(self._seen) <= MAX_SKIPPED:
+                self.total += 1
+                self._new.append(record)
+                return
+            reason = f"more than {MAX_SKIPPED} undecodable records; the rest are not listed"
+            self._new.append(SkippedRecord(what="", key="", seq=None, reason=reason))
+
+    def take(self) -> list[SkippedRecord]:
+        with self._lock:
+            new, self._new = self._new, []
+        return new
+
+
+def _message(
+    row: tuple[Any, ...], shared: dict[bytes, tuple[Any, Any]] | None = None
+) -> dict[str, Any]:
+    """The message of a row; with ``shared``, a body already decoded there is not decoded again
+    (its blocks and metadata are then the same objects as in other results)."""
+    seq, message_id, agent, role, body = row
+    decoded = shared.get(body) if shared is not None else None
+    if decoded is None:
+        try:
+            decoded = decode_body(body)
+        except CorruptRecord as exc:
+            raise CorruptRecord(f"message {message_id!r} (seq {seq}): {exc}") from exc
+        if shared is not None:
+            if len(shared) >= MAX_SHARED_BODIES:
+                del shared[next(iter(shared))]  # the oldest goes first
+            shared[body] = decoded
+    blocks, metadata = decoded
+    return {"id": message_id, "agent": agent, "role": role, "blocks": blocks, "metadata": metadata}
+
+
+@attrs.frozen(kw_only=True)
+class StoredRow:
+    """A stored message (DESIGN section 5) with where and when it was stored: ``seq`` orders
+    the store (a later write has a higher seq), ``created_at`` is the writer's wall-clock time
+    in seconds since the epoch."""
+
+    seq: int
+    created_at: float
+    message: dict[str, Any]
+
+
+class Reader:
+    """Read access to the store; safe to share between threads (calls are serialized).
+
+    ``read_only=True`` opens an existing store with :func:`connect_read_only`: a missing,
+    damaged or newer store raises at once, and nothing is ever written. Otherwise the store is
+    opened as the writer opens it (created or upgraded when needed).
+
+    A record that does not decode is left out of every answer, never raised: each is reported
+    once through :meth:`take_skipped`, so one bad record cannot stop any reader.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], *, read_only: bool = False) -> None:
+        self.path = Path(path)
+        self._lock = threading.Lock()
+        self._skips = _SkipLog()
+        self._shared: dict[bytes, tuple[Any, Any]] = {}  # body -> (blocks, metadata), see rows
+        self._conn: sqlite3.Connection | None = (
+            connect_read_only(self.path) if read_only else connect(self.path)
+        )
+        # A store of an older version, opened read-only, has no facts index.
+        self._indexed = read_only is False or _is_indexed(self._conn)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
+
+    def __enter__(self) -> Reader:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
+    def _query(self, sql: str, params: Iterable[Any] = ()) -> list[tuple[Any, ...]]:
+        with self._lock:
+            if self._conn is None:
+                raise StoreClosed("reader is closed")
+            try:
+                return self._conn.execute(sql, tuple(params)).fetchall()
+            except sqlite3.Error as exc:
+                raise self._failure(exc) from exc
+
+    def take_skipped(self) -> list[SkippedRecord]:
+        """The undecodable records met since the last call, each listed once per reader."""
+        return self._skips.take()
+
+    @property
+    def skipped_total(self) -> int:
+        """How many distinct undecodable records this reader has left out."""
+        return self._skips.total
+
+    def _decoded(self, row: tuple[Any, ...], shared: bool = False) -> dict[str, Any] | None:
+        """The message of a ``_MESSAGE_COLUMNS`` row, or None (reported) when it does not decode;
+        ``shared``: see :meth:`rows`."""
+        try:
+            return _message(row, self._shared if shared else None)
+        except CorruptRecord as exc:
+            seq, message_id = row[0], row[1]
+            self._skips.add(
+                SkippedRecord(what="message", key=str(message_id), seq=int(seq), reason=str(exc))
+            )
+            return None
+
+    def _messages(self, rows: Iterable[tuple[Any, ...]]) -> list[dict[str, Any]]:
+        return [m for m in map(self._decoded, rows) if m is not None]
+
+    def _failure(self, exc: sqlite3.Error) -> StoreError:
+        if _is_damage(exc):
+            return StoreDamaged(self.path, str(exc))
+        return StoreError(f"store read failed: {exc}")
+
+    def history(self, agent: str | None = None, limit: int | None = None) -> list[dict[str, Any]]:
+        """Stored messages, oldest first; ``limit`` keeps the newest N; ``agent=None``: all."""
+        if limit is not None and limit < 0:
+            raise ValueError(f"limit must be >= 0, got {limit}")
+        params: list[Any] = []
+        where = ""
+        if agent is not None:
+            where = "WHERE agent = ?"
+            params.append(agent)
+        sql = f"SELECT {_MESSAGE_COLUMNS} FROM messages {where} ORDER BY seq DESC"
+        if limit is not None:
+            sql += " LIMIT ?"
+            params.append(limit)
+        rows = self._query(sql, params)
+        rows.reverse()
+        return self._messages(rows)
+
+    def history_after(
+        self, agent: str, after_seq: int, limit: int
+    ) -> tuple[list[dict[str, Any]], int]:
+        """The agent's messages stored after ``after_seq``, oldest first (at most the newest
+        ``limit``), and the newest seq among them (``after_seq`` when there are none). A caller
+        that keeps what it read can ask again from that seq and read only what is new."""
+        if limit < 0:
+            raise ValueError(f"limit must be >= 0, got {limit}")
+        rows = self._query(
+            f"SELECT {_MESSAGE_COLUMNS} FROM messages WHERE agent = ? AND seq > ? "
+            "ORDER BY seq DESC LIMIT ?",
+            (agent, after_seq, limit),
+        )
+        rows.reverse()
+        newest = rows[-1][0] if rows else after_seq
+        return self._messages(rows), int(newest)
+
+    def rows(
+        self,
+        *,
+        agent: str | None = None,
+        after_seq: int = 0,
+        before_seq: int | None = None,
+        since: float | None = None,
+        roles: Iterable[str] | None = None,
+        newest_first: bool = False,
+        limit: int = 256,
+        offset: int = 0,
+        shared: bool = False,
+    ) -> list[StoredRow]:
+        """One page of stored messages with their seq and time: those with a seq above
+        ``after_seq`` and below ``before_seq``, stored at ``since`` or later, of ``agent`` (None:
+        every agent) and of ``roles`` (None: every role); oldest first, or newest first, skipping
+        ``offset`` and at most ``limit`` of them. Page on with the last row's seq.
+
+        With ``shared``, a body this reader decoded lately (the copies of one item stored for
+        each agent hearing it have the same body) is not decoded again: the messages' blocks and
+        metadata may be the same objects as in other shared results, so the caller must not
+        change them. At most ``MAX_SHARED_BODIES`` bodies are kept; the oldest go first."""
+        if limit < 0 or offset < 0:
+            raise ValueError(f"limit and offset must be >= 0, got {limit}, {offset}")
+        clauses = ["seq > ?"]
+        params: list[Any] = [after_seq]
+        if before_seq is not None:
+            clauses.append("seq < ?")
+            params.append(before_seq)
+        if agent is not None:
+            clauses.append("agent = ?")
+            params.append(agent)
+        if since is not None:
+            clauses.append("created_at >= ?")
+            params.append(since)
+        if roles is not None:
+            wanted = sorted(set(roles))
+            clauses.append(f"role IN ({', '.join('?' * len(wanted))})")
+            params.extend(wanted)
+        order = "DESC" if newest_first else "ASC"
+        sql = (
+            f"SELECT seq, created_at, id, agent, role, body FROM messages "
+            f"WHERE {' AND '.join(clauses)} AND seq {'<' if newest_first else '>'} ? "
+            f"ORDER BY seq {order} LIMIT ? OFFSET ?"
+        )
+        # A skipped record is made up for by reading on, so a page shorter than ``limit``
+        # still means there is no more.
+        bound = before_seq if newest_first else after_seq
+        page: list[StoredRow] = []
+        while len(page) < limit:
+            want = limit - len(page)
+            edge = bound if bound is not None else _NO_BOUND
+            rows = self._query(sql, (*params, edge, want, offset))
+            for seq, at, *rest in rows:
+                message = self._decoded((seq, *rest), shared)
+                if message is not None:
+                    page.append(StoredRow(seq=int(seq), created_at=float(at), message=message))
+            if len(rows) < want:
+                break
+            bound, offset = int(rows[-1][0]), 0
+        return page
+
+    def last_message_seq(self) -> int:
+        """The seq of the newest stored message (0 when there is none)."""
+        return int(self._query("SELECT COALESCE(MAX(seq), 0) FROM messages")[0][0])
+
+    def agents(self) -> list[str]:
+        """Every agent with at least one stored message, sorted by name."""
+        return [row[0] for row in self._query("SELECT DISTINCT agent FROM messages ORDER BY agent")]
+
+    def search(
+        self,
+        text: str,
+        *,
+        agent: str | None = None,
+        regex: bool = False,
+        limit: int | None = None,
+    ) -> list[dict[str, Any]]:
+        """Messages whose body text (:func:`~store.bodytext.body_text`) matches, oldest first.
+
+        Matching reads the body without its stored source header
+        (:func:`~store.bodytext.without_header`), so a channel's label or id matches only where a
+        sender wrote it; the messages come back whole, header included. Substring matching is
+        case-insensitive; ``regex=True`` is a :mod:`re` search where ``^`` anchors at the body's
+        start (a bad pattern raises :class:`re.error`). ``limit`` keeps the newest N matches.
+        """
+        if limit is not None and limit < 0:
+            raise ValueError(f"limit must be >= 0, got {limit}")
+        matches = text_matcher(text, regex=regex)
+        where, params = ("WHERE agent = ?", (agent,)) if agent is not None else ("", ())
+        sql = f"SELECT {_MESSAGE_COLUMNS} FROM messages {where} ORDER BY seq"
+        # With a limit only the newest matches are kept while scanning.
+        found: deque[dict[str, Any]] = deque(maxlen=limit)
+        with self._lock:
+            if self._conn is None:
+                raise StoreClosed("reader is closed")
+            cursor = self._conn.cursor()
+            try:
+                for row in cursor.execute(sql, params):
+                    message = self._decoded(row)
+                    if message is not None and matches(body_text(message)):
+                        found.append(message)
+            except sqlite3.Error as exc:
+                raise self._failure(exc) from exc
+            finally:
+                # Ends the read transaction even when a corrupt row stops the scan early.
+                cursor.close()
+        return list(found)
+
+    def state(self, namespace: str) -> dict[str, Any]:
+        """Every key of ``namespace`` with its value."""
+        rows = self._query(
+            "SELECT key, value FROM state WHERE namespace = ? ORDER BY key", (namespace,)
+        )
+        values: dict[str, Any] = {}
+        for key, blob in rows:
+            try:
+                values[key] = decode_value(blob)
+            except CorruptRecord as exc:
+                what = SkippedRecord(
+                    what="state", key=f"{namespace}/{key}", seq=None, reason=str(exc)
+                )
+                self._skips.add(what)
+        return values
+
+    def journal(
+        self, stream: str, after_seq: int = 0, limit: int | None = None
+    ) -> list[tuple[int, dict[str, Any]]]:
+        """``(seq, record)`` of the entries of ``stream`` with a seq above ``after_seq``, oldest
+        first; ``limit`` keeps the oldest N (read on from the last seq for the rest)."""
+        if limit is not None and limit < 0:
+            raise ValueError(f"limit must be >= 0, got {limit}")
+        sql = "SELECT seq, record FROM journal WHERE stream = ? AND seq > ? ORDER BY seq"
+        params: list[Any] = [stream, after_seq]
+        if limit is not None:
+            sql += " LIMIT ?"
+            params.append(limit)
+        entries: list[tuple[int, dict[str, Any]]] = []
+        for seq, blob in self._query(sql, params):
+            try:
+                record = decode_value(blob)
+            except CorruptRecord as exc:
+                reason = str(exc)
+            else:
+                if isinstance(record, dict):
+                    entries.append((int(seq), record))
+                    continue
+                reason = f"journal entry is {type(record).__name__}, not a map"
+            key = f"{stream}#{seq}"
+            self._skips.add(SkippedRecord(what="journal", key=key, seq=int(seq), reason=reason))
+        return entries
+
+    def last_seq(self, stream: str) -> int | None:
+        """The seq of the newest entry of ``stream`` (None when it has none): read right after
+        an append is acknowledged by the stream's only writer, the seq that append was given."""
+        rows = self._query("SELECT MAX(seq) FROM journal WHERE stream = ?", (stream,))
+        return None if rows[0][0] is None else int(rows[0][0])
+
+    def has_dedupe(self, kind: str, server: str, key: str) -> bool:
+        rows = self._query(
+            "SELECT 1 FROM dedupe WHERE kind = ? AND server = ? AND key = ?", (kind, server, key)
+        )
+        return bool(rows)
+
+    def agent_facts(self, agent: str) -> frozenset[str]:
+        """The facts (:mod:`store.facts`) the stored messages of ``agent`` make, read from the
+        index without decoding the history."""
+        with self._lock:
+            if self._conn is None:
+                raise StoreClosed("reader is closed")
+            try:
+                return read_facts(self._conn, agent, indexed=self._indexed)
+            except sqlite3.Error as exc:
+                raise self._failure(exc) from exc
+
+    def count(self) -> int:
+        """Number of stored messages."""
+        return int(self._query("SELECT COUNT(*) FROM messages")[0][0])
