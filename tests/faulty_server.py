@@ -14,15 +14,18 @@ declaration mismatch). Once the host's ``featureSets/update`` is answered it reg
    it never registered (refused item: ``unknown_channel``).
 
 Then it writes a line to stderr and exits with ``--exit-code`` (default 3). Every line it
-receives is ignored except the answers it waits for; it uses only the standard library.
+receives is ignored except the answers it waits for; it uses only the standard library (its
+wire is ``tests.stdio_wire``).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from typing import Any
+
+from tests.stdio_wire import receive as receive_or_none
+from tests.stdio_wire import send
 
 MANIFEST = {
     "version": "0.5",
@@ -39,18 +42,11 @@ MANIFEST = {
 ROOM = "faulty:#room"
 
 
-def send(message: dict[str, Any]) -> None:
-    sys.stdout.write(json.dumps({"jsonrpc": "2.0", **message}) + "\n")
-    sys.stdout.flush()
-
-
 def receive() -> dict[str, Any]:
-    line = sys.stdin.readline()
-    if not line:
+    message = receive_or_none()
+    if message is None:
         log("the host closed stdin")
         sys.exit(0)
-    message = json.loads(line)
-    assert isinstance(message, dict)
     return message
 
 

@@ -17,7 +17,7 @@ what such a server does: ``python -m tests.legacy_server --record FILE [options]
 * It answers ``channels/list`` with its channels and ``ping``; anything else it is asked gets
   -32601 (method not found), as a server that knows only these would answer.
 
-It uses only the standard library and reads one JSON-RPC message per line.
+It uses only the standard library (its wire is ``tests.stdio_wire``): one JSON-RPC message per line.
 """
 
 from __future__ import annotations
@@ -28,6 +28,8 @@ import json
 import sys
 from pathlib import Path
 from typing import Any
+
+from tests.stdio_wire import send
 
 FEATURE_SET = "legacy.chat"
 MANIFEST = {
@@ -63,9 +65,7 @@ class Legacy:
         self.register = -1  # the id of our channels/register, once sent
 
     # -- the wire ----------------------------------------------------------------------------
-    def send(self, message: dict[str, Any]) -> None:
-        sys.stdout.write(json.dumps({"jsonrpc": "2.0", **message}) + "\n")
-        sys.stdout.flush()
+    send = staticmethod(send)
 
     def request(self, method: str, params: dict[str, Any]) -> int:
         rid = next(self.ids)

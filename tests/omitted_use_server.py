@@ -33,6 +33,8 @@ import json
 import sys
 from typing import Any
 
+from tests.stdio_wire import receive, send
+
 CHANNEL = "omit:#general"
 CHAT_SET = "omit.chat"
 LEGACY_SET = "omit.legacy"
@@ -60,19 +62,8 @@ class Server:
         self.published = itertools.count(1)
 
     # -- the wire -------------------------------------------------------------------------------
-    @staticmethod
-    def send(message: dict[str, Any]) -> None:
-        sys.stdout.write(json.dumps({"jsonrpc": "2.0", **message}) + "\n")
-        sys.stdout.flush()
-
-    @staticmethod
-    def receive() -> dict[str, Any] | None:
-        line = sys.stdin.readline()
-        if not line:
-            return None
-        message = json.loads(line)
-        assert isinstance(message, dict)
-        return message
+    send = staticmethod(send)
+    receive = staticmethod(receive)
 
     @staticmethod
     def log(text: str) -> None:

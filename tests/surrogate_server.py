@@ -10,14 +10,16 @@ decodes to a lone surrogate: a code point no UTF-8 text can hold. Once the host'
    whose text holds a valid pair written as escapes (``\\ud83d\\ude00``, one emoji);
 3. a notification whose method name holds one.
 
-Then it writes a line to stderr and waits for stdin to close. It uses only the standard library.
+Then it writes a line to stderr and waits for stdin to close. It uses only the standard library
+(its wire is ``tests.stdio_wire``).
 """
 
 from __future__ import annotations
 
-import json
 import sys
 from typing import Any
+
+from tests.stdio_wire import receive, send
 
 MANIFEST = {
     "version": "0.5",
@@ -27,21 +29,6 @@ MANIFEST = {
 }
 ROOM = "odd:#room"
 LONE = "\ud800"
-
-
-def send(message: dict[str, Any]) -> None:
-    # ensure_ascii (the default) writes a lone surrogate as its escape, "\ud800"
-    sys.stdout.write(json.dumps({"jsonrpc": "2.0", **message}) + "\n")
-    sys.stdout.flush()
-
-
-def receive() -> dict[str, Any] | None:
-    line = sys.stdin.readline()
-    if not line:
-        return None
-    message = json.loads(line)
-    assert isinstance(message, dict)
-    return message
 
 
 def answer_of(rid: int) -> dict[str, Any]:
