@@ -1,0 +1,194 @@
+"""Scale rows of the benchmark: many agents hearing one channel, many registered channels, and a
+large stored history (search, first turn, rollback).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from actors import Host
+from examples import bench_host as bh
+from examples.bench_ingest import ThinRows, accepted_now
+from examples.bench_wakes import first_call
+from store import Append, Database, Reader, db_path
+
+AGENT = "Bench"
+
+
+async def _until_reported(
+    host: Host, servers: set[str], want: str, on_line: Any = None
+) -> dict[str, dict[str, str]]:
+    """Read the trace until each of ``servers`` wrote a ``BENCH`` line holding ``want``; those
+    lines' fields by server. ``on_line(server, fields)`` sees every ``BENCH`` line first."""
+    found: dict[str, dict[str, str]] = {}
+    async for event in host.trace(kinds={"server-log", "disconnected"}):
+        sid = str(event.server_id)
+        if event.kind == "disconnected" and sid in servers and sid not in found:
+            raise RuntimeError(f"bench server {sid} failed: {event.data}")
+        if event.kind != "server-log":
+            continue
+        fields = bh.bench_fields(event.data["line"])
+        if fields is None:
+            continue
+        if on_line is not None:
+            on_line(sid, fields)
+        if want in fields and sid in servers:
+            found[sid] = fields
+            if len(found) == len(servers):
+                return found
+    raise RuntimeError("trace ended")
+
+
+# -- agents hearing one channel ----------------------------------------------------------------
+
+
+async def run_agents(workdir: Path, agents: int, messages: int) -> dict[str, float]:
+    """``agents`` agents hear one closed channel (every message stored for each, its wake
+    decided for each, no turn): the seconds taken, this process's CPU seconds until then, and
+    the store's size on disk afterwards."""
+    silent = bh.model(workdir, "silent", bh.SILENT)
+    cfg = bh.config(
+        workdir / "data",
+        [bh.server("bench", "--closed", "--messages", str(messages))],
+        [bh.agent(f"Agent{i}", silent) for i in range(agents)],
+    )
+    cpu = time.process_time()
+    async with Host.open(cfg) as host:
+        fields = (await _until_reported(host, {"bench"}, "seconds"))["bench"]
+        cpu = time.process_time() - cpu
+    return {
+        "seconds": float(fields["seconds"]),
+        "cpu": cpu,
+        "bytes": bh.store_bytes(workdir / "data"),
+    }
+
+
+# -- registered channels -----------------------------------------------------------------------
+
+
+async def run_channels(
+    workdir: Path, servers: int, channels: int, messages: int
+) -> dict[str, float]:
+    """``servers`` servers register ``channels`` closed channels each (at once, once every one
+    of them is connected) and then send ``messages`` each, spread over their channels; one
+    agent hears them all. The registration time runs from the first ``channels/register`` sent
+    to the last one answered; the ingest time is the slowest server's."""
+    go = workdir / "go"
+    args = ["--closed", "--channels", str(channels), "--messages", str(messages)]
+    ids = [f"s{i}" for i in range(servers)]
+    cfg = bh.config(
+        workdir / "data",
+        [bh.server(sid, *args, "--register-when", str(go)) for sid in ids],
+        [bh.agent(AGENT, bh.model(workdir, "silent", bh.SILENT))],
+    )
+    ready: set[str] = set()
+
+    def on_line(sid: str, fields: dict[str, str]) -> None:
+        if "ready" in fields:
+            ready.add(sid)
+            if len(ready) == servers:
+                go.touch()
+
+    async with Host.open(cfg) as host:
+        reported = await _until_reported(host, set(ids), "seconds", on_line)
+        registered = await _until_reported(host, set(ids), "registered")  # replayed
+    accepted = sum(int(f["accepted"]) for f in registered.values())
+    return {
+        "register_s": max(float(f["answered_at"]) for f in registered.values())
+        - min(float(f["sent_at"]) for f in registered.values()),
+        "accepted": accepted,
+        "seconds": max(float(f["seconds"]) for f in reported.values()),
+    }
+
+
+# -- a large stored history --------------------------------------------------------------------
+
+NEEDLE = "zanzibar"
+_WORDS = (
+    "the quick brown fox jumps over a lazy dog while seven wizards quietly hex "
+    "every juicy plum near our old harbour and then go home for tea"
+).split()
+
+
+def _text(i: int, size: int) -> str:
+    words = " ".join(_WORDS[(i * 7 + k) % len(_WORDS)] for k in range(14))
+    if i in {size // 4, size // 2, 3 * size // 4}:
+        words += f" {NEEDLE.title()}"  # a few matches, in other case than searched
+    return f"message {i}: {words}"
+
+
+def build_store(data_dir: Path, size: int, batch: int = 10_000) -> str:
+    """Store ``size`` channel items for one agent through ``store.Database.apply`` (a
+    transaction per ``batch``); the id of the 100th newest, to roll back to."""
+    rows = ThinRows()
+    rows.register([{"id": "bench:#load", "label": "load"}])
+    target = ""
+    at = accepted_now()
+    with Database(db_path(data_dir)) as db:
+        for start in range(0, size, batch):
+            now = time.time()
+            records = []
+            for i in range(start, min(size, start + batch)):
+                message = {
+                    "channelId": "bench:#load",
+                    "messageId": f"b{i}",
+                    "author": {"id": "u", "name": "Load"},
+                    "timestamp": "2026-01-01T00:00:00Z",
+                    "content": [{"type": "text", "text": _text(i, size)}],
+                }
+                records.append(rows.record(message, at, now))
+                if i == size - 100:
+                    target = records[-1].id
+            ops = [
+                Append(records=tuple(records[k : k + 1000])) for k in range(0, len(records), 1000)
+            ]
+            db.apply(ops)
+    return target
+
+
+def time_search(data_dir: Path) -> tuple[float, int]:
+    """The median of three ``Reader.search`` calls for :data:`NEEDLE`, and how many matched."""
+    times, found = [], 0
+    with Reader(db_path(data_dir)) as reader:
+        for _ in range(3):
+            started = time.perf_counter()
+            found = len(reader.search(NEEDLE))
+            times.append(time.perf_counter() - started)
+    return statistics.median(times), found
+
+
+async def run_store(workdir: Path, size: int) -> dict[str, float]:
+    """Build a store of ``size`` messages of one agent, then time a search, the host's opening,
+    the agent's first turn (woken by one local message, to its model call) and a rollback of
+    its hundred newest messages through ``Host.rollback``."""
+    data = workdir / "data"
+    started = time.perf_counter()
+    target = build_store(data, size)
+    built = time.perf_counter() - started
+    search_s, found = await trio.to_thread.run_sync(time_search, data)
+    cfg = bh.config(data, [], [bh.agent(AGENT, bh.model(workdir, "says", bh.SAYS_INDEX))])
+    started = time.perf_counter()
+    async with Host.open(cfg) as host:
+        opened = time.perf_counter() - started
+        trace = host.trace(kinds={"tokens"})
+        posted = time.time()
+        await host.post_local(AGENT, "probe 1")
+        first_turn = await first_call(trace, AGENT) - posted
+        await host.run_until_idle()  # the turn ends before a rollback may start
+        started = time.perf_counter()
+        report = await host.rollback(AGENT, target)
+        rollback_s = time.perf_counter() - started
+    return {
+        "build_s": built,
+        "search_s": search_s,
+        "found": found,
+        "open_s": opened,
+        "first_turn_s": first_turn,
+        "rollback_s": rollback_s,
+        "set_aside": int(report.get("set_aside", 0)),
+    }
