@@ -40,10 +40,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import statistics
 import sys
 import tempfile
 import time
+import traceback
+from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
@@ -134,12 +137,39 @@ async def measure(kind: str, messages: int) -> dict[str, Any]:
     raise ValueError(kind)
 
 
-async def in_fresh_process(kind: str, messages: int = 0) -> dict[str, Any]:
-    """Each measurement runs in a new interpreter, so no run inherits another's garbage."""
-    argv = [sys.executable, "-m", "examples.bench", "--one", kind, "--messages", str(messages)]
-    done = await trio.run_process(argv, capture_stdout=True, check=True)
-    result: dict[str, Any] = json.loads(done.stdout.decode().strip().splitlines()[-1])
+def _child(kind: str, messages: int, conn: Connection) -> None:
+    try:
+        conn.send(("ok", trio.run(measure, kind, messages)))
+    except BaseException:
+        conn.send(("error", traceback.format_exc()))
+        raise
+    finally:
+        conn.close()
+
+
+def _measure_in_child(kind: str, messages: int) -> dict[str, Any]:
+    """Run one measurement in a new process forked from a server process that imported the
+    benchmark and nothing else, so no run inherits another's garbage nor pays the imports."""
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(["examples.bench_scale"])
+    receiving, sending = context.Pipe(duplex=False)
+    child = context.Process(target=_child, args=(kind, messages, sending))
+    child.start()
+    sending.close()
+    try:
+        status, value = receiving.recv()
+    except EOFError:
+        status, value = "error", f"the measurement process exited with code {child.exitcode}"
+    child.join()
+    if status != "ok":
+        raise RuntimeError(f"measurement {kind} failed:\n{value}")
+    result: dict[str, Any] = value
     return result
+
+
+async def in_fresh_process(kind: str, messages: int = 0) -> dict[str, Any]:
+    """One measurement in a fresh process (see :func:`_measure_in_child`)."""
+    return await trio.to_thread.run_sync(_measure_in_child, kind, messages)
 
 
 def _spread(values: list[float]) -> str:

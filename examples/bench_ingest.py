@@ -39,7 +39,7 @@ class ThinRows:
 
     def __init__(self) -> None:
         self.headers: dict[str, str] = {}  # channel id -> its source header, rendered once
-        self.labels: dict[str, str] = {}
+        self.labels: dict[str, str | None] = {}
         self._prefix = secrets.token_hex(4)
         self._n = 0
 
@@ -120,6 +120,68 @@ _INIT = {
 _CAPS = ["channels.register", "channels.incoming"]
 
 
+def _line(obj: object) -> bytes:
+    return (json.dumps(obj) + "\n").encode()
+
+
+class ThinHost:
+    """(b): one trio task reads the server's lines, parses them and builds the rows and the
+    answers; a second one commits what was read so far in one transaction, in a worker thread
+    while reading goes on (group commit, as mcplive's writer does), then sends those answers."""
+
+    def __init__(self, db: Database, send: Any) -> None:
+        self.db = db
+        self.send = send
+        self.rows = ThinRows()
+        self.ops: list[Append] = []
+        self.out: list[bytes] = []
+        self.work = trio.Event()
+
+    def take(self, msg: dict[str, Any], accepted_at: str, now: float) -> None:
+        method = msg.get("method")
+        if method is None and msg.get("id") == 1:
+            self.out.append(_line({"jsonrpc": "2.0", "method": "notifications/initialized"}))
+            params = {"effectiveCapabilities": _CAPS}
+            update = {"jsonrpc": "2.0", "id": 2, "method": "featureSets/update", "params": params}
+            self.out.append(_line(update))
+        elif method == "channels/register":
+            channels = msg["params"]["channels"]
+            self.rows.register(channels)
+            out = [{"id": c["id"], "accepted": True} for c in channels]
+            self.out.append(_line({"jsonrpc": "2.0", "id": msg["id"], "result": {"results": out}}))
+        elif method == "channels/incoming":
+            out = []
+            for m in msg["params"]["messages"]:
+                key = f"{m['channelId']}\x00{m['messageId']}"
+                record = self.rows.record(m, accepted_at, now)
+                self.ops.append(Append(records=(record,), dedupe=("incoming", SERVER_ID, key)))
+                out.append({"messageId": m["messageId"], "accepted": True})
+            self.out.append(_line({"jsonrpc": "2.0", "id": msg["id"], "result": {"results": out}}))
+
+    async def read(self, stdout: Any) -> None:
+        buf = b""
+        while True:
+            data = await stdout.receive_some(65536)
+            if not data:
+                return
+            buf += data
+            *lines, buf = buf.split(b"\n")
+            accepted_at, now = accepted_now(), time.time()
+            for raw in lines:
+                self.take(json.loads(raw), accepted_at, now)
+            if self.out:
+                self.work.set()
+
+    async def commit(self) -> None:
+        while True:
+            await self.work.wait()
+            self.work = trio.Event()
+            ops, out, self.ops, self.out = self.ops, self.out, [], []
+            if ops:  # committed before anything read with them is answered
+                await trio.to_thread.run_sync(self.db.apply, ops)
+            await self.send(b"".join(out))
+
+
 async def run_thin(workdir: Path, messages: int, extra: list[str] | None = None) -> float:
     """(b): seconds the bench server took to have ``messages`` answered by the thinnest host."""
     db = Database(db_path(workdir / "thin"))
@@ -131,7 +193,7 @@ async def run_thin(workdir: Path, messages: int, extra: list[str] | None = None)
     )
     assert proc.stdin and proc.stdout and proc.stderr
     result: list[float] = []
-    rows = ThinRows()
+    host = ThinHost(db, proc.stdin.send_all)
 
     async def watch_stderr() -> None:
         assert proc.stderr
@@ -146,60 +208,14 @@ async def run_thin(workdir: Path, messages: int, extra: list[str] | None = None)
                 fields = bh.bench_fields(line.decode())
                 if fields is not None and "seconds" in fields:
                     result.append(float(fields["seconds"]))
+                    nursery.cancel_scope.cancel()
                     return
-
-    def line(obj: object) -> bytes:
-        return (json.dumps(obj) + "\n").encode()
 
     async with trio.open_nursery() as nursery:
         nursery.start_soon(watch_stderr)
-        await proc.stdin.send_all(line(_INIT))
-        buf = b""
-        while not result:
-            data = await proc.stdout.receive_some(65536)
-            if not data:
-                break
-            buf += data
-            *lines, buf = buf.split(b"\n")
-            out: list[bytes] = []
-            batch: list[Append] = []
-            accepted_at, now = accepted_now(), time.time()
-            for raw in lines:
-                msg = json.loads(raw)
-                method = msg.get("method")
-                if method is None and msg.get("id") == 1:
-                    out.append(line({"jsonrpc": "2.0", "method": "notifications/initialized"}))
-                    params = {"effectiveCapabilities": _CAPS}
-                    out.append(
-                        line(
-                            {
-                                "jsonrpc": "2.0",
-                                "id": 2,
-                                "method": "featureSets/update",
-                                "params": params,
-                            }
-                        )
-                    )
-                elif method == "channels/register":
-                    channels = msg["params"]["channels"]
-                    rows.register(channels)
-                    results = [{"id": c["id"], "accepted": True} for c in channels]
-                    answer = {"jsonrpc": "2.0", "id": msg["id"], "result": {"results": results}}
-                    out.append(line(answer))
-                elif method == "channels/incoming":
-                    results = []
-                    for m in msg["params"]["messages"]:
-                        key = f"{m['channelId']}\x00{m['messageId']}"
-                        record = rows.record(m, accepted_at, now)
-                        batch.append(Append(records=(record,), dedupe=("incoming", SERVER_ID, key)))
-                        results.append({"messageId": m["messageId"], "accepted": True})
-                    answer = {"jsonrpc": "2.0", "id": msg["id"], "result": {"results": results}}
-                    out.append(line(answer))
-            if batch:
-                db.apply(batch)  # one transaction, committed before anything is answered
-            if out:
-                await proc.stdin.send_all(b"".join(out))
-        nursery.cancel_scope.cancel()
+        nursery.start_soon(host.read, proc.stdout)
+        nursery.start_soon(host.commit)
+        await proc.stdin.send_all(_line(_INIT))
     await proc.stdin.aclose()
     await proc.wait()
     db.close()

@@ -152,7 +152,7 @@ class _Server:
         method = msg.get("method")
         if method == "initialize":
             caps = {"experimental": {"mcpl": MANIFEST}}
-            result = {
+            result: dict[str, object] = {
                 "protocolVersion": "2024-11-05",
                 "capabilities": caps,
                 "serverInfo": {"name": "bench"},
@@ -163,8 +163,8 @@ class _Server:
                 await self.send({"jsonrpc": "2.0", "id": msg["id"], "result": {"accepted": True}})
             self.ready.set()
         elif method == "channels/publish" and "id" in msg:
-            result = {"delivered": True, "messageId": f"p{msg['id']}"}
-            await self.send({"jsonrpc": "2.0", "id": msg["id"], "result": result})
+            receipt = {"delivered": True, "messageId": f"p{msg['id']}"}
+            await self.send({"jsonrpc": "2.0", "id": msg["id"], "result": receipt})
         elif "id" in msg and method is not None:
             error = {"code": -32601, "message": "no"}
             await self.send({"jsonrpc": "2.0", "id": msg["id"], "error": error})
