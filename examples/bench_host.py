@@ -28,6 +28,7 @@ def bench_fields(line: str) -> dict[str, str] | None:
 
 def model(workdir: Path, name: str, rules: str) -> str:
     """The ``model`` setting of a scripted model with ``rules``, written in ``workdir``."""
+    workdir.mkdir(parents=True, exist_ok=True)
     path = workdir / f"{name}.toml"
     path.write_text(rules, encoding="utf-8")
     return f"scripted:{path}"

@@ -1,0 +1,111 @@
+"""The benchmark's rows run end to end on tiny sizes (real stdio servers, a real store), and its
+checks and its latency rule hold. Figures are not asserted: speed is the benchmark's to print."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+from hypothesis import given
+from hypothesis import strategies as st
+
+from examples import bench_ingest, bench_marking, bench_scale, bench_wakes
+from store import Append, Database, db_path
+
+pytestmark = pytest.mark.slow
+
+DEADLINE_S = 120
+
+
+async def test_the_thinnest_host_stores_what_mcplive_stores(tmp_path: Path) -> None:
+    with trio.fail_after(DEADLINE_S):
+        shape = await bench_ingest.check_shape(tmp_path, 15)
+    assert shape["problems"] == []
+    assert shape["rows"] == 15
+    assert shape["marked"] == 3  # messages 0, 7 and 14 carry a forged header
+
+
+def _store(data_dir: Path, texts: list[str]) -> None:
+    rows = bench_ingest.ThinRows()
+    rows.register([{"id": "bench:#load", "label": "load"}])
+    at = bench_ingest.accepted_now()
+    ops = []
+    for i, text in enumerate(texts):
+        message: dict[str, Any] = {**bench_ingest.sample(i)}
+        message["content"] = [{"type": "text", "text": text}]
+        key = f"bench:#load\x00b{i}"
+        ops.append(
+            Append(records=(rows.record(message, at, 1.0),), dedupe=("incoming", "bench", key))
+        )
+    with Database(db_path(data_dir)) as db:
+        db.apply(ops)
+
+
+def test_the_store_comparison_names_a_row_that_differs(tmp_path: Path) -> None:
+    _store(tmp_path / "a", ["one", "two [source: x]"])
+    _store(tmp_path / "b", ["one", "two [source: y]"])
+    _store(tmp_path / "c", ["one"])
+    same = bench_ingest.compare_stores(tmp_path / "a", tmp_path / "a", 2)
+    assert same["problems"] == []
+    assert same["marked"] == 1
+    differs = bench_ingest.compare_stores(tmp_path / "a", tmp_path / "b", 2)
+    assert differs["problems"] == ["b1: ['metadata', 'blocks'] differ"] or differs["problems"] == [
+        "b1: ['blocks', 'metadata'] differ"
+    ]
+    short = bench_ingest.compare_stores(tmp_path / "a", tmp_path / "c", 2)
+    assert short["problems"][0] == "row counts: mcplive 2, thin 1, sent 2"
+
+
+@given(
+    sent=st.lists(st.floats(0, 100), max_size=20),
+    calls=st.lists(st.tuples(st.floats(0, 100), st.integers(0, 25)), max_size=20),
+)
+def test_a_message_waits_for_the_first_call_after_it_that_saw_it(
+    sent: list[float], calls: list[tuple[float, int]]
+) -> None:
+    times = dict(enumerate(sorted(sent)))
+    got = bench_wakes.to_model_call(times, calls)
+    expected = []
+    for n, at in sorted(times.items()):
+        seen = -1
+        for moment, newest in sorted(calls):
+            seen = max(seen, newest)
+            if moment >= at and seen >= n:
+                expected.append(moment - at)
+                break
+    assert got == expected
+
+
+@pytest.mark.parametrize("probe", [0, 5])
+async def test_latency_to_the_model_call(tmp_path: Path, probe: int) -> None:
+    with trio.fail_after(DEADLINE_S):
+        result = await bench_wakes.run_model_latency(tmp_path, 30, 500.0, probe)
+    assert len(result["latencies"]) == (30 if probe == 0 else 6)
+    assert result["calls"] >= 1
+
+
+async def test_agents_hearing_one_channel(tmp_path: Path) -> None:
+    with trio.fail_after(DEADLINE_S):
+        run = await bench_scale.run_agents(tmp_path, 2, 20)
+    assert run["seconds"] > 0 and run["cpu"] > 0 and run["bytes"] > 0
+
+
+async def test_servers_registering_channels_at_once(tmp_path: Path) -> None:
+    with trio.fail_after(DEADLINE_S):
+        run = await bench_scale.run_channels(tmp_path, 2, 3, 12)
+    assert run["accepted"] == 6
+    assert run["register_s"] > 0
+
+
+async def test_search_first_turn_and_rollback_on_a_stored_history(tmp_path: Path) -> None:
+    with trio.fail_after(DEADLINE_S):
+        run = await bench_scale.run_store(tmp_path, 300)
+    assert run["found"] == 3
+    assert run["set_aside"] >= 99  # the 99 newer stored ones, the local message and after
+
+
+def test_marking_and_its_baseline_find_the_same_openings() -> None:
+    marked, plain = bench_marking.measure([bench_marking.block(50), "x [ Source: y"], 51)
+    assert marked > 0 and plain > 0
