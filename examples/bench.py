@@ -10,8 +10,9 @@ their min and max. The headline is (a') / (b).
 (a) mcplive's channel-message ingest: line → stored durably → wake decided. One agent hears the
     channel, registered closed, so the decision is "no wake" and no turn runs;
 (a') the same with the channel open: the agent is woken and runs turns (a silent scripted model);
-(b) the thinnest host (``examples.bench_ingest``): one trio task that does only what storing
-    these items needs, and stores the same rows. A check sends the same messages (every seventh
+(b) the thinnest host (``examples.bench_ingest``): does only what storing these items needs
+    (one task reads and builds the rows, another commits them in a worker thread as reading
+    goes on) and stores the same rows. A check sends the same messages (every seventh
     with a forged header) to mcplive and to (b) and compares what both stored, message by
     message: the row count, each row's agent, role, blocks (header and marked body) and metadata
     (every key; ``accepted_at`` for its format, ids for their form) and the dedupe keys;

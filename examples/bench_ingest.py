@@ -5,9 +5,10 @@ what mcplive stores.
 parses them with ``json``, answers each request with ``json.dumps``, renders a channel's source
 header once (when the channel is registered), marks a body only when it holds a ``[`` (what
 :func:`protocol.source.mark_blocks` checks first), computes both digests in one pass
-(:func:`protocol.digests.body_digests`), takes one ``accepted_at`` per read (as mcplive does per
-batch of lines) and hands each read's rows to ``store.Database.apply`` in one transaction before
-answering.
+(:func:`protocol.digests.body_digests`) and takes one ``accepted_at`` per read (as mcplive does
+per batch of lines). What was read while the last transaction was committed goes to
+``store.Database.apply`` in the next one (in a worker thread, while reading goes on), and is
+answered once committed.
 """
 
 from __future__ import annotations

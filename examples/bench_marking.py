@@ -21,7 +21,7 @@ from protocol import source
 from protocol.source import mark_openings
 
 OPENING = "[source:"
-#: How many times a plain scan marking may take (issue 18's goal).
+#: How many times as long as a plain scan marking may take (the goal).
 GOAL_RATIO = 10.0
 
 
