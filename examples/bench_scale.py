@@ -87,16 +87,18 @@ async def run_channels(
         [bh.agent(AGENT, bh.model(workdir, "silent", bh.SILENT))],
     )
     ready: set[str] = set()
+    registered: dict[str, dict[str, str]] = {}
 
     def on_line(sid: str, fields: dict[str, str]) -> None:
-        if "ready" in fields:
+        if "registered" in fields:
+            registered.setdefault(sid, fields)  # a server that reconnects registers again
+        elif "ready" in fields:
             ready.add(sid)
             if len(ready) == servers:
                 go.touch()
 
     async with Host.open(cfg) as host:
         reported = await _until_reported(host, set(ids), "seconds", on_line)
-        registered = await _until_reported(host, set(ids), "registered")  # replayed
     accepted = sum(int(f["accepted"]) for f in registered.values())
     return {
         "register_s": max(float(f["answered_at"]) for f in registered.values())
