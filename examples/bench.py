@@ -138,12 +138,15 @@ async def measure(kind: str, messages: int) -> dict[str, Any]:
     raise ValueError(kind)
 
 
+class MeasurementFailed(Exception):
+    """A measurement's process failed; the message holds its traceback."""
+
+
 def _child(kind: str, messages: int, conn: Connection) -> None:
     try:
         conn.send(("ok", trio.run(measure, kind, messages)))
-    except BaseException:
+    except BaseException:  # reported to the parent, which stops the run
         conn.send(("error", traceback.format_exc()))
-        raise
     finally:
         conn.close()
 
@@ -163,7 +166,7 @@ def _measure_in_child(kind: str, messages: int) -> dict[str, Any]:
         status, value = "error", f"the measurement process exited with code {child.exitcode}"
     child.join()
     if status != "ok":
-        raise RuntimeError(f"measurement {kind} failed:\n{value}")
+        raise MeasurementFailed(f"measurement {kind} failed:\n{value}")
     result: dict[str, Any] = value
     return result
 
@@ -369,12 +372,15 @@ async def main() -> None:
     changes = {k: getattr(args, k) for k in ("messages", "rounds", "flood")}
     plan = attrs.evolve(plan, **{k: v for k, v in changes.items() if v is not None})
     started = time.perf_counter()
-    same = await ingest_rows(plan)
-    await wake_rows(plan)
-    await replies_rows(plan)
-    await agent_rows(plan)
-    await channel_rows(plan)
-    await store_rows(plan)
+    try:
+        same = await ingest_rows(plan)
+        await wake_rows(plan)
+        await replies_rows(plan)
+        await agent_rows(plan)
+        await channel_rows(plan)
+        await store_rows(plan)
+    except MeasurementFailed as exc:
+        sys.exit(str(exc))
     marking_rows()
     print(f"wall time: {time.perf_counter() - started:.1f} s")
     if not same:

@@ -26,6 +26,27 @@ def bench_fields(line: str) -> dict[str, str] | None:
     return dict(part.split("=", 1) for part in line.split()[1:])
 
 
+def reported(event: Any) -> list[dict[str, str]]:
+    """The fields of the ``BENCH`` lines a trace event carries: a ``server-log`` line, or the
+    stderr tail of a ``disconnected`` event (a server's last lines may be traced only after
+    its link ended, so a finished server's report is looked for there too)."""
+    if event.kind == "server-log":
+        lines = [event.data.get("line", "")]
+    elif event.kind == "disconnected":
+        lines = list(event.data.get("stderr_tail") or ())
+    else:
+        return []
+    return [fields for line in lines if (fields := bench_fields(str(line))) is not None]
+
+
+def done_seconds(event: Any) -> float | None:
+    """The ``seconds`` of a bench server's final report, if ``event`` carries it."""
+    for fields in reported(event):
+        if "seconds" in fields:
+            return float(fields["seconds"])
+    return None
+
+
 def model(workdir: Path, name: str, rules: str) -> str:
     """The ``model`` setting of a scripted model with ``rules``, written in ``workdir``."""
     workdir.mkdir(parents=True, exist_ok=True)

@@ -104,11 +104,11 @@ async def run_mcplive(workdir: Path, messages: int, extra: list[str]) -> float:
     )
     async with Host.open(cfg) as host:
         async for event in host.trace(kinds={"server-log", "disconnected"}):
+            seconds = bh.done_seconds(event)
+            if seconds is not None:
+                return seconds
             if event.kind == "disconnected":
                 raise RuntimeError(f"bench server failed: {event.data}")
-            fields = bh.bench_fields(event.data["line"])
-            if fields is not None and "seconds" in fields:
-                return float(fields["seconds"])
     raise RuntimeError("trace ended")
 
 

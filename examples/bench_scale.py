@@ -28,19 +28,15 @@ async def _until_reported(
     found: dict[str, dict[str, str]] = {}
     async for event in host.trace(kinds={"server-log", "disconnected"}):
         sid = str(event.server_id)
+        for fields in bh.reported(event):
+            if on_line is not None:
+                on_line(sid, fields)
+            if want in fields and sid in servers:
+                found[sid] = fields
+        if len(found) == len(servers):
+            return found
         if event.kind == "disconnected" and sid in servers and sid not in found:
             raise RuntimeError(f"bench server {sid} failed: {event.data}")
-        if event.kind != "server-log":
-            continue
-        fields = bh.bench_fields(event.data["line"])
-        if fields is None:
-            continue
-        if on_line is not None:
-            on_line(sid, fields)
-        if want in fields and sid in servers:
-            found[sid] = fields
-            if len(found) == len(servers):
-                return found
     raise RuntimeError("trace ended")
 
 

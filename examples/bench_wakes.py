@@ -89,12 +89,10 @@ async def run_model_latency(
                     calls[key] = (first, text + str(event.data.get("delta", "")))
                 elif event.kind == "trace-dropped":
                     dropped += int(event.data.get("count", 0))
+                elif waiting.deadline == math.inf and bh.done_seconds(event) is not None:
+                    waiting.deadline = trio.current_time() + LAST_CALL_GRACE_S
                 elif event.kind == "disconnected" and waiting.deadline == math.inf:
                     raise RuntimeError(f"bench server failed: {event.data}")
-                elif event.kind == "server-log":
-                    fields = bh.bench_fields(event.data["line"])
-                    if fields is not None and "seconds" in fields and waiting.deadline == math.inf:
-                        waiting.deadline = trio.current_time() + LAST_CALL_GRACE_S
                 if waiting.deadline != math.inf:
                     said = [_number(text) for _, text in calls.values()]
                     if max((n for n in said if n is not None), default=-1) >= max(sent, default=0):
@@ -135,10 +133,8 @@ async def run_replies(
             if event.kind == "published" and event.agent != FLOODED:
                 sent = float(str(event.data["text"]).split()[1])
                 latencies.append(event.ts - sent)
-            elif event.kind == "server-log" and event.server_id == "bench":
-                fields = bh.bench_fields(event.data["line"])
-                if fields is not None and "seconds" in fields:
-                    break  # every message answered; the flood (if any) is cut short here
+            elif event.server_id == "bench" and bh.done_seconds(event) is not None:
+                break  # every message answered; the flood (if any) is cut short here
             elif event.kind == "disconnected" and event.server_id == "bench":
                 raise RuntimeError(f"bench server failed: {event.data}")
     if not latencies:
