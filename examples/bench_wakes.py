@@ -1,11 +1,15 @@
 """Wake rows of the benchmark: latency to the model call, and wake-to-reply latency (d), (e).
 
 Every message the bench server sends carries the wall-clock time it was sent (``t=``) and its
-number. The agents' scripted model says the number of the newest message it was called with; it
+number. The agent's scripted model says the number of the newest message it was called with; it
 streams that text while it is being called, so the first ``tokens`` trace event of a call is
-stamped (``TraceEvent.ts``) with the moment of the call. A message's latency to the model call
-runs from the moment it was sent to the first call whose newest message is that one or a later
-one: the first call that had it in its context.
+stamped (``TraceEvent.ts``) with the moment of the call. The scripted model says nothing when
+its context ends with its own reply (messages that arrived during its last turn were stored
+before that reply): such a call's moment is taken from the end of its turn, right after it. A
+call saw the messages stored (``incoming``) before its turn started, and those up to the number
+it said. A message's latency to the model call runs from the moment it was sent to the first
+call that saw it. Counting only what was stored before the turn started can only make a
+latency longer, never shorter.
 """
 
 from __future__ import annotations
@@ -29,6 +33,41 @@ LAST_CALL_GRACE_S = 10.0
 def _number(text: str) -> int | None:
     word = text.split()[-1] if text.split() else ""
     return int(word) if word.isdigit() else None
+
+
+class CallLog:
+    """The agent's model calls as ``(moment, newest message number seen)``, from its trace."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[float, int]] = []
+        self.turns: list[tuple[float, float]] = []  # (start, end) of each turn
+        self.stored = -1  # the highest message number stored so far
+        self._turn: list[Any] | None = None  # [newest stored at its start, moment, said, start]
+
+    def incoming(self, n: int) -> None:
+        self.stored = max(self.stored, n)
+
+    def event(self, kind: str, ts: float, data: Any) -> None:
+        turn = self._turn
+        if kind == "turn-start":
+            self._turn = [self.stored, None, "", ts]
+        elif kind == "tokens" and turn is not None:
+            turn[1] = ts if turn[1] is None else turn[1]
+            turn[2] += str(data.get("delta", ""))
+        elif kind in ("turn-end", "turn-aborted") and turn is not None:
+            said = _number(turn[2])
+            newest = max(turn[0], -1 if said is None else said)
+            self.calls.append((ts if turn[1] is None else turn[1], newest))
+            self.turns.append((turn[3], ts))
+            self._turn = None
+
+    def during_turns(self, moments: Any) -> int:
+        """How many of ``moments`` fall while a turn was running."""
+        return sum(1 for at in moments if any(start <= at <= end for start, end in self.turns))
+
+    @property
+    def newest(self) -> int:
+        return max((n for _, n in self.calls), default=-1)
 
 
 def to_model_call(sent: dict[int, float], calls: list[tuple[float, int]]) -> list[float]:
@@ -70,8 +109,9 @@ async def run_model_latency(
     )
     sent: dict[int, float] = {}
     decided: list[float] = []
-    calls: dict[str, tuple[float, str]] = {}  # inference id -> (first piece's moment, text)
-    kinds = {"incoming", "tokens", "server-log", "disconnected", "trace-dropped"}
+    log = CallLog()
+    kinds = {"incoming", "tokens", "turn-start", "turn-end", "turn-aborted", "server-log"}
+    kinds |= {"disconnected", "trace-dropped"}
     dropped = 0
     async with Host.open(cfg) as host:
         with trio.CancelScope() as waiting:  # once all is answered, the last calls' grace
@@ -80,28 +120,25 @@ async def run_model_latency(
                     words = str(event.data.get("text", "")).split()
                     n = _number(" ".join(words[:3]))
                     if n is not None and words[0].startswith("t="):
+                        log.incoming(n)
                         if not probe or event.channel_id == "bench:#probe":
                             sent[n] = float(words[0][2:])
                             decided.append(event.ts - sent[n])
-                elif event.kind == "tokens" and event.agent == AGENT:
-                    key = str(event.data.get("inference_id"))
-                    first, text = calls.get(key, (event.ts, ""))
-                    calls[key] = (first, text + str(event.data.get("delta", "")))
                 elif event.kind == "trace-dropped":
                     dropped += int(event.data.get("count", 0))
+                elif event.agent == AGENT:
+                    log.event(event.kind, event.ts, event.data)
                 elif waiting.deadline == math.inf and bh.done_seconds(event) is not None:
                     waiting.deadline = trio.current_time() + LAST_CALL_GRACE_S
                 elif event.kind == "disconnected" and waiting.deadline == math.inf:
                     raise RuntimeError(f"bench server failed: {event.data}")
-                if waiting.deadline != math.inf:
-                    said = [_number(text) for _, text in calls.values()]
-                    if max((n for n in said if n is not None), default=-1) >= max(sent, default=0):
-                        break
-    pairs = [(at, n) for at, text in calls.values() if (n := _number(text)) is not None]
+                if waiting.deadline != math.inf and log.newest >= max(sent, default=0):
+                    break
     return {
-        "latencies": to_model_call(sent, pairs),
+        "latencies": to_model_call(sent, log.calls),
         "decided": decided,
-        "calls": len(pairs),
+        "calls": len(log.calls),
+        "during_turns": log.during_turns(sent.values()),
         "dropped": dropped,
     }
 
