@@ -78,6 +78,22 @@ def test_a_message_waits_for_the_first_call_after_it_that_saw_it(
     assert got == expected
 
 
+def test_a_silent_call_is_placed_at_its_turns_end_and_saw_what_was_stored_before() -> None:
+    log = bench_wakes.CallLog()
+    log.incoming(0)
+    log.event("turn-start", 1.0, {})
+    log.incoming(1)  # stored while the turn runs: not counted as seen by this call
+    log.event("tokens", 1.5, {"delta": "0"})
+    log.event("turn-end", 2.0, {})
+    log.incoming(2)
+    log.event("turn-start", 3.0, {})
+    log.event("turn-end", 3.25, {})  # said nothing
+    assert log.calls == [(1.5, 0), (3.25, 2)]
+    assert log.during_turns([0.5, 1.2, 2.5, 3.1]) == 2
+    sent = {0: 0.5, 1: 1.2, 2: 2.5}
+    assert bench_wakes.to_model_call(sent, log.calls) == [1.0, 2.05, 0.75]
+
+
 @pytest.mark.parametrize("probe", [0, 5])
 async def test_latency_to_the_model_call(tmp_path: Path, probe: int) -> None:
     with trio.fail_after(DEADLINE_S):
