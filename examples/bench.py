@@ -163,6 +163,7 @@ def _measure_in_child(kind: str, messages: int) -> dict[str, Any]:
     try:
         status, value = receiving.recv()
     except EOFError:
+        child.join()
         status, value = "error", f"the measurement process exited with code {child.exitcode}"
     child.join()
     if status != "ok":
