@@ -337,7 +337,7 @@ async def store_rows(plan: Plan) -> None:
         print(f"  {size} messages (written in {run['build_s']:.1f} s):")
         print(
             f"      Reader.search for a word {run['found']} of them hold: "
-            f"{run['search_s'] * 1000:.1f} ms (target < 100 ms)"
+            f"{run['search_s'] * 1000:.1f} ms (median of {run['searches']}; target < 100 ms)"
         )
         print(
             f"      Host.open to the first model call: {to_call * 1000:.1f} ms; of which the "
