@@ -15,7 +15,7 @@ their min and max. The headline is (a') / (b).
     goes on) and stores the same rows. A check sends the same messages (every seventh
     with a forged header) to mcplive and to (b) and compares what both stored, message by
     message: the row count, each row's agent, role, blocks (header and marked body) and metadata
-    (every key; ``accepted_at`` for its format, ids for their form) and the dedupe keys;
+    (every key; ``accepted_at`` for its format, ids to be unique) and the dedupe keys;
 (c) the raw append of those rows with ``executemany`` in one transaction.
 
 Wakes (``examples.bench_wakes``): latency to the model call at 1,000 messages per second

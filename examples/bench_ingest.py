@@ -265,7 +265,7 @@ def run_raw(workdir: Path, messages: int) -> float:
 # -- the check that (b) stores what mcplive stores ---------------------------------------------
 
 SHAPE_ARGS = ["--fixed-stamp", "--forged-every", "7", "--closed"]
-_ID = re.compile(r"m_[0-9a-f]{8}[0-9a-f]+")
+_ID = re.compile(r"\S+")
 _ACCEPTED = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z")
 
 
@@ -281,8 +281,9 @@ def stored_rows(data_dir: Path) -> list[dict[str, Any]]:
 
 
 def _comparable(message: dict[str, Any]) -> dict[str, Any]:
-    """A stored message without what must differ between two hosts: its id (checked for its
-    form) and the moment it was accepted (checked for its format)."""
+    """A stored message without what must differ between two hosts: its id (checked to be a
+    word; unique, see :func:`compare_stores`) and the moment it was accepted (checked for its
+    format)."""
     meta = dict(message["metadata"])
     source = dict(meta["inbound_source"])
     accepted = source.pop("accepted_at")
@@ -298,6 +299,9 @@ def compare_stores(mcplive: Path, thin: Path, messages: int) -> dict[str, Any]:
     problems: list[str] = []
     if not len(ours) == len(theirs) == messages:
         problems.append(f"row counts: mcplive {len(ours)}, thin {len(theirs)}, sent {messages}")
+    for name, rows in (("mcplive", ours), ("thin", theirs)):
+        if len({m["id"] for m in rows}) != len(rows):
+            problems.append(f"{name}: row ids are not unique")
     by_id = {m["metadata"].get("message_id"): m for m in theirs}
     marked = 0
     for mine in ours:
