@@ -344,10 +344,16 @@ async def store_rows(plan: Plan) -> None:
             f"first turn, a local message to its model call: {run['first_turn_s'] * 1000:.1f} ms "
             "(target < 50 ms)"
         )
-        print(
-            f"      Host.rollback setting aside {run['set_aside']} messages: "
-            f"{run['rollback_s'] * 1000:.0f} ms (target < 1 s)"
-        )
+        if run["rollback_error"]:
+            print(
+                f"      Host.rollback failed after {run['rollback_s'] * 1000:.0f} ms "
+                f"(target < 1 s): {run['rollback_error']}"
+            )
+        else:
+            print(
+                f"      Host.rollback setting aside {run['set_aside']} messages: "
+                f"{run['rollback_s'] * 1000:.0f} ms (target < 1 s)"
+            )
 
 
 def marking_rows() -> None:

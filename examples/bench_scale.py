@@ -162,7 +162,7 @@ def time_search(data_dir: Path, budget_s: float = 10.0) -> tuple[float, int, int
     return statistics.median(times), found, len(times)
 
 
-async def run_store(workdir: Path, size: int) -> dict[str, float]:
+async def run_store(workdir: Path, size: int) -> dict[str, Any]:
     """Build a store of ``size`` messages of one agent, then time a search, the host's opening,
     the agent's first turn (woken by one local message, to its model call) and a rollback of
     its hundred newest messages through ``Host.rollback``."""
@@ -181,7 +181,10 @@ async def run_store(workdir: Path, size: int) -> dict[str, float]:
         first_turn = await first_call(trace, AGENT) - posted
         await host.run_until_idle()  # the turn ends before a rollback may start
         started = time.perf_counter()
-        report = await host.rollback(AGENT, target)
+        try:
+            report = await host.rollback(AGENT, target)
+        except Exception as exc:  # e.g. the host's own deadline for it: reported as a figure
+            report = {"error": f"{type(exc).__name__}: {exc}"}
         rollback_s = time.perf_counter() - started
     return {
         "build_s": built,
@@ -192,4 +195,5 @@ async def run_store(workdir: Path, size: int) -> dict[str, float]:
         "first_turn_s": first_turn,
         "rollback_s": rollback_s,
         "set_aside": int(report.get("set_aside", 0)),
+        "rollback_error": str(report.get("error", "")),
     }
