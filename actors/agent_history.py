@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from protocol.authors import author_line, guard_body_start, shown_author, stored_author
-from store import Append, MessageRecord
+from store import Append, MessageRecord, Reader
 
 from .channel import new_id
 from .coalescer import Assembled, is_hidden_marker
@@ -27,6 +27,8 @@ from .context import HostContext
 MIN_MESSAGE_TOKENS = 8
 #: Messages read from the store at a time while assembling a context (newest first).
 CONTEXT_PAGE = 64
+#: Messages read from the store at a time by :func:`read_history`.
+HISTORY_PAGE = 512
 
 
 async def store_message(
@@ -49,6 +51,46 @@ async def store_message(
         "blocks": list(blocks),
         "metadata": meta,
     }
+
+
+def read_history(
+    reader: Reader,
+    agent: str,
+    *,
+    after_seq: int = 0,
+    before_seq: int | None = None,
+    limit: int | None = None,
+) -> list[dict[str, Any]]:
+    """The agent's stored messages with a seq above ``after_seq`` and below ``before_seq``,
+    oldest first; ``limit`` keeps the newest N of them. Read a page at a time (newest first
+    when there is a limit, so only what is kept is read)."""
+    if limit is not None and limit < 0:
+        raise ValueError(f"limit must be >= 0, got {limit}")
+    if limit is None:
+        out: list[dict[str, Any]] = []
+        while True:
+            rows = reader.rows(
+                agent=agent, after_seq=after_seq, before_seq=before_seq, limit=HISTORY_PAGE
+            )
+            out.extend(r.message for r in rows)
+            if len(rows) < HISTORY_PAGE:
+                return out
+            after_seq = rows[-1].seq
+    newest: list[dict[str, Any]] = []
+    while len(newest) < limit:
+        rows = reader.rows(
+            agent=agent,
+            after_seq=after_seq,
+            before_seq=before_seq,
+            newest_first=True,
+            limit=min(HISTORY_PAGE, limit - len(newest)),
+        )
+        newest.extend(r.message for r in rows)
+        if not rows or len(newest) >= limit or len(rows) < HISTORY_PAGE:
+            break
+        before_seq = rows[-1].seq
+    newest.reverse()
+    return newest
 
 
 def estimate_tokens(message: Mapping[str, Any]) -> int:

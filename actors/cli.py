@@ -215,17 +215,13 @@ def cmd_rollback(args: argparse.Namespace) -> int:
 async def _rollback(cfg: Any, agent: str, to: str) -> int:
     """Start the host, wait for the servers whose state the agent checkpointed, roll back."""
     from .host import Host
+    from .rollback import checkpointing_servers
 
     if agent not in {a.name for a in cfg.agents}:
         print(f"mcplive: no agent named {agent!r} in the config", file=sys.stderr)
         return 2
     async with Host.open(cfg) as host:
-        needed = {
-            c.get("server")
-            for m in host.history(agent)
-            for c in (m.get("metadata") or {}).get("checkpoints", ())
-        }
-        pending = {s.id for s in cfg.servers if s.id in needed}
+        pending = await checkpointing_servers(host.ctx, agent, [s.id for s in cfg.servers])
         deadline = max((s.request_timeout_s for s in cfg.servers), default=10) + 10
         if pending:
             with trio.move_on_after(deadline):

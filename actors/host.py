@@ -23,6 +23,7 @@ from .agent import (
     Resume,
     Rollback,
 )
+from .agent_history import read_history
 from .channel import ChannelActor, new_id
 from .coalescer import CoalescerActor
 from .config import AgentConfig, HostConfig, load_config
@@ -160,10 +161,31 @@ class Host:
         )
         return result
 
-    def history(self, agent: str) -> list[dict[str, Any]]:
+    def history(
+        self,
+        agent: str,
+        *,
+        limit: int | None = None,
+        before: str | None = None,
+        after: str | None = None,
+    ) -> list[dict[str, Any]]:
+        """The agent's stored messages (DESIGN section 5), oldest first, set-aside ones and
+        markers included. ``after`` and ``before`` are message ids of this agent: only the
+        messages stored after ``after`` and before ``before`` (neither included); ``limit``
+        keeps the newest N of those. With none of them, the whole history. The store is read a
+        page at a time, and with ``limit`` only the pages kept are read. An id this agent has
+        no message with, or a negative limit, raises ValueError; an unknown agent, KeyError."""
         self._agent(agent)
+        reader = self.ctx.store.reader
         try:
-            return self.ctx.store.reader.history(agent)
+            bounds = {}
+            for name, message_id in (("after_seq", after), ("before_seq", before)):
+                if message_id is not None:
+                    seq = reader.seq_of(message_id, agent)
+                    if seq is None:
+                        raise ValueError(f"{agent} has no message {message_id!r}")
+                    bounds[name] = seq
+            return read_history(reader, agent, limit=limit, **bounds)
         finally:
             self.ctx.store.report_skipped()
 

@@ -12,15 +12,15 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from protocol.state import Recorded, read_rollback_result, rollback_params, rollback_targets
+from protocol.state import read_rollback_result, rollback_params, rollback_targets
 from store import PutState
 
-from .agent_history import live_messages, store_message
+from .agent_history import store_message
 from .context import HostContext
 from .messages import Call
+from .rollback_plan import MAX_ROLLBACK_SPAN as MAX_ROLLBACK_SPAN
+from .rollback_plan import checkpointed_servers, plan_rollback
 
-#: The most messages one rollback may set aside.
-MAX_ROLLBACK_SPAN = 10_000
 #: Namespace and key of the host-wide current checkpoints in the store's state table.
 CHECKPOINTS = ("checkpoints", "current")
 
@@ -38,31 +38,15 @@ async def record_checkpoints(ctx: HostContext, checkpoints: Sequence[Mapping[str
 async def roll_back(
     ctx: HostContext, agent: str, to: str, trace: Callable[..., Any]
 ) -> dict[str, Any]:
-    """Roll the agent's context back to message ``to``; the report of what was done."""
-    history = await ctx.store.read(ctx.store.reader.history, agent)
-    live = live_messages(history)
-    order = [m["id"] for m in live]
-    if to not in order:
-        raise ValueError(f"{agent} has no message {to!r} in its context")
-    set_aside = order[order.index(to) + 1 :]
-    if len(set_aside) > MAX_ROLLBACK_SPAN:
-        raise ValueError(
-            f"a rollback sets aside at most {MAX_ROLLBACK_SPAN} messages, this one "
-            f"{len(set_aside)}; roll back to a later message first"
-        )
-    recorded = [
-        Recorded(
-            message_id=m["id"],
-            lineage=(c["server"], c["feature_set"]),
-            checkpoint=c["checkpoint"],
-            parent=c.get("parent"),
-        )
-        for m in live
-        for c in m["metadata"].get("checkpoints", ())
-    ]
+    """Roll the agent's context back to message ``to``; the report of what was done.
+
+    The history is read in pages (:func:`~actors.rollback_plan.plan_rollback`): the messages
+    after ``to`` and the tool results and markers before it, never the whole history at once."""
+    plan = await ctx.store.read(plan_rollback, ctx.store.reader, agent, to)
+    set_aside, recorded = list(plan.set_aside), plan.recorded
     lineages = ctx.lineages
     current = {r.lineage: c for r in recorded if (c := lineages.current(r.lineage))}
-    targets = rollback_targets(recorded, to, order, current)
+    targets = rollback_targets(recorded, to, plan.order, current)
     state: list[dict[str, Any]] = []
     for (sid, feature_set), checkpoint in targets.items():
         state.append(await _roll_back_server(ctx, sid, feature_set, checkpoint))
@@ -119,3 +103,8 @@ async def _roll_back_server(
     if outcome.success:
         ctx.lineages.record((sid, feature_set), outcome.checkpoint)
     return entry
+
+
+async def checkpointing_servers(ctx: HostContext, agent: str, among: Sequence[str]) -> set[str]:
+    """The servers of ``among`` whose state the agent's tool calls checkpointed, read in pages."""
+    return await ctx.store.read(checkpointed_servers, ctx.store.reader, agent, among)

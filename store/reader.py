@@ -391,3 +391,11 @@ class Reader:
     def count(self) -> int:
         """Number of stored messages."""
         return int(self._query("SELECT COUNT(*) FROM messages")[0][0])
+
+    def seq_of(self, message_id: str, agent: str | None = None) -> int | None:
+        """The seq of the stored message ``message_id`` (of ``agent``, when given); None when
+        there is none. One lookup on the id's unique index; the body is not read."""
+        rows = self._query("SELECT seq, agent FROM messages WHERE id = ?", (message_id,))
+        if not rows or (agent is not None and rows[0][1] != agent):
+            return None
+        return int(rows[0][0])
