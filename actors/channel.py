@@ -4,8 +4,14 @@ It owns the descriptor and label, each agent's open/closed state (persisted), th
 storage of what arrives on the channel, the wake decision, and publishing into the channel.
 
 Ingest never waits on a commit inside the loop: ``IngestBatch`` converts each
-item, decide who it wakes, hand it to the store and answer at once with the pending write; the
-caller awaits durability, answers the server, and only then sends the wakes.
+item, decide who it wakes, hand it to the store and answer at once with the pending write (or,
+asked so, answer with the write itself, for the caller to hand to the store together with other
+channels' writes); the caller awaits durability, answers the server, and only then sends the
+wakes.
+
+A channel's actor starts on first use: until then what its server registered waits in the
+host's ``ChannelDirectory``, and the actor takes it over when it starts. The actor publishes
+its ``ChannelInfo`` there whenever it changes, for listings that do not ask it.
 
 Echoes: a message whose id matches one of our publish receipts, or tagged ``chat:from-self``,
 never wakes anyone, and it is not stored again for the agent that wrote it. While a publish to

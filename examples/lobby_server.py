@@ -30,6 +30,9 @@ and ``channels/typing`` notifications are checked (known channel; one index coun
 inference, from 0; one complete per inferenceId and channel; ``threadId`` only on a channel with
 a declared target); each complete reports the streamed text as a ``streamed`` control event.
 ``--open-mode never`` (or the ``open_mode`` command) leaves ``channels/open`` unanswered.
+``--channels N`` registers N more channels once ready (``lobby:#c1`` … ``lobby:#cN``, label
+``cN``), in ``channels/register`` requests of at most 100, and reports how many the host
+accepted (and why it refused the others) as a ``channels`` control event.
 
 Opt-in features, each adding one feature set to the manifest:
 
