@@ -4,12 +4,11 @@
 channels (one ask per channel, items in arrival order); the channels hand back their writes and
 they all go to the store in one piece (one transaction, however many channels the batch spans),
 except that a channel with coalesced items (RFC-006) writes its own, after what came before it.
-``HotLanes.responder`` answers them once
-their writes are committed (a batch of replies per write), traces each new item and wakes the
-agents, one message per agent per batch. What the host refuses (a whole request, or one message
-of a batch) is traced as ``refused``; items the store already held (a replay) are counted and
-reported as ``duplicates-skipped`` by a ``SkipTally``: the first at once, later ones summed per
-``SKIP_REPORT_S``, the rest when the link ends.
+``HotLanes.responder`` answers them once their writes are committed (a batch of replies per write),
+traces each new item and wakes the agents, one message per agent per batch. What the host refuses
+(a whole request, or one message of a batch) is traced as ``refused``; items the store already held
+(a replay) are counted and reported as ``duplicates-skipped`` by a ``SkipTally``: the first at
+once, later ones summed per ``SKIP_REPORT_S``, the rest when the link ends.
 """
 
 from __future__ import annotations
