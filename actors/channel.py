@@ -4,8 +4,14 @@ It owns the descriptor and label, each agent's open/closed state (persisted), th
 storage of what arrives on the channel, the wake decision, and publishing into the channel.
 
 Ingest never waits on a commit inside the loop: ``IngestBatch`` converts each
-item, decide who it wakes, hand it to the store and answer at once with the pending write; the
-caller awaits durability, answers the server, and only then sends the wakes.
+item, decide who it wakes, hand it to the store and answer at once with the pending write (or,
+asked so, answer with the write itself, for the caller to hand to the store together with other
+channels' writes); the caller awaits durability, answers the server, and only then sends the
+wakes.
+
+A channel's actor starts on first use: until then what its server registered waits in the
+host's ``ChannelDirectory``, and the actor takes it over when it starts. The actor publishes
+its ``ChannelInfo`` there whenever it changes, for listings that do not ask it.
 
 Echoes: a message whose id matches one of our publish receipts, or tagged ``chat:from-self``,
 never wakes anyone, and it is not stored again for the agent that wrote it. While a publish to
@@ -44,6 +50,14 @@ from protocol.source import (
 from protocol.tags import expand_tags, is_addressed
 from store import Append, MessageRecord, PutState
 
+from .channel_directory import (
+    OPEN_STATE_NS,
+    Registration,
+    describe,
+    is_open,
+    open_state_key,
+    with_label,
+)
 from .channel_items import invitation_record, seal
 from .channel_publish import Receipts, now_iso, send_publish
 from .coalescer import Admit
@@ -78,11 +92,9 @@ def _visible(block: Mapping[str, Any]) -> bool:
     return block.get("type") != "text" or bool(str(block.get("text", "")).strip())
 
 
-OPEN_STATE_NS = "channel_open"
 MAX_RECEIPTS = 1024  # publish receipts kept for echo detection; oldest forgotten first
 MAX_DEFERRED = 64  # ingest batches waiting for a publish receipt; past it: taken at once
 MAX_OWN_AUTHORS = 16  # accounts seen posting our echoes; least recently seen forgotten first
-MAX_LABELS = 32  # label history; oldest forgotten first
 MAX_SUBJECT_PLACES = 4096  # coalescing subjects whose place is known; least recent forgotten
 
 
@@ -98,7 +110,13 @@ def new_id() -> str:
 class ChannelActor(Actor):
     mailbox_size = 256
 
-    def __init__(self, server_id: str, channel_id: str | None, ctx: HostContext) -> None:
+    def __init__(
+        self,
+        server_id: str,
+        channel_id: str | None,
+        ctx: HostContext,
+        registration: Registration | None = None,
+    ) -> None:
         super().__init__(f"channel:{server_id}/{channel_id or '-'}", ctx.work)
         self.ctx = ctx
         self.sid = server_id
@@ -116,6 +134,10 @@ class ChannelActor(Actor):
         self._subject_places: OrderedDict[str, tuple[str | None, str | None]] = OrderedDict()
         # the last header rendered, by (label, thread, reply): consecutive items share it
         self._header: tuple[tuple[str | None, str | None, str | None], str] | None = None
+        if registration is not None:  # what the channel's server registered before it started
+            self.descriptor = registration.descriptor
+            self.labels = list(registration.labels)
+            self.registered = registration.registered
 
     @property
     def place(self) -> str | None:
@@ -134,24 +156,23 @@ class ChannelActor(Actor):
     def label(self) -> str:
         return self.labels[-1] if self.labels else ""
 
-    def _state_key(self, agent: str) -> str:
-        return f"{agent}\x1f{self.sid}\x1f{self.cid}"
-
     async def on_start(self) -> None:
         if self.cid is None:
             return
-        saved = await self.ctx.store.read(self.ctx.store.reader.state, OPEN_STATE_NS)
-        for agent in self.ctx.agents_hearing(self.sid):
-            value = saved.get(self._state_key(agent))
-            if isinstance(value, bool):
-                self.open_for[agent] = value
+        saved = await self.ctx.saved_open.of_channel(self.sid, self.cid)
+        for agent in self.hearers:
+            if agent in saved:
+                self.open_for[agent] = saved[agent]
+        self._publish_info()
+
+    def _publish_info(self) -> None:
+        """Replace this channel's snapshot in the host's directory (read without an ask)."""
+        self.ctx.channel_directory.publish(self._info())
 
     def is_open(self, agent: str) -> bool:
         if self.cid is None:
             return True
-        if agent in self.open_for:
-            return self.open_for[agent]
-        return not (self.descriptor is not None and self.descriptor.initially_open is False)
+        return is_open(self.open_for, agent, self.descriptor)
 
     async def handle(self, msg: Any, reply: Reply) -> None:
         if isinstance(msg, IngestBatch) and len(self._deferred) < MAX_DEFERRED:
@@ -159,18 +180,22 @@ class ChannelActor(Actor):
                 self._deferred.append((msg, reply))
                 return
         if isinstance(msg, IngestBatch):
-            reply.value(await self._ingest_batch(msg.items, msg.accepted_at, msg.specs))
+            reply.value(await self._ingest_batch(msg.items, msg.accepted_at, msg.specs, msg.write))
         elif isinstance(msg, Register):
             self._register(msg.descriptor)
+            self._publish_info()
             reply.value(None)
         elif isinstance(msg, Unregister):
             self.registered = False
+            self._publish_info()
             reply.value(None)
         elif isinstance(msg, SetOpen):
             self.open_for[msg.agent] = msg.open
-            await self.ctx.store.write(
-                PutState(namespace=OPEN_STATE_NS, key=self._state_key(msg.agent), value=msg.open)
-            )
+            self._publish_info()
+            key = open_state_key(msg.agent, self.sid, self.cid)
+            await self.ctx.store.write(PutState(namespace=OPEN_STATE_NS, key=key, value=msg.open))
+            if self.cid is not None:
+                self.ctx.saved_open.note(msg.agent, self.sid, self.cid, msg.open)
             reply.value(None)
         elif isinstance(msg, Describe):
             reply.value(self._info())
@@ -184,36 +209,38 @@ class ChannelActor(Actor):
     def _register(self, desc: ChannelDescriptor) -> None:
         self.descriptor = desc
         self.registered = True
-        if desc.label and (not self.labels or self.labels[-1] != desc.label):
-            self.labels.append(desc.label)
-            del self.labels[:-MAX_LABELS]
+        self.labels = with_label(self.labels, desc.label)
 
     def _info(self) -> ChannelInfo:
-        desc = self.descriptor
-        wire: dict[str, Any] = {"id": self.cid}
-        if desc is not None:
-            wire.update({"type": desc.type, "label": desc.label, "direction": desc.direction})
-            if desc.address is not None:
-                wire["address"] = desc.address
-        return ChannelInfo(
-            server_id=self.sid,
-            channel_id=self.cid,
-            label=self.label,
-            labels=tuple(self.labels),
-            type=desc.type if desc else "",
-            registered=self.registered,
-            open_for={a: self.is_open(a) for a in self.ctx.agents_hearing(self.sid)},
-            descriptor=wire,
-            place=self.speech_place,
+        if self.cid is None:  # the unscoped lane: nothing of a channel to describe
+            return ChannelInfo(
+                server_id=self.sid,
+                channel_id=None,
+                label="",
+                labels=(),
+                type="",
+                registered=False,
+                open_for={a: True for a in self.hearers},
+                descriptor={"id": None},
+            )
+        open_for = {a: self.is_open(a) for a in self.hearers}
+        undeclared = self.ctx.config.publish_undeclared(self.sid)
+        return describe(
+            self.sid, self.cid, self.descriptor, self.labels, self.registered, open_for, undeclared
         )
 
     # -- ingest -----------------------------------------------------------------------------
     async def _ingest_batch(
-        self, items: tuple[Any, ...], accepted_at: str, specs: tuple[Any, ...] = ()
+        self,
+        items: tuple[Any, ...],
+        accepted_at: str,
+        specs: tuple[Any, ...] = (),
+        write: bool = True,
     ) -> list[Prepared | RpcError]:
-        """Convert every item, then hand all the writes to the store at once; a coalesced item
-        (RFC-006, with its ``CoalesceSpec`` in ``specs``) goes through the coalescer, which
-        decides what of it is stored."""
+        """Convert every item, then hand all the writes to the store at once (or, without
+        ``write``, back to the caller in each ``Prepared.op``); a coalesced item (RFC-006, with
+        its ``CoalesceSpec`` in ``specs``) goes through the coalescer, which decides what of it
+        is stored."""
         specs = specs or (None,) * len(items)
         built: list[tuple[Append, tuple[Any, ...], Any, str] | RpcError] = []
         now = time.time()
@@ -235,11 +262,13 @@ class ChannelActor(Actor):
             if not isinstance(b, RpcError)
             if spec is None
         ]
-        futures = iter(await self.ctx.store.submit_many(ops)) if ops else iter(())
+        futures = iter(await self.ctx.store.submit_many(ops)) if ops and write else iter(())
         out: list[Prepared | RpcError] = []
         for b, spec, msg, blocks in zip(built, specs, items, converted, strict=True):
             if isinstance(b, RpcError):
                 out.append(b)
+            elif spec is None and not write:
+                out.append(Prepared(future=None, op=b[0], blocks=b[1], wakes=b[2], author=b[3]))
             elif spec is None:
                 out.append(Prepared(future=next(futures), blocks=b[1], wakes=b[2], author=b[3]))
             else:
@@ -586,7 +615,9 @@ class ChannelActor(Actor):
             while self._deferred and not self._echoes.pending:
                 msg, waiting = self._deferred.pop(0)
                 try:
-                    waiting.value(await self._ingest_batch(msg.items, msg.accepted_at, msg.specs))
+                    waiting.value(
+                        await self._ingest_batch(msg.items, msg.accepted_at, msg.specs, msg.write)
+                    )
                 except Exception as exc:
                     waiting.error(exc)
         finally:

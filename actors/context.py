@@ -1,7 +1,8 @@
 """What every actor of one host shares: the work counter, the trace bus, the store and the
 directory of actor refs. The directory is written only by the Host and by a ConnectionActor when a
 server registers a channel (channel actors live in the host's channel nursery, so they outlive a
-reconnect).
+reconnect). Each server may have at most ``MAX_CHANNELS_PER_SERVER`` channels (its unscoped lane
+is not one); a channel past it is refused with ``ChannelLimit``.
 """
 
 from __future__ import annotations
@@ -14,8 +15,10 @@ import trio
 
 from protocol.state import Lineages
 
+from .channel_directory import ChannelDirectory, SavedOpen, is_open
 from .config import HostConfig, host_redactor
 from .kernel import ActorRef, Work
+from .messages import Register, Unregister
 from .storage import StoreClient
 from .trace import TraceBus
 
@@ -42,9 +45,18 @@ class HostContext:
         self.statuses: dict[str, Any] = {}
         # Each agent's latest AgentStatus, replaced only by that agent; one per configured agent.
         self.agent_statuses: dict[str, Any] = {}
+        # The channel actors started (on first use: a registered channel without one is only
+        # in the directory)
         self.channels: dict[tuple[str, str | None], ActorRef[Any]] = {}
+        # Every known channel's latest ChannelInfo (at most MAX_CHANNELS_PER_SERVER per
+        # server), and the registrations of those without an actor.
+        self.channel_directory = ChannelDirectory()
+        # the agents hearing each configured server (the config's agents are fixed while running)
+        self.hearing = {s.id: tuple(self.agents_hearing(s.id)) for s in config.servers}
+        self.saved_open = SavedOpen(store, self.hearing)
         self.channel_nursery: trio.Nursery | None = None
-        self.channel_factory: Callable[[str, str | None], Any] | None = None
+        # (server, channel id, its Registration or None) -> a ChannelActor
+        self.channel_factory: Callable[[str, str | None, Any], Any] | None = None
         self._create_lock = trio.Lock()
         self.closing = False
         # Set by the Host: the InferenceRouter every connection shares, and the reference
@@ -86,20 +98,84 @@ class HostContext:
         return [a.name for a in self.config.agents if a.hears(server_id)]
 
     async def channel(self, server_id: str, channel_id: str | None) -> ActorRef[Any]:
-        """The channel actor of (server, channel), started on first use."""
-        key = (server_id, channel_id)
-        ref = self.channels.get(key)
+        """The channel actor of (server, channel), started on first use (taking over what its
+        server registered)."""
+        ref = self.channels.get((server_id, channel_id))
         if ref is not None:
             return ref
+        key = (server_id, channel_id)
         async with self._create_lock:
             ref = self.channels.get(key)
             if ref is not None:
                 return ref
-            count = sum(1 for s, _ in self.channels if s == server_id)
-            if count >= MAX_CHANNELS_PER_SERVER:
-                raise ChannelLimit(f"{server_id} already has {count} channels")
+            if channel_id is not None and not self.channel_directory.knows(server_id, channel_id):
+                self._check_room(server_id)
             assert self.channel_nursery is not None and self.channel_factory is not None
-            actor = self.channel_factory(server_id, channel_id)
-            ref = await self.channel_nursery.start(actor.run)
+            actor = self.channel_factory(
+                server_id, channel_id, self.channel_directory.take(server_id, channel_id)
+            )
+            ref = await self.channel_nursery.start(self._run_channel, actor, key)
             self.channels[key] = ref
             return ref
+
+    async def register_channel(self, server_id: str, desc: Any, timeout: float) -> None:
+        """Put a channel descriptor in force. A channel without an actor is registered in the
+        directory (no actor is started for it); one with an actor is told, and has taken it
+        when this returns. Raises ``ChannelLimit`` for a new channel past the server's cap."""
+        saved = await self.saved_open.of_channel(server_id, desc.id)
+        key = (server_id, desc.id)
+        ref = self.channels.get(key)
+        if ref is None and self._create_lock.locked():  # an actor may be starting: wait for it
+            async with self._create_lock:
+                ref = self.channels.get(key)
+        if ref is None:  # no await from the check to the update: no actor can start meanwhile
+            if not self.channel_directory.knows(*key):
+                self._check_room(server_id)
+            open_for = {a: is_open(saved, a, desc) for a in self.hearing.get(server_id, ())}
+            undeclared = self.config.publish_undeclared(server_id)
+            self.channel_directory.register(server_id, desc, open_for, undeclared)
+            return
+        await ref.ask(Register(descriptor=desc), timeout=timeout)
+
+    async def unregister_channel(self, server_id: str, channel_id: str) -> None:
+        """A channel its server removed: marked so in the directory, or told to its actor."""
+        if not self.channel_directory.unregister(server_id, channel_id):
+            await (await self.channel(server_id, channel_id)).tell(Unregister())
+
+    def _check_room(self, server_id: str) -> None:
+        count = self.channel_directory.count(server_id)
+        if count >= MAX_CHANNELS_PER_SERVER:
+            raise ChannelLimit(
+                f"{server_id} already has {count} channels "
+                f"(at most {MAX_CHANNELS_PER_SERVER} per server)"
+            )
+
+    async def _run_channel(
+        self,
+        actor: Any,
+        key: tuple[str, str | None],
+        *,
+        task_status: trio.TaskStatus[ActorRef[Any]] = trio.TASK_STATUS_IGNORED,
+    ) -> None:
+        """Run a channel actor; when it ends, it leaves the directory (and its server's count)."""
+        relay = _Relay(task_status)  # this frame keeps no start-up nursery alive
+        del task_status
+        try:
+            await actor.run(task_status=relay)
+        finally:
+            if actor.ref is not None and self.channels.get(key) is actor.ref:
+                del self.channels[key]
+                self.channel_directory.forget(*key)
+
+
+class _Relay:
+    """Passes ``started`` on once, then lets go of the task status (and with it the nursery the
+    task started in), so a long-lived task does not keep them alive."""
+
+    def __init__(self, status: trio.TaskStatus[Any]) -> None:
+        self._status: trio.TaskStatus[Any] | None = status
+
+    def started(self, value: Any = None) -> None:
+        status, self._status = self._status, None
+        if status is not None:
+            status.started(value)

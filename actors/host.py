@@ -116,7 +116,7 @@ class Host:
             async with trio.open_nursery() as nursery:
                 ctx.channel_nursery = nursery
                 ctx.references = await nursery.start(ReferenceRegistry(cfg, work).run)
-                ctx.channel_factory = lambda sid, cid: ChannelActor(sid, cid, ctx)
+                ctx.channel_factory = lambda sid, cid, reg: ChannelActor(sid, cid, ctx, reg)
                 ctx.coalescer = await nursery.start(CoalescerActor(ctx, new_id).run)
                 for a in cfg.agents:
                     ctx.agents[a.name] = await nursery.start(AgentActor(a, models[a.name], ctx).run)

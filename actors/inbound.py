@@ -1,12 +1,14 @@
 """The hot lanes of a connection: ``push/event`` and ``channels/incoming``.
 
 ``HotLanes.prepare`` admits and converts a batch of such requests and hands their items to their
-channels (one ask per channel, items in arrival order); ``HotLanes.responder`` answers them once
-their writes are committed (a batch of replies per write), traces each new item and wakes the
-agents, one message per agent per batch. What the host refuses (a whole request, or one message
-of a batch) is traced as ``refused``; items the store already held (a replay) are counted and
-reported as ``duplicates-skipped`` by a ``SkipTally``: the first at once, later ones summed per
-``SKIP_REPORT_S``, the rest when the link ends.
+channels (one ask per channel, items in arrival order); the channels hand back their writes and
+they all go to the store in one piece (one transaction, however many channels the batch spans),
+except that a channel with coalesced items (RFC-006) writes its own, after what came before it.
+``HotLanes.responder`` answers them once their writes are committed (a batch of replies per write),
+traces each new item and wakes the agents, one message per agent per batch. What the host refuses
+(a whole request, or one message of a batch) is traced as ``refused``; items the store already held
+(a replay) are counted and reported as ``duplicates-skipped`` by a ``SkipTally``: the first at
+once, later ones summed per ``SKIP_REPORT_S``, the rest when the link ends.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import attrs
 import trio
 
 from protocol import jsonrpc as rpc
@@ -115,28 +118,50 @@ class HotLanes:
                 pending.error = as_rpc_error(exc, req.method)
         requests.clear()
         timeout = owner.cfg.request_timeout_s
+        unwritten: list[tuple[Pending, Prepared, Trace]] = []  # in order, for one write
         for cid, entries in groups.items():
+            specs = tuple([spec for _, _, spec, _ in entries])
+            coalesced = any(spec is not None for spec in specs)
+            if coalesced:  # its writes go after those of the channels before it
+                await self._write(unwritten)
             try:
                 chan = await owner.ctx.channel(owner.sid, cid)
                 results = await chan.ask(
                     IngestBatch(
                         items=tuple([item for _, item, _, _ in entries]),
-                        specs=tuple([spec for _, _, spec, _ in entries]),
+                        specs=specs,
                         accepted_at=accepted_at,
+                        write=coalesced,
                     ),
                     timeout=timeout,
                 )
             except Exception as exc:
                 results = [as_rpc_error(exc, "ingest")] * len(entries)
             for (pending, _, _, trace), result in zip(entries, results, strict=True):
-                if isinstance(result, Prepared):
+                if isinstance(result, Prepared) and result.op is not None:
+                    unwritten.append((pending, result, trace))
+                elif isinstance(result, Prepared):
                     pending.items.append((result, trace))
-                elif pending.push:
-                    pending.error = result
                 else:
-                    text = result.message if isinstance(result, RpcError) else str(result)
-                    pending.refuse(trace[2], text, channel_id=trace[1])
+                    _refuse(pending, trace, result)
+        await self._write(unwritten)
         return out
+
+    async def _write(self, unwritten: list[tuple[Pending, Prepared, Trace]]) -> None:
+        """Hand the channels' writes to the store in one piece, in order, and give each item
+        its pending write (emptying ``unwritten``)."""
+        if not unwritten:
+            return
+        try:
+            futures = await self.owner.ctx.store.submit_many([p.op for _, p, _ in unwritten])
+        except Exception as exc:
+            error = as_rpc_error(exc, "ingest")
+            for pending, _, trace in unwritten:
+                _refuse(pending, trace, error)
+        else:
+            for (pending, prepared, trace), future in zip(unwritten, futures, strict=True):
+                pending.items.append((attrs.evolve(prepared, future=future, op=None), trace))
+        unwritten.clear()
 
     def parse_push(
         self, link: Link, params: Any
@@ -350,6 +375,15 @@ class HotLanes:
     def _report_skips(self, n: int) -> None:
         if n:
             self.owner.trace("duplicates-skipped", count=n)
+
+
+def _refuse(pending: Pending, trace: Trace, error: Any) -> None:
+    """One item of ``pending`` was refused with ``error``: the whole request for a push."""
+    if pending.push:
+        pending.error = error
+    else:
+        text = error.message if isinstance(error, RpcError) else str(error)
+        pending.refuse(trace[2], text, channel_id=trace[1])
 
 
 def _text(blocks: Any) -> str:

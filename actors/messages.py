@@ -112,6 +112,9 @@ class IngestBatch:
     items: tuple[IncomingMessage | PushEvent, ...]
     accepted_at: str
     specs: tuple[Any, ...] = ()  # per item, its valid RFC-006 ``CoalesceSpec`` or None
+    # False: the channel hands back each item's write (``Prepared.op``, no future) for the
+    # caller to hand to the store with other channels' writes in one go (items without specs)
+    write: bool = True
 
 
 @attrs.frozen(kw_only=True)
@@ -124,6 +127,7 @@ class Prepared:
     wakes: tuple[tuple[str, Wake], ...] = ()
     author: str = ""
     coalesce: Mapping[str, Any] | None = None  # the RFC-006 result, for a coalesced item
+    op: Any = None  # the write not handed over yet (``IngestBatch.write`` False), else None
 
 
 @attrs.frozen(kw_only=True)
@@ -187,6 +191,7 @@ class ChannelInfo:
     # where prose may go (RFC-011): "exact", "root", "legacy" (undeclared, and the server's
     # publish_undeclared is set) or None (undeclared: prose is held)
     place: str | None = None
+    declared: str | None = None  # the descriptor's capabilities.publish.target, if any
 
 
 # --- to an AgentActor ----------------------------------------------------------------------

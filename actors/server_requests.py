@@ -25,7 +25,6 @@ from protocol.routes import declared_target
 from .context import ChannelLimit
 from .handshake import note_refused_use
 from .link import Link, LinkOwner, admit, as_rpc_error, refusal_reason
-from .messages import ChannelInfo, Describe, Register, Unregister
 
 
 class ServerRequests:
@@ -159,6 +158,7 @@ class ServerRequests:
     async def register(self, link: Link, params: Any) -> dict[str, Any]:
         results = [await self._add_channel(link, d) for d in parse_descriptors(params)]
         self._trace_refused("channels/register", results)
+        self.owner.publish_status()  # once per request: the status lists the channels
         return {"results": results}
 
     async def _add_channel(self, link: Link, raw: Any) -> dict[str, Any]:
@@ -171,10 +171,9 @@ class ServerRequests:
         if not desc.id:
             return {"id": cid, "accepted": False, "reason": "empty channel id"}
         try:
-            chan = await owner.ctx.channel(owner.sid, desc.id)
+            await owner.ctx.register_channel(owner.sid, desc, owner.cfg.request_timeout_s)
         except ChannelLimit as exc:
             return {"id": desc.id, "accepted": False, "reason": str(exc)}
-        await chan.ask(Register(descriptor=desc), timeout=owner.cfg.request_timeout_s)
         link.channels.add(desc.id)
         owner.trace("channel-registered", channel_id=desc.id, label=desc.label)
         self._tell_undeclared(link, desc)
@@ -216,13 +215,13 @@ class ServerRequests:
             if cid in link.channels:
                 link.channels.discard(cid)
                 link.undeclared_told.discard(cid)
-                chan = await owner.ctx.channel(owner.sid, cid)
-                await chan.tell(Unregister())
+                await owner.ctx.unregister_channel(owner.sid, cid)
                 owner.trace("channel-removed", channel_id=cid)
                 results.append({"id": cid, "accepted": True})
             else:
                 results.append({"id": cid, "accepted": False, "reason": "unknown_channel"})
         self._trace_refused("channels/changed", results)
+        owner.publish_status()
         return {"results": results}
 
     def _trace_refused(self, method: str, results: list[dict[str, Any]]) -> None:
@@ -237,10 +236,11 @@ class ServerRequests:
                 )
 
     async def list_channels(self, link: Link) -> dict[str, Any]:
-        owner = self.owner
+        """The link's registered channels as their snapshots describe them (no ask each)."""
+        sid, directory = self.owner.sid, self.owner.ctx.channel_directory
         out = []
         for cid in sorted(link.channels):
-            chan = await owner.ctx.channel(owner.sid, cid)
-            info: ChannelInfo = await chan.ask(Describe(), timeout=owner.cfg.request_timeout_s)
-            out.append(dict(info.descriptor))
+            info = directory.get(sid, cid, False)
+            if info is not None:
+                out.append(dict(info.descriptor))
         return {"channels": out}

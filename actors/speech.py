@@ -54,7 +54,7 @@ from store import PutState
 
 from .calls import notify
 from .context import HostContext
-from .messages import Describe, Publish
+from .messages import Publish
 
 #: Unsettled segments one agent may have queued; past it a segment is kept as a draft.
 MAX_SPEECH_QUEUE = 256
@@ -114,22 +114,9 @@ async def publish(
 async def channel_views(
     ctx: HostContext, servers: Sequence[str]
 ) -> tuple[list[ChannelView], dict[tuple[str, str], str | None]]:
-    """The channels an agent hears, for resolving targets, and each one's declared place."""
-    views: list[ChannelView] = []
-    places: dict[tuple[str, str], str | None] = {}
-    for (sid, cid), ref in list(ctx.channels.items()):
-        if cid is None or sid not in servers:
-            continue
-        try:
-            info = await ref.ask(Describe(), timeout=5)
-        except Exception:
-            continue
-        if not info.registered:
-            continue
-        views.append(ChannelView(server_id=sid, channel_id=cid, label=info.label, type=info.type))
-        places[(sid, cid)] = info.place
-    views.sort(key=lambda v: (v.server_id, v.channel_id))
-    return views, places
+    """The channels an agent hears, for resolving targets, and each one's declared place (read
+    from the host's channel directory, without an ask per channel)."""
+    return ctx.channel_directory.views(servers, ctx.config)
 
 
 @attrs.define(eq=False)

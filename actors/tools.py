@@ -32,7 +32,7 @@ from protocol.state import StateError, read_tool_state
 
 from .context import HostContext
 from .errors import AskTimeout, NotConnected
-from .messages import Call, ChannelInfo, ConnStatus, Describe, SetOpen
+from .messages import Call, ChannelInfo, ConnStatus, SetOpen
 from .models import ToolSpec
 from .references import FetchError, FetchRef, resolve_references
 from .speech import Drafts, Ticket, TurnSpeech, new_key, place_of, publish
@@ -335,12 +335,9 @@ class ToolRuntime:
 
     # -- channels ---------------------------------------------------------------------------
     async def _channels(self) -> list[ChannelInfo]:
-        infos = []
-        for (sid, cid), ref in list(self.ctx.channels.items()):
-            if cid is None or sid not in self.servers:
-                continue
-            infos.append(await ref.ask(Describe(), timeout=5))
-        return infos
+        """The channels of the servers the agent hears, by server and id (the directory's
+        snapshots: no ask per channel)."""
+        return self.ctx.channel_directory.infos(self.servers, self.ctx.config)
 
     async def _find(self, args: Mapping[str, Any]) -> ChannelInfo | dict[str, Any]:
         cid = args.get("channel_id")
@@ -374,7 +371,7 @@ class ToolRuntime:
         if not isinstance(found, ChannelInfo):
             return found
         assert found.channel_id is not None
-        ref = self.ctx.channels[(found.server_id, found.channel_id)]
+        ref = await self.ctx.channel(found.server_id, found.channel_id)
         await ref.ask(SetOpen(agent=self.agent, open=True), timeout=10)
         notes = [f"opened {found.server_id} / {found.channel_id}"]
         backscroll = args.get("backscroll")
@@ -430,7 +427,7 @@ class ToolRuntime:
         if not isinstance(found, ChannelInfo):
             return found
         assert found.channel_id is not None
-        ref = self.ctx.channels[(found.server_id, found.channel_id)]
+        ref = await self.ctx.channel(found.server_id, found.channel_id)
         await ref.ask(SetOpen(agent=self.agent, open=False), timeout=10)
         conn = self.ctx.connections.get(found.server_id)
         if conn is not None:

@@ -30,6 +30,9 @@ and ``channels/typing`` notifications are checked (known channel; one index coun
 inference, from 0; one complete per inferenceId and channel; ``threadId`` only on a channel with
 a declared target); each complete reports the streamed text as a ``streamed`` control event.
 ``--open-mode never`` (or the ``open_mode`` command) leaves ``channels/open`` unanswered.
+``--channels N`` registers N more channels once ready (``lobby:#c1`` … ``lobby:#cN``, label
+``cN``), in ``channels/register`` requests of at most 100, and reports how many the host
+accepted (and why it refused the others) as a ``channels`` control event.
 
 Opt-in features, each adding one feature set to the manifest:
 
@@ -108,6 +111,7 @@ MAX_RETRIES = 5
 RETRY_DELAY = 0.5
 
 MAX_LINE_BYTES = 16 * 1024 * 1024
+REGISTER_CHUNK = 100  # channels per channels/register request (the most a host takes at once)
 MODES = ("request", "notification-only", "never")
 HOOK_MODES = ("answer", "never", "error", "infer-first")
 ROLLBACK_MODES = ("exact", "forward")
@@ -263,6 +267,7 @@ class LobbyOptions:
     assist: bool = False  # lobby.assist: inference/request and model/info
     notes: bool = False  # lobby.notes: the note tool, checkpoints and state/rollback
     files: bool = False  # --ws only: plain HTTP GET /files/<name> on the websocket port
+    channels: int = 0  # extra channels lobby:#c1 ... registered once ready
     # The prefix of the ids the lobby makes up (``k3xq-m1``, ``k3xq-e1``, ``k3xq-out-1``): a new
     # one per process, so a second run's messages are new to a host that kept the first run's;
     # "" gives the bare form (``m1``).
@@ -394,6 +399,15 @@ def build_parser() -> argparse.ArgumentParser:
         "(board.png, notes.txt), for references shared by push events",
     )
     p.add_argument(
+        "--channels",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also register N more channels (lobby:#c1 ... lobby:#cN, label cN) once ready, "
+        f"in channels/register requests of at most {REGISTER_CHUNK}; the 'channels' control "
+        "event reports how many the host accepted and why it refused the others",
+    )
+    p.add_argument(
         "--run-id",
         metavar="TAG",
         help="prefix of the ids the lobby makes up (TAG-m1, TAG-e1, TAG-out-1); default: a "
@@ -422,6 +436,7 @@ def parse_args(argv: list[str] | None = None) -> LobbyOptions:
         assist=ns.assist,
         notes=ns.notes,
         files=ns.files,
+        channels=ns.channels,
         run_id=new_run_id() if ns.run_id is None else ns.run_id,
     )
 
@@ -1486,8 +1501,37 @@ class Session:
         self.control.emit({"event": "ready"})
         lobby = [channel_descriptor("general"), channel_descriptor("random")]
         self.request("channels/register", {"channels": lobby})
+        if self.options.channels > 0:
+            self._register_extra(self.options.channels)
         if self.options.effective_script == "default":
             self.spawn(self._script)
+
+    def _register_extra(self, count: int) -> None:
+        """Register ``count`` more channels, in requests of at most ``REGISTER_CHUNK``; once
+        every one is answered, report the outcome as a ``channels`` control event."""
+        extra = [channel_descriptor(f"c{i}") for i in range(1, count + 1)]
+        for desc in extra:
+            self.channels[desc["id"]] = desc
+        chunks = [extra[i : i + REGISTER_CHUNK] for i in range(0, count, REGISTER_CHUNK)]
+        outcome: dict[str, Any] = {"accepted": 0, "refused": [], "answered": 0}
+
+        def answered(response: dict[str, Any] | None) -> None:
+            result = (response or {}).get("result")
+            for entry in result.get("results", []) if isinstance(result, dict) else []:
+                if isinstance(entry, dict) and entry.get("accepted") is True:
+                    outcome["accepted"] += 1
+                elif isinstance(entry, dict):
+                    outcome["refused"].append(
+                        {"id": entry.get("id"), "reason": entry.get("reason")}
+                    )
+            outcome["answered"] += 1
+            if outcome["answered"] == len(chunks):
+                self.log(f"{outcome['accepted']} of {count} extra channels registered")
+                event = {"event": "channels", "accepted": outcome["accepted"]}
+                self.control.emit({**event, "refused": outcome["refused"]})
+
+        for chunk in chunks:
+            self.request("channels/register", {"channels": chunk}, on_answer=answered)
 
     def allows(self, path: str) -> bool:
         return self.granted is None or is_granted(self.granted, path)

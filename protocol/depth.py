@@ -18,6 +18,15 @@ MAX_DEPTH = 32
 
 
 def _children(value: Any) -> Iterable[Any] | None:
+    kind = type(value)
+    if kind is dict:  # what JSON decodes to, without the abstract checks
+        mapping: dict[Any, Any] = value
+        return mapping.values()
+    if kind is list:
+        items: list[Any] = value
+        return items
+    if kind in _SCALARS:
+        return None
     if isinstance(value, Mapping):
         return value.values()
     if isinstance(value, list | tuple):

@@ -8,6 +8,7 @@ import pytest
 import trio
 
 import actors.channel
+import actors.channel_directory
 import actors.context
 import actors.link_io
 from actors.messages import Describe
@@ -114,7 +115,7 @@ async def test_publish_receipts_are_forgotten_oldest_first(
 async def test_label_history_keeps_the_newest(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(actors.channel, "MAX_LABELS", 3)
+    monkeypatch.setattr(actors.channel_directory, "MAX_LABELS", 3)
     with trio.fail_after(60):
         async with running_lobby(tmp_path, {"Ada": ""}) as lb:
             host, ctl = lb.host, lb.ctl
@@ -124,7 +125,7 @@ async def test_label_history_keeps_the_newest(
                 ctl.send({"cmd": "register", "channels": [renamed]})
                 await ctl.wait_for(answered("channels/register"), "renamed", since=mark)
             await host.run_until_idle()
-            chan = host.ctx.channels[("lobby", "lobby:#general")]
+            chan = await host.ctx.channel("lobby", "lobby:#general")
             info = await chan.ask(Describe(), timeout=5)
             assert info.label == "name4"
             assert info.labels == ("name2", "name3", "name4")
