@@ -9,7 +9,6 @@ what was stored since the previous turn and keeps the trimmed tail between turns
 
 from __future__ import annotations
 
-import functools
 import json
 import time
 from collections import deque
@@ -283,33 +282,39 @@ class ContextReader:
         message aside is newer than it, so it is read first), or at
         ``budget // MIN_MESSAGE_TOKENS + 1`` messages (no message costs less, so older ones
         could never fit)."""
-        cap = self.budget // MIN_MESSAGE_TOKENS + 1
         store = self.ctx.store
-        pages: list[list[dict[str, Any]]] = []
-        count, newest = 0, self._seen_seq
-        before: int | None = None
-        while count < cap:
-            rows = await store.read(
-                functools.partial(
-                    store.reader.rows,
-                    agent=self.agent,
-                    after_seq=self._seen_seq,
-                    before_seq=before,
-                    newest_first=True,
-                    limit=min(CONTEXT_PAGE, cap - count),
-                    shared=True,  # read only: rendering copies what it changes
-                )
-            )
-            if not rows:
+        return await store.read(
+            _read_fresh, store.reader, self.agent, self._seen_seq, self.budget
+        )  # one hand-over to the reading thread, however many pages it takes
+
+
+def _read_fresh(
+    reader: Reader, agent: str, seen_seq: int, budget: int
+) -> tuple[list[dict[str, Any]], int]:
+    """:meth:`ContextReader._fresh`'s pages, read in the calling (reading) thread."""
+    cap = budget // MIN_MESSAGE_TOKENS + 1
+    pages: list[list[dict[str, Any]]] = []
+    count, newest = 0, seen_seq
+    before: int | None = None
+    while count < cap:
+        rows = reader.rows(
+            agent=agent,
+            after_seq=seen_seq,
+            before_seq=before,
+            newest_first=True,
+            limit=min(CONTEXT_PAGE, cap - count),
+            shared=True,  # read only: rendering copies what it changes
+        )
+        if not rows:
+            break
+        if before is None:
+            newest = rows[0].seq
+        before = rows[-1].seq
+        page = [r.message for r in reversed(rows)]
+        pages.append(page)
+        count += len(page)
+        if page[0].get("role") != "tool" and count < cap:
+            read = [m for p in reversed(pages) for m in p]
+            if sum(estimate_tokens(m) for m in live_messages(read)) > budget:
                 break
-            if before is None:
-                newest = rows[0].seq
-            before = rows[-1].seq
-            page = [r.message for r in reversed(rows)]
-            pages.append(page)
-            count += len(page)
-            if page[0].get("role") != "tool" and count < cap:
-                read = [m for p in reversed(pages) for m in p]
-                if sum(estimate_tokens(m) for m in live_messages(read)) > self.budget:
-                    break
-        return [m for page in reversed(pages) for m in page], newest
+    return [m for page in reversed(pages) for m in page], newest

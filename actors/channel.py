@@ -98,6 +98,17 @@ MAX_OWN_AUTHORS = 16  # accounts seen posting our echoes; least recently seen fo
 MAX_SUBJECT_PLACES = 4096  # coalescing subjects whose place is known; least recent forgotten
 
 
+@attrs.frozen
+class _BatchView:
+    """What every item of one ingest batch reads of the channel: taken once per batch (nothing
+    changes it while the batch is converted; the actor handles one message at a time)."""
+
+    label: str | None
+    place: str | None  # ``ChannelActor.speech_place``
+    registered: bool
+    open: frozenset[str]  # the hearers for whom the channel is open
+
+
 _ID_PREFIX = secrets.token_hex(4)  # per process, so ids never repeat across restarts
 _id_counter = itertools.count(1)
 
@@ -251,11 +262,17 @@ class ChannelActor(Actor):
             except RpcError as exc:
                 converted.append(exc)
         converted = await self._bind_references(converted)
+        view = _BatchView(
+            label=self.label or None,
+            place=self.speech_place,
+            registered=self.registered,
+            open=frozenset(a for a in self.hearers if self.is_open(a)),
+        )
         for msg, blocks, spec in zip(items, converted, specs, strict=True):
             if isinstance(blocks, RpcError):
                 built.append(blocks)
                 continue
-            built.append(self._ingest(msg, blocks, now, accepted_at, spec))
+            built.append(self._ingest(msg, blocks, now, accepted_at, spec, view))
         ops = [
             b[0]
             for b, spec in zip(built, specs, strict=True)
@@ -352,11 +369,12 @@ class ChannelActor(Actor):
         blocks: list[dict[str, Any]],
         now: float,
         accepted_at: str,
-        spec: Any = None,
+        spec: Any,
+        view: _BatchView,
     ) -> tuple[Append, tuple[Any, ...], Any, str]:
         """The write of one item, then the blocks, wakes and author of its ``Prepared``."""
         hearers = self.hearers
-        label = self.label or None
+        label = view.label
         if isinstance(msg, IncomingMessage):
             m = msg
             tags = expand_tags(m.tags)[0] if m.tags else ()
@@ -447,7 +465,7 @@ class ChannelActor(Actor):
         echo = from_self or (message_id is not None and message_id in self._receipts)
         addressed = not echo and bool(tags) and is_addressed(tags)
         invited = (
-            frozenset(a for a in hearers if not self.is_open(a))
+            frozenset(a for a in hearers if a not in view.open)
             if addressed and lane == "incoming"
             else frozenset()
         )
@@ -476,6 +494,7 @@ class ChannelActor(Actor):
             ]
         )
         wakes = self._wakes(
+            view,
             lane,
             message_id,
             thread_id,
@@ -557,6 +576,7 @@ class ChannelActor(Actor):
 
     def _wakes(
         self,
+        view: _BatchView,
         lane: str,
         message_id: str | None,
         thread_id: str | None,
@@ -571,7 +591,7 @@ class ChannelActor(Actor):
         closed channel only those it is ``addressed`` to."""
         if echo:
             return ()
-        woken = [agent for agent in self.hearers if addressed or self.is_open(agent)]
+        woken = [agent for agent in self.hearers if addressed or agent in view.open]
         if not woken:
             return ()
         wake = Wake(
@@ -584,8 +604,8 @@ class ChannelActor(Actor):
             text=_wake_text(blocks) if blocks else "",
             tags=tags,
             author=author,
-            place=self.speech_place,
-            registered=self.registered,
+            place=view.place,
+            registered=view.registered,
             occurrence=occurrence,
         )
         return tuple((agent, wake) for agent in woken)

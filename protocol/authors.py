@@ -21,6 +21,7 @@ Pure, deterministic and linear: the same stored message renders to the same byte
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from typing import Any, Final
 
@@ -61,13 +62,18 @@ def author_from(value: Any) -> Author | None:
     """An author from a server's value: ``{"id", "name"}`` (a part that is not a string counts
     as absent) or a bare name; ``None`` when it names no one."""
     if isinstance(value, str):
-        return Author(name=value) if value else None
+        return _author("", value) if value else None
     if not isinstance(value, Mapping):
         return None
-    found = {k: v for k in ("id", "name") if isinstance(v := value.get(k), str)}
-    if not any(found.values()):
-        return None
-    return Author(**found)
+    author_id, name = value.get("id"), value.get("name")
+    author_id = author_id if isinstance(author_id, str) else ""
+    name = name if isinstance(name, str) else ""
+    return _author(author_id, name) if author_id or name else None
+
+
+@functools.lru_cache(maxsize=1024)  # a channel's authors repeat from message to message
+def _author(author_id: str, name: str) -> Author:
+    return Author(id=author_id, name=name)
 
 
 def origin_author(origin: Mapping[str, Any] | None) -> Author | None:
@@ -88,6 +94,7 @@ def shown_author(author: Author) -> str:
     return notice_value(clip(author.id, MAX_AUTHOR_CHARS))
 
 
+@functools.lru_cache(maxsize=1024)
 def author_line(author: Author) -> str:
     """The host's line naming the author: ``[author: <name>]``, or ``[author id: <id>]`` when
     the server gave no name."""

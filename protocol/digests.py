@@ -80,11 +80,11 @@ _URL_SAFE = str.maketrans("-_", "+/")
 
 def body_digest(blocks: Sequence[Mapping[str, Any]]) -> str:
     """The F.3 digest of ``blocks``: lowercase hex SHA-256 of the framed canonical JSON."""
-    parts = _plain_text_parts(blocks)
-    if parts is not None:
-        return _framed_digest(parts)
-    framed = [[normalize_block(block) for block in blocks]]
-    return hashlib.sha256(_canonical_bytes(framed)).hexdigest()
+    framed = _framed(_plain_text_parts(blocks))
+    if framed is not None:
+        return hashlib.sha256(framed).hexdigest()
+    framed_value = [[normalize_block(block) for block in blocks]]
+    return hashlib.sha256(_canonical_bytes(framed_value)).hexdigest()
 
 
 def body_digests(
@@ -92,54 +92,69 @@ def body_digests(
 ) -> tuple[str, str]:
     """``(body_digest(delivered), body_digest(stored))``, for a stored copy that is blocks put
     before the delivered ones. When the stored copy ends with the very block objects delivered
-    (marking changed nothing), their canonical text is written once for both digests."""
+    (marking changed nothing), their canonical text is written once for both digests; that of a
+    single header block is remembered from item to item."""
     parts = _plain_text_parts(delivered)
-    if parts is None:
+    framed = _framed(parts)
+    if parts is None or framed is None:
         return body_digest(delivered), body_digest(stored)
+    both = None
     cut = len(stored) - len(delivered)
-    head = None
-    if cut >= 0:
+    head = None if cut < 0 else _head_parts(stored[:cut])
+    if head is not None:
         for i, block in enumerate(delivered, cut):
-            if stored[i] is not block:
+            if stored[i] is not block:  # marked: the stored body is written on its own
+                tail = _plain_text_parts(stored[cut:])
                 break
         else:
-            first = stored[0] if cut == 1 else None
-            if (
-                type(first) is dict
-                and len(first) == 2
-                and first.get("type") == "text"
-                and type(text := first.get("text")) is str
-            ):
-                # a single header block: the same text on every item of a channel
-                part = _text_part(text)
-                head = None if part is None else [part]
-            else:
-                head = _plain_text_parts(stored[:cut])
-    if head is None:
-        return _framed_digest(parts), body_digest(stored)
-    return _framed_digest(parts), _framed_digest(head + parts)
+            tail = parts
+        both = None if tail is None else _framed(head + tail)
+    stored_digest = body_digest(stored) if both is None else hashlib.sha256(both).hexdigest()
+    return hashlib.sha256(framed).hexdigest(), stored_digest
 
 
-def _framed_digest(parts: list[str]) -> str:
-    text = "[[" + ",".join(parts) + "]]"
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+def _head_parts(head: Sequence[Mapping[str, Any]]) -> list[str] | None:
+    if len(head) == 1:
+        first = head[0]
+        if (
+            type(first) is dict
+            and len(first) == 2
+            and first.get("type") == "text"
+            and type(text := first.get("text")) is str
+        ):
+            # a single header block: the same text on every item of a channel
+            part = _text_part(text)
+            return None if part is None else [part]
+    return _plain_text_parts(head)
+
+
+def _framed(parts: list[str] | None) -> bytes | None:
+    """The framed canonical JSON of plain-text parts, as UTF-8; ``None`` when there are no parts,
+    or when a text holds a surrogate code point (the general path reads those as JavaScript
+    does). Encoding is what finds a surrogate, so a text is not searched for one beforehand."""
+    if parts is None:
+        return None
+    try:
+        return ("[[" + ",".join(parts) + "]]").encode("utf-8")
+    except UnicodeEncodeError:
+        return None
 
 
 # JSON.stringify and this encoder agree on every well-formed string: the same short escapes, the
 # same lowercase \u00XX for the other controls, everything else (U+2028 too) raw.
 _ENCODE_STRING = json.JSONEncoder(ensure_ascii=False).encode
-_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def _plain_text_parts(blocks: Sequence[Mapping[str, Any]]) -> list[str] | None:
     """The canonical JSON of each block of a body made only of plain text blocks (the common
-    case), written directly; None for anything else, which takes the general path."""
+    case), written directly; None for anything else, which takes the general path. A text with
+    a surrogate code point is written too: :func:`_framed` refuses it."""
     parts = []
     for block in blocks:
         if type(block) is not dict or len(block) != 2 or block.get("type") != "text":
             return None
         text = block.get("text")
-        if type(text) is not str or (not text.isascii() and _SURROGATE.search(text)):
+        if type(text) is not str:
             return None
         parts.append('{"text":' + _ENCODE_STRING(text) + ',"type":"text"}')
     return parts
@@ -153,9 +168,10 @@ def _text_part(text: str) -> str | None:
 
 
 def _plain_text_json(blocks: Sequence[Mapping[str, Any]]) -> str | None:
-    """The framed canonical JSON of a plain-text body (see :func:`_plain_text_parts`)."""
-    parts = _plain_text_parts(blocks)
-    return None if parts is None else "[[" + ",".join(parts) + "]]"
+    """The framed canonical JSON of a plain-text body (see :func:`_plain_text_parts`); ``None``
+    for a body the general path hashes."""
+    framed = _framed(_plain_text_parts(blocks))
+    return None if framed is None else framed.decode("utf-8")
 
 
 def canonical_json(value: Any) -> str:
