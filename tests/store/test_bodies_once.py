@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import sqlite3
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -20,41 +19,9 @@ from store import (
     encode_body,
 )
 from store.items import ItemWriter
+from tests.store.conftest import item_copies as copies
 
 AGENTS = [f"agent{i}" for i in range(12)]
-
-
-def copies(item: int, agents: list[str], *, invited: frozenset[str] = frozenset()) -> Append:
-    """An item heard by ``agents`` as the host stores it: the copies share blocks and metadata,
-    except an invited agent's, which has a notice block of its own."""
-    blocks = ({"type": "text", "text": "[source: s · #c]"}, {"type": "text", "text": f"hi {item}"})
-    meta: dict[str, Any] = {"source_header": "[source: s · #c]", "n": item}
-    records = []
-    for agent in agents:
-        if agent in invited:
-            own = (*blocks, {"type": "text", "text": "[invitation] open it"})
-            records.append(
-                MessageRecord(
-                    id=f"{agent}-{item}",
-                    agent=agent,
-                    role="user",
-                    blocks=own,
-                    metadata={**meta, "kind": "channel-invitation"},
-                    created_at=2.0,
-                )
-            )
-            continue
-        records.append(
-            MessageRecord(
-                id=f"{agent}-{item}",
-                agent=agent,
-                role="user",
-                blocks=blocks,
-                metadata=meta,
-                created_at=2.0,
-            )
-        )
-    return Append(records=tuple(records))
 
 
 def tables(path: Path) -> dict[str, int]:
