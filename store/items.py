@@ -79,21 +79,35 @@ class ItemWriter:
         item_rows: list[list[Any]] = []
         text_rows: list[tuple[int, str]] = []
         ref_rows: list[tuple[int, str, int, int]] = []
+        known = self._known
         for records in appends:
             # an item's row, by the identity of what its copies share (the records hold them)
             items: dict[tuple[int, int, str, float], list[Any]] = {}
+            last: MessageRecord | None = None
+            row: list[Any] = []
             for r in records:
                 seq += 1
-                key = (id(r.blocks), id(r.metadata), r.role, r.created_at)
-                row = items.get(key)
-                if row is None:
-                    num += 1
-                    body = encode_body(r.blocks, r.metadata)
-                    row = items[key] = [num, r.role, float(r.created_at), seq, seq, body]
-                    item_rows.append(row)
-                    text_rows.append((num, index_text(r.blocks, r.metadata)))
+                if (
+                    last is None
+                    or r.blocks is not last.blocks
+                    or r.metadata is not last.metadata
+                    or r.role != last.role
+                    or r.created_at != last.created_at
+                ):
+                    key = (id(r.blocks), id(r.metadata), r.role, r.created_at)
+                    found = items.get(key)
+                    if found is None:
+                        num += 1
+                        body = encode_body(r.blocks, r.metadata)
+                        found = items[key] = [num, r.role, float(r.created_at), seq, seq, body]
+                        item_rows.append(found)
+                        text_rows.append((num, index_text(r.blocks, r.metadata)))
+                    row, last = found, r
                 row[4] = seq
-                ref_rows.append((seq, r.id, self._number(conn, r.agent), row[0]))
+                agent = known.get(r.agent)
+                if agent is None:
+                    agent = self._number(conn, r.agent)
+                ref_rows.append((seq, r.id, agent, row[0]))
         insert_rows(conn, _ITEMS, 6, [tuple(row) for row in item_rows])
         insert_rows(conn, _TEXT, 2, text_rows)
         insert_rows(conn, _REFS, 4, ref_rows)
