@@ -10,7 +10,8 @@ import os
 import sqlite3
 import threading
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Generator, Iterable
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
@@ -367,9 +368,10 @@ class Reader:
         if regex:
             matches = text_matcher(text, regex=True)
             found: deque[dict[str, Any]] = deque(maxlen=limit)  # only the newest matches kept
-            for message in self._scan(clauses, params, newest_first=False):
-                if matches(body_text(message)):
-                    found.append(message)
+            with closing(self._scan(clauses, params, newest_first=False)) as messages:
+                for message in messages:
+                    if matches(body_text(message)):
+                        found.append(message)
             return list(found)
         if text:
             clause, values = self._holding(text)
@@ -377,16 +379,17 @@ class Reader:
             params.extend(values)
         newest: list[dict[str, Any]] = []
         if limit != 0:
-            for message in self._scan(clauses, params, newest_first=True):
-                newest.append(message)
-                if len(newest) == limit:
-                    break
+            with closing(self._scan(clauses, params, newest_first=True)) as messages:
+                for message in messages:
+                    newest.append(message)
+                    if len(newest) == limit:
+                        break
         newest.reverse()
         return newest
 
     def _scan(
         self, clauses: list[str], params: list[Any], *, newest_first: bool
-    ) -> Iterator[dict[str, Any]]:
+    ) -> Generator[dict[str, Any], None, None]:
         """The decodable messages meeting ``clauses``, read one at a time under the lock (a
         caller that stops early ends the read)."""
         where = f"WHERE {' AND '.join(clauses)}" if clauses else ""

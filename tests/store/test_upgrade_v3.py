@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+import store.items
 import store.schema
 from store import (
     HEADER_FACT,
@@ -174,3 +175,22 @@ def test_a_read_only_reader_of_a_version_4_store_sees_new_writes(path: Path) -> 
             assert [m["id"] for m in reader.search("hi 0")] == [f"{a}-0" for a in AGENTS]
             db.apply([Append(records=item_copies(1, AGENTS[:1]).records)])
             assert [m["id"] for m in reader.search("hi 1")] == ["ada-1"]
+
+
+def test_the_upgrade_looks_back_over_at_most_its_cap_of_bodies(
+    path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(store.items, "CONVERT_OPEN", 1)
+    _store(path)
+    before = {agent: read_v3_history(path, agent) for agent in AGENTS}
+    Database(path).close()
+    with Reader(path) as reader:
+        for agent in AGENTS:
+            assert reader.history(agent) == before[agent]
+        assert [m["id"] for m in reader.search("hi 10")] == [f"{a}-10" for a in AGENTS]
+    conn = sqlite3.connect(path)
+    items = conn.execute("SELECT COUNT(*) FROM items").fetchone()[0]
+    conn.close()
+    # the copies after an invitation copy between two others no longer find the item's body:
+    # one more item for each of those (items 5, 10, 25 and 30)
+    assert items == 40 + 8 + 4 + 6 + 1 + 1
