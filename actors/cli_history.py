@@ -59,11 +59,13 @@ def parse_since(text: str, *, now: float) -> float:
 
 @attrs.frozen(kw_only=True)
 class Selection:
-    """Which stored messages to print: the store filters by agent and time; channel and text
-    are read from each message."""
+    """Which stored messages to print: the store filters by agent, time and text (``contains``,
+    through its text index); the channel and a regular expression (``matches``) are read from
+    each message."""
 
     agent: str | None = None
     since: float | None = None
+    contains: str | None = None
     channel: str | None = None
     matches: Callable[[str], bool] | None = None
 
@@ -102,13 +104,18 @@ def cmd_history(args: argparse.Namespace) -> int:
         print(f"mcplive: --since: {exc}", file=sys.stderr)
         return 2
     matches = None
-    if args.search is not None:
+    contains = None
+    if args.search is not None and args.regex:
         try:
-            matches = text_matcher(args.search, regex=args.regex)
+            matches = text_matcher(args.search, regex=True)
         except re.error as exc:
             print(f"mcplive: --search: not a regular expression ({exc})", file=sys.stderr)
             return 2
-    selection = Selection(agent=args.agent, since=since, channel=args.channel, matches=matches)
+    elif args.search is not None:
+        contains = args.search
+    selection = Selection(
+        agent=args.agent, since=since, contains=contains, channel=args.channel, matches=matches
+    )
     with Reader(path, read_only=True) as reader:
         if args.agent is not None:
             known = reader.agents()
@@ -187,7 +194,11 @@ def _rows(reader: Reader, selection: Selection, after: int) -> Iterator[StoredRo
     """Every message stored after seq ``after`` the store's filters let through, page by page."""
     while True:
         page = reader.rows(
-            agent=selection.agent, since=selection.since, after_seq=after, limit=PAGE
+            agent=selection.agent,
+            since=selection.since,
+            contains=selection.contains,
+            after_seq=after,
+            limit=PAGE,
         )
         report_skipped(reader)
         yield from page
@@ -216,6 +227,7 @@ def _start_of_newest(reader: Reader, selection: Selection, limit: int) -> int:
         page = reader.rows(
             agent=selection.agent,
             since=selection.since,
+            contains=selection.contains,
             newest_first=True,
             offset=limit - 1,
             limit=1,
@@ -227,6 +239,7 @@ def _start_of_newest(reader: Reader, selection: Selection, limit: int) -> int:
         page = reader.rows(
             agent=selection.agent,
             since=selection.since,
+            contains=selection.contains,
             before_seq=before,
             newest_first=True,
             limit=PAGE,

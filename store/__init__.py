@@ -21,9 +21,9 @@ from store.records import (
     PutState,
     TrimJournal,
 )
+from store.schema import SCHEMA_VERSION
 from store.sqlite import (
     DB_FILENAME,
-    SCHEMA_VERSION,
     Database,
     connect,
     connect_read_only,

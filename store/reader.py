@@ -10,7 +10,8 @@ import os
 import sqlite3
 import threading
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Generator, Iterable
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,9 @@ from store.bodytext import body_text, text_matcher
 from store.codec import decode_body, decode_value
 from store.errors import CorruptRecord, StoreClosed, StoreDamaged, StoreError
 from store.facts import read_facts
-from store.sqlite import _is_damage, _is_indexed, connect, connect_read_only
+from store.schema import schema_version
+from store.sqlite import _is_damage, connect, connect_read_only
+from store.textindex import encodable, needle_query
 
 #: Decoded bodies a reader keeps for ``rows(shared=True)`` (the copies of one item for every
 #: agent hearing it decode once).
@@ -28,6 +31,30 @@ MAX_SHARED_BODIES = 1024
 
 _MESSAGE_COLUMNS = "seq, id, agent, role, body"
 _NO_BOUND = 2**63 - 1  # above every seq (``rows`` newest first without ``before_seq``)
+
+#: The SQL function a reader's connection has: whether a stored body's text holds a needle
+#: (case-insensitive, as :func:`~store.bodytext.text_matcher` matches), for the needles the
+#: text index cannot look up and for stores without one.
+_HOLDS = "mcplive_body_holds"
+#: Which messages' items hold a needle, through the text index (version 4 and later).
+_INDEXED_SEQS = (
+    "seq IN (SELECT r.seq FROM item_text JOIN items i ON i.num = item_text.rowid"
+    " JOIN message_refs r ON r.seq BETWEEN i.first_seq AND i.last_seq AND r.item = i.num"
+    " WHERE item_text MATCH ?)"
+)
+
+
+def _body_holds(body: object, needle: object) -> bool:
+    """``_HOLDS``: a body that does not decode counts as holding it, so that the reader that
+    reads the row reports it (:class:`SkippedRecord`) as it would without the filter."""
+    if not isinstance(body, bytes) or not isinstance(needle, str):
+        return True
+    try:
+        blocks, metadata = decode_body(body)
+    except CorruptRecord:
+        return True
+    return needle.casefold() in body_text({"blocks": blocks, "metadata": metadata}).casefold()
+
 
 #: Undecodable records one reader reports one by one; past this many, further ones are skipped
 #: all the same and counted, with one last report saying so.
@@ -123,11 +150,18 @@ class Reader:
         self._lock = threading.Lock()
         self._skips = _SkipLog()
         self._shared: dict[bytes, tuple[Any, Any]] = {}  # body -> (blocks, metadata), see rows
-        self._conn: sqlite3.Connection | None = (
-            connect_read_only(self.path) if read_only else connect(self.path)
-        )
-        # A store of an older version, opened read-only, has no facts index.
-        self._indexed = read_only is False or _is_indexed(self._conn)
+        conn = connect_read_only(self.path) if read_only else connect(self.path)
+        self._conn: sqlite3.Connection | None = conn
+        try:
+            # A store of an older version, opened read-only, is read as it is: before version 3
+            # it has no facts index, before version 4 a messages table and no text index.
+            version = schema_version(conn) or 0
+            conn.create_function(_HOLDS, 2, _body_holds, deterministic=True)
+        except sqlite3.Error as exc:
+            conn.close()
+            raise self._failure(exc) from exc
+        self._indexed = version >= 3
+        self._items = version >= 4
 
     def close(self) -> None:
         with self._lock:
@@ -221,6 +255,7 @@ class Reader:
         before_seq: int | None = None,
         since: float | None = None,
         roles: Iterable[str] | None = None,
+        contains: str | None = None,
         newest_first: bool = False,
         limit: int = 256,
         offset: int = 0,
@@ -228,8 +263,9 @@ class Reader:
     ) -> list[StoredRow]:
         """One page of stored messages with their seq and time: those with a seq above
         ``after_seq`` and below ``before_seq``, stored at ``since`` or later, of ``agent`` (None:
-        every agent) and of ``roles`` (None: every role); oldest first, or newest first, skipping
-        ``offset`` and at most ``limit`` of them. Page on with the last row's seq.
+        every agent), of ``roles`` (None: every role) and whose body text holds ``contains``
+        (case-insensitive, as :meth:`search` matches; None: any); oldest first, or newest first,
+        skipping ``offset`` and at most ``limit`` of them. Page on with the last row's seq.
 
         With ``shared``, a body this reader decoded lately (the copies of one item stored for
         each agent hearing it have the same body) is not decoded again: the messages' blocks and
@@ -252,6 +288,10 @@ class Reader:
             wanted = sorted(set(roles))
             clauses.append(f"role IN ({', '.join('?' * len(wanted))})")
             params.extend(wanted)
+        if contains:  # every body holds the empty text
+            clause, values = self._holding(contains)
+            clauses.append(clause)
+            params.extend(values)
         order = "DESC" if newest_first else "ASC"
         sql = (
             f"SELECT seq, created_at, id, agent, role, body FROM messages "
@@ -277,11 +317,28 @@ class Reader:
 
     def last_message_seq(self) -> int:
         """The seq of the newest stored message (0 when there is none)."""
-        return int(self._query("SELECT COALESCE(MAX(seq), 0) FROM messages")[0][0])
+        table = "message_refs" if self._items else "messages"
+        return int(self._query(f"SELECT COALESCE(MAX(seq), 0) FROM {table}")[0][0])
 
     def agents(self) -> list[str]:
         """Every agent with at least one stored message, sorted by name."""
-        return [row[0] for row in self._query("SELECT DISTINCT agent FROM messages ORDER BY agent")]
+        sql = "SELECT DISTINCT agent FROM messages ORDER BY agent"
+        if self._items:
+            sql = (
+                "SELECT name FROM names WHERE EXISTS"
+                " (SELECT 1 FROM message_refs WHERE agent = names.num) ORDER BY name"
+            )
+        return [row[0] for row in self._query(sql)]
+
+    def _holding(self, needle: str) -> tuple[str, list[str]]:
+        """The SQL condition (and its parameters) on ``messages`` for the bodies whose text
+        holds ``needle``: through the text index where it can answer, else a scan."""
+        if not encodable(needle):
+            return "0", []  # stored text is well-formed: it never holds a lone surrogate
+        query = needle_query(needle) if self._items else None
+        if query is not None:
+            return _INDEXED_SEQS, [query]
+        return f"{_HOLDS}(body, ?)", [needle]
 
     def search(
         self,
@@ -296,16 +353,48 @@ class Reader:
         Matching reads the body without its stored source header
         (:func:`~store.bodytext.without_header`), so a channel's label or id matches only where a
         sender wrote it; the messages come back whole, header included. Substring matching is
-        case-insensitive; ``regex=True`` is a :mod:`re` search where ``^`` anchors at the body's
-        start (a bad pattern raises :class:`re.error`). ``limit`` keeps the newest N matches.
+        case-insensitive and goes through the text index (:mod:`store.textindex`; a needle
+        shorter than it can look up is scanned for); ``regex=True`` is a :mod:`re` search where
+        ``^`` anchors at the body's start (a bad pattern raises :class:`re.error`), reading the
+        messages one at a time. ``limit`` keeps the newest N matches.
         """
         if limit is not None and limit < 0:
             raise ValueError(f"limit must be >= 0, got {limit}")
-        matches = text_matcher(text, regex=regex)
-        where, params = ("WHERE agent = ?", (agent,)) if agent is not None else ("", ())
-        sql = f"SELECT {_MESSAGE_COLUMNS} FROM messages {where} ORDER BY seq"
-        # With a limit only the newest matches are kept while scanning.
-        found: deque[dict[str, Any]] = deque(maxlen=limit)
+        clauses: list[str] = []
+        params: list[Any] = []
+        if agent is not None:
+            clauses.append("agent = ?")
+            params.append(agent)
+        if regex:
+            matches = text_matcher(text, regex=True)
+            found: deque[dict[str, Any]] = deque(maxlen=limit)  # only the newest matches kept
+            with closing(self._scan(clauses, params, newest_first=False)) as messages:
+                for message in messages:
+                    if matches(body_text(message)):
+                        found.append(message)
+            return list(found)
+        if text:
+            clause, values = self._holding(text)
+            clauses.append(clause)
+            params.extend(values)
+        newest: list[dict[str, Any]] = []
+        if limit != 0:
+            with closing(self._scan(clauses, params, newest_first=True)) as messages:
+                for message in messages:
+                    newest.append(message)
+                    if len(newest) == limit:
+                        break
+        newest.reverse()
+        return newest
+
+    def _scan(
+        self, clauses: list[str], params: list[Any], *, newest_first: bool
+    ) -> Generator[dict[str, Any], None, None]:
+        """The decodable messages meeting ``clauses``, read one at a time under the lock (a
+        caller that stops early ends the read)."""
+        where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
+        order = "DESC" if newest_first else "ASC"
+        sql = f"SELECT {_MESSAGE_COLUMNS} FROM messages {where} ORDER BY seq {order}"
         with self._lock:
             if self._conn is None:
                 raise StoreClosed("reader is closed")
@@ -313,14 +402,13 @@ class Reader:
             try:
                 for row in cursor.execute(sql, params):
                     message = self._decoded(row)
-                    if message is not None and matches(body_text(message)):
-                        found.append(message)
+                    if message is not None:
+                        yield message
             except sqlite3.Error as exc:
                 raise self._failure(exc) from exc
             finally:
-                # Ends the read transaction even when a corrupt row stops the scan early.
+                # Ends the read transaction even when the caller or a bad row stops it early.
                 cursor.close()
-        return list(found)
 
     def state(self, namespace: str) -> dict[str, Any]:
         """Every key of ``namespace`` with its value."""
@@ -390,7 +478,8 @@ class Reader:
 
     def count(self) -> int:
         """Number of stored messages."""
-        return int(self._query("SELECT COUNT(*) FROM messages")[0][0])
+        table = "message_refs" if self._items else "messages"
+        return int(self._query(f"SELECT COUNT(*) FROM {table}")[0][0])
 
     def seq_of(self, message_id: str, agent: str | None = None) -> int | None:
         """The seq of the stored message ``message_id`` (of ``agent``, when given); None when

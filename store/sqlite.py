@@ -5,11 +5,8 @@ transaction is on disk when the commit returns. Only the writer thread (see
 :mod:`store.writer`) uses :class:`Database`; a :class:`~store.reader.Reader` has its own
 connection and may be used from any thread.
 
-Schema versions: 1 had ``meta``, ``messages``, ``dedupe`` and ``state``; 2 adds ``journal`` (see
-:mod:`store.records` for what it holds and how it is kept bounded); 3 adds ``agent_facts`` (see
-:mod:`store.facts`), filled from the messages already stored when a version-2 store is upgraded.
-Opening a store of an older version upgrades it in place, in one transaction; a newer version is
-refused.
+The schema and its upgrades are in :mod:`store.schema`; how messages are kept (each body
+once) in :mod:`store.items`.
 
 A file SQLite reports as damaged (``SQLITE_CORRUPT``, ``SQLITE_NOTADB``), or a database holding
 tables but no store schema, raises :class:`~store.errors.StoreDamaged` naming the file, whether
@@ -21,13 +18,13 @@ from __future__ import annotations
 
 import os
 import sqlite3
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any
 
-from store.codec import encode_body, encode_value
+from store.codec import encode_value
 from store.errors import StoreClosed, StoreDamaged, StoreError
-from store.facts import FACTS_SCHEMA, FactWriter, backfill
+from store.facts import FactWriter
+from store.items import ROWS_PER_STATEMENT, ItemWriter, insert_rows
 from store.records import (
     Append,
     AppendResult,
@@ -39,54 +36,26 @@ from store.records import (
     PutState,
     TrimJournal,
 )
+from store.schema import (
+    JOURNAL_SCHEMA,
+    SCHEMA_VERSION,
+    UPGRADES,
+    ensure_schema,
+    schema_version,
+)
 
 #: File name of the store inside the data directory.
 DB_FILENAME = "store.sqlite3"
-#: Version of the schema below, kept in the ``meta`` table.
-SCHEMA_VERSION = 3
 #: How long a connection waits for another connection's lock, in seconds.
 BUSY_TIMEOUT = 30.0
-
-_SCHEMA = (
-    "CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
-    "CREATE TABLE IF NOT EXISTS messages ("
-    " seq INTEGER PRIMARY KEY AUTOINCREMENT, id TEXT NOT NULL UNIQUE, agent TEXT NOT NULL,"
-    " role TEXT NOT NULL, created_at REAL NOT NULL, body BLOB NOT NULL)",
-    "CREATE INDEX IF NOT EXISTS messages_agent_seq ON messages (agent, seq)",
-    "CREATE TABLE IF NOT EXISTS dedupe ("
-    " kind TEXT NOT NULL, server TEXT NOT NULL, key TEXT NOT NULL,"
-    " PRIMARY KEY (kind, server, key)) WITHOUT ROWID",
-    "CREATE TABLE IF NOT EXISTS state ("
-    " namespace TEXT NOT NULL, key TEXT NOT NULL, value BLOB NOT NULL,"
-    " PRIMARY KEY (namespace, key)) WITHOUT ROWID",
-)
-#: Version 1 to 2: the journal. AUTOINCREMENT: a seq is never reused, even after a trim.
-_JOURNAL_SCHEMA = (
-    "CREATE TABLE IF NOT EXISTS journal ("
-    " seq INTEGER PRIMARY KEY AUTOINCREMENT, stream TEXT NOT NULL, record BLOB NOT NULL)",
-    "CREATE INDEX IF NOT EXISTS journal_stream_seq ON journal (stream, seq)",
-)
-#: The steps that bring a store of version ``v`` to ``v + 1``: statements, or functions given the
-#: connection (inside the upgrade's transaction).
-_UPGRADES: dict[int, tuple[str | Callable[[sqlite3.Connection], None], ...]] = {
-    1: _JOURNAL_SCHEMA,
-    2: (backfill,),
-}
+# The upgrade steps, here too (tests replace one).
+_UPGRADES = UPGRADES
+_JOURNAL_SCHEMA = JOURNAL_SCHEMA
 
 
 def db_path(data_dir: str | os.PathLike[str]) -> Path:
     """Where the store lives inside ``data_dir``."""
     return Path(data_dir) / DB_FILENAME
-
-
-def _schema_version(conn: sqlite3.Connection) -> int | None:
-    has_meta = conn.execute(
-        "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'meta'"
-    ).fetchone()
-    if has_meta is None:
-        return None
-    row = conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
-    return None if row is None else int(row[0])
 
 
 def _is_damage(exc: sqlite3.Error) -> bool:
@@ -108,43 +77,8 @@ def _has_tables(conn: sqlite3.Connection) -> bool:
 
 def _refuse_other_databases(conn: sqlite3.Connection, path: Path) -> None:
     """Read (and write nothing) to make sure ``path`` is a store or a new, empty database."""
-    if _schema_version(conn) is None and _has_tables(conn):
+    if schema_version(conn) is None and _has_tables(conn):
         raise StoreDamaged(path, "an SQLite database with tables but no store schema")
-
-
-def _ensure_schema(conn: sqlite3.Connection) -> None:
-    version = _schema_version(conn)
-    if version is None or version in _UPGRADES:
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            # Read again under the write lock: another connection may have got here first.
-            version = _schema_version(conn)
-            if version is None:
-                for statement in (*_SCHEMA, *_JOURNAL_SCHEMA, *FACTS_SCHEMA):
-                    conn.execute(statement)
-                conn.execute(
-                    "INSERT OR IGNORE INTO meta (key, value) VALUES ('schema_version', ?)",
-                    (str(SCHEMA_VERSION),),
-                )
-            elif version in _UPGRADES:
-                while version in _UPGRADES:
-                    for step in _UPGRADES[version]:
-                        if isinstance(step, str):
-                            conn.execute(step)
-                        else:
-                            step(conn)
-                    version += 1
-                conn.execute(
-                    "UPDATE meta SET value = ? WHERE key = 'schema_version'", (str(version),)
-                )
-            conn.execute("COMMIT")
-        except BaseException:
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
-            raise
-        version = _schema_version(conn)
-    if version != SCHEMA_VERSION:
-        raise StoreError(f"store schema version {version}, this program reads {SCHEMA_VERSION}")
 
 
 def connect(
@@ -171,7 +105,7 @@ def connect(
         if str(mode).lower() != "wal":
             raise StoreError(f"store at {target} cannot use WAL (journal mode {mode})")
         conn.execute("PRAGMA synchronous=FULL")
-        _ensure_schema(conn)
+        ensure_schema(conn)
     except sqlite3.Error as exc:
         conn.close()
         raise _read_error(target, "cannot open store at", exc) from exc
@@ -197,7 +131,7 @@ def connect_read_only(
         raise StoreError(f"no store at {target}")
     conn = _open_uri(target, "mode=ro", busy_timeout)
     try:
-        version = _schema_version(conn)
+        version = schema_version(conn)
     except sqlite3.Error as exc:
         conn.close()
         if _is_damage(exc) or not _needs_immutable(target, exc):
@@ -210,7 +144,7 @@ def connect_read_only(
             ) from exc
         conn = _open_uri(target, "immutable=1", busy_timeout)
         try:
-            version = _schema_version(conn)
+            version = schema_version(conn)
         except sqlite3.Error as exc2:
             conn.close()
             raise _read_error(target, "cannot read store", exc2) from exc2
@@ -243,7 +177,7 @@ def _open_uri(target: Path, query: str, busy_timeout: float) -> sqlite3.Connecti
 
 def _is_indexed(conn: sqlite3.Connection) -> bool:
     """Whether the store on ``conn`` has the facts index (schema version 3 and later)."""
-    version = _schema_version(conn)
+    version = schema_version(conn)
     return version is not None and version >= 3
 
 
@@ -263,6 +197,7 @@ class Database:
         self.path = Path(path)
         self._conn: sqlite3.Connection | None = connect(self.path, busy_timeout=busy_timeout)
         self.facts = FactWriter()
+        self.items = ItemWriter()
 
     def close(self) -> None:
         if self._conn is not None:
@@ -296,7 +231,7 @@ class Database:
         try:
             try:
                 conn.execute("BEGIN IMMEDIATE")
-                outcomes = _apply_bulk(conn, ops)
+                outcomes = _apply_bulk(conn, ops, self.items)
                 self.facts.write(conn, _stored_appends(ops, outcomes))
                 self._commit(conn)
                 return outcomes
@@ -310,9 +245,11 @@ class Database:
     def _commit(self, conn: sqlite3.Connection) -> None:
         conn.execute("COMMIT")
         self.facts.committed()
+        self.items.committed()
 
     def _rollback(self, conn: sqlite3.Connection) -> None:
         self.facts.rolled_back()
+        self.items.rolled_back()
         _rollback(conn)
 
     def _apply_one_by_one(self, conn: sqlite3.Connection, ops: Sequence[Op]) -> list[Outcome]:
@@ -321,11 +258,12 @@ class Database:
         for op in ops:
             conn.execute("SAVEPOINT op")
             try:
-                outcome: Outcome = _apply_op(conn, op)
+                outcome: Outcome = _apply_op(conn, op, self.items)
                 self.facts.write(conn, _stored_appends([op], [outcome]))
             except StoreError as exc:
                 conn.execute("ROLLBACK TO op")
                 self.facts.rolled_back()
+                self.items.rolled_back()
                 outcome = exc
             conn.execute("RELEASE op")
             outcomes.append(outcome)
@@ -335,7 +273,7 @@ class Database:
     def _apply_alone(self, conn: sqlite3.Connection, op: Op) -> Outcome:
         try:
             conn.execute("BEGIN IMMEDIATE")
-            result = _apply_op(conn, op)
+            result = _apply_op(conn, op, self.items)
             self.facts.write(conn, _stored_appends([op], [result]))
             self._commit(conn)
             return result
@@ -366,11 +304,9 @@ def _rollback(conn: sqlite3.Connection) -> None:
             pass
 
 
-#: Rows per multi-row INSERT: 5 parameters each stays far below SQLite's parameter limit.
-_ROWS_PER_STATEMENT = 256
-
-
-def _apply_bulk(conn: sqlite3.Connection, ops: Sequence[Op]) -> list[Outcome]:
+def _apply_bulk(
+    conn: sqlite3.Connection, ops: Sequence[Op], item_writer: ItemWriter
+) -> list[Outcome]:
     """Apply ``ops`` inside the current transaction with a few multi-row statements.
 
     The outcome is the same as applying each op in turn; any op-level failure raises
@@ -380,7 +316,7 @@ def _apply_bulk(conn: sqlite3.Connection, ops: Sequence[Op]) -> list[Outcome]:
     present = _present_keys(conn, [op.dedupe for op in ops if isinstance(op, Append)])
     outcomes: list[Outcome] = []
     new_keys: list[tuple[str, str, str]] = []
-    rows: list[tuple[str, str, str, float, bytes]] = []
+    appends: list[tuple[MessageRecord, ...]] = []
     entries: list[tuple[str, bytes]] = []
     for op in ops:
         if isinstance(op, PutState):
@@ -389,7 +325,7 @@ def _apply_bulk(conn: sqlite3.Connection, ops: Sequence[Op]) -> list[Outcome]:
             continue
         if isinstance(op, TrimJournal):
             # The entries of earlier ops in the batch must exist before they can be trimmed.
-            _insert_rows(conn, _JOURNAL_TARGET, 2, entries)
+            insert_rows(conn, _JOURNAL_TARGET, 2, entries)
             entries.clear()
             _trim_journal(conn, op)
             outcomes.append(None)
@@ -402,14 +338,13 @@ def _apply_bulk(conn: sqlite3.Connection, ops: Sequence[Op]) -> list[Outcome]:
                 continue
             present.add(op.dedupe)
             new_keys.append(op.dedupe)
-        for r, body in _encoded(op.records):
-            rows.append((r.id, r.agent, r.role, float(r.created_at), body))
+        appends.append(op.records)
         entries.extend(_journal_row(entry) for entry in op.journal)
         outcomes.append(_STORED)
-    _insert_rows(conn, _JOURNAL_TARGET, 2, entries)
+    insert_rows(conn, _JOURNAL_TARGET, 2, entries)
     try:
-        _insert_rows(conn, "dedupe (kind, server, key)", 3, new_keys)
-        _insert_rows(conn, "messages (id, agent, role, created_at, body)", 5, rows)
+        insert_rows(conn, "dedupe (kind, server, key)", 3, new_keys)
+        item_writer.write(conn, appends)
     except sqlite3.IntegrityError as exc:
         raise StoreError(f"a message id in this batch is already stored: {exc}") from exc
     return outcomes
@@ -431,8 +366,8 @@ def _present_keys(
             wanted.setdefault((key[0], key[1]), []).append(key[2])
     present: set[tuple[str, str, str]] = set()
     for (kind, server), names in wanted.items():
-        for start in range(0, len(names), _ROWS_PER_STATEMENT):
-            chunk = names[start : start + _ROWS_PER_STATEMENT]
+        for start in range(0, len(names), ROWS_PER_STATEMENT):
+            chunk = names[start : start + ROWS_PER_STATEMENT]
             marks = ", ".join("?" * len(chunk))
             cur = conn.execute(
                 f"SELECT key FROM dedupe WHERE kind = ? AND server = ? AND key IN ({marks})",
@@ -442,21 +377,10 @@ def _present_keys(
     return present
 
 
-def _insert_rows(
-    conn: sqlite3.Connection, target: str, width: int, rows: Sequence[tuple[Any, ...]]
-) -> None:
-    """INSERT ``rows`` (each ``width`` values) into ``target`` a chunk per statement."""
-    one = "(" + ", ".join("?" * width) + ")"
-    for start in range(0, len(rows), _ROWS_PER_STATEMENT):
-        chunk = rows[start : start + _ROWS_PER_STATEMENT]
-        values = ", ".join([one] * len(chunk))
-        conn.execute(f"INSERT INTO {target} VALUES {values}", [v for row in chunk for v in row])
-
-
-def _apply_op(conn: sqlite3.Connection, op: Op) -> OpResult:
+def _apply_op(conn: sqlite3.Connection, op: Op, item_writer: ItemWriter) -> OpResult:
     """Apply one op inside the current transaction; op-level failures raise :class:`StoreError`."""
     if isinstance(op, Append):
-        return _append(conn, op)
+        return _append(conn, op, item_writer)
     if isinstance(op, PutState):
         _put_state(conn, op)
         return None
@@ -466,34 +390,32 @@ def _apply_op(conn: sqlite3.Connection, op: Op) -> OpResult:
     raise StoreError(f"not a store op: {op!r}")
 
 
-def _append(conn: sqlite3.Connection, op: Append) -> AppendResult:
+def _append(conn: sqlite3.Connection, op: Append, item_writer: ItemWriter) -> AppendResult:
     if op.dedupe is not None:
         cur = conn.execute(
             "INSERT OR IGNORE INTO dedupe (kind, server, key) VALUES (?, ?, ?)", op.dedupe
         )
         if cur.rowcount == 0:
             return AppendResult(stored=False)
-    for record, body in _encoded(op.records):
-        try:
-            conn.execute(
-                "INSERT INTO messages (id, agent, role, created_at, body) VALUES (?, ?, ?, ?, ?)",
-                (record.id, record.agent, record.role, float(record.created_at), body),
-            )
-        except sqlite3.IntegrityError as exc:
-            raise StoreError(f"message id {record.id!r} is already stored") from exc
+    try:
+        item_writer.write(conn, [op.records])
+    except sqlite3.IntegrityError as exc:
+        taken = _taken_id(conn, op.records)
+        raise StoreError(f"message id {taken!r} is already stored") from exc
     for entry in op.journal:
         conn.execute("INSERT INTO journal (stream, record) VALUES (?, ?)", _journal_row(entry))
     return AppendResult(stored=True)
 
 
-def _encoded(records: Iterable[MessageRecord]) -> Iterator[tuple[MessageRecord, bytes]]:
-    """Each record with its encoded body. The copies of one item for each agent hearing it
-    share their blocks and metadata objects: their body is encoded once."""
-    last: tuple[object, object, bytes] | None = None
+def _taken_id(conn: sqlite3.Connection, records: Sequence[MessageRecord]) -> str | None:
+    """The first id of ``records`` given twice among them or already stored."""
+    seen: set[str] = set()
     for r in records:
-        if last is None or last[0] is not r.blocks or last[1] is not r.metadata:
-            last = (r.blocks, r.metadata, encode_body(r.blocks, r.metadata))
-        yield r, last[2]
+        stored = conn.execute("SELECT 1 FROM message_refs WHERE id = ?", (r.id,)).fetchone()
+        if r.id in seen or stored is not None:
+            return r.id
+        seen.add(r.id)
+    return None
 
 
 def _journal_row(entry: JournalEntry) -> tuple[str, bytes]:

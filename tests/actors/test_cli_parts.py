@@ -157,3 +157,33 @@ def test_history_reads_at_most_a_page_at_a_time(
         wanted = wanted[-limit:]
     assert [line.split(" ")[2] for line in out.getvalue().splitlines()] == wanted
     assert last >= count  # follow goes on from the newest message
+
+
+class HandedOver(Reader):
+    """A reader that remembers every row its ``rows`` handed over."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.handed: list[str] = []
+
+    def rows(self, **kwargs: Any) -> Any:
+        page = super().rows(**kwargs)
+        self.handed.extend(r.message["blocks"][0]["text"] for r in page)
+        return page
+
+
+@pytest.mark.parametrize("limit", [None, 3])
+@pytest.mark.parametrize("needle", ["TEXT 1", "t 2", "7"])
+def test_history_search_is_filtered_by_the_store(
+    tmp_path: Path, limit: int | None, needle: str
+) -> None:
+    texts = [f"text {i}" for i in range(2 * PAGE + 7)]
+    path = make_store(tmp_path / "data", [stored(f"m{i:05}", t) for i, t in enumerate(texts)])
+    out = io.StringIO()
+    with HandedOver(path, read_only=True) as reader:
+        print_window(reader, Selection(contains=needle), limit, Printer(out, as_json=False))
+    wanted = [f"m{i:05}" for i, t in enumerate(texts) if needle.lower() in t]
+    if limit is not None:
+        wanted = wanted[-limit:]
+    assert [line.split(" ")[2] for line in out.getvalue().splitlines()] == wanted
+    assert all(needle.lower() in text for text in reader.handed)  # nothing else was decoded

@@ -15,7 +15,16 @@ import trio
 from actors import Host
 from actors.agent import live_messages
 from store import Reader, db_path
-from tests.cli_helpers import make_store, mcplive, one_line, stored
+from tests.cli_helpers import (
+    make_store,
+    mcplive,
+    one_line,
+    store_files,
+    stored,
+    tree_digest,
+    unchanged_store,
+)
+from tests.store.old_schema import write_v3_store
 
 pytestmark = pytest.mark.slow
 
@@ -166,3 +175,25 @@ async def test_set_aside_messages_are_marked(tmp_path: Path) -> None:
     assert len(found) == 1 and " (set aside) " in found[0]
     newest = await trio.to_thread.run_sync(history, data, "--limit", "2")
     assert all(" (set aside) " not in line for line in newest)
+
+
+def test_search_is_case_insensitive_and_combines_with_the_other_filters(chat: Path) -> None:
+    assert ids(history(chat, "--search", "MORNING")) == ["m1", "m2", "m3"]
+    assert ids(history(chat, "--search", "morning", "--agent", "Grace")) == ["m2"]
+    assert ids(history(chat, "--search", "morning", "--channel", G, "--limit", "1")) == ["m2"]
+    assert ids(history(chat, "--search", "mo")) == ["m1", "m2", "m3"]  # too short to index
+    assert ids(history(chat, "--search", '"*" AND')) == []  # operators are text here
+    assert ids(history(chat, "--search", "morning", "--regex")) == ["m1", "m2"]
+
+
+def test_history_reads_a_version_3_store_as_it_is(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    write_v3_store(
+        db_path(data),
+        [[stored("m1", "good morning", server="lobby", channel=G)], [stored("m2", "Morning!")]],
+    )
+    before = tree_digest(data, skip=lambda p: not store_files(p))
+    assert ids(history(data)) == ["m1", "m2"]
+    assert ids(history(data, "--search", "MORNING", "--limit", "1")) == ["m2"]
+    assert ids(history(data, "--search", "good m", "--channel", G)) == ["m1"]
+    unchanged_store(before, tree_digest(data, skip=lambda p: not store_files(p)))

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from store import MessageRecord, db_path
+from store import Append, MessageRecord, db_path
 
 _ids = itertools.count()
 
@@ -39,6 +39,39 @@ def record(
         metadata=meta,
         created_at=1.5,
     )
+
+
+def item_copies(item: int, agents: list[str], *, invited: frozenset[str] = frozenset()) -> Append:
+    """An item heard by ``agents`` as the host stores it: the copies share blocks and metadata,
+    except an invited agent's, which has a notice block of its own."""
+    blocks = ({"type": "text", "text": "[source: s · #c]"}, {"type": "text", "text": f"hi {item}"})
+    meta: dict[str, Any] = {"source_header": "[source: s · #c]", "n": item}
+    records = []
+    for agent in agents:
+        if agent in invited:
+            own = (*blocks, {"type": "text", "text": "[invitation] open it"})
+            records.append(
+                MessageRecord(
+                    id=f"{agent}-{item}",
+                    agent=agent,
+                    role="user",
+                    blocks=own,
+                    metadata={**meta, "kind": "channel-invitation"},
+                    created_at=2.0,
+                )
+            )
+            continue
+        records.append(
+            MessageRecord(
+                id=f"{agent}-{item}",
+                agent=agent,
+                role="user",
+                blocks=blocks,
+                metadata=meta,
+                created_at=2.0,
+            )
+        )
+    return Append(records=tuple(records))
 
 
 @pytest.fixture

@@ -1,0 +1,207 @@
+"""Bodies stored once (schema version 4): the write side of ``items``, ``names`` and
+``message_refs`` (see :mod:`store.schema`), and the upgrade that moves a version-3 store's
+messages into them.
+
+The copies of one channel item for every agent hearing it are records of one append that share
+their blocks and metadata objects (and role and time): they become one item, its body encoded
+and written once, its text indexed once (:mod:`store.textindex`), and one ``message_refs`` row
+per copy (seq, id, agent number, item number). Any other record is an item of its own (an
+invitation copy, with its own blocks, is one). An item's ``first_seq`` and ``last_seq`` are
+the seqs of its first and last copy; other messages may sit between them.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Sequence
+from typing import Any
+
+from store.codec import decode_body, encode_body
+from store.errors import CorruptRecord
+from store.records import MessageRecord
+from store.textindex import index_text
+
+#: Agent names a writer remembers the number of; past this many the oldest is forgotten (it is
+#: then read from the ``names`` table again when next met).
+MAX_KNOWN_NAMES = 4096
+#: Rows per multi-row INSERT: 6 parameters each stays far below SQLite's parameter limit.
+ROWS_PER_STATEMENT = 256
+#: Messages read per query while upgrading a version-3 store.
+CONVERT_PAGE = 2048
+#: Bodies the upgrade looks back over for copies of one item (oldest first out).
+CONVERT_OPEN = 64
+
+_ITEMS = "items (num, role, created_at, first_seq, last_seq, body)"
+_TEXT = "item_text (rowid, text)"
+_REFS = "message_refs (seq, id, agent, item)"
+
+
+def insert_rows(
+    conn: sqlite3.Connection, target: str, width: int, rows: Sequence[tuple[Any, ...]]
+) -> None:
+    """INSERT ``rows`` (each ``width`` values) into ``target`` a chunk per statement."""
+    one = "(" + ", ".join("?" * width) + ")"
+    for start in range(0, len(rows), ROWS_PER_STATEMENT):
+        chunk = rows[start : start + ROWS_PER_STATEMENT]
+        values = ", ".join([one] * len(chunk))
+        conn.execute(f"INSERT INTO {target} VALUES {values}", [v for row in chunk for v in row])
+
+
+class ItemWriter:
+    """The writer's side of the message tables, inside the writer's transactions.
+
+    Agent numbers read or assigned are remembered (at most :data:`MAX_KNOWN_NAMES`, the oldest
+    forgotten first); one assigned in a transaction is remembered once that transaction
+    committed (:meth:`committed`), and forgotten when it is rolled back (:meth:`rolled_back`).
+    """
+
+    def __init__(self, cap: int = MAX_KNOWN_NAMES) -> None:
+        if cap < 1:
+            raise ValueError("cap must be at least 1")
+        self.cap = cap
+        self._known: dict[str, int] = {}  # insertion order: oldest first
+        self._pending: dict[str, int] = {}
+
+    def known(self) -> list[str]:
+        """The names whose number is remembered, oldest first."""
+        return list(self._known)
+
+    def write(self, conn: sqlite3.Connection, appends: Sequence[Sequence[MessageRecord]]) -> None:
+        """Store the records of ``appends`` (each the records of one append) in order, inside
+        the current transaction. Within an append, records that share their blocks and metadata
+        objects (and role and time) are copies of one item: its body is encoded, stored and
+        indexed once. A message id already stored raises :class:`sqlite3.IntegrityError` (the
+        transaction is then to be rolled back)."""
+        if not any(appends):
+            return
+        seq = _last_seq(conn)
+        num = int(conn.execute("SELECT COALESCE(MAX(num), 0) FROM items").fetchone()[0])
+        item_rows: list[list[Any]] = []
+        text_rows: list[tuple[int, str]] = []
+        ref_rows: list[tuple[int, str, int, int]] = []
+        known = self._known
+        for records in appends:
+            # an item's row, by the identity of what its copies share (the records hold them)
+            items: dict[tuple[int, int, str, float], list[Any]] = {}
+            last: MessageRecord | None = None
+            row: list[Any] = []
+            for r in records:
+                seq += 1
+                if (
+                    last is None
+                    or r.blocks is not last.blocks
+                    or r.metadata is not last.metadata
+                    or r.role != last.role
+                    or r.created_at != last.created_at
+                ):
+                    key = (id(r.blocks), id(r.metadata), r.role, r.created_at)
+                    found = items.get(key)
+                    if found is None:
+                        num += 1
+                        body = encode_body(r.blocks, r.metadata)
+                        found = items[key] = [num, r.role, float(r.created_at), seq, seq, body]
+                        item_rows.append(found)
+                        text_rows.append((num, index_text(r.blocks, r.metadata)))
+                    row, last = found, r
+                row[4] = seq
+                agent = known.get(r.agent)
+                if agent is None:
+                    agent = self._number(conn, r.agent)
+                ref_rows.append((seq, r.id, agent, row[0]))
+        insert_rows(conn, _ITEMS, 6, [tuple(row) for row in item_rows])
+        insert_rows(conn, _TEXT, 2, text_rows)
+        insert_rows(conn, _REFS, 4, ref_rows)
+
+    def _number(self, conn: sqlite3.Connection, name: str) -> int:
+        number = self._known.get(name)
+        if number is None:
+            number = self._pending.get(name)
+        if number is not None:
+            return number
+        row = conn.execute("SELECT num FROM names WHERE name = ?", (name,)).fetchone()
+        if row is not None:
+            self._remember(name, int(row[0]))
+            return int(row[0])
+        cursor = conn.execute("INSERT INTO names (name) VALUES (?)", (name,))
+        assert cursor.lastrowid is not None
+        self._pending[name] = cursor.lastrowid
+        return cursor.lastrowid
+
+    def _remember(self, name: str, number: int) -> None:
+        self._known[name] = number
+        if len(self._known) > self.cap:
+            del self._known[next(iter(self._known))]
+
+    def committed(self) -> None:
+        """The current transaction committed: the numbers it assigned are stored."""
+        for name, number in self._pending.items():
+            self._remember(name, number)
+        self._pending.clear()
+
+    def rolled_back(self) -> None:
+        """What was written since the last commit may be undone: forget the numbers assigned."""
+        self._pending.clear()
+
+
+def _last_seq(conn: sqlite3.Connection) -> int:
+    """The highest seq ever given to a message (AUTOINCREMENT's record of it)."""
+    row = conn.execute("SELECT seq FROM sqlite_sequence WHERE name = 'message_refs'").fetchone()
+    return 0 if row is None else int(row[0])
+
+
+def convert(conn: sqlite3.Connection) -> None:
+    """Move a version-3 ``messages`` table's rows into items, names and refs, inside the
+    caller's transaction: rows with the same role, time and body bytes among the last
+    :data:`CONVERT_OPEN` bodies met (the copies of one item, an invitation copy between them)
+    become one item. Seqs and ids are kept, and so is the highest seq ever given. Memory stays
+    bounded by a page of messages, those bodies, and the agent names."""
+    conn.execute("INSERT INTO names (name) SELECT DISTINCT agent FROM messages ORDER BY agent")
+    numbers = {str(name): int(num) for num, name in conn.execute("SELECT num, name FROM names")}
+    # (role, created_at, body) -> [num, role, created_at, first_seq, last_seq, body]
+    open_items: dict[tuple[str, float, bytes], list[Any]] = {}
+    num = 0
+    after = 0
+    while True:
+        rows = conn.execute(
+            "SELECT seq, id, agent, role, created_at, body FROM messages WHERE seq > ? "
+            "ORDER BY seq LIMIT ?",
+            (after, CONVERT_PAGE),
+        ).fetchall()
+        closed: list[tuple[Any, ...]] = []
+        texts: list[tuple[int, str]] = []
+        refs: list[tuple[int, str, int, int]] = []
+        for seq, message_id, agent, role, created_at, body in rows:
+            key = (role, created_at, body)
+            item = open_items.get(key)
+            if item is None:
+                num += 1
+                item = open_items[key] = [num, role, created_at, seq, seq, body]
+                text = _text_of(body)
+                if text is not None:
+                    texts.append((num, text))
+                if len(open_items) > CONVERT_OPEN:
+                    closed.append(tuple(open_items.pop(next(iter(open_items)))))
+            item[4] = seq
+            refs.append((seq, message_id, numbers[agent], item[0]))
+        insert_rows(conn, _ITEMS, 6, closed)
+        insert_rows(conn, _TEXT, 2, texts)
+        insert_rows(conn, _REFS, 4, refs)
+        if len(rows) < CONVERT_PAGE:
+            break
+        after = int(rows[-1][0])
+    insert_rows(conn, _ITEMS, 6, [tuple(item) for item in open_items.values()])
+    row = conn.execute("SELECT seq FROM sqlite_sequence WHERE name = 'messages'").fetchone()
+    if row is not None and int(row[0]) > _last_seq(conn):
+        conn.execute("DELETE FROM sqlite_sequence WHERE name = 'message_refs'")
+        conn.execute(
+            "INSERT INTO sqlite_sequence (name, seq) VALUES ('message_refs', ?)", (int(row[0]),)
+        )
+
+
+def _text_of(body: bytes) -> str | None:
+    """The index text of a stored body; None when it does not decode."""
+    try:
+        blocks, metadata = decode_body(body)
+    except CorruptRecord:
+        return None
+    return index_text(blocks, metadata)
