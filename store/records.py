@@ -63,7 +63,14 @@ def _mapping(_inst: object, attribute: attrs.Attribute[Any], value: object) -> N
         raise TypeError(f"{attribute.name} must be a mapping, got {type(value).__name__}")
 
 
+#: The tuple of blocks last found valid. The copies of one item for every agent hearing it share
+#: their blocks: a tuple (immutable, so still valid) is checked once, not once per copy.
+_last_valid_blocks: list[object] = [None]
+
+
 def _blocks(_inst: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    if value is _last_valid_blocks[0]:
+        return
     if not isinstance(value, tuple):
         raise TypeError(f"{attribute.name} must be a tuple, got {type(value).__name__}")
     for block in value:
@@ -71,6 +78,7 @@ def _blocks(_inst: object, attribute: attrs.Attribute[Any], value: object) -> No
             raise TypeError(
                 f"each of {attribute.name} must be a mapping, got {type(block).__name__}"
             )
+    _last_valid_blocks[0] = value
 
 
 def _role(_inst: object, _attribute: attrs.Attribute[Any], value: object) -> None:

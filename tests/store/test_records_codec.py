@@ -123,3 +123,42 @@ def test_lone_surrogates_are_stored_as_replacement_characters(parts: list[str]) 
     expected = text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
     assert key == "k" + expected and value == expected
     value.encode("utf-8")  # well-formed now: this does not raise
+
+
+_good_block = st.just({"type": "text", "text": "hi"})
+_bad_block = st.sampled_from([None, "text", 3, ["type", "text"]])
+_block_tuples = st.lists(
+    st.tuples(st.booleans(), st.lists(_good_block | _bad_block, max_size=3).map(tuple)),
+    min_size=1,
+    max_size=8,
+)
+
+
+@given(_block_tuples)
+def test_every_record_checks_its_blocks_however_often_a_tuple_recurs(
+    plan: list[tuple[bool, tuple[Any, ...]]],
+) -> None:
+    """The copies of one item share a tuple of blocks, checked once; a record is still refused
+    exactly when its own tuple holds something that is not a mapping, whatever came before."""
+    seen: list[tuple[Any, ...]] = []
+    for reuse, blocks in plan:
+        if reuse and seen:
+            blocks = seen[-1]
+        seen.append(blocks)
+        valid = all(isinstance(b, dict) for b in blocks)
+        for _copy in range(2):
+            if valid:
+                made = MessageRecord(
+                    id="m1", agent="ada", role="user", blocks=blocks, metadata={}, created_at=1.0
+                )
+                assert made.blocks is blocks
+            else:
+                with pytest.raises(TypeError, match="must be a mapping"):
+                    MessageRecord(
+                        id="m1",
+                        agent="ada",
+                        role="user",
+                        blocks=blocks,
+                        metadata={},
+                        created_at=1.0,
+                    )
