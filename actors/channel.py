@@ -469,9 +469,25 @@ class ChannelActor(Actor):
             if addressed and lane == "incoming"
             else frozenset()
         )
-        records = tuple(
-            [
-                MessageRecord(
+        records: list[MessageRecord] = []
+        first: MessageRecord | None = None  # the others share its blocks and metadata
+        for agent in hearers:
+            if agent == author_agent:
+                continue
+            if agent in invited:
+                records.append(
+                    invitation_record(
+                        record_id=new_id(),
+                        agent=agent,
+                        stored=stored,
+                        meta=meta,
+                        author=author,
+                        where=(self.sid, self.cid, self.label),
+                        now=now,
+                    )
+                )
+            elif first is None:
+                first = MessageRecord(
                     id=new_id(),
                     agent=agent,
                     role="user",
@@ -479,20 +495,9 @@ class ChannelActor(Actor):
                     metadata=meta,
                     created_at=now,
                 )
-                if agent not in invited
-                else invitation_record(
-                    record_id=new_id(),
-                    agent=agent,
-                    stored=stored,
-                    meta=meta,
-                    author=author,
-                    where=(self.sid, self.cid, self.label),
-                    now=now,
-                )
-                for agent in hearers
-                if agent != author_agent
-            ]
-        )
+                records.append(first)
+            else:
+                records.append(first.for_agent(agent, new_id()))
         wakes = self._wakes(
             view,
             lane,
@@ -505,7 +510,7 @@ class ChannelActor(Actor):
             author or None,
             meta.get("occurrence"),
         )
-        return Append(records=records, dedupe=dedupe), tuple(body), wakes, author
+        return Append(records=tuple(records), dedupe=dedupe), tuple(body), wakes, author
 
     def _channel_header(
         self, label: str | None, thread_id: str | None, reply_to: str | None

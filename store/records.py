@@ -97,6 +97,24 @@ class MessageRecord:
     metadata: Mapping[str, Any] = attrs.field(validator=_mapping)
     created_at: float = attrs.field(validator=_finite_number)
 
+    def for_agent(self, agent: str, id: str) -> MessageRecord:
+        """The copy of this record for ``agent`` under ``id``: the same role, time, blocks and
+        metadata objects (so the store keeps their body once). Only the new id and agent are
+        checked: the rest was checked when this record was made."""
+        _non_empty_str(self, _ID_FIELD, id)
+        _non_empty_str(self, _AGENT_FIELD, agent)
+        copy = object.__new__(MessageRecord)
+        for name, value in (
+            ("id", id),
+            ("agent", agent),
+            ("role", self.role),
+            ("blocks", self.blocks),
+            ("metadata", self.metadata),
+            ("created_at", self.created_at),
+        ):
+            object.__setattr__(copy, name, value)
+        return copy
+
     def as_message(self) -> dict[str, Any]:
         """The stored-message dict a reader would return for this record."""
         return {
@@ -106,6 +124,9 @@ class MessageRecord:
             "blocks": [dict(b) for b in self.blocks],
             "metadata": dict(self.metadata),
         }
+
+
+_ID_FIELD, _AGENT_FIELD = attrs.fields(MessageRecord).id, attrs.fields(MessageRecord).agent
 
 
 def _dedupe_key(_inst: object, _attribute: attrs.Attribute[Any], value: object) -> None:

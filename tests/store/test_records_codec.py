@@ -162,3 +162,34 @@ def test_every_record_checks_its_blocks_however_often_a_tuple_recurs(
                         metadata={},
                         created_at=1.0,
                     )
+
+
+_names = st.text(min_size=1, max_size=8)
+
+
+@given(_names, _names, _names, st.sampled_from(["user", "assistant", "tool", "system"]))
+def test_a_copy_for_another_agent_equals_the_record_made_whole(
+    agent: str, other: str, other_id: str, role: str
+) -> None:
+    first = MessageRecord(
+        id="m1",
+        agent=agent,
+        role=role,
+        blocks=({"type": "text", "text": "hi"},),
+        metadata={"k": 1},
+        created_at=2.5,
+    )
+    copy = first.for_agent(other, other_id)
+    whole = MessageRecord(
+        id=other_id,
+        agent=other,
+        role=role,
+        blocks=first.blocks,
+        metadata=first.metadata,
+        created_at=2.5,
+    )
+    assert copy == whole
+    assert copy.blocks is first.blocks and copy.metadata is first.metadata
+    for bad_agent, bad_id in (("", other_id), (other, ""), (None, other_id), (other, 3)):
+        with pytest.raises(ValueError, match="non-empty string"):
+            first.for_agent(bad_agent, bad_id)  # type: ignore[arg-type]
