@@ -19,10 +19,10 @@ import pytest
 import trio
 import trio.testing
 
-import store.reader
 from actors import Host, agent_history, rollback_plan
 from actors.storage import DB_NAME
 from store import Append, Database, MessageRecord, Reader
+from tests.decode_count import CountingDecode
 from tests.helpers import config, scripted
 
 _seq = itertools.count()
@@ -51,20 +51,6 @@ async def host(tmp_path: Path) -> AsyncIterator[Host]:
     ]
     async with Host.open(config(tmp_path, [], agents), status_file=False) as h:
         yield h
-
-
-class CountingDecode:
-    """Counts the stored bodies the store's reader decodes."""
-
-    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        self.calls = 0
-        decode = store.reader.decode_body
-
-        def counting(body: bytes) -> Any:
-            self.calls += 1
-            return decode(body)
-
-        monkeypatch.setattr(store.reader, "decode_body", counting)
 
 
 def interleaved(n: int) -> list[MessageRecord]:

@@ -4,12 +4,12 @@ the results are the ones a plain read gives; the reader keeps a bounded number o
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 import store.reader
 from store import Append, Database, MessageRecord, Reader
+from tests.decode_count import CountingDecode
 
 
 def copies(item: int, agents: list[str]) -> tuple[MessageRecord, ...]:
@@ -33,18 +33,6 @@ def stored(tmp_path: Path, items: int, agents: list[str]) -> Path:
     with Database(path) as db:
         db.apply([Append(records=copies(i, agents)) for i in range(items)])
     return path
-
-
-class CountingDecode:
-    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        self.calls = 0
-        decode = store.reader.decode_body
-
-        def counting(body: bytes) -> Any:
-            self.calls += 1
-            return decode(body)
-
-        monkeypatch.setattr(store.reader, "decode_body", counting)
 
 
 def test_the_copies_of_one_item_decode_once_and_read_as_a_plain_read_does(
