@@ -60,13 +60,18 @@ class Work:
 
 
 class Reply:
-    """The answer slot of one message. A ``tell`` carries a reply that discards everything."""
+    """The answer slot of one message. A ``tell`` carries a reply that discards everything.
 
-    __slots__ = ("_done", "_send")
+    An ask waits on the slot's event; the answer (or, when the message was abandoned, none:
+    ``result`` stays None) is in place before the event is set. One event and one slot per
+    ask: cheaper than a channel, which an answer given once does not need."""
 
-    def __init__(self, send: trio.MemorySendChannel[outcome.Outcome[Any]] | None) -> None:
-        self._send = send
-        self._done = send is None
+    __slots__ = ("_done", "_event", "result")
+
+    def __init__(self, event: trio.Event | None) -> None:
+        self._event = event
+        self._done = event is None
+        self.result: outcome.Outcome[Any] | None = None
 
     @property
     def done(self) -> bool:
@@ -78,22 +83,23 @@ class Reply:
     def error(self, exc: BaseException) -> None:
         self._finish(outcome.Error(exc))
 
-    def _finish(self, result: outcome.Outcome[Any]) -> None:
+    def _finish(self, result: outcome.Outcome[Any] | None) -> None:
         if self._done:
             return
         self._done = True
-        assert self._send is not None
-        try:
-            self._send.send_nowait(result)  # size-1 channel, one answer: never blocks
-        except (trio.BrokenResourceError, trio.ClosedResourceError, trio.WouldBlock):
-            pass  # the asker gave up
-        self._send.close()
+        self.result = result
+        assert self._event is not None
+        self._event.set()  # an asker that gave up is no longer waiting: nothing happens
 
     def abandon(self) -> None:
         """Close without an answer: the asker gets ``ActorDied``."""
-        if not self._done and self._send is not None:
-            self._done = True
-            self._send.close()
+        if self._event is not None:
+            self._finish(None)
+
+    async def wait(self) -> None:
+        """Until the message is answered or abandoned (at once for a ``tell``)."""
+        if self._event is not None:
+            await self._event.wait()
 
 
 @attrs.frozen
@@ -136,22 +142,15 @@ class ActorRef(Generic[M]):
             raise ActorDied(self.name) from None
 
     async def ask(self, msg: M, *, timeout: float) -> Any:
-        send, recv = trio.open_memory_channel[outcome.Outcome[Any]](1)
-        reply = Reply(send)
-        try:
-            with trio.fail_after(timeout):
-                await self._put(Envelope(msg, reply))
-                try:
-                    result = await recv.receive()
-                except trio.EndOfChannel:
-                    raise ActorDied(self.name) from None
-        except trio.TooSlowError:
-            raise AskTimeout(
-                f"{self.name} did not answer {type(msg).__name__} in {timeout}s"
-            ) from None
-        finally:
-            recv.close()
-        return result.unwrap()
+        reply = Reply(trio.Event())
+        with trio.CancelScope(deadline=trio.current_time() + timeout):
+            await self._put(Envelope(msg, reply))
+            await reply.wait()
+        if not reply.done:  # only this deadline ends the wait unanswered
+            raise AskTimeout(f"{self.name} did not answer {type(msg).__name__} in {timeout}s")
+        if reply.result is None:
+            raise ActorDied(self.name)
+        return reply.result.unwrap()
 
     @property
     def queued(self) -> int:

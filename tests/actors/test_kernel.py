@@ -232,6 +232,17 @@ async def test_ask_deadline_raises_ask_timeout(autojump_clock):
         assert work.count == 0
 
 
+async def test_an_asker_cancelled_from_outside_is_cancelled_not_timed_out(autojump_clock):
+    work = Work()
+    actor = Probe(work)
+    async with running(actor) as (ref, _nursery):
+        with trio.move_on_after(5) as outer:
+            await ref.ask(Keep(), timeout=LONG)
+        assert outer.cancelled_caught  # the caller's own deadline, not the ask's AskTimeout
+        actor.kept[0].value("too late")
+        assert await ref.ask(Echo(4), timeout=LONG) == 4
+
+
 async def test_ask_timing_out_at_a_full_mailbox_leaves_no_work_behind(autojump_clock):
     work = Work()
     actor = Probe(work)
