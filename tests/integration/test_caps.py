@@ -28,7 +28,7 @@ pytestmark = pytest.mark.slow
 async def test_channels_per_server_cap_refuses_per_item(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # the lobby registers 2 channels itself: with the cap at 3, one more fits and the next is refused
+    # the lobby registers 2 channels itself: with the cap at 3, one more fits, the next is refused
     monkeypatch.setattr(actors.context, "MAX_CHANNELS_PER_SERVER", 3)
     with trio.fail_after(60):
         async with running_lobby(tmp_path, {"Ada": ""}) as lb:
