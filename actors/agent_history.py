@@ -65,31 +65,18 @@ def read_history(
     when there is a limit, so only what is kept is read)."""
     if limit is not None and limit < 0:
         raise ValueError(f"limit must be >= 0, got {limit}")
-    if limit is None:
-        out: list[dict[str, Any]] = []
-        while True:
-            rows = reader.rows(
-                agent=agent, after_seq=after_seq, before_seq=before_seq, limit=HISTORY_PAGE
-            )
-            out.extend(r.message for r in rows)
-            if len(rows) < HISTORY_PAGE:
-                return out
-            after_seq = rows[-1].seq
-    newest: list[dict[str, Any]] = []
-    while len(newest) < limit:
-        rows = reader.rows(
-            agent=agent,
-            after_seq=after_seq,
-            before_seq=before_seq,
-            newest_first=True,
-            limit=min(HISTORY_PAGE, limit - len(newest)),
-        )
-        newest.extend(r.message for r in rows)
-        if not rows or len(newest) >= limit or len(rows) < HISTORY_PAGE:
-            break
-        before_seq = rows[-1].seq
-    newest.reverse()
-    return newest
+    rows = reader.walk(
+        agent=agent,
+        after_seq=after_seq,
+        before_seq=before_seq,
+        newest_first=limit is not None,
+        page=HISTORY_PAGE,
+        limit=limit,
+    )
+    messages = [r.message for r in rows]
+    if limit is not None:
+        messages.reverse()
+    return messages
 
 
 def estimate_tokens(message: Mapping[str, Any]) -> int:

@@ -191,20 +191,19 @@ def follow(
 
 
 def _rows(reader: Reader, selection: Selection, after: int) -> Iterator[StoredRow]:
-    """Every message stored after seq ``after`` the store's filters let through, page by page."""
-    while True:
-        page = reader.rows(
-            agent=selection.agent,
-            since=selection.since,
-            contains=selection.contains,
-            after_seq=after,
-            limit=PAGE,
-        )
+    """Every message stored after seq ``after`` the store's filters let through, page by page
+    (what a page skipped reported before its rows)."""
+    rows = reader.walk(
+        agent=selection.agent,
+        since=selection.since,
+        contains=selection.contains,
+        after_seq=after,
+        page=PAGE,
+    )
+    for row in rows:
         report_skipped(reader)
-        yield from page
-        if len(page) < PAGE:
-            return
-        after = page[-1].seq
+        yield row
+    report_skipped(reader)
 
 
 def report_skipped(reader: Reader, err: TextIO | None = None) -> None:
@@ -234,39 +233,30 @@ def _start_of_newest(reader: Reader, selection: Selection, limit: int) -> int:
         )
         return page[0].seq - 1 if page else 0
     found = 0
-    before = None
-    while True:
-        page = reader.rows(
-            agent=selection.agent,
-            since=selection.since,
-            contains=selection.contains,
-            before_seq=before,
-            newest_first=True,
-            limit=PAGE,
-        )
-        for row in page:
-            if selection.wants(row.message):
-                found += 1
-                if found == limit:
-                    return int(row.seq) - 1
-        if len(page) < PAGE:
-            return 0
-        before = page[-1].seq
+    rows = reader.walk(
+        agent=selection.agent,
+        since=selection.since,
+        contains=selection.contains,
+        newest_first=True,
+        page=PAGE,
+    )
+    for row in rows:
+        if selection.wants(row.message):
+            found += 1
+            if found == limit:
+                return int(row.seq) - 1
+    return 0
 
 
 def _set_aside(reader: Reader, agent: str | None, after: int) -> set[str]:
     """The ids set aside by the rollbacks stored after seq ``after`` (a rollback only sets aside
     messages older than itself, so older rollbacks cannot touch what is printed)."""
     ids: set[str] = set()
-    while True:
-        page = reader.rows(agent=agent, after_seq=after, roles=("system",), limit=PAGE)
-        for row in page:
-            meta = row.message.get("metadata") or {}
-            if meta.get("kind") == ROLLBACK_KIND:
-                ids.update(i for i in meta.get("set_aside", ()) if isinstance(i, str))
-        if len(page) < PAGE:
-            return ids
-        after = page[-1].seq
+    for row in reader.walk(agent=agent, after_seq=after, roles=("system",), page=PAGE):
+        meta = row.message.get("metadata") or {}
+        if meta.get("kind") == ROLLBACK_KIND:
+            ids.update(i for i in meta.get("set_aside", ()) if isinstance(i, str))
+    return ids
 
 
 def history_line(

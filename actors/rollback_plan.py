@@ -70,15 +70,7 @@ class RollbackPlan:
 
 def _pages(reader: Reader, agent: str, **where: Any) -> Iterator[StoredRow]:
     """The agent's stored rows matching ``where``, newest first, a page at a time."""
-    before: int | None = where.pop("before_seq", None)
-    while True:
-        rows = reader.rows(
-            agent=agent, before_seq=before, newest_first=True, limit=PLAN_PAGE, **where
-        )
-        yield from rows
-        if len(rows) < PLAN_PAGE:
-            return
-        before = rows[-1].seq
+    return reader.walk(agent=agent, newest_first=True, page=PLAN_PAGE, **where)
 
 
 class _Liveness:

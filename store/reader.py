@@ -10,7 +10,7 @@ import os
 import sqlite3
 import threading
 from collections import deque
-from collections.abc import Generator, Iterable
+from collections.abc import Generator, Iterable, Iterator
 from contextlib import closing
 from pathlib import Path
 from typing import Any
@@ -314,6 +314,49 @@ class Reader:
                 break
             bound, offset = int(rows[-1][0]), 0
         return page
+
+    def walk(
+        self,
+        *,
+        agent: str | None = None,
+        after_seq: int = 0,
+        before_seq: int | None = None,
+        since: float | None = None,
+        roles: Iterable[str] | None = None,
+        contains: str | None = None,
+        newest_first: bool = False,
+        page: int = 256,
+        limit: int | None = None,
+    ) -> Iterator[StoredRow]:
+        """Every message :meth:`rows` selects with the same arguments, in its order, read
+        ``page`` at a time (each page read when the one before it is used up): at most
+        ``limit`` of them, and no more than that many read. A caller stops early by ending its
+        loop."""
+        if page < 1 or (limit is not None and limit < 0):
+            raise ValueError(f"page must be >= 1 and limit >= 0, got {page}, {limit}")
+        wanted = tuple(roles) if roles is not None else None
+        left = limit
+        while left is None or left > 0:
+            want = page if left is None else min(page, left)
+            rows = self.rows(
+                agent=agent,
+                after_seq=after_seq,
+                before_seq=before_seq,
+                since=since,
+                roles=wanted,
+                contains=contains,
+                newest_first=newest_first,
+                limit=want,
+            )
+            yield from rows
+            if len(rows) < want:
+                return
+            if left is not None:
+                left -= len(rows)
+            if newest_first:
+                before_seq = rows[-1].seq
+            else:
+                after_seq = rows[-1].seq
 
     def last_message_seq(self) -> int:
         """The seq of the newest stored message (0 when there is none)."""
