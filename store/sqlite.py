@@ -37,9 +37,7 @@ from store.records import (
     TrimJournal,
 )
 from store.schema import (
-    JOURNAL_SCHEMA,
     SCHEMA_VERSION,
-    UPGRADES,
     ensure_schema,
     schema_version,
 )
@@ -48,9 +46,6 @@ from store.schema import (
 DB_FILENAME = "store.sqlite3"
 #: How long a connection waits for another connection's lock, in seconds.
 BUSY_TIMEOUT = 30.0
-# The upgrade steps, here too (tests replace one).
-_UPGRADES = UPGRADES
-_JOURNAL_SCHEMA = JOURNAL_SCHEMA
 
 
 def db_path(data_dir: str | os.PathLike[str]) -> Path:

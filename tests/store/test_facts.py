@@ -234,7 +234,7 @@ def test_a_version_2_store_read_only_answers_by_scanning_and_stays_version_2(pat
 def test_a_failed_upgrade_from_version_2_leaves_version_2(
     path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import store.sqlite
+    import store.schema
 
     write_v2_store(path, _v2_history())
 
@@ -242,7 +242,7 @@ def test_a_failed_upgrade_from_version_2_leaves_version_2(
         store.facts.backfill(conn)
         raise sqlite3.OperationalError("disk I/O error")
 
-    monkeypatch.setitem(store.sqlite._UPGRADES, 2, (broken,))
+    monkeypatch.setitem(store.schema.UPGRADES, 2, (broken,))
     with pytest.raises(StoreError):
         Database(path)
     assert schema_version(path) == "2"

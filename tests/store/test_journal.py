@@ -426,11 +426,11 @@ def test_a_version_1_store_opens_and_gains_the_journal(path: Path, opener: Any) 
 
 
 def test_a_failed_upgrade_leaves_version_1(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import store.sqlite
+    import store.schema
 
     _make_v1_store(path)
-    broken = (*store.sqlite._JOURNAL_SCHEMA, "CREATE TABLE messages (x)")  # fails: exists
-    monkeypatch.setitem(store.sqlite._UPGRADES, 1, broken)
+    broken = (*store.schema.JOURNAL_SCHEMA, "CREATE TABLE messages (x)")  # fails: exists
+    monkeypatch.setitem(store.schema.UPGRADES, 1, broken)
     with pytest.raises(StoreError):
         Database(path)
     version, names = _schema_of(path)
