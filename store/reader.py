@@ -53,7 +53,7 @@ def _body_holds(body: object, needle: object) -> bool:
         blocks, metadata = decode_body(body)
     except CorruptRecord:
         return True
-    return needle.casefold() in body_text({"blocks": blocks, "metadata": metadata}).casefold()
+    return text_matcher(needle)(body_text({"blocks": blocks, "metadata": metadata}))
 
 
 #: Undecodable records one reader reports one by one; past this many, further ones are skipped
