@@ -26,6 +26,7 @@ import trio
 
 from actors import Host
 from examples import bench_host as bh
+from examples.bench_server import line_batches
 from protocol.digests import body_digests
 from protocol.source import channel_header, mark_blocks
 from store import Append, Database, MessageRecord, Reader, connect, db_path
@@ -160,13 +161,7 @@ class ThinHost:
             self.out.append(_line({"jsonrpc": "2.0", "id": msg["id"], "result": {"results": out}}))
 
     async def read(self, stdout: Any) -> None:
-        buf = b""
-        while True:
-            data = await stdout.receive_some(65536)
-            if not data:
-                return
-            buf += data
-            *lines, buf = buf.split(b"\n")
+        async for lines in line_batches(stdout):
             accepted_at, now = accepted_now(), time.time()
             for raw in lines:
                 self.take(json.loads(raw), accepted_at, now)
@@ -198,13 +193,7 @@ async def run_thin(workdir: Path, messages: int, extra: list[str] | None = None)
 
     async def watch_stderr() -> None:
         assert proc.stderr
-        buf = b""
-        while True:
-            data = await proc.stderr.receive_some(4096)
-            if not data:
-                return
-            buf += data
-            *lines, buf = buf.split(b"\n")
+        async for lines in line_batches(proc.stderr, 4096):
             for line in lines:
                 fields = bh.bench_fields(line.decode())
                 if fields is not None and "seconds" in fields:

@@ -28,6 +28,7 @@ import json
 import os
 import sys
 import time
+from collections.abc import AsyncIterator
 from typing import Any
 
 import trio
@@ -38,6 +39,16 @@ PROBE = "bench:#probe"
 
 def _line(obj: object) -> bytes:
     return (json.dumps(obj, separators=(",", ":")) + "\n").encode()
+
+
+async def line_batches(stream: Any, size: int = 65536) -> AsyncIterator[list[bytes]]:
+    """The complete lines each read of ``stream`` brings (a line cut short waits for the next
+    read), until the stream ends."""
+    buf = b""
+    while data := await stream.receive_some(size):
+        buf += data
+        *lines, buf = buf.split(b"\n")
+        yield lines
 
 
 def channel_ids(count: int) -> list[str]:
@@ -186,13 +197,7 @@ class _Server:
             self.all_done.set()
 
     async def reader(self) -> None:
-        buf = b""
-        while True:
-            data = await self.stdin.receive_some(65536)
-            if not data:
-                return
-            buf += data
-            *lines, buf = buf.split(b"\n")
+        async for lines in line_batches(self.stdin):
             for raw in lines:
                 if raw.strip():
                     await self.answer(json.loads(raw))
