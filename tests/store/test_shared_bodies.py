@@ -8,30 +8,16 @@ from pathlib import Path
 import pytest
 
 import store.reader
-from store import Append, Database, MessageRecord, Reader
+from store import Database, Reader
 from tests.decode_count import CountingDecode
 
-
-def copies(item: int, agents: list[str]) -> tuple[MessageRecord, ...]:
-    blocks = ({"type": "text", "text": f"item {item}"},)
-    meta = {"source_header": "[source: s · unscoped]", "n": item}
-    return tuple(
-        MessageRecord(
-            id=f"{agent}-{item}",
-            agent=agent,
-            role="user",
-            blocks=blocks,
-            metadata=meta,
-            created_at=1.0,
-        )
-        for agent in agents
-    )
+from .conftest import item_copies
 
 
 def stored(tmp_path: Path, items: int, agents: list[str]) -> Path:
     path = tmp_path / "store.sqlite3"
     with Database(path) as db:
-        db.apply([Append(records=copies(i, agents)) for i in range(items)])
+        db.apply([item_copies(i, agents) for i in range(items)])
     return path
 
 
