@@ -76,6 +76,13 @@ class Selection:
             return self.matches(body_text(message))
         return True
 
+    def walk(self, reader: Reader, **where: Any) -> Iterator[StoredRow]:
+        """The messages the store's filters let through (``where``: more of
+        :meth:`~store.reader.Reader.walk`'s arguments), a page at a time."""
+        return reader.walk(
+            agent=self.agent, since=self.since, contains=self.contains, page=PAGE, **where
+        )
+
     @property
     def filters_rows(self) -> bool:
         """Whether some messages the store hands over are left out here."""
@@ -193,14 +200,7 @@ def follow(
 def _rows(reader: Reader, selection: Selection, after: int) -> Iterator[StoredRow]:
     """Every message stored after seq ``after`` the store's filters let through, page by page
     (what a page skipped reported before its rows)."""
-    rows = reader.walk(
-        agent=selection.agent,
-        since=selection.since,
-        contains=selection.contains,
-        after_seq=after,
-        page=PAGE,
-    )
-    for row in rows:
+    for row in selection.walk(reader, after_seq=after):
         report_skipped(reader)
         yield row
     report_skipped(reader)
@@ -233,14 +233,7 @@ def _start_of_newest(reader: Reader, selection: Selection, limit: int) -> int:
         )
         return page[0].seq - 1 if page else 0
     found = 0
-    rows = reader.walk(
-        agent=selection.agent,
-        since=selection.since,
-        contains=selection.contains,
-        newest_first=True,
-        page=PAGE,
-    )
-    for row in rows:
+    for row in selection.walk(reader, newest_first=True):
         if selection.wants(row.message):
             found += 1
             if found == limit:
