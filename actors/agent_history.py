@@ -270,6 +270,9 @@ class ContextReader:
         ``budget // MIN_MESSAGE_TOKENS + 1`` messages (no message costs less, so older ones
         could never fit)."""
         store = self.ctx.store
+        taken = store.feeds.take(self.agent, self._seen_seq)
+        if taken is not None:  # the rows of recent commits: no trip to the reading thread
+            return taken
         return await store.read(
             _read_fresh, store.reader, self.agent, self._seen_seq, self.budget
         )  # one hand-over to the reading thread, however many pages it takes

@@ -16,7 +16,9 @@ from typing import Any, TypeVar
 import trio
 
 from store import AppendResult, GroupCommitWriter, Reader, SkippedRecord
+from store.items import WrittenRow
 
+from .fresh_feed import FreshFeeds
 from .kernel import Work
 
 T = TypeVar("T")
@@ -119,7 +121,11 @@ class StoreClient:
         self._read_limiter = trio.CapacityLimiter(1)
         self._lock = threading.Lock()
         self._completed: list[_Completion] = []
+        self._committed: list[tuple[list[WrittenRow], bool]] = []
         self._scheduled = False
+        #: The rows of recent commits, per agent (filed in the trio thread; see FreshFeeds).
+        self.feeds = FreshFeeds()
+        self.writer.on_commit = self._committed_rows
 
     def start(self) -> None:
         self.writer.start()
@@ -154,9 +160,18 @@ class StoreClient:
         """Called in the writer thread once every op of ``batch`` has its result."""
         with self._lock:
             self._completed.append(batch)
-            if self._scheduled:
-                return
-            self._scheduled = True
+            self._schedule_locked()
+
+    def _committed_rows(self, rows: list[WrittenRow], gap: bool) -> None:
+        """Called in the writer thread after each commit, before its ops' results."""
+        with self._lock:
+            self._committed.append((rows, gap))
+            self._schedule_locked()
+
+    def _schedule_locked(self) -> None:
+        if self._scheduled:
+            return
+        self._scheduled = True
         try:
             # one wake-up of the trio thread for everything committed meanwhile
             self._token.run_sync_soon(self._deliver)
@@ -166,7 +181,10 @@ class StoreClient:
     def _deliver(self) -> None:
         with self._lock:
             completed, self._completed = self._completed, []
+            committed, self._committed = self._committed, []
             self._scheduled = False
+        for rows, gap in committed:  # filed before any write of theirs is reported done
+            self.feeds.file(rows, gap)
         for batch in completed:
             batch.settled.set()
             self._free(batch.n)

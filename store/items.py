@@ -31,6 +31,10 @@ CONVERT_PAGE = 2048
 #: Bodies the upgrade looks back over for copies of one item (oldest first out).
 CONVERT_OPEN = 64
 
+#: A message row as the writer stored it: (seq, id, agent, role, body), the shape the reader
+#: decodes a row of the ``messages`` view from.
+WrittenRow = tuple[int, str, str, str, bytes]
+
 _ITEMS = "items (num, role, created_at, first_seq, last_seq, body)"
 _TEXT = "item_text (rowid, text)"
 _REFS = "message_refs (seq, id, agent, item)"
@@ -53,6 +57,9 @@ class ItemWriter:
     Agent numbers read or assigned are remembered (at most :data:`MAX_KNOWN_NAMES`, the oldest
     forgotten first); one assigned in a transaction is remembered once that transaction
     committed (:meth:`committed`), and forgotten when it is rolled back (:meth:`rolled_back`).
+
+    The message rows of committed transactions are kept for :meth:`take_committed` (whoever
+    applies a batch takes them once it is done, so they are at most one batch's rows).
     """
 
     def __init__(self, cap: int = MAX_KNOWN_NAMES) -> None:
@@ -61,6 +68,9 @@ class ItemWriter:
         self.cap = cap
         self._known: dict[str, int] = {}  # insertion order: oldest first
         self._pending: dict[str, int] = {}
+        self._written: list[WrittenRow] = []  # by the current transaction
+        self._committed: list[WrittenRow] = []
+        self._gap = False
 
     def known(self) -> list[str]:
         """The names whose number is remembered, oldest first."""
@@ -108,6 +118,7 @@ class ItemWriter:
                 if agent is None:
                     agent = self._number(conn, r.agent)
                 ref_rows.append((seq, r.id, agent, row[0]))
+                self._written.append((seq, r.id, r.agent, r.role, row[5]))
         insert_rows(conn, _ITEMS, 6, [tuple(row) for row in item_rows])
         insert_rows(conn, _TEXT, 2, text_rows)
         insert_rows(conn, _REFS, 4, ref_rows)
@@ -133,14 +144,29 @@ class ItemWriter:
             del self._known[next(iter(self._known))]
 
     def committed(self) -> None:
-        """The current transaction committed: the numbers it assigned are stored."""
+        """The current transaction committed: the numbers it assigned and the rows it wrote are
+        stored."""
         for name, number in self._pending.items():
             self._remember(name, number)
         self._pending.clear()
+        self._committed.extend(self._written)
+        self._written.clear()
 
-    def rolled_back(self) -> None:
-        """What was written since the last commit may be undone: forget the numbers assigned."""
+    def rolled_back(self, *, partly: bool = False) -> None:
+        """What was written since the last commit may be undone: forget the numbers assigned.
+
+        ``partly``: only part of the transaction was undone (a savepoint); which of the rows it
+        wrote survive is not known here, so :meth:`take_committed` will report a gap."""
         self._pending.clear()
+        self._written.clear()
+        self._gap = self._gap or partly
+
+    def take_committed(self) -> tuple[list[WrittenRow], bool]:
+        """The message rows committed since the last call, in seq order, and whether some
+        committed rows may be missing from them (a transaction was undone in part)."""
+        rows, gap = self._committed, self._gap
+        self._committed, self._gap = [], False
+        return rows, gap
 
 
 def _last_seq(conn: sqlite3.Connection) -> int:

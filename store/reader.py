@@ -103,11 +103,13 @@ class _SkipLog:
         return new
 
 
-def _message(
+def decode_row(
     row: tuple[Any, ...], shared: dict[bytes, tuple[Any, Any]] | None = None
 ) -> dict[str, Any]:
-    """The message of a row; with ``shared``, a body already decoded there is not decoded again
-    (its blocks and metadata are then the same objects as in other results)."""
+    """The message of a ``(seq, id, agent, role, body)`` row; with ``shared``, a body already
+    decoded there is not decoded again (its blocks and metadata are then the same objects as in
+    other results), and at most ``MAX_SHARED_BODIES`` are kept there (the oldest go first).
+    Raises :class:`CorruptRecord` when the body does not decode."""
     seq, message_id, agent, role, body = row
     decoded = shared.get(body) if shared is not None else None
     if decoded is None:
@@ -197,7 +199,7 @@ class Reader:
         """The message of a ``_MESSAGE_COLUMNS`` row, or None (reported) when it does not decode;
         ``shared``: see :meth:`rows`."""
         try:
-            return _message(row, self._shared if shared else None)
+            return decode_row(row, self._shared if shared else None)
         except CorruptRecord as exc:
             seq, message_id = row[0], row[1]
             self._skips.add(

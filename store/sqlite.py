@@ -258,7 +258,7 @@ class Database:
             except StoreError as exc:
                 conn.execute("ROLLBACK TO op")
                 self.facts.rolled_back()
-                self.items.rolled_back()
+                self.items.rolled_back(partly=True)
                 outcome = exc
             conn.execute("RELEASE op")
             outcomes.append(outcome)

@@ -22,6 +22,7 @@ from pathlib import Path
 import attrs
 
 from store.errors import StoreClosed, StoreError, StoreFull
+from store.items import WrittenRow
 from store.records import Append, Op, Outcome, PutState, TrimJournal
 from store.sqlite import Database
 
@@ -30,6 +31,10 @@ log = logging.getLogger(__name__)
 #: Called from the writer thread with an op's result or the :class:`StoreError` that failed it.
 #: It runs on the writer thread, so it must be quick and must not wait for other ops.
 Done = Callable[[object], None]
+#: Called from the writer thread after each commit, before the ``done`` callbacks of its ops,
+#: with the message rows it committed (seq order) and whether some may be missing (see
+#: :meth:`store.items.ItemWriter.take_committed`). Quick, like ``Done``.
+CommitObserver = Callable[[list[WrittenRow], bool], None]
 
 
 @attrs.frozen(kw_only=True)
@@ -63,6 +68,8 @@ class GroupCommitWriter:
         self._ops = 0
         self._batches = 0
         self._largest = 0
+        #: Told of the message rows of each commit (set before :meth:`start`).
+        self.on_commit: CommitObserver | None = None
 
     def __enter__(self) -> GroupCommitWriter:
         self.start()
@@ -182,6 +189,12 @@ class GroupCommitWriter:
         except Exception as exc:
             log.exception("store batch failed")
             outcomes = [StoreError(f"store write failed: {exc}") for _ in ops]
+        rows, gap = database.items.take_committed()
+        if self.on_commit is not None and (rows or gap):
+            try:
+                self.on_commit(rows, gap)
+            except Exception:
+                log.exception("store commit observer failed")
         with self._cond:
             self._ops += len(batch)
             self._batches += 1

@@ -74,6 +74,7 @@ class Counting:
     def __init__(self, store: StoreClient) -> None:
         self.inner = store
         self.reader = store.reader
+        self.feeds = store.feeds
         self.decoded = 0
 
     async def read(self, fn: Any, *args: Any) -> Any:
