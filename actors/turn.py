@@ -223,11 +223,16 @@ class Turn:
         )
         placed = injection_messages(injections)
         system = owner.system
+        stable_system = len(system)  # what follows it is this turn's alone
         for m in placed["system"]:
             system += "\n\n" + "\n".join(
                 str(b.get("text", "")) for b in m["blocks"] if b.get("type") == "text"
             )
         context = place_injections(context, placed["beforeUser"], placed["afterUser"])
+        # the next turn sends again what comes before this turn's injections
+        stable_messages = next(
+            (i for i, m in enumerate(context) if "injection" in (m.get("metadata") or {})), None
+        )
         tools = await runtime.specs()
 
         async def on_delta(delta: str) -> None:
@@ -253,6 +258,8 @@ class Turn:
                 system=system,
                 messages=tuple(context),  # the request keeps what this round saw
                 tools=tools,
+                stable_system=stable_system,
+                stable_messages=stable_messages,
                 on_retry=on_retry,
             )
             speech.start_round()
