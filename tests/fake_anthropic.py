@@ -522,12 +522,9 @@ def _prefix_walk(body: Any) -> tuple[list[bytes], list[int], list[int]]:
     marks: list[int] = []
     digest, total = b"", 0
     for i, (where, block) in enumerate(_request_blocks(body)):
-        bare = block
-        if isinstance(block, dict):
-            if "cache_control" in block:
-                marks.append(i)
-            bare = {k: v for k, v in block.items() if k != "cache_control"}
-        step = _compact([where, bare])
+        if isinstance(block, dict) and "cache_control" in block:
+            marks.append(i)
+        step = _compact([where, _unmarked(block)])
         digest = hashlib.sha256(digest + step).digest()
         total += max(1, len(step) // 4)
         digests.append(digest)
@@ -554,13 +551,21 @@ def _check_marks(body: Any) -> str | None:
 
 def marked_prefixes(body: Any) -> list[bytes]:
     """For each marked block of a request body, in order: the compact JSON of the request's
-    blocks up to and including it, marks and all, as the client sent them."""
+    blocks (each with where it stands) up to and including it, as the client sent them but for
+    the marks, which are no part of what the cache keeps (a prefix marked where the request
+    before ended is read back although that request marked other blocks on the way)."""
     blocks = _request_blocks(body)
     return [
-        _compact(blocks[: i + 1])
+        _compact([[where, _unmarked(b)] for where, b in blocks[: i + 1]])
         for i, (_, block) in enumerate(blocks)
         if isinstance(block, dict) and "cache_control" in block
     ]
+
+
+def _unmarked(block: Any) -> Any:
+    if not isinstance(block, dict):
+        return block
+    return {k: v for k, v in block.items() if k != "cache_control"}
 
 
 @attrs.frozen

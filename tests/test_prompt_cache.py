@@ -109,7 +109,7 @@ def test_the_next_turn_reads_where_the_last_request_ended() -> None:
     )
     assert marked_texts(second) == ["a", "m29"]
     [end] = marked_prefixes(body(first))[1:]
-    assert end in marked_prefixes(body(second))  # the same bytes, marks and all
+    assert end in marked_prefixes(body(second))  # the same bytes
     # a changed system text is another prefix: nothing to read
     other = mark_request(
         TOOLS, system_blocks("T", None), to_messages_api(later), remembered=first.marks

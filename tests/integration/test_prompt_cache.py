@@ -25,6 +25,7 @@ from tests.fake_anthropic import (
     marked_prefixes,
     serve_fake_anthropic,
     text_block,
+    tool_use_block,
 )
 from tests.helpers import publish_received, publishes, running_lobby, send_incoming, wait_trace
 
@@ -67,8 +68,16 @@ async def turn(lb: Any, message_id: str, text: str, answer: str, seen: list[Trac
 async def test_the_second_turn_reads_the_prefix_the_first_turn_wrote(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # turn one calls a lobby tool, then answers; turn two answers
     script = FakeScript(
-        [Reply(blocks=[text_block("Hi!")]), Reply(blocks=[text_block("Still here.")])],
+        [
+            Reply(
+                blocks=[tool_use_block("tu_1", "lobby--forecast", {"city": "Lima"})],
+                stop_reason="tool_use",
+            ),
+            Reply(blocks=[text_block("Lima looks sunny.")]),
+            Reply(blocks=[text_block("Still here.")]),
+        ],
         prompt_cache=True,
     )
     seen: list[TraceEvent] = []
@@ -76,23 +85,30 @@ async def test_the_second_turn_reads_the_prefix_the_first_turn_wrote(
         async with trio.open_nursery() as nursery:
             await fake_api(nursery, monkeypatch, script)
             async with running_lobby(tmp_path, AGENTS) as lb:
-                first = await turn(lb, "u1", "hello Ada", "Hi!", seen)
+                first = await turn(lb, "u1", "weather in Lima?", "Lima looks sunny.", seen)
                 second = await turn(lb, "u2", "are you there?", "Still here.", seen)
 
-                # the same prefix is marked on both turns, byte for byte: the system text (and
-                # tools), and the end of turn one's request, which turn two marks to read it
-                one, two = (marked_prefixes(r.body) for r in script.requests)
-                assert len(one) == 2 and len(two) == 3
+                # the same prefix is marked on consecutive requests, byte for byte (but for the
+                # marks): the system text (and tools), and the end of the request before,
+                # which the next marks to read it (the tool round as read back from the store
+                # on turn two is the same bytes as it was sent within turn one)
+                one, two, three = (marked_prefixes(r.body) for r in script.requests)
+                assert len(one) == 2 and len(two) == 3 and len(three) == 3
                 assert two[:2] == one
+                assert three[:2] == [two[0], two[2]]
                 # the stored metadata shows what each call wrote and read
                 calls = [Usage.of(m["metadata"]["usage"]) for m in replies(lb.host, "Ada")]
                 assert calls[0].cache_read_input_tokens == 0
                 assert calls[0].cache_creation_input_tokens > 0
                 assert calls[1].cache_read_input_tokens == calls[0].cache_creation_input_tokens
-                # and so does the transcript
-                for used, call in ((first, calls[0]), (second, calls[1])):
-                    assert format_event(used) == f"· Ada: turn used {call.describe()} tokens"
-                assert f"cache {calls[1].cache_read_input_tokens:,} read" in str(
+                assert calls[2].cache_read_input_tokens == (
+                    calls[1].cache_read_input_tokens + calls[1].cache_creation_input_tokens
+                )
+                # and so does the transcript, a line per turn
+                turns = (calls[0] + calls[1], calls[2])
+                for used, total in zip((first, second), turns, strict=True):
+                    assert format_event(used) == f"· Ada: turn used {total.describe()} tokens"
+                assert f"cache {calls[2].cache_read_input_tokens:,} read" in str(
                     format_event(second)
                 )
             nursery.cancel_scope.cancel()
