@@ -14,6 +14,10 @@ assistant message holds its totals); the turn's totals are traced once at its en
 (``turn-usage``) and kept in :attr:`Turn.usage`. Each retry a provider makes is traced as it
 happens (``model-retry``).
 
+Each request tells the provider which part of it the next turn sends again (for a prompt cache):
+the system prompt before the text hooks added to it (``stable_system``), and the messages before
+the first one hooks injected (``stable_messages``).
+
 The turn runs in the agent's child task and touches no agent state: the agent reads
 :attr:`Turn.scope` (to abort), :attr:`Turn.speech` (to count arrivals against the route),
 :attr:`Turn.phase`, :attr:`Turn.usage` and :attr:`Turn.failure` when it ends.
