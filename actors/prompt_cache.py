@@ -29,7 +29,7 @@ from __future__ import annotations
 import collections
 import hashlib
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -157,7 +157,7 @@ def _text(text: str) -> dict[str, Any]:
     return {"type": "text", "text": text}
 
 
-def _blocks(messages: Sequence[Mapping[str, Any]]) -> Any:
+def _blocks(messages: Sequence[Mapping[str, Any]]) -> Iterator[dict[str, Any]]:
     for turn in messages:
         yield from turn["content"]
 
