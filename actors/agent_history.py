@@ -5,6 +5,11 @@
 rollback marker, nothing a marker set aside, no coalesced item hidden before it was read), each
 introduced by its source, the newest whole units within the agent's token budget. It reads only
 what was stored since the previous turn and keeps the trimmed tail between turns.
+
+Trimming goes in steps: when the context outgrows its budget, the oldest units are dropped until
+it fits in ``TRIM_TARGET`` of it, so the turns after that send the same start of the context,
+only growing at its end, until it outgrows the budget again (a provider's prompt cache serves that
+unchanged start; trimming a unit at a time would change it on every turn).
 """
 
 from __future__ import annotations
@@ -28,6 +33,8 @@ MIN_MESSAGE_TOKENS = 8
 CONTEXT_PAGE = 64
 #: Messages read from the store at a time by :func:`read_history`.
 HISTORY_PAGE = 512
+#: The share of its budget a context is trimmed down to once it outgrows the budget.
+TRIM_TARGET = 0.75
 
 
 async def store_message(
@@ -106,12 +113,16 @@ def fit_budget(messages: Sequence[Mapping[str, Any]], budget: int) -> list[Mappi
 
 class ContextTail:
     """The newest whole units of an agent's context within a token budget, kept incrementally:
-    new messages are appended and the oldest units dropped, with each unit's size computed
-    once: dropping only ever removes the oldest units, so trimming as messages arrive keeps the
-    same units as trimming everything at once."""
+    new messages are appended and, when they make the total outgrow ``budget``, the oldest units
+    are dropped until it is at most ``target`` (``budget`` unless given; at least the newest unit
+    stays). Each unit's size is computed once. With ``target == budget`` dropping only ever
+    removes the oldest units, so trimming as messages arrive keeps the same units as trimming
+    everything at once; with a lower target the start of the tail stays put until the budget
+    is outgrown again."""
 
-    def __init__(self, budget: int) -> None:
+    def __init__(self, budget: int, target: int | None = None) -> None:
         self.budget = budget
+        self.target = budget if target is None else min(target, budget)
         self._units: deque[list[Mapping[str, Any]]] = deque()
         self._sizes: deque[int] = deque()
         self.total = 0
@@ -130,7 +141,9 @@ class ContextTail:
                 self._units.append([m])
                 self._sizes.append(size)
             self.total += size
-        while self.total > self.budget and len(self._units) > 1:
+        if self.total <= self.budget:
+            return
+        while self.total > self.target and len(self._units) > 1:
             self._units.popleft()
             self.total -= self._sizes.popleft()
 
@@ -231,17 +244,21 @@ class ContextReader:
         self.ctx = ctx
         self.agent = agent
         self.budget = budget
-        self._tail = ContextTail(budget)
+        self._tail = self._new_tail()
         self._seen_seq = 0
+
+    def _new_tail(self) -> ContextTail:
+        return ContextTail(self.budget, int(self.budget * TRIM_TARGET))
 
     async def read(self) -> list[Mapping[str, Any]]:
         """The agent's context from the store: only what was stored since the last read is read
         and decoded, newest first a page at a time, until the budget is full; the kept tail is
-        trimmed to the token budget (oldest whole units first)."""
+        trimmed in steps (see :class:`ContextTail`) to the token budget, oldest whole units
+        first."""
         fresh, seen = await self._fresh()
         if any(is_rollback(m) for m in fresh) and self._seen_seq:
             # Something already in the tail was set aside: rebuild from the store.
-            self._tail, self._seen_seq = ContextTail(self.budget), 0
+            self._tail, self._seen_seq = self._new_tail(), 0
             return await self.read()
         self._seen_seq = seen
         live = live_messages(fresh)

@@ -16,6 +16,17 @@ to the request's ``on_retry`` (a :class:`~actors.models.ModelRetry`) and as a li
 line; a refused credential (401), a denied permission (403) or a missing key raises its subclass
 :class:`~actors.models.ModelAuthError`, since nothing but an operator's fix can cure it.
 
+Each attempt is bounded by ``timeout_s`` (a server that never answers, or stops in the middle
+of a stream, fails the attempt as a timeout, which is retried). A stream the SDK cannot read
+(an event that is not JSON, or not the shape the API defines) fails the attempt as malformed, also
+retried; nothing of a failed attempt is returned.
+
+Prompt caching: each request marks its stable prefix with ``cache_control`` breakpoints
+(:func:`actors.prompt_cache.mark_request`): the system text the next turn sends again (and with
+it the tool definitions), the furthest point an earlier request of the same agent marked, the
+last point the next turn shares, and the end of the request. The provider remembers the marked
+prefixes of each agent's latest request (:class:`actors.prompt_cache.CacheMemory`).
+
 Usage is read from ``message_start`` and ``message_delta``: ``input_tokens`` and
 ``output_tokens`` always, ``cache_read_input_tokens`` and ``cache_creation_input_tokens`` when
 the API reports them.
@@ -66,6 +77,7 @@ from actors.models import (
     ModelRequest,
     ModelRetry,
 )
+from actors.prompt_cache import CacheMemory, Marked, mark_request, system_blocks
 from protocol.display import scrub_surrogates, without_lone_surrogates
 from protocol.hooks import ModelInfo
 
@@ -93,6 +105,8 @@ _TRANSIENT_STREAM_ERRORS = frozenset(
     {"overloaded_error", "rate_limit_error", "api_error", "timeout_error"}
 )
 _MAX_LINE = 300
+#: How long one attempt (request and whole stream) may take, in seconds.
+ATTEMPT_TIMEOUT_S = 600.0
 #: Where the key comes from when none is passed in.
 KEY_VARIABLE = "ANTHROPIC_API_KEY"
 #: What a refusal by HTTP status means for the credential.
@@ -116,9 +130,12 @@ class AnthropicModel:
         backoff_cap_s: float = 30.0,
         notice: Callable[[str], None] | None = None,
         rng: random.Random | None = None,
+        timeout_s: float = ATTEMPT_TIMEOUT_S,
     ) -> None:
         if max_retries < 0:
             raise ValueError("max_retries must be >= 0")
+        if not timeout_s > 0:
+            raise ValueError("timeout_s must be > 0")
         self.model = model
         self.name = f"anthropic:{model}"
         self.info = ModelInfo(
@@ -134,6 +151,8 @@ class AnthropicModel:
         self._backoff_cap_s = backoff_cap_s
         self._notice = notice
         self._rng = rng if rng is not None else random.Random()
+        self._timeout_s = timeout_s
+        self._cache = CacheMemory()
 
     @property
     def _credential(self) -> str:
@@ -166,6 +185,9 @@ class AnthropicModel:
         on_delta: DeltaSink | None,
     ) -> ModelReply:
         messages = to_messages_api(request.messages)
+        next_turn = None
+        if request.stable_messages is not None:
+            next_turn = to_messages_api(request.messages[: request.stable_messages])
         # a server's tool text was made well formed as it came in; this keeps the body valid
         # UTF-8 whatever reaches it
         tools = scrub_surrogates(
@@ -178,10 +200,21 @@ class AnthropicModel:
                 for t in request.tools
             ]
         )
+        system = system_blocks(without_lone_surrogates(request.system), request.stable_system)
+        marked = mark_request(
+            tools,
+            system,
+            messages,
+            next_turn=next_turn,
+            remembered=self._cache.recall(request.agent),
+        )
         retry = 0
         while True:
             try:
-                return await self._attempt(client, request, messages, tools, on_delta)
+                with trio.move_on_after(self._timeout_s) as bound:
+                    reply = await self._attempt(client, request, marked, on_delta)
+                if bound.cancelled_caught:
+                    raise _NoReplyInTime(f"no complete reply within {self._timeout_s:g}s")
             except Exception as exc:
                 failure = _classify(exc)
                 if failure is None:
@@ -203,6 +236,9 @@ class AnthropicModel:
                             f"attempt{'s' if attempts != 1 else ''})"
                         )
                     ) from exc
+            else:
+                self._cache.remember(request.agent, marked.marks)
+                return reply
             retry += 1
             delay = backoff_delay(retry, self._backoff_base_s, self._backoff_cap_s, self._rng)
             if failure.retry_after is not None:
@@ -224,22 +260,33 @@ class AnthropicModel:
         self,
         client: anthropic.AsyncAnthropic,
         request: ModelRequest,
-        messages: list[dict[str, Any]],
-        tools: list[dict[str, Any]],
+        marked: Marked,
         on_delta: DeltaSink | None,
     ) -> ModelReply:
         stream = await client.messages.create(
             model=self.model,
             max_tokens=request.max_tokens,
-            messages=cast(Any, messages),
-            system=without_lone_surrogates(request.system) if request.system else anthropic.omit,
-            tools=cast(Any, tools) if tools else anthropic.omit,
+            messages=cast(Any, marked.messages),
+            system=cast(Any, marked.system) if marked.system else anthropic.omit,
+            tools=cast(Any, marked.tools) if marked.tools else anthropic.omit,
             stream=True,
         )
         builder = _ReplyBuilder()
         async with stream:
-            async for event in stream:
-                text = builder.feed(event)
+            events = aiter(stream)
+            while True:
+                try:
+                    event = await anext(events)
+                except StopAsyncIteration:
+                    break
+                except ValueError as exc:  # an event whose data is not JSON
+                    raise _MalformedStream(f"malformed stream event: {exc}") from exc
+                try:
+                    text = builder.feed(event)
+                except (AttributeError, TypeError, KeyError) as exc:
+                    # the SDK builds an event's object without checking it: a field missing or
+                    # of the wrong type shows up as it is read
+                    raise _MalformedStream(f"malformed stream event: {exc}") from exc
                 if text and on_delta is not None:
                     await on_delta(text)
         if not builder.stopped:
@@ -288,7 +335,9 @@ class _ReplyBuilder:
         elif isinstance(event, RawContentBlockDeltaEvent):
             part = self.parts.get(event.index)
             if part is None:
-                raise ModelError(f"anthropic: stream delta for unknown block {event.index}")
+                raise _MalformedStream(
+                    f"malformed stream event: delta for unknown block {event.index}"
+                )
             if isinstance(event.delta, TextDelta) and part.kind == "text":
                 part.text += event.delta.text
                 return event.delta.text
@@ -352,6 +401,14 @@ def _tool_input(part: _Part) -> dict[str, Any]:
 
 
 class _StreamEndedEarly(Exception):
+    pass
+
+
+class _MalformedStream(Exception):
+    pass
+
+
+class _NoReplyInTime(Exception):
     pass
 
 
@@ -423,6 +480,10 @@ def _classify(exc: Exception) -> _Failure | None:
         return _Failure(True, "connection error", f"connection error: {exc}")
     if isinstance(exc, _StreamEndedEarly):
         return _Failure(True, "stream cut short", str(exc))
+    if isinstance(exc, _MalformedStream):
+        return _Failure(True, "malformed stream", str(exc))
+    if isinstance(exc, _NoReplyInTime):
+        return _Failure(True, "no reply in time", str(exc))
     if isinstance(exc, anthropic.AnthropicError):
         return _Failure(False, type(exc).__name__, f"{type(exc).__name__}: {exc}")
     return None

@@ -125,6 +125,13 @@ class ModelRequest:
     tools: Sequence[ToolSpec] = ()
     max_tokens: int = 1024
     temperature: float | None = None
+    #: Of ``system``, how many leading characters the agent's next turn sends again (the rest
+    #: is this turn's additions); None: all of it. A provider with a prompt cache ends the
+    #: system part of its cached prefix there.
+    stable_system: int | None = None
+    #: Of ``messages``, how many leading ones the agent's next turn sends again unchanged (the
+    #: ones before this turn's injected messages); None: all of them.
+    stable_messages: int | None = None
     #: Told of each retry the provider makes for this request (see :class:`ModelRetry`).
     on_retry: RetrySink | None = attrs.field(default=None, eq=False, repr=False)
 

@@ -14,6 +14,10 @@ assistant message holds its totals); the turn's totals are traced once at its en
 (``turn-usage``) and kept in :attr:`Turn.usage`. Each retry a provider makes is traced as it
 happens (``model-retry``).
 
+Each request tells the provider which part of it the next turn sends again (for a prompt cache):
+the system prompt before the text hooks added to it (``stable_system``), and the messages before
+the first one hooks injected (``stable_messages``).
+
 The turn runs in the agent's child task and touches no agent state: the agent reads
 :attr:`Turn.scope` (to abort), :attr:`Turn.speech` (to count arrivals against the route),
 :attr:`Turn.phase`, :attr:`Turn.usage` and :attr:`Turn.failure` when it ends.
@@ -223,11 +227,16 @@ class Turn:
         )
         placed = injection_messages(injections)
         system = owner.system
+        stable_system = len(system)  # what follows it is this turn's alone
         for m in placed["system"]:
             system += "\n\n" + "\n".join(
                 str(b.get("text", "")) for b in m["blocks"] if b.get("type") == "text"
             )
         context = place_injections(context, placed["beforeUser"], placed["afterUser"])
+        # the next turn sends again what comes before this turn's injections
+        stable_messages = next(
+            (i for i, m in enumerate(context) if "injection" in (m.get("metadata") or {})), None
+        )
         tools = await runtime.specs()
 
         async def on_delta(delta: str) -> None:
@@ -253,6 +262,8 @@ class Turn:
                 system=system,
                 messages=tuple(context),  # the request keeps what this round saw
                 tools=tools,
+                stable_system=stable_system,
+                stable_messages=stable_messages,
                 on_retry=on_retry,
             )
             speech.start_round()

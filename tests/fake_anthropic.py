@@ -19,12 +19,31 @@ Every ``POST /v1/messages`` takes the next response off the queue:
 * :class:`HttpError` — an HTTP error status with an Anthropic error JSON body.
 * :class:`StreamError` — a 200 stream that emits some blocks and then an ``error`` event.
 * :class:`Disconnect` — a 200 stream that emits some blocks and then drops the connection.
-  (These two answer with a stream even to a non-streaming request.)
+* :class:`Garbled` — a 200 stream that emits some blocks and then an event whose data is not what
+  the API sends (by default, not JSON at all).
+* :class:`Stall` — answers nothing (or, with ``head=True``, a 200 stream head, ``message_start``
+  and some blocks) and then stays silent until the client hangs up.
+  (These four answer with a stream even to a non-streaming request.)
+
+Prompt caching, as the API defines it: a request may mark at most four blocks (tools, system
+blocks, message content blocks) with ``"cache_control": {"type": "ephemeral"}``; more, or another
+type, is refused with ``400 invalid_request_error`` before any response is taken off the queue.
+With ``FakeScript(prompt_cache=True)`` the server keeps a cache of marked prefixes and reports the
+usage the API would: the prefix is tools, then system, then messages; a prefix's identity is the
+compact JSON of every block up to it (marks left out) with each message block's role and turn;
+at each mark the longest prefix already cached is looked for at that block and the 19 before it
+(``cache_read_input_tokens`` counts it), then each marked prefix of at least
+``min_cache_tokens`` is stored (``cache_creation_input_tokens`` counts what the last mark adds to
+what was read) and ``input_tokens`` counts the rest. Tokens are estimated as a block's JSON
+length divided by 4 (at least 1 per block); entries never expire, and the newest
+``CACHE_LIMIT`` are kept. The real API's minimum is 1,024 tokens or more by model; the fake's
+is 0 unless set. Without ``prompt_cache`` the usage is the :class:`Reply`'s own.
 
 When the queue is empty the server answers ``400 invalid_request_error`` ("fake anthropic: script
 exhausted"), which a provider does not retry, so a test with too short a script fails fast.
 
-Bounds: each request is recorded (method, path, lower-cased headers, parsed JSON body) in
+Bounds: each request is recorded (method, path, lower-cased headers, parsed JSON body, the raw
+body bytes) in
 ``FakeScript.requests``, which keeps only the newest ``log_limit`` entries (default 1000) and
 counts the older ones it dropped in ``FakeScript.dropped_requests``. Request heads are limited to
 64 KiB and bodies to 32 MiB; larger requests get an error status and the connection is closed.
@@ -34,6 +53,7 @@ The server is plain HTTP/1.1 with keep-alive; it needs a ``Content-Length`` on r
 from __future__ import annotations
 
 import collections
+import hashlib
 import itertools
 import json
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -46,10 +66,13 @@ import trio.lowlevel
 __all__ = [
     "Disconnect",
     "FakeScript",
+    "Garbled",
     "HttpError",
     "RecordedRequest",
     "Reply",
+    "Stall",
     "StreamError",
+    "marked_prefixes",
     "serve_fake_anthropic",
     "text_block",
     "tool_use_block",
@@ -58,6 +81,12 @@ __all__ = [
 MAX_HEAD_BYTES = 64 * 1024
 MAX_BODY_BYTES = 32 * 1024 * 1024
 DEFAULT_LOG_LIMIT = 1000
+#: The most cache_control marks the API takes in one request.
+MAX_CACHE_MARKS = 4
+#: How many blocks before a mark the cache is searched (the mark's own block and 19 more).
+LOOKBACK_BLOCKS = 20
+#: Cache entries the fake keeps (the oldest go first).
+CACHE_LIMIT = 4096
 
 
 def text_block(text: str) -> dict[str, Any]:
@@ -129,7 +158,28 @@ class Disconnect:
     chunk_size: int = 4
 
 
-Response = Reply | HttpError | StreamError | Disconnect
+@attrs.frozen(kw_only=True)
+class Garbled:
+    """A 200 stream: ``message_start``, ``prefix_blocks``, then one ``event`` whose data line is
+    ``data`` as given, then the end of the stream."""
+
+    prefix_blocks: Sequence[Mapping[str, Any]] = ()
+    event: str = "content_block_delta"
+    data: str = '{"type": "content_block_delta", "index": 0, "delta": {"type": "text_de'
+    chunk_size: int = 4
+
+
+@attrs.frozen(kw_only=True)
+class Stall:
+    """No answer at all; with ``head``, a 200 stream head, ``message_start`` and
+    ``prefix_blocks`` first. Then silence until the client closes the connection."""
+
+    head: bool = False
+    prefix_blocks: Sequence[Mapping[str, Any]] = ()
+    chunk_size: int = 4
+
+
+Response = Reply | HttpError | StreamError | Disconnect | Garbled | Stall
 
 
 @attrs.frozen(kw_only=True)
@@ -138,15 +188,26 @@ class RecordedRequest:
     path: str
     headers: Mapping[str, str]
     body: Any
+    raw: bytes = b""
 
 
 class FakeScript:
     """The scripted responses (consumed in order) and the log of requests received."""
 
-    def __init__(self, responses: Iterable[Response] = (), *, log_limit: int = DEFAULT_LOG_LIMIT):
+    def __init__(
+        self,
+        responses: Iterable[Response] = (),
+        *,
+        log_limit: int = DEFAULT_LOG_LIMIT,
+        prompt_cache: bool = False,
+        min_cache_tokens: int = 0,
+    ):
         self._queue: collections.deque[Response] = collections.deque(responses)
         self._log: collections.deque[RecordedRequest] = collections.deque(maxlen=log_limit)
         self.dropped_requests = 0
+        self.prompt_cache = prompt_cache
+        self.min_cache_tokens = min_cache_tokens
+        self._cache: collections.OrderedDict[bytes, int] = collections.OrderedDict()
 
     def add(self, *responses: Response) -> None:
         self._queue.extend(responses)
@@ -164,6 +225,34 @@ class FakeScript:
         if self._log.maxlen is not None and len(self._log) == self._log.maxlen:
             self.dropped_requests += 1
         self._log.append(request)
+
+    def _cached_usage(self, body: Any) -> dict[str, int] | None:
+        """The input counts the API would report for ``body`` (see the module docstring), with
+        the cache updated; None when the fake keeps no cache."""
+        if not self.prompt_cache:
+            return None
+        digests, totals, marks = _prefix_walk(body)
+        total = totals[-1] if totals else 0
+        read_at = -1
+        for mark in marks:
+            for q in range(mark, max(-1, mark - LOOKBACK_BLOCKS), -1):
+                if digests[q] in self._cache:
+                    read_at = max(read_at, q)
+                    break
+        read = totals[read_at] if read_at >= 0 else 0
+        written = 0
+        for mark in marks:
+            if totals[mark] >= self.min_cache_tokens:
+                self._cache[digests[mark]] = totals[mark]
+                self._cache.move_to_end(digests[mark])
+                written = max(written, totals[mark] - read)
+        while len(self._cache) > CACHE_LIMIT:
+            self._cache.popitem(last=False)
+        return {
+            "input_tokens": total - read - written,
+            "cache_read_input_tokens": read,
+            "cache_creation_input_tokens": written,
+        }
 
     def _next(self) -> Response:
         if self._queue:
@@ -259,7 +348,9 @@ async def _serve_connection(
                 body: Any = json.loads(raw) if raw else None
             except ValueError:
                 body = raw.decode("utf-8", "replace")
-            script._record(RecordedRequest(method=method, path=path, headers=headers, body=body))
+            script._record(
+                RecordedRequest(method=method, path=path, headers=headers, body=body, raw=raw)
+            )
             keep_going = await _respond(stream, script, method, path, body, next(ids))
             if not keep_going or headers.get("connection", "").lower() == "close":
                 return
@@ -334,7 +425,20 @@ async def _respond(
             stream, 404, _error_body("not_found_error", f"{method} {path}"), request_id=request_id
         )
         return True
+    refused = _check_marks(body)
+    if refused is not None:
+        await _send_json(
+            stream, 400, _error_body("invalid_request_error", refused), request_id=request_id
+        )
+        return True
     response = script._next()
+    if isinstance(response, Reply):
+        counted = script._cached_usage(body)
+        if counted is not None:
+            response = attrs.evolve(response, **counted)
+    if isinstance(response, Stall) and not response.head:
+        await _wait_for_hang_up(stream)
+        return False
     if isinstance(response, HttpError):
         await _send_json(
             stream,
@@ -359,13 +463,114 @@ async def _respond(
         },
     )
     for event, data in _events(response, f"msg_fake_{n}"):
-        payload = f"event: {event}\ndata: {json.dumps(data)}\n\n".encode()
+        line = data.text if isinstance(data, _Raw) else json.dumps(data)
+        payload = f"event: {event}\ndata: {line}\n\n".encode()
         await stream.send_all(b"%x\r\n%s\r\n" % (len(payload), payload))
         await trio.lowlevel.checkpoint()
     if isinstance(response, Disconnect):
         return False
+    if isinstance(response, Stall):
+        await _wait_for_hang_up(stream)
+        return False
     await stream.send_all(b"0\r\n\r\n")
     return True
+
+
+async def _wait_for_hang_up(stream: trio.SocketStream) -> None:
+    """Say nothing until the client closes the connection (what it sends is dropped)."""
+    try:
+        while await stream.receive_some(65536):
+            pass
+    except trio.BrokenResourceError:
+        pass
+
+
+# --- prompt caching ------------------------------------------------------------------------------
+
+
+def _request_blocks(body: Any) -> list[tuple[str, Any]]:
+    """The request's cacheable blocks in the API's order (tools, system, messages), each with
+    where it stands (``tool``, ``system``, or a message's role with ``+`` on its first block)."""
+    if not isinstance(body, dict):
+        return []
+    out: list[tuple[str, Any]] = [("tool", t) for t in body.get("tools") or ()]
+    system = body.get("system")
+    if isinstance(system, str):
+        out.append(("system", {"type": "text", "text": system}))
+    elif isinstance(system, list):
+        out += [("system", b) for b in system]
+    for message in body.get("messages") or ():
+        if not isinstance(message, dict):
+            continue
+        content = message.get("content")
+        if isinstance(content, str):
+            content = [{"type": "text", "text": content}]
+        for j, block in enumerate(content or ()):
+            out.append((f"{message.get('role')}{'+' if j == 0 else ''}", block))
+    return out
+
+
+def _compact(value: Any) -> bytes:
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode()
+
+
+def _prefix_walk(body: Any) -> tuple[list[bytes], list[int], list[int]]:
+    """For each block: the digest of the prefix through it, the tokens through it; and the
+    indexes of the marked blocks."""
+    digests: list[bytes] = []
+    totals: list[int] = []
+    marks: list[int] = []
+    digest, total = b"", 0
+    for i, (where, block) in enumerate(_request_blocks(body)):
+        if isinstance(block, dict) and "cache_control" in block:
+            marks.append(i)
+        step = _compact([where, _unmarked(block)])
+        digest = hashlib.sha256(digest + step).digest()
+        total += max(1, len(step) // 4)
+        digests.append(digest)
+        totals.append(total)
+    return digests, totals, marks
+
+
+def _check_marks(body: Any) -> str | None:
+    """Why the API would refuse the request's cache marks, or None."""
+    found = 0
+    for _, block in _request_blocks(body):
+        if isinstance(block, dict) and "cache_control" in block:
+            found += 1
+            control = block["cache_control"]
+            if not isinstance(control, dict) or control.get("type") != "ephemeral":
+                return f"cache_control: unknown type {control!r}"
+    if found > MAX_CACHE_MARKS:
+        return (
+            f"A maximum of {MAX_CACHE_MARKS} blocks with cache_control may be provided. "
+            f"Found {found}."
+        )
+    return None
+
+
+def marked_prefixes(body: Any) -> list[bytes]:
+    """For each marked block of a request body, in order: the compact JSON of the request's
+    blocks (each with where it stands) up to and including it, as the client sent them but for
+    the marks, which are no part of what the cache keeps (a prefix marked where the request
+    before ended is read back although that request marked other blocks on the way)."""
+    blocks = _request_blocks(body)
+    return [
+        _compact([[where, _unmarked(b)] for where, b in blocks[: i + 1]])
+        for i, (_, block) in enumerate(blocks)
+        if isinstance(block, dict) and "cache_control" in block
+    ]
+
+
+def _unmarked(block: Any) -> Any:
+    if not isinstance(block, dict):
+        return block
+    return {k: v for k, v in block.items() if k != "cache_control"}
+
+
+@attrs.frozen
+class _Raw:
+    text: str
 
 
 def _message_json(reply: Reply, msg_id: str) -> dict[str, Any]:
@@ -416,8 +621,8 @@ def _block_events(
 
 
 def _events(
-    response: Reply | StreamError | Disconnect, msg_id: str
-) -> Iterator[tuple[str, dict[str, Any]]]:
+    response: Reply | StreamError | Disconnect | Garbled | Stall, msg_id: str
+) -> Iterator[tuple[str, Any]]:
     reply = response if isinstance(response, Reply) else Reply()
     message = {**_message_json(reply, msg_id), "content": [], "stop_reason": None}
     message["usage"] = reply.usage(output_tokens=1)
@@ -429,6 +634,8 @@ def _events(
         yield _ev("ping")
     if isinstance(response, StreamError):
         yield "error", _error_body(response.error_type, response.message)
+    elif isinstance(response, Garbled):
+        yield response.event, _Raw(response.data)
     elif isinstance(response, Reply):
         yield _ev(
             "message_delta",

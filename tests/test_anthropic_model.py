@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import itertools
+import json
 import random
 import re
 from collections.abc import Mapping, Sequence
@@ -39,8 +40,10 @@ from actors.models import (
 from tests.fake_anthropic import (
     Disconnect,
     FakeScript,
+    Garbled,
     HttpError,
     Reply,
+    Stall,
     StreamError,
     serve_fake_anthropic,
     text_block,
@@ -48,6 +51,7 @@ from tests.fake_anthropic import (
 )
 
 KEY = "sk-test-key"
+EPH = {"type": "ephemeral"}
 TIMEOUT = 30
 
 
@@ -125,8 +129,11 @@ async def test_text_streams_deltas_in_order(fake: tuple[FakeScript, str]) -> Non
     assert sent.body["stream"] is True
     assert sent.body["model"] == "claude-test"
     assert sent.body["max_tokens"] == 77
-    assert sent.body["system"] == "You are terse."
-    assert sent.body["messages"] == [{"role": "user", "content": [{"type": "text", "text": "hi"}]}]
+    # the system text is marked (and with it the tools before it), and so is the last block
+    assert sent.body["system"] == [{"type": "text", "text": "You are terse.", "cache_control": EPH}]
+    assert sent.body["messages"] == [
+        {"role": "user", "content": [{"type": "text", "text": "hi", "cache_control": EPH}]}
+    ]
     assert sent.body["tools"] == [
         {"name": "get_time", "description": "Current time", "input_schema": {"type": "object"}}
     ]
@@ -174,8 +181,12 @@ async def test_tool_round_then_final_text(fake: tuple[FakeScript, str]) -> None:
     assert second.tool_uses == ()
 
     assert len(script.requests) == 2
+    # the second request marks where the first one ended (to read it) and its own end
     assert script.requests[1].body["messages"] == [
-        {"role": "user", "content": [{"type": "text", "text": "What time is it?"}]},
+        {
+            "role": "user",
+            "content": [{"type": "text", "text": "What time is it?", "cache_control": EPH}],
+        },
         {
             "role": "assistant",
             "content": [
@@ -191,6 +202,7 @@ async def test_tool_round_then_final_text(fake: tuple[FakeScript, str]) -> None:
                     "tool_use_id": "toolu_01",
                     "content": [{"type": "text", "text": "12:00"}],
                     "is_error": False,
+                    "cache_control": EPH,
                 }
             ],
         },
@@ -456,6 +468,73 @@ async def test_connection_refused_gives_up() -> None:
     assert str(info.value).startswith("anthropic: connection error")
     assert "(gave up after 2 attempts)" in str(info.value)
     assert len(notices) == 1
+
+
+async def test_500_then_success(fake: tuple[FakeScript, str]) -> None:
+    script, base_url = fake
+    script.add(HttpError(status=500, message="boom"), Reply(blocks=[text_block("fine")]))
+    notices: list[str] = []
+    with trio.fail_after(TIMEOUT):
+        reply = await make_model(base_url, notices).complete(request_for([user("hi")]))
+    assert reply.text == "fine"
+    assert len(script.requests) == 2
+    assert len(notices) == 1 and notices[0].startswith("anthropic: server error (500), retry 1/4")
+
+
+GARBLED = [
+    Garbled(prefix_blocks=[text_block("Half an ans")]),  # an event that is not JSON
+    Garbled(  # JSON, but a delta naming no block
+        data=json.dumps({"type": "content_block_delta", "delta": {"type": "text_delta"}})
+    ),
+    Garbled(event="message_start", data=json.dumps({"type": "message_start"})),  # no message
+]
+
+
+@pytest.mark.parametrize("garbled", GARBLED)
+async def test_a_malformed_stream_fails_the_call_in_one_line(
+    fake: tuple[FakeScript, str], garbled: Garbled
+) -> None:
+    script, base_url = fake
+    script.add(garbled, garbled)
+    with trio.fail_after(TIMEOUT), pytest.raises(ModelError) as info:
+        await make_model(base_url, max_retries=1).complete(request_for([user("hi")]))
+    message = str(info.value)
+    assert message.startswith("anthropic: malformed stream event: ")
+    assert message.endswith("(gave up after 2 attempts)") and "\n" not in message
+    assert len(script.requests) == 2
+
+
+async def test_a_malformed_stream_is_retried(fake: tuple[FakeScript, str]) -> None:
+    script, base_url = fake
+    script.add(GARBLED[0], Reply(blocks=[text_block("whole")]))
+    notices: list[str] = []
+    with trio.fail_after(TIMEOUT):
+        reply = await make_model(base_url, notices).complete(request_for([user("hi")]))
+    assert reply.text == "whole"
+    assert len(notices) == 1 and notices[0].startswith("anthropic: malformed stream, retry 1/4")
+
+
+@pytest.mark.parametrize(
+    "stall", [Stall(), Stall(head=True, prefix_blocks=[text_block("I was say")])]
+)
+async def test_a_model_that_never_answers_is_bounded(
+    fake: tuple[FakeScript, str], stall: Stall
+) -> None:
+    # each attempt is bounded: a server that says nothing (or stops mid-stream) fails it
+    script, base_url = fake
+    script.add(stall, stall)
+    model = make_model(base_url, max_retries=1, timeout_s=0.2)
+    with trio.fail_after(TIMEOUT), pytest.raises(ModelError) as info:
+        await model.complete(request_for([user("hi")]))
+    assert str(info.value) == (
+        "anthropic: no complete reply within 0.2s (gave up after 2 attempts)"
+    )
+    assert len(script.requests) == 2
+
+
+def test_the_attempt_bound_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="timeout_s"):
+        AnthropicModel("claude-test", timeout_s=0)
 
 
 async def test_exhausted_script_fails_fast(fake: tuple[FakeScript, str]) -> None:

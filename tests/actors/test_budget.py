@@ -167,3 +167,57 @@ def test_trimming_as_messages_arrive_keeps_what_trimming_at_once_keeps(
         tail.extend(messages[i : i + size])
         i += size
     assert [id(m) for m in tail.messages()] == [id(m) for m in fit_budget(messages, budget)]
+
+
+# -- trimming in steps: the start stays put until the budget is outgrown ----------------------
+
+
+@given(
+    st.lists(st.lists(message, max_size=6), max_size=12),
+    st.integers(50, 600),
+    st.floats(0.0, 1.0),
+)
+def test_trimming_in_steps_moves_the_start_only_when_the_budget_is_outgrown(
+    chunks: list[list[dict[str, Any]]], budget: int, share: float
+):
+    target = int(budget * share)
+    tail = ContextTail(budget, target)
+    arrived: list[dict[str, Any]] = []
+    for chunk in chunks:
+        before = tail.messages()
+        arrived.extend(chunk)
+        tail.extend(chunk)
+        kept = tail.messages()
+        k = len(arrived) - len(kept)
+        # always a suffix, in order, of what arrived, starting at a whole unit
+        assert all(a is b for a, b in zip(kept, arrived[k:], strict=True))
+        cuts = [i for i in range(len(arrived)) if not attached(arrived, i)]
+        if not arrived:
+            continue
+        assert k in cuts
+        if cost(before) + cost(chunk) <= budget:
+            # within budget: nothing dropped, the start is the same message
+            assert kept == [*before, *chunk]
+            assert not before or kept[0] is before[0]
+        else:
+            # outgrown: trimmed to the target, no further than needed
+            assert cost(kept) <= target or k == cuts[-1]
+            earlier = [i for i in cuts if i < k]
+            if earlier and k > len(arrived) - len(before) - len(chunk):
+                assert cost(arrived[earlier[-1] :]) > target
+
+
+def test_after_a_step_the_next_messages_leave_the_start_alone():
+    # budget 100, target 50: the overflow drops to at most 50, leaving 50 tokens of room
+    history = [text("user", 4 * (30 - 9), f"u{i}") for i in range(4)]  # 30 tokens each
+    assert cost(history[:1]) == 30
+    tail = ContextTail(100, 50)
+    tail.extend(history[:3])
+    assert tags(tail.messages()) == ["u0", "u1", "u2"]
+    tail.extend(history[3:])  # 120 > 100: down to 30
+    assert tags(tail.messages()) == ["u3"]
+    for i in range(4, 6):  # 60, 90: within the budget, the start stays u3
+        tail.extend([text("user", 4 * (30 - 9), f"u{i}")])
+        assert tags(tail.messages())[0] == "u3"
+    tail.extend([text("user", 4 * (30 - 9), "u6")])  # 120 again: down to 30
+    assert tags(tail.messages()) == ["u6"]

@@ -1,5 +1,9 @@
 """An agent's context is read from the store a page at a time, newest first, and only as far back
-as its token budget can reach: the same context as reading everything, far fewer records."""
+as its token budget can reach: the same context as reading everything, far fewer records.
+
+The reference is a :class:`ContextTail` with the reader's budget and trim target fed every stored
+message, read by read: trimming in steps makes the context depend on when it was read, never on
+how far back the pages went."""
 
 from __future__ import annotations
 
@@ -15,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from actors import agent_history
-from actors.agent_history import ContextReader, fit_budget, live_messages, render_for_model
+from actors.agent_history import ContextReader, ContextTail, live_messages, render_for_model
 from actors.kernel import Work
 from actors.storage import DB_NAME, StoreClient
 from store import Append, Database, MessageRecord, Reader
@@ -58,10 +62,19 @@ def everything(data_dir: Path, agent: str) -> list[dict[str, Any]]:
         reader.close()
 
 
-def expected(data_dir: Path, agent: str, budget: int) -> list[str]:
-    """The context from every stored message at once: what paging must give."""
-    stored = live_messages(everything(data_dir, agent))
-    return shown(fit_budget([render_for_model(m) for m in stored], budget))
+class Expected:
+    """The context from every stored message, read at the same moments: what paging must give."""
+
+    def __init__(self, data_dir: Path, agent: str, budget: int) -> None:
+        self.data_dir, self.agent = data_dir, agent
+        self.tail = ContextTail(budget, int(budget * agent_history.TRIM_TARGET))
+        self.seen = 0
+
+    def read(self) -> list[str]:
+        stored = everything(self.data_dir, self.agent)
+        fresh, self.seen = stored[self.seen :], len(stored)
+        self.tail.extend([render_for_model(m) for m in live_messages(fresh)])
+        return shown(self.tail.messages())
 
 
 def shown(context: list[Any]) -> list[str]:
@@ -98,10 +111,11 @@ async def test_a_long_history_is_read_only_as_far_back_as_the_budget_reaches(
     # 3,000 messages of about 50 tokens each; a budget of 2,000 tokens holds about 40 of them
     write(data, [record("Ada", "user", f"message {i} " + "x" * 160) for i in range(3000)])
     reader, counting, store = await open_reader(data, 2000)
+    reference = Expected(data, "Ada", 2000)
     with trio.fail_after(60):
         context = await reader.read()
-    assert shown(context) == expected(data, "Ada", 2000)
-    assert 30 < len(context) < 50
+    assert shown(context) == reference.read()
+    assert 25 < len(context) < 50
     # one page: enough to fill the budget, never the 251 records a scan read
     assert counting.decoded <= agent_history.CONTEXT_PAGE
     # and the next read takes only what is new
@@ -109,7 +123,7 @@ async def test_a_long_history_is_read_only_as_far_back_as_the_budget_reaches(
     before = counting.decoded
     context = await reader.read()
     assert counting.decoded - before == 1
-    assert shown(context) == expected(data, "Ada", 2000)
+    assert shown(context) == reference.read()
     store.reader.close()
 
 
@@ -143,12 +157,13 @@ def test_paging_gives_the_context_of_reading_everything(
     async def main() -> None:
         write(data, [])
         reader, _, store = await open_reader(data, budget)
+        reference = Expected(data, "Ada", budget)
         try:
             for n, phase in enumerate(phases):
                 text = [(role, f"{n}:{i} " + "y" * size) for i, (role, size) in enumerate(phase)]
                 write(data, [record("Ada", role, t) for role, t in text])
                 context = await reader.read()
-                assert shown(context) == expected(data, "Ada", budget)
+                assert shown(context) == reference.read()
         finally:
             store.reader.close()
 
