@@ -149,7 +149,7 @@ class AgentActor(Actor):
         self.servers = tuple(s.id for s in ctx.config.servers if cfg.hears(s.id))
         self.system = cfg.system_prompt or DEFAULT_PROMPT.format(name=cfg.name)
         self.conversation_id = conversation_id(cfg.name)
-        self.history = ContextReader(ctx, cfg.name, cfg.context_tokens)
+        self.history = ContextReader(ctx, cfg.name, cfg.context_tokens, ctx.renders)
         self.header_notice = HeaderNotice(ctx, cfg.name, self.trace)
         # the wakes waiting for the next turn; a paused turn's own wakes wait in ``_carried``
         self.buffer: WakeBuffer[Wake] = WakeBuffer()

@@ -26,6 +26,7 @@ from store import Append, MessageRecord, Reader
 from .channel import new_id
 from .coalescer import Assembled, is_hidden_marker
 from .context import HostContext
+from .renders import SharedRenders
 
 #: No stored message counts for fewer tokens than this.
 MIN_MESSAGE_TOKENS = 8
@@ -184,6 +185,13 @@ def render_for_model(message: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _rendered(message: Mapping[str, Any]) -> dict[str, Any]:
+    """:func:`render_for_model` with its token estimate under ``tokens``."""
+    out = render_for_model(message)
+    out["tokens"] = estimate_tokens(out)
+    return out
+
+
 def _guard_body(blocks: list[Any], at: int) -> None:
     """The body starting at ``blocks[at]`` cannot begin with a line read as the host's author
     line (:func:`protocol.authors.guard_body_start`); the stored block is not changed."""
@@ -240,10 +248,14 @@ class ContextReader:
     """One agent's context as of its last turn (used only by that agent's turns, one at a
     time)."""
 
-    def __init__(self, ctx: HostContext, agent: str, budget: int) -> None:
+    def __init__(
+        self, ctx: HostContext, agent: str, budget: int, renders: SharedRenders | None = None
+    ) -> None:
         self.ctx = ctx
         self.agent = agent
         self.budget = budget
+        #: Renderings shared with the other agents' readers (each reader its own if None).
+        self.renders = renders if renders is not None else SharedRenders()
         self._tail = self._new_tail()
         self._seen_seq = 0
 
@@ -271,10 +283,7 @@ class ContextReader:
                 Assembled(context=self.agent, occurrences=occurrences), timeout=60
             )
             live = [m for m in live if m["metadata"].get("occurrence") not in hidden]
-        rendered = [render_for_model(m) for m in live]
-        for m in rendered:
-            m["tokens"] = estimate_tokens(m)
-        self._tail.extend(rendered)
+        self._tail.extend([self.renders.render(m, _rendered) for m in live])
         return self._tail.messages()
 
     async def _fresh(self) -> tuple[list[dict[str, Any]], int]:

@@ -19,6 +19,7 @@ from .channel_directory import ChannelDirectory, SavedOpen, is_open
 from .config import HostConfig, host_redactor
 from .kernel import ActorRef, Work
 from .messages import Register, Unregister
+from .renders import SharedRenders
 from .storage import StoreClient
 from .trace import TraceBus
 
@@ -80,6 +81,8 @@ class HostContext:
         # with every write since), and the lock that orders its updates.
         self.explained_names: list[str] | None = None
         self.explained_lock = trio.Lock()
+        # Renderings of stored messages, shared by the agents' context readers.
+        self.renders = SharedRenders()
 
     def others_turning(self, server_id: str) -> bool:
         """Whether an agent that does not hear ``server_id`` is in a turn now."""

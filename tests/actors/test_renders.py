@@ -1,0 +1,91 @@
+"""Renderings shared between agents: the copies of one item are rendered once, and every
+reader gets what rendering its own copy would give."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping
+from typing import Any
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from actors.agent_history import render_for_model
+from actors.renders import SharedRenders
+
+SOURCE = {"inbound_source": {"server": "s", "channel": "c", "label": "#c"}, "author": {"name": "a"}}
+
+
+def item(text: str, role: str = "user") -> dict[str, Any]:
+    return {
+        "role": role,
+        "blocks": [{"type": "text", "text": text}],
+        "metadata": copy.deepcopy(SOURCE),
+    }
+
+
+def copy_for(agent: str, of: Mapping[str, Any]) -> dict[str, Any]:
+    """Another agent's copy of a stored item: its own message, the item's objects."""
+    return {
+        "id": f"{agent}-{id(of)}",
+        "agent": agent,
+        **{k: of[k] for k in ("role", "blocks", "metadata")},
+    }
+
+
+@given(
+    picks=st.lists(
+        st.tuples(st.integers(0, 4), st.sampled_from(["Ada", "Bo"]), st.booleans()), max_size=40
+    ),
+    cap=st.integers(1, 6),
+)
+def test_a_shared_rendering_is_what_rendering_the_copy_gives(
+    picks: list[tuple[int, str, bool]], cap: int
+) -> None:
+    items = [item(f"text {i}", "user" if i % 2 else "assistant") for i in range(5)]
+    renders = SharedRenders(cap)
+    made: list[int] = []
+
+    def make(m: Mapping[str, Any]) -> dict[str, Any]:
+        made.append(1)
+        return render_for_model(m)
+
+    for index, agent, decoded_alone in picks:
+        source = copy.deepcopy(items[index]) if decoded_alone else items[index]
+        message = copy_for(agent, source)
+        out = renders.render(message, make)
+        assert out == render_for_model(message)
+        out["tokens"] = 1  # a reader's own copy: changing it changes nobody else's
+        assert "tokens" not in renders.render(message, make)
+        assert len(renders) <= cap
+
+
+def test_the_copies_of_one_item_are_rendered_once() -> None:
+    renders = SharedRenders()
+    shared = item("hello")
+    made: list[Mapping[str, Any]] = []
+
+    def make(m: Mapping[str, Any]) -> dict[str, Any]:
+        made.append(m)
+        return render_for_model(m)
+
+    for agent in ["Ada", "Bo", "Cy"]:
+        renders.render(copy_for(agent, shared), make)
+    assert len(made) == 1
+    renders.render(copy_for("Ada", item("hello")), make)  # equal, but decoded on its own
+    assert len(made) == 2
+
+
+def test_at_the_cap_the_oldest_rendering_goes() -> None:
+    renders = SharedRenders(2)
+    a, b, c = item("a"), item("b"), item("c")
+    calls: list[str] = []
+
+    def make(m: Mapping[str, Any]) -> dict[str, Any]:
+        calls.append(m["blocks"][0]["text"])
+        return render_for_model(m)
+
+    for m in (a, b, c, b, a):
+        renders.render(m, make)
+    assert calls == ["a", "b", "c", "a"]
+    assert len(renders) == 2
