@@ -120,9 +120,9 @@ def test_a_write_by_another_connection_meanwhile_is_written_around(path: Path) -
     with Database(path) as db, Database(path) as other:
         db.apply([copies(0, ["a", "b"])])
         assert other.apply([copies(1, ["a"])]) == [AppendResult(stored=True)]
-        assert db.apply([copies(2, ["a", "b"]), copies(3, ["b"])]) == [
-            AppendResult(stored=True)
-        ] * 2
+        assert (
+            db.apply([copies(2, ["a", "b"]), copies(3, ["b"])]) == [AppendResult(stored=True)] * 2
+        )
         assert db.apply([copies(4, ["a"])]) == [AppendResult(stored=True)]
     with Reader(path) as reader:
         rows = reader.rows(agent="a", limit=100) + reader.rows(agent="b", limit=100)
