@@ -31,7 +31,7 @@ import attrs
 from protocol.conversation import conversation_id
 from protocol.gate import Drained, WakeBuffer
 from protocol.source import mark_text
-from store import Append, MessageRecord
+from store import Append, MessageRecord, PutState
 
 from .agent_gate import GATE_RELOAD_S, WakeGate
 from .agent_history import (
@@ -40,6 +40,7 @@ from .agent_history import (
     estimate_tokens,
     fit_budget,
     live_messages,
+    new_record,
     render_for_model,
     store_message,
 )
@@ -372,16 +373,33 @@ class AgentActor(Actor):
         return True
 
     async def _settle(self, speech: TurnSpeech) -> None:
-        """Once the turn's speech has settled: store its notices and its receipt, save the
-        drafts, and let a parked wake start the next turn."""
+        """Once the turn's speech has settled: store its notices and its receipt and save the
+        drafts (if they changed) in one write, and let a parked wake start the next turn."""
         try:
+            said: list[tuple[str, str]] = []
             for text in await speech.settle():
                 kind = "delivered-receipt" if text.startswith("[delivered]") else "speech-notice"
-                await self._store(
-                    "system", [{"type": "text", "text": text}], system=True, kind=kind
+                said.append((kind, text))
+            records = tuple(
+                new_record(
+                    self.cfg.name,
+                    "system",
+                    [{"type": "text", "text": text}],
+                    system=True,
+                    kind=kind,
                 )
+                for kind, text in said
+            )
+            ops: list[Append | PutState] = [Append(records=records)] if records else []
+            drafts = self.drafts.save_op()
+            if drafts is not None:
+                ops.append(drafts)
+            for future in await self.ctx.store.submit_many(ops) if ops else ():
+                await future.wait()
+            if drafts is not None:
+                self.drafts.saved(drafts)
+            for kind, text in said:
                 self.trace(kind, text=text)
-            await self.drafts.save()
             if speech.rewake:
                 self.trace("awake", reason="a segment asked to go on ( ! )")
                 self.buffer.add(Wake(lane="self"), None)

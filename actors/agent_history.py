@@ -38,11 +38,11 @@ HISTORY_PAGE = 512
 TRIM_TARGET = 0.75
 
 
-async def store_message(
-    ctx: HostContext, agent: str, role: str, blocks: Sequence[Mapping[str, Any]], **meta: Any
-) -> dict[str, Any]:
-    """Append one message to the agent's history; the stored message once it is durable."""
-    record = MessageRecord(
+def new_record(
+    agent: str, role: str, blocks: Sequence[Mapping[str, Any]], **meta: Any
+) -> MessageRecord:
+    """A new message of the agent's own history, stamped now."""
+    return MessageRecord(
         id=new_id(),
         agent=agent,
         role=role,
@@ -50,6 +50,13 @@ async def store_message(
         metadata=meta,
         created_at=time.time(),
     )
+
+
+async def store_message(
+    ctx: HostContext, agent: str, role: str, blocks: Sequence[Mapping[str, Any]], **meta: Any
+) -> dict[str, Any]:
+    """Append one message to the agent's history; the stored message once it is durable."""
+    record = new_record(agent, role, blocks, **meta)
     await ctx.store.write(Append(records=(record,)))
     return {
         "id": record.id,

@@ -245,12 +245,16 @@ class Drafts:
         self.next = 1
         self.forgotten = 0
         self.in_flight: set[str] = set()  # being resent: not dismissed meanwhile
+        self._saved: Any = None  # the state last read or written
 
     async def load(self) -> None:
         saved = await self.ctx.store.read(self.ctx.store.reader.state, DRAFTS_NS)
         raw = saved.get(self.agent)
-        if not isinstance(raw, Mapping):
-            return
+        if isinstance(raw, Mapping):
+            self._restore(raw)
+        self._saved = self.state()  # as good as saved: nothing to write until it changes
+
+    def _restore(self, raw: Mapping[str, Any]) -> None:
         nxt = raw.get("next")
         self.next = nxt if isinstance(nxt, int) and nxt > 0 else 1
         for item in raw.get("items", ()) if isinstance(raw.get("items"), list) else ():
@@ -268,9 +272,25 @@ class Drafts:
             self.forgotten += 1
         return draft_id
 
+    def state(self) -> dict[str, Any]:
+        return {"next": self.next, "items": [d.to_state() for d in self.items.values()]}
+
+    def save_op(self) -> PutState | None:
+        """The write that saves the drafts, or None when they are saved as they are; call
+        :meth:`saved` once it is committed."""
+        value = self.state()
+        if value == self._saved:
+            return None
+        return PutState(namespace=DRAFTS_NS, key=self.agent, value=value)
+
+    def saved(self, op: PutState) -> None:
+        self._saved = op.value
+
     async def save(self) -> None:
-        value = {"next": self.next, "items": [d.to_state() for d in self.items.values()]}
-        await self.ctx.store.write(PutState(namespace=DRAFTS_NS, key=self.agent, value=value))
+        op = self.save_op()
+        if op is not None:
+            await self.ctx.store.write(op)
+            self.saved(op)
 
 
 @attrs.define

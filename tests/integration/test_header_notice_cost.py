@@ -77,17 +77,17 @@ def host_config(tmp_path: Path) -> dict[str, Any]:
 
 class Decodes:
     """Counts the stored messages readers decode (every read of a message goes through
-    ``store.reader._message``)."""
+    ``store.reader.decode_row``)."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.count = 0
-        decode = store.reader._message
+        decode = store.reader.decode_row
 
         def counting(row: tuple[Any, ...], shared: Any = None) -> dict[str, Any]:
             self.count += 1  # reader calls are serialized by the reader's lock
             return decode(row, shared)
 
-        monkeypatch.setattr(store.reader, "_message", counting)
+        monkeypatch.setattr(store.reader, "decode_row", counting)
 
 
 async def turn(host: Host, stream: Any, text: str) -> None:
