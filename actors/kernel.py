@@ -301,6 +301,11 @@ class BatchQueue(Generic[M]):
         self._data.unpark_all()
         await trio.lowlevel.checkpoint()
 
+    async def wait_below(self, n: int) -> None:
+        """Wait until the queue holds fewer than ``n`` items (or is closed)."""
+        while len(self._items) >= n and not self._closed:
+            await self._space.park()
+
     async def take(self, limit: int) -> list[M]:
         while not self._items:
             if self._closed:

@@ -51,6 +51,8 @@ REQUEST_QUEUE_CAP = 1024  # requests read, waiting for the dispatcher (reader wa
 # prepared requests waiting for their commit and the responder (the dispatcher waits past it):
 # what one connection may have in the store's queue ahead of another's
 ANSWER_QUEUE_CAP = 8 * INGEST_SLICE
+#: The answers a flooding connection may have queued while other connections deliver too.
+SHARED_ANSWERS = 2 * INGEST_SLICE
 # Every request the server may have in flight with us: the queues (each may overshoot its cap by
 # one batch), the batch in each worker's hands, the handlers and the pre-readiness buffer.
 INBOUND_CAP = REQUEST_QUEUE_CAP + ANSWER_QUEUE_CAP + 2 * READ_BATCH + 2 * TAKE_LIMIT
@@ -220,6 +222,10 @@ class LinkIO:
         )
         if pause > 0:
             await trio.sleep(pause)
+        if len(link.requests) >= INGEST_SLICE and any(s != sid for s in ctx.hot_in_flight):
+            # while other servers deliver too, a flooding one keeps few writes queued ahead of
+            # theirs in the store: it prepares more once most of its own are answered
+            await link.answers.wait_below(SHARED_ANSWERS)
 
     async def prepare_hot(self, link: Link, hot: list[rpc.Request]) -> None:
         """Admit, check and convert hot-lane requests (``prepare`` checks every one before it

@@ -58,6 +58,32 @@ async def test_put_waits_at_the_cap_until_a_take_makes_room(autojump_clock: trio
     assert await q.take(limit=10) == [2, 3, 4]
 
 
+async def test_wait_below_returns_once_takes_bring_the_queue_under_the_mark(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    """A producer sharing the consumer with others waits for its queue to drain below a lower
+    mark than the cap."""
+    q: BatchQueue[int] = BatchQueue(cap=10)
+    await q.put_many(list(range(6)))
+    passed = trio.Event()
+
+    async def producer() -> None:
+        await q.wait_below(3)
+        passed.set()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(producer)
+        await trio.testing.wait_all_tasks_blocked()
+        assert await q.take(limit=3) == [0, 1, 2]
+        await trio.testing.wait_all_tasks_blocked()
+        assert not passed.is_set() and len(q) == 3  # at the mark: still waiting
+        assert await q.take(limit=1) == [3]
+        await passed.wait()
+    await q.wait_below(3)  # already under it: at once
+    q.close()
+    await q.wait_below(0)  # closed: never waits
+
+
 async def test_close_ends_the_consumer_and_refuses_producers(
     autojump_clock: trio.abc.Clock,
 ) -> None:
