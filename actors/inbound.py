@@ -279,8 +279,8 @@ class HotLanes:
                         wakes.setdefault(agent, []).append(wake)
                 for agent, items in wakes.items():
                     ref = owner.ctx.agents.get(agent)
-                    if ref is not None:
-                        await ref.tell(Wakes(items=tuple(items)))
+                    if ref is not None:  # every agent in this step (the take checkpoints)
+                        await ref.tell_promptly(Wakes(items=tuple(items)))
             finally:
                 owner.work.dec(len(answers))
                 in_flight = owner.ctx.hot_in_flight
