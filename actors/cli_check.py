@@ -28,7 +28,7 @@ def cmd_check(args: argparse.Namespace) -> int:
         for p in exc.problems:
             print(p if p.startswith(str(args.config)) else f"{args.config}: {p}")
         return 1
-    from .host import make_model
+    from .providers import make_model
 
     problems = []
     for a in cfg.agents:

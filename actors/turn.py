@@ -253,6 +253,8 @@ class Turn:
                 system=system,
                 messages=tuple(context),  # the request keeps what this round saw
                 tools=tools,
+                max_tokens=owner.cfg.max_tokens,
+                temperature=owner.cfg.temperature,
                 on_retry=on_retry,
             )
             speech.start_round()
