@@ -5,6 +5,7 @@ provider factory, and sent with each request."""
 from __future__ import annotations
 
 import math
+import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -13,8 +14,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from actors.anthropic_model import AnthropicModel
-from actors.config import ConfigErrors, load_config
-from actors.openai_model import DEFAULT_BASE_URL, OpenAIModel
+from actors.config import ConfigErrors, host_secrets, load_config
+from actors.openai_model import DEFAULT_BASE_URL, NO_KEY, OpenAIModel
 from actors.providers import make_model, model_from_spec
 from tests.cli_helpers import child_env, mcplive
 
@@ -198,3 +199,31 @@ def test_check_reports_the_settings_problems_one_line_each(tmp_path: Path) -> No
     ok = mcplive("check", str(cfg), cwd=tmp_path, env=env)
     assert ok.returncode == 0, ok.stdout + ok.stderr
     assert "agent Bo: openai:llama3 at http://127.0.0.1:1/v1; hears all servers" in ok.stdout
+
+
+def test_the_readme_provider_examples_load(monkeypatch: pytest.MonkeyPatch) -> None:
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
+    section = readme.split("### Choosing each agent's model", 1)[1]
+    example = section.split("```toml\n", 1)[1].split("```", 1)[0]
+    monkeypatch.setenv("OPENROUTER_API_KEY", "sk-or")
+    cfg = load_config(tomllib.loads(example))
+    models = [make_model(a) for a in cfg.agents]
+    assert all(isinstance(m, OpenAIModel) for m in models)
+    assert [(m.base_url, m.credential) for m in models if isinstance(m, OpenAIModel)] == [
+        (DEFAULT_BASE_URL, "OPENAI_API_KEY"),
+        ("https://openrouter.ai/api/v1", "OPENROUTER_API_KEY"),
+        ("http://127.0.0.1:11434/v1", NO_KEY),
+    ]
+    # the local one needs no key at all
+    monkeypatch.delenv("OPENAI_API_KEY")
+    monkeypatch.delenv("OPENROUTER_API_KEY")
+    assert [p.split(":")[0] for p in problems(tomllib.loads(example))] == [
+        "agents[Ada].model",
+        "agents[Bea].model",
+    ]
+
+
+def test_model_keys_are_secrets(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ROUTER_KEY", "sk-router-secret")
+    cfg = load_config(agent(base_url="https://openrouter.ai/api/v1", api_key_env="ROUTER_KEY"))
+    assert {"sk-openai", "sk-router-secret"} <= set(host_secrets(cfg))
