@@ -70,6 +70,10 @@ KEY_VARIABLE = "OPENAI_API_KEY"
 CONTEXT_WINDOW = 128_000
 PROVIDER = "openai"
 NO_KEY = "none is configured: name its variable in api_key_env"
+#: How long a server may send nothing (the response head included), and how long one attempt
+#: may take in all, before it counts as no answer.
+IDLE_TIMEOUT_S = 300.0
+ATTEMPT_TIMEOUT_S = 900.0
 
 _MAX_LINE = 300
 _MAX_ERROR_BODY = 64 * 1024
@@ -90,8 +94,8 @@ class OpenAIModel:
         max_retries: int = 4,
         backoff_base_s: float = 1.0,
         backoff_cap_s: float = 30.0,
-        idle_timeout_s: float = 300.0,
-        attempt_timeout_s: float = 900.0,
+        idle_timeout_s: float | None = None,
+        attempt_timeout_s: float | None = None,
         notice: Callable[[str], None] | None = None,
         rng: random.Random | None = None,
     ) -> None:
@@ -111,8 +115,10 @@ class OpenAIModel:
         self._max_retries = max_retries
         self._backoff_base_s = backoff_base_s
         self._backoff_cap_s = backoff_cap_s
-        self._idle_timeout_s = idle_timeout_s
-        self._attempt_timeout_s = attempt_timeout_s
+        self._idle_timeout_s = IDLE_TIMEOUT_S if idle_timeout_s is None else idle_timeout_s
+        self._attempt_timeout_s = (
+            ATTEMPT_TIMEOUT_S if attempt_timeout_s is None else attempt_timeout_s
+        )
         self._notice = notice
         self._rng = rng if rng is not None else random.Random()
         official = urlsplit(self.base_url).hostname == urlsplit(DEFAULT_BASE_URL).hostname

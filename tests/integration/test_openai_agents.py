@@ -13,9 +13,18 @@ from typing import Any
 import pytest
 import trio
 
+from actors import openai_model
 from actors.trace import TraceEvent
 from actors.transcript import format_event
-from tests.fake_openai import FakeScript, HttpError, Raw, Reply, ToolCall, serve_fake_openai
+from tests.fake_openai import (
+    FakeScript,
+    HttpError,
+    Raw,
+    Reply,
+    Silent,
+    ToolCall,
+    serve_fake_openai,
+)
 from tests.helpers import publish_received, running_lobby, send_incoming, wait_trace
 
 pytestmark = pytest.mark.slow
@@ -218,4 +227,60 @@ async def test_a_server_routes_inference_to_an_openai_model(
                 [request] = script.requests
                 assert (request.body["model"], request.body["max_tokens"]) == ("gpt-mini", 64)
                 assert request.headers["authorization"] == f"Bearer {REAL_KEY}"
+            nursery.cancel_scope.cancel()
+
+
+async def test_parallel_calls_run_as_one_round_and_answer_in_call_order(tmp_path: Path) -> None:
+    calls = [
+        ToolCall(id="call_a", name="lobby--forecast", arguments={"city": "Lima"}),
+        ToolCall(id="call_b", name="lobby--forecast", arguments={"city": "Oslo"}),
+    ]
+    script = FakeScript([Reply(tool_calls=calls), Reply(text="Both looked up.")])
+    with trio.fail_after(90):
+        async with trio.open_nursery() as nursery:
+            base_url = await nursery.start(serve_fake_openai, script)
+            ada = {"model": "openai:gpt-test", "base_url": base_url}
+            async with running_lobby(tmp_path, {"Ada": ada}, "--context") as lb:
+                send_incoming(lb.ctl, "lobby:#general", "u1", "Lima and Oslo?")
+                await lb.ctl.wait_for(publish_received("Both looked up."), "the reply")
+                await lb.host.run_until_idle()
+                assert len(script.requests) == 2
+                sent = script.requests[1].body["messages"]
+                [asking] = [i for i, m in enumerate(sent) if m.get("tool_calls")]
+                answers = sent[asking + 1 : asking + 3]
+                assert [(a["role"], a["tool_call_id"]) for a in answers] == [
+                    ("tool", "call_a"),
+                    ("tool", "call_b"),
+                ]
+                assert "Lima" in answers[0]["content"] and "Oslo" in answers[1]["content"]
+                stored = [m for m in lb.host.history("Ada") if m["role"] == "tool"]
+                assert [b["tool_use_id"] for b in stored[-1]["blocks"]] == ["call_a", "call_b"]
+            nursery.cancel_scope.cancel()
+
+
+async def test_a_model_that_never_answers_fails_the_turn_in_bounded_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the provider's wait for a silent server, shortened (its default is minutes)
+    monkeypatch.setattr(openai_model, "IDLE_TIMEOUT_S", 0.2)
+    script = FakeScript([Silent()] * 5 + [Reply(text="Here now.")])
+    seen: list[TraceEvent] = []
+    with trio.fail_after(90):
+        async with trio.open_nursery() as nursery:
+            base_url = await nursery.start(serve_fake_openai, script)
+            ada = {"model": "openai:gpt-test", "base_url": base_url}
+            async with running_lobby(tmp_path, {"Ada": ada}) as lb:
+                await lb.host.post_local("Ada", "hello?")
+                error = await wait_trace(lb.stream, of("Ada", "error"), "the failure", seen)
+                assert error.data["error"] == (
+                    "openai: no answer within 0.2s (gave up after 5 attempts)"
+                )
+                retries = [e for e in seen if e.kind == "model-retry" and e.agent == "Ada"]
+                assert [e.data["attempt"] for e in retries] == [1, 2, 3, 4]
+                await lb.host.run_until_idle()
+                assert said(lb.host, "Ada") == []
+                await lb.host.post_local("Ada", "still there?")
+                await wait_trace(lb.stream, of("Ada", "turn-end"), "the next turn", seen)
+                await lb.host.run_until_idle()
+                assert said(lb.host, "Ada")[-1]["blocks"] == [{"type": "text", "text": "Here now."}]
             nursery.cancel_scope.cancel()
