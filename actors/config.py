@@ -336,16 +336,18 @@ def _model_spec(
     *,
     base_url: str | None = None,
     api_key_env: str | None = None,
+    check_key: bool = True,
 ) -> str | None:
     """A checked model spec (a scripted model's path made absolute), or None. A provider whose
-    credential variable is unset (or empty) is a problem here, as a missing ``token_env`` is."""
+    credential variable is unset (or empty) is a problem here, as a missing ``token_env`` is
+    (unless ``check_key`` is false: the endpoint keys had problems of their own)."""
     if value is None:
         return None
     if not isinstance(value, str) or not _MODEL_SPEC.fullmatch(value):
         problems.append(f"{where}: must be {MODEL_SPECS}")
         return None
     variable = key_variable(value.partition(":")[0], base_url, api_key_env)
-    if variable is not None and not os.environ.get(variable):
+    if check_key and variable is not None and not os.environ.get(variable):
         problems.append(
             f"{where}: {value} needs an API key; environment variable {variable} is not set"
         )
@@ -549,6 +551,7 @@ def _agent(i: int, a: Mapping[str, Any], base: Path, problems: list[str]) -> Age
             problems,
             base_url=endpoint.get("base_url"),
             api_key_env=endpoint.get("api_key_env"),
+            check_key=all(endpoint.get(k) == a.get(k) for k in ("base_url", "api_key_env")),
         )
         valid = valid and model is not None
     sampling = _sampling(where, a, model, problems)

@@ -120,6 +120,9 @@ class _Builder:
             elif btype == "tool_use":
                 raw = block.get("input")
                 call_id = str(block.get("id", ""))
+                if any(c["id"] == call_id for c in calls):  # an id answers one call only
+                    texts.append(f"[tool call {block.get('name', '')} ({call_id})]")
+                    continue
                 calls.append(
                     {
                         "id": call_id,

@@ -68,6 +68,7 @@ def test_conversion_is_always_well_formed(stored: list[dict[str, Any]], system: 
         if role == "assistant":
             assert message["content"] or message.get("tool_calls"), "no empty assistant message"
             asked = [c["id"] for c in message.get("tool_calls", [])]
+            assert len(set(asked)) == len(asked), "each call id once"
             answers = rest[i + 1 : i + 1 + len(asked)]
             # every call answered, in order, right after it
             assert [a.get("tool_call_id") for a in answers] == asked
