@@ -249,14 +249,14 @@ class AnthropicModel:
         stream = await client.messages.create(
             model=self.model,
             max_tokens=request.max_tokens,
-            # this SDK's create() names no temperature; the API takes it in the body
-            extra_body=None
-            if request.temperature is None
-            else {"temperature": request.temperature},
             messages=cast(Any, messages),
             system=without_lone_surrogates(request.system) if request.system else anthropic.omit,
             tools=cast(Any, tools) if tools else anthropic.omit,
             stream=True,
+            # this SDK's create() names no temperature; the API takes it in the body
+            extra_body=None
+            if request.temperature is None
+            else {"temperature": request.temperature},
         )
         builder = _ReplyBuilder()
         async with stream:
