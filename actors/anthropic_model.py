@@ -125,6 +125,7 @@ class AnthropicModel:
         *,
         api_key: str | None = None,
         base_url: str | None = None,
+        key_variable: str | None = KEY_VARIABLE,
         max_retries: int = 4,
         backoff_base_s: float = 1.0,
         backoff_cap_s: float = 30.0,
@@ -146,6 +147,8 @@ class AnthropicModel:
         )
         self._api_key = api_key
         self._base_url = base_url
+        # None: no key is sent (an endpoint the operator configured without api_key_env)
+        self._key_variable = key_variable
         self._max_retries = max_retries
         self._backoff_base_s = backoff_base_s
         self._backoff_cap_s = backoff_cap_s
@@ -156,20 +159,35 @@ class AnthropicModel:
 
     @property
     def _credential(self) -> str:
-        return KEY_VARIABLE if self._api_key is None else "the key passed in"
+        if self._api_key is not None:
+            return "the key passed in"
+        return self._key_variable or "none is configured: name its variable in api_key_env"
 
-    async def complete(
-        self, request: ModelRequest, on_delta: DeltaSink | None = None
-    ) -> ModelReply:
-        key = self._api_key if self._api_key is not None else os.environ.get(KEY_VARIABLE)
+    def _client(self) -> anthropic.AsyncAnthropic:
+        if self._api_key is None and self._key_variable is None:
+            # no key: an empty one, and no authentication header at all
+            omitted = {"Authorization": anthropic.Omit(), "X-Api-Key": anthropic.Omit()}
+            return anthropic.AsyncAnthropic(
+                api_key="",
+                base_url=self._base_url,
+                max_retries=0,
+                default_headers=cast(Any, omitted),
+            )
+        variable = self._key_variable or KEY_VARIABLE
+        key = self._api_key if self._api_key is not None else os.environ.get(variable)
         if not key:
             raise ModelAuthError(
-                f"{KEY_VARIABLE} is not set",
+                f"{variable} is not set",
                 provider="anthropic",
                 problem="has no credential",
                 credential=self._credential,
             )
-        client = anthropic.AsyncAnthropic(api_key=key, base_url=self._base_url, max_retries=0)
+        return anthropic.AsyncAnthropic(api_key=key, base_url=self._base_url, max_retries=0)
+
+    async def complete(
+        self, request: ModelRequest, on_delta: DeltaSink | None = None
+    ) -> ModelReply:
+        client = self._client()
         try:
             return await self._complete_with_retries(client, request, on_delta)
         finally:
@@ -270,6 +288,10 @@ class AnthropicModel:
             system=cast(Any, marked.system) if marked.system else anthropic.omit,
             tools=cast(Any, marked.tools) if marked.tools else anthropic.omit,
             stream=True,
+            # this SDK's create() names no temperature; the API takes it in the body
+            extra_body=None
+            if request.temperature is None
+            else {"temperature": request.temperature},
         )
         builder = _ReplyBuilder()
         async with stream:

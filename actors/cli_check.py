@@ -28,7 +28,7 @@ def cmd_check(args: argparse.Namespace) -> int:
         for p in exc.problems:
             print(p if p.startswith(str(args.config)) else f"{args.config}: {p}")
         return 1
-    from .host import make_model
+    from .providers import make_model
 
     problems = []
     for a in cfg.agents:
@@ -67,7 +67,8 @@ def cmd_check(args: argparse.Namespace) -> int:
         print(f"  server {s.id}: {how}")
     for a in cfg.agents:
         hears = ", ".join(a.servers) if a.servers is not None else "all servers"
-        print(f"  agent {a.name}: {a.model}; hears {hears}")
+        endpoint = f" at {a.base_url}" if a.base_url else ""
+        print(f"  agent {a.name}: {a.model}{endpoint}; hears {hears}")
     status = 0
     for sid, path in manifests.items():
         server = next(s for s in cfg.servers if s.id == sid)

@@ -14,6 +14,7 @@ import tomllib
 from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import attrs
 
@@ -27,6 +28,12 @@ from .errors import ConfigError
 
 PROSE_MODES = ("locus", "explicit", "hybrid", "disabled")
 REQUEST_TIMEOUT_S = 60.0
+#: Tokens a reply may take when the agent sets no ``max_tokens``, and the most it may set.
+DEFAULT_MAX_TOKENS = 1024
+MAX_TOKENS_CAP = 1_000_000
+#: The highest ``temperature`` each provider takes (0 is the lowest everywhere).
+MAX_TEMPERATURE = {"anthropic": 1.0, "openai": 2.0, "scripted": 2.0}
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}")
 _AGENT_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,63}")  # e.g. __proto__ too
 
@@ -90,6 +97,10 @@ class AgentConfig:
     prose_mode: str = "locus"
     gate: Path | None = None
     context_tokens: int = 60_000
+    max_tokens: int = DEFAULT_MAX_TOKENS  # the most a reply may take
+    temperature: float | None = None  # None: the provider's default
+    base_url: str | None = None  # the model provider's endpoint; None: its own
+    api_key_env: str | None = None  # the variable holding the provider's key
 
     def hears(self, server_id: str) -> bool:
         return self.servers is None or server_id in self.servers
@@ -274,9 +285,10 @@ def _writable(path: Path) -> bool:
     return os.access(path, mode, effective_ids=os.access in os.supports_effective_ids)
 
 
-_MODEL_SPEC = re.compile(r"(scripted|anthropic):.+")
+_MODEL_SPEC = re.compile(r"(scripted|anthropic|openai):.+")
+MODEL_SPECS = "'scripted:PATH', 'anthropic:MODEL' or 'openai:MODEL'"
 #: The environment variable holding each provider's credential.
-PROVIDER_KEYS = {"anthropic": "ANTHROPIC_API_KEY"}
+PROVIDER_KEYS = {"anthropic": "ANTHROPIC_API_KEY", "openai": "OPENAI_API_KEY"}
 #: Environment variables holding model API keys the host reads.
 MODEL_KEY_VARIABLES = tuple(PROVIDER_KEYS.values())
 
@@ -302,16 +314,40 @@ def host_redactor(cfg: HostConfig, environ: Mapping[str, str] | None = None) -> 
     return Redactor(host_secrets(cfg, environ))
 
 
-def _model_spec(where: str, value: Any, base: Path, problems: list[str]) -> str | None:
+def key_variable(provider: str, base_url: str | None, api_key_env: str | None) -> str | None:
+    """The environment variable a provider's key is read from; None when no key is sent.
+
+    ``api_key_env`` names it whatever the endpoint; an endpoint of the operator's own
+    (``base_url``) without one gets no key, so the provider's default variable (e.g.
+    ``OPENAI_API_KEY``) never goes to an address the config names; with neither, the default.
+    """
+    if api_key_env is not None:
+        return api_key_env
+    if base_url is not None:
+        return None
+    return PROVIDER_KEYS.get(provider)
+
+
+def _model_spec(
+    where: str,
+    value: Any,
+    base: Path,
+    problems: list[str],
+    *,
+    base_url: str | None = None,
+    api_key_env: str | None = None,
+    check_key: bool = True,
+) -> str | None:
     """A checked model spec (a scripted model's path made absolute), or None. A provider whose
-    credential variable is unset (or empty) is a problem here, as a missing ``token_env`` is."""
+    credential variable is unset (or empty) is a problem here, as a missing ``token_env`` is
+    (unless ``check_key`` is false: the endpoint keys had problems of their own)."""
     if value is None:
         return None
     if not isinstance(value, str) or not _MODEL_SPEC.fullmatch(value):
-        problems.append(f"{where}: must be 'scripted:PATH' or 'anthropic:MODEL'")
+        problems.append(f"{where}: must be {MODEL_SPECS}")
         return None
-    variable = PROVIDER_KEYS.get(value.partition(":")[0])
-    if variable is not None and not os.environ.get(variable):
+    variable = key_variable(value.partition(":")[0], base_url, api_key_env)
+    if check_key and variable is not None and not os.environ.get(variable):
         problems.append(
             f"{where}: {value} needs an API key; environment variable {variable} is not set"
         )
@@ -474,7 +510,7 @@ def _server(i: int, s: Mapping[str, Any], base: Path, problems: list[str]) -> Se
     )
 
 
-_AGENT_KEYS = {"name", "model", "system_prompt", "servers", "prose_mode", "gate", "context_tokens"}
+_AGENT_KEYS = {f.name for f in attrs.fields(AgentConfig)}
 
 
 def load_gate(path: Path) -> GateConfig:
@@ -504,11 +540,21 @@ def _agent(i: int, a: Mapping[str, Any], base: Path, problems: list[str]) -> Age
             problems.append(unknown_key(where, key, _AGENT_KEYS, "see the README for agent keys"))
     model = a.get("model")
     if model is None:
-        problems.append(f"{where}.model: required; 'scripted:PATH' or 'anthropic:MODEL'")
+        problems.append(f"{where}.model: required; {MODEL_SPECS}")
         valid = False
-    else:
-        model = _model_spec(f"{where}.model", model, base, problems)
+    endpoint = _endpoint(where, a, model, problems)
+    if model is not None:
+        model = _model_spec(
+            f"{where}.model",
+            model,
+            base,
+            problems,
+            base_url=endpoint.get("base_url"),
+            api_key_env=endpoint.get("api_key_env"),
+            check_key=all(endpoint.get(k) == a.get(k) for k in ("base_url", "api_key_env")),
+        )
         valid = valid and model is not None
+    sampling = _sampling(where, a, model, problems)
     prompt = a.get("system_prompt")
     if prompt is not None and not isinstance(prompt, str):
         problems.append(f"{where}.system_prompt: must be a string")
@@ -543,4 +589,58 @@ def _agent(i: int, a: Mapping[str, Any], base: Path, problems: list[str]) -> Age
         prose_mode=mode,
         gate=gate_path,
         context_tokens=context_tokens,
+        **endpoint,
+        **sampling,
     )
+
+
+def _endpoint(where: str, a: Mapping[str, Any], model: Any, problems: list[str]) -> dict[str, Any]:
+    """The agent's checked ``base_url`` and ``api_key_env`` (those it sets)."""
+    found: dict[str, Any] = {}
+    provider = model.partition(":")[0] if isinstance(model, str) else None
+    base_url = a.get("base_url")
+    if base_url is not None:
+        parts = urlsplit(base_url) if isinstance(base_url, str) else None
+        if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
+            problems.append(f"{where}.base_url: must be an http:// or https:// address")
+        else:
+            found["base_url"] = base_url
+    api_key_env = a.get("api_key_env")
+    if api_key_env is not None:
+        if not isinstance(api_key_env, str) or not _ENV_NAME.fullmatch(api_key_env):
+            problems.append(f"{where}.api_key_env: must be the name of an environment variable")
+        else:
+            found["api_key_env"] = api_key_env
+    if provider == "scripted":
+        for key in ("base_url", "api_key_env"):
+            if a.get(key) is not None:
+                problems.append(f"{where}.{key}: a scripted model calls no provider; remove it")
+                found.pop(key, None)
+    return found
+
+
+def _sampling(where: str, a: Mapping[str, Any], model: Any, problems: list[str]) -> dict[str, Any]:
+    """The agent's checked ``max_tokens`` and ``temperature`` (those it sets)."""
+    found: dict[str, Any] = {}
+    max_tokens = a.get("max_tokens")
+    if max_tokens is not None:
+        whole = isinstance(max_tokens, int) and not isinstance(max_tokens, bool)
+        if not whole or not 1 <= max_tokens <= MAX_TOKENS_CAP:
+            problems.append(
+                f"{where}.max_tokens: must be a whole number from 1 to {MAX_TOKENS_CAP:,}"
+            )
+        else:
+            found["max_tokens"] = max_tokens
+    temperature = a.get("temperature")
+    if temperature is not None:
+        provider = model.partition(":")[0] if isinstance(model, str) else "openai"
+        top = MAX_TEMPERATURE.get(provider, 2.0)
+        number = isinstance(temperature, int | float) and not isinstance(temperature, bool)
+        if not number or not math.isfinite(temperature) or not 0 <= temperature <= top:
+            problems.append(
+                f"{where}.temperature: must be a number from 0 to {top:g}"
+                + (f" for {provider}: models" if top != 2.0 else "")
+            )
+        else:
+            found["temperature"] = float(temperature)
+    return found

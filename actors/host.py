@@ -6,7 +6,6 @@ import gc
 import os
 from collections.abc import AsyncIterator, Iterable, Mapping
 from contextlib import asynccontextmanager
-from pathlib import Path
 from typing import Any
 
 import attrs
@@ -27,7 +26,7 @@ from .agent import (
 from .agent_history import read_history
 from .channel import ChannelActor, new_id
 from .coalescer import CoalescerActor
-from .config import AgentConfig, HostConfig, load_config
+from .config import HostConfig, load_config
 from .connection import ConnectionActor
 from .context import HostContext
 from .datadir import DataDirLock
@@ -35,30 +34,14 @@ from .errors import ConfigError
 from .inference import InferenceRouter
 from .kernel import Work
 from .models import Model
+from .providers import make_model, model_from_spec
 from .references import ReferenceRegistry
 from .reload import apply_plan, one_line, plan_reload
-from .scripted import ScriptedModel
 from .status import StatusWriter
 from .storage import StoreClient
 from .trace import TraceBus, TraceEvent
 
 SHUTDOWN_GRACE_S = 5.0
-
-
-def make_model(cfg: AgentConfig) -> Model:
-    return model_from_spec(cfg.model, f"agents[{cfg.name}].model")
-
-
-def model_from_spec(spec: str, where: str = "model") -> Model:
-    kind, _, rest = spec.partition(":")
-    if kind == "scripted":
-        return ScriptedModel(Path(rest))
-    if kind == "anthropic":
-        from .anthropic_model import AnthropicModel
-
-        base_url = os.environ.get("ANTHROPIC_BASE_URL")
-        return AnthropicModel(rest, base_url=base_url)
-    raise ConfigError(f"{where}: unknown provider {kind!r}")
 
 
 class Host:

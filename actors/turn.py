@@ -259,6 +259,8 @@ class Turn:
         for round_no in range(MAX_TOOL_ROUNDS + 1):
             request = ModelRequest(
                 agent=self.agent,
+                max_tokens=owner.cfg.max_tokens,
+                temperature=owner.cfg.temperature,
                 system=system,
                 messages=tuple(context),  # the request keeps what this round saw
                 tools=tools,

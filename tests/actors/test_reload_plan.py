@@ -30,6 +30,9 @@ agent_st = st.builds(
     system_prompt=st.none() | st.sampled_from(["be brief", "be kind"]),
     gate=st.none() | st.sampled_from([Path("/g1.toml"), Path("/g2.toml")]),
     prose_mode=st.sampled_from(["locus", "hybrid"]),
+    max_tokens=st.sampled_from([1024, 4096]),
+    temperature=st.none() | st.sampled_from([0.2, 1.0]),
+    base_url=st.none() | st.just("http://127.0.0.1:11434/v1"),
 )
 
 

@@ -1,0 +1,377 @@
+"""A scripted stand-in for an OpenAI-compatible chat-completions server, on real loopback HTTP.
+
+The test builds a :class:`FakeScript` (a queue of responses), starts the server in a nursery and
+points a provider at the base URL it returns (which ends in ``/v1``, as OpenAI's does)::
+
+    script = FakeScript([Reply(text="Hello")])
+    base_url = await nursery.start(serve_fake_openai, script)
+    model = OpenAIModel("gpt-x", base_url=base_url, api_key="k")
+
+Every ``POST /v1/chat/completions`` takes the next response off the queue:
+
+* :class:`Reply` — a completion. Streamed when the body says ``"stream": true``, as the interface
+  documents it: ``data: {chat.completion.chunk}`` events (a first chunk with the role, the text
+  in ``content`` pieces of ``chunk_size`` characters, each tool call opened with its ``id``,
+  ``type`` and ``function.name`` and continued with ``function.arguments`` pieces, a chunk with
+  the ``finish_reason``), then, when ``stream_options.include_usage`` is asked for, a chunk with
+  empty ``choices`` and the ``usage`` (every earlier chunk then carries ``"usage": null``), then
+  ``data: [DONE]``. Otherwise one ``chat.completion`` JSON object.
+* :class:`HttpError` — an error status with the interface's ``{"error": {...}}`` body.
+* :class:`Raw` — a 200 event stream of the given lines, as they are (for malformed streams).
+* :class:`Cut` — a 200 stream of a reply's first ``events`` events, then the connection drops.
+* :class:`Silent` — the request is read and never answered (until the server is cancelled).
+
+When the queue is empty the answer is ``400 invalid_request_error`` ("fake openai: script
+exhausted"), which a provider does not retry.
+
+What it checks of a request: the method and path, a JSON body with ``model`` and a ``messages``
+list; anything else is answered 400 and recorded. What it cannot check: that a real server would
+accept the messages (roles in order, tool messages after their call, image support of a model),
+the meaning of sampling settings, or rate limits other than those scripted.
+
+Bounds: each request is recorded (method, path, lower-cased headers, parsed JSON body) in
+``FakeScript.requests``, which keeps only the newest ``log_limit`` (default 1000). Request heads
+are limited to 64 KiB and bodies to 32 MiB. HTTP/1.1 with keep-alive; bodies need a
+``Content-Length``.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import json
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import Any, NoReturn
+
+import attrs
+import trio
+import trio.lowlevel
+
+__all__ = [
+    "Cut",
+    "FakeScript",
+    "HttpError",
+    "Raw",
+    "RecordedRequest",
+    "Reply",
+    "Silent",
+    "ToolCall",
+    "serve_fake_openai",
+]
+
+MAX_HEAD_BYTES = 64 * 1024
+MAX_BODY_BYTES = 32 * 1024 * 1024
+DEFAULT_LOG_LIMIT = 1000
+
+
+@attrs.frozen(kw_only=True)
+class ToolCall:
+    id: str
+    name: str
+    arguments: Mapping[str, Any] = attrs.field(factory=dict)
+
+
+@attrs.frozen(kw_only=True)
+class Reply:
+    text: str = ""
+    tool_calls: Sequence[ToolCall] = ()
+    refusal: str = ""
+    finish_reason: str | None = None  # None: "tool_calls" when there are calls, else "stop"
+    model: str = "gpt-fake"
+    prompt_tokens: int = 11
+    completion_tokens: int = 7
+    cached_tokens: int | None = None  # None leaves prompt_tokens_details out
+    chunk_size: int = 4
+
+    @property
+    def finish(self) -> str:
+        if self.finish_reason is not None:
+            return self.finish_reason
+        return "tool_calls" if self.tool_calls else "stop"
+
+    def usage(self) -> dict[str, Any]:
+        usage: dict[str, Any] = {
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "total_tokens": self.prompt_tokens + self.completion_tokens,
+        }
+        if self.cached_tokens is not None:
+            usage["prompt_tokens_details"] = {"cached_tokens": self.cached_tokens}
+        return usage
+
+
+@attrs.frozen(kw_only=True)
+class HttpError:
+    status: int
+    message: str = "The server had an error while processing your request."
+    error_type: str = "server_error"
+    code: str | None = None
+    headers: Mapping[str, str] = attrs.field(factory=dict)
+
+
+@attrs.frozen(kw_only=True)
+class Raw:
+    """A 200 ``text/event-stream`` whose body is these lines, each followed by a blank line."""
+
+    lines: Sequence[str]
+
+
+@attrs.frozen(kw_only=True)
+class Cut:
+    reply: Reply
+    events: int = 2
+
+
+@attrs.frozen(kw_only=True)
+class Silent:
+    pass
+
+
+Response = Reply | HttpError | Raw | Cut | Silent
+
+
+@attrs.frozen(kw_only=True)
+class RecordedRequest:
+    method: str
+    path: str
+    headers: Mapping[str, str]
+    body: Any
+
+
+class FakeScript:
+    """The scripted responses (consumed in order) and the log of requests received."""
+
+    def __init__(self, responses: Iterable[Response] = (), *, log_limit: int = DEFAULT_LOG_LIMIT):
+        self._queue: collections.deque[Response] = collections.deque(responses)
+        self._log: collections.deque[RecordedRequest] = collections.deque(maxlen=log_limit)
+
+    def add(self, *responses: Response) -> None:
+        self._queue.extend(responses)
+
+    @property
+    def remaining(self) -> int:
+        return len(self._queue)
+
+    @property
+    def requests(self) -> list[RecordedRequest]:
+        return list(self._log)
+
+    def _next(self) -> Response:
+        if self._queue:
+            return self._queue.popleft()
+        return HttpError(
+            status=400, message="fake openai: script exhausted", error_type="invalid_request_error"
+        )
+
+
+async def serve_fake_openai(
+    script: FakeScript, *, task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED
+) -> NoReturn:
+    """Serve ``script`` on 127.0.0.1 (a free port); reports the base URL (``.../v1``) via
+    ``task_status``. Runs until cancelled."""
+    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    port = listeners[0].socket.getsockname()[1]
+    ids = itertools.count(1)
+
+    async def handler(stream: trio.SocketStream) -> None:
+        await _serve_connection(stream, script, ids)
+
+    async with trio.open_nursery() as nursery:
+        await nursery.start(trio.serve_listeners, handler, listeners)
+        task_status.started(f"http://127.0.0.1:{port}/v1")
+        await trio.sleep_forever()
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+# --- HTTP/1.1 ------------------------------------------------------------------------------------
+
+
+class _Closed(Exception):
+    pass
+
+
+async def _serve_connection(
+    stream: trio.SocketStream, script: FakeScript, ids: Iterator[int]
+) -> None:
+    buf = bytearray()
+
+    async def fill() -> None:
+        data = await stream.receive_some(65536)
+        if not data:
+            raise _Closed
+        buf.extend(data)
+
+    try:
+        while True:
+            while (end := buf.find(b"\r\n\r\n")) < 0:
+                if len(buf) > MAX_HEAD_BYTES:
+                    await _send_json(stream, 431, _error("head too large", "invalid_request"))
+                    return
+                await fill()
+            lines = bytes(buf[:end]).decode("latin-1").split("\r\n")
+            del buf[: end + 4]
+            method, path, _ = lines[0].split(" ", 2)
+            headers = {}
+            for line in lines[1:]:
+                name, _, value = line.partition(":")
+                headers[name.strip().lower()] = value.strip()
+            length = int(headers.get("content-length", "0") or "0")
+            if length > MAX_BODY_BYTES or "chunked" in headers.get("transfer-encoding", ""):
+                await _send_json(stream, 413, _error("body too large or unsized", "invalid"))
+                return
+            while len(buf) < length:
+                await fill()
+            raw = bytes(buf[:length])
+            del buf[:length]
+            try:
+                body: Any = json.loads(raw) if raw else None
+            except ValueError:
+                body = raw.decode("utf-8", "replace")
+            script._log.append(
+                RecordedRequest(method=method, path=path, headers=headers, body=body)
+            )
+            if not await _respond(stream, script, method, path, body, next(ids)):
+                return
+    except (_Closed, trio.BrokenResourceError, trio.ClosedResourceError):
+        return
+    finally:
+        await trio.aclose_forcefully(stream)
+
+
+def _error(message: str, error_type: str, code: str | None = None) -> dict[str, Any]:
+    return {"error": {"message": message, "type": error_type, "param": None, "code": code}}
+
+
+_REASONS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 403: "Forbidden", 429: "Too Many"}
+
+
+async def _send_head(stream: trio.SocketStream, status: int, headers: Mapping[str, str]) -> None:
+    lines = [f"HTTP/1.1 {status} {_REASONS.get(status, 'Status')}"]
+    lines += [f"{k}: {v}" for k, v in headers.items()]
+    await stream.send_all(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1"))
+
+
+async def _send_json(
+    stream: trio.SocketStream, status: int, payload: Any, extra: Mapping[str, str] | None = None
+) -> None:
+    data = json.dumps(payload).encode()
+    headers = {"content-type": "application/json", "content-length": str(len(data))}
+    await _send_head(stream, status, {**headers, **(extra or {})})
+    await stream.send_all(data)
+
+
+async def _send_event(stream: trio.SocketStream, line: str) -> None:
+    payload = f"{line}\n\n".encode()
+    await stream.send_all(b"%x\r\n%s\r\n" % (len(payload), payload))
+    await trio.lowlevel.checkpoint()
+
+
+async def _respond(
+    stream: trio.SocketStream, script: FakeScript, method: str, path: str, body: Any, n: int
+) -> bool:
+    """Answer one request; False when the connection must be closed afterwards."""
+    if method != "POST" or path.split("?", 1)[0] != "/v1/chat/completions":
+        await _send_json(stream, 404, _error(f"no route {method} {path}", "invalid_request_error"))
+        return True
+    if not (
+        isinstance(body, dict)
+        and isinstance(body.get("model"), str)
+        and isinstance(body.get("messages"), list)
+    ):
+        await _send_json(stream, 400, _error("model and messages required", "invalid_request"))
+        return True
+    response = script._next()
+    if isinstance(response, Silent):
+        await trio.sleep_forever()
+    if isinstance(response, HttpError):
+        payload = _error(response.message, response.error_type, response.code)
+        await _send_json(stream, response.status, payload, response.headers)
+        return True
+    streaming = body.get("stream") is True
+    if isinstance(response, Reply) and not streaming:
+        await _send_json(stream, 200, _completion(response, f"chatcmpl-{n}"))
+        return True
+    await _send_head(
+        stream,
+        200,
+        {"content-type": "text/event-stream", "transfer-encoding": "chunked"},
+    )
+    if isinstance(response, Raw):
+        for line in response.lines:
+            await _send_event(stream, line)
+        await stream.send_all(b"0\r\n\r\n")
+        return True
+    reply = response.reply if isinstance(response, Cut) else response
+    include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+    events = list(_chunks(reply, f"chatcmpl-{n}", include_usage))
+    if isinstance(response, Cut):
+        events = events[: response.events]
+    for event in events:
+        await _send_event(stream, f"data: {json.dumps(event)}")
+    if isinstance(response, Cut):
+        return False
+    await _send_event(stream, "data: [DONE]")
+    await stream.send_all(b"0\r\n\r\n")
+    return True
+
+
+def _completion(reply: Reply, cid: str) -> dict[str, Any]:
+    message: dict[str, Any] = {"role": "assistant", "content": reply.text or None}
+    if reply.tool_calls:
+        message["tool_calls"] = [
+            {
+                "id": c.id,
+                "type": "function",
+                "function": {"name": c.name, "arguments": json.dumps(dict(c.arguments))},
+            }
+            for c in reply.tool_calls
+        ]
+    return {
+        "id": cid,
+        "object": "chat.completion",
+        "created": 1,
+        "model": reply.model,
+        "choices": [{"index": 0, "message": message, "finish_reason": reply.finish}],
+        "usage": reply.usage(),
+    }
+
+
+def _pieces(s: str, size: int) -> list[str]:
+    size = max(1, size)
+    return [s[i : i + size] for i in range(0, len(s), size)]
+
+
+def _chunks(reply: Reply, cid: str, include_usage: bool) -> Iterator[dict[str, Any]]:
+    def chunk(delta: Mapping[str, Any], finish: str | None = None) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "id": cid,
+            "object": "chat.completion.chunk",
+            "created": 1,
+            "model": reply.model,
+            "choices": [{"index": 0, "delta": dict(delta), "finish_reason": finish}],
+        }
+        if include_usage:
+            out["usage"] = None
+        return out
+
+    yield chunk({"role": "assistant", "content": ""})
+    for piece in _pieces(reply.text, reply.chunk_size):
+        yield chunk({"content": piece})
+    for piece in _pieces(reply.refusal, reply.chunk_size):
+        yield chunk({"refusal": piece})
+    for index, call in enumerate(reply.tool_calls):
+        opening = {"index": index, "id": call.id, "type": "function"}
+        yield chunk({"tool_calls": [{**opening, "function": {"name": call.name, "arguments": ""}}]})
+        arguments = json.dumps(dict(call.arguments), separators=(",", ":"))
+        for piece in _pieces(arguments, reply.chunk_size):
+            yield chunk({"tool_calls": [{"index": index, "function": {"arguments": piece}}]})
+    yield chunk({}, reply.finish)
+    if include_usage:
+        yield {
+            "id": cid,
+            "object": "chat.completion.chunk",
+            "created": 1,
+            "model": reply.model,
+            "choices": [],
+            "usage": reply.usage(),
+        }
