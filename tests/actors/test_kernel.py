@@ -307,26 +307,22 @@ async def test_tell_waits_at_the_cap_and_proceeds_when_the_actor_drains(autojump
 
 
 async def test_tell_promptly_queues_without_yielding_and_waits_only_at_the_cap(autojump_clock):
-    """Telling many actors in a row costs one scheduling step while their mailboxes have room;
-    at the cap it waits like ``tell``."""
+    """Telling many actors in a row costs no scheduling step while their mailboxes have room
+    (so not even a cancelled scope stops it, as it would stop ``tell``); at the cap it waits
+    like ``tell``."""
     work = Work()
     actor = Probe(work)
-    other_ran = 0
-
-    async def other() -> None:
-        nonlocal other_ran
-        while True:
-            other_ran += 1
-            await trio.lowlevel.checkpoint()
-
     async with running(actor) as (ref, nursery):
         gate = await busy(ref)
-        nursery.start_soon(other)
-        await wait_all_tasks_blocked()
-        before = other_ran
-        for i in range(CAP):
-            await ref.tell_promptly(Echo(i))
-        assert other_ran == before  # no other task ran in between
+        with trio.CancelScope() as scope:
+            scope.cancel()
+            for i in range(CAP):
+                await ref.tell_promptly(Echo(i))  # never a checkpoint: not cancelled
+        assert not scope.cancelled_caught and ref.queued == CAP
+        with trio.CancelScope() as scope:
+            scope.cancel()
+            await ref.tell(Echo("never"))
+        assert scope.cancelled_caught  # a plain tell checkpoints
         done = trio.Event()
 
         async def teller() -> None:
@@ -334,15 +330,12 @@ async def test_tell_promptly_queues_without_yielding_and_waits_only_at_the_cap(a
             done.set()
 
         nursery.start_soon(teller)
-        for _ in range(3):
-            await trio.lowlevel.checkpoint()
-        assert not done.is_set() and ref.queued == CAP
+        await wait_all_tasks_blocked()
+        assert not done.is_set() and ref.queued == CAP  # at the cap: waiting
         gate.set()
-        await done.wait()
-        while len(actor.echoes) < CAP + 1:
-            await trio.lowlevel.checkpoint()
+        await wait_all_tasks_blocked()
+        assert done.is_set()
         assert actor.echoes == [*range(CAP), "waited"]
-        nursery.cancel_scope.cancel()
 
 
 # -- Stop and cancellation --------------------------------------------------------------------
