@@ -43,10 +43,8 @@ from __future__ import annotations
 
 import importlib
 import json
-import math
 import os
 import random
-import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, cast
 
@@ -66,7 +64,7 @@ from anthropic.types import (
     ToolUseBlock,
 )
 
-from actors.kernel import backoff_delay
+from actors.model_retry import Failure, Retries, one_line, retry_after
 from actors.models import (
     USAGE_KEYS,
     Block,
@@ -75,7 +73,7 @@ from actors.models import (
     ModelError,
     ModelReply,
     ModelRequest,
-    ModelRetry,
+    tool_result_items,
 )
 from actors.prompt_cache import CacheMemory, Marked, mark_request, system_blocks
 from protocol.display import scrub_surrogates, without_lone_surrogates
@@ -85,7 +83,6 @@ __all__ = [
     "NOTICE_PREFIX",
     "START_PLACEHOLDER",
     "AnthropicModel",
-    "backoff_delay",
     "to_messages_api",
 ]
 
@@ -104,7 +101,6 @@ _IMAGE_TYPES = frozenset({"image/jpeg", "image/png", "image/gif", "image/webp"})
 _TRANSIENT_STREAM_ERRORS = frozenset(
     {"overloaded_error", "rate_limit_error", "api_error", "timeout_error"}
 )
-_MAX_LINE = 300
 #: How long one attempt (request and whole stream) may take, in seconds.
 ATTEMPT_TIMEOUT_S = 600.0
 #: Where the key comes from when none is passed in.
@@ -149,11 +145,14 @@ class AnthropicModel:
         self._base_url = base_url
         # None: no key is sent (an endpoint the operator configured without api_key_env)
         self._key_variable = key_variable
-        self._max_retries = max_retries
-        self._backoff_base_s = backoff_base_s
-        self._backoff_cap_s = backoff_cap_s
-        self._notice = notice
-        self._rng = rng if rng is not None else random.Random()
+        self._retries = Retries(
+            provider="anthropic",
+            max_retries=max_retries,
+            backoff_base_s=backoff_base_s,
+            backoff_cap_s=backoff_cap_s,
+            rng=rng if rng is not None else random.Random(),
+            notice=notice,
+        )
         self._timeout_s = timeout_s
         self._cache = CacheMemory()
 
@@ -237,42 +236,14 @@ class AnthropicModel:
                 failure = _classify(exc)
                 if failure is None:
                     raise
-                if failure.auth is not None:
-                    raise ModelAuthError(
-                        _one_line(f"anthropic: {failure.detail}"),
-                        provider="anthropic",
-                        problem=failure.auth,
-                        credential=self._credential,
-                    ) from exc
-                if not failure.retryable:
-                    raise ModelError(_one_line(f"anthropic: {failure.detail}")) from exc
-                if retry >= self._max_retries:
-                    attempts = retry + 1
-                    raise ModelError(
-                        _one_line(
-                            f"anthropic: {failure.detail} (gave up after {attempts} "
-                            f"attempt{'s' if attempts != 1 else ''})"
-                        )
-                    ) from exc
+                error = self._retries.final_error(failure, retry, self._credential)
+                if error is not None:
+                    raise error from exc
             else:
                 self._cache.remember(request.agent, marked.marks)
                 return reply
             retry += 1
-            delay = backoff_delay(retry, self._backoff_base_s, self._backoff_cap_s, self._rng)
-            if failure.retry_after is not None:
-                delay = max(delay, min(failure.retry_after, self._backoff_cap_s))
-            notice = ModelRetry(
-                provider="anthropic",
-                failure=failure.label,
-                attempt=retry,
-                retries=self._max_retries,
-                wait_s=delay,
-            )
-            if request.on_retry is not None:
-                request.on_retry(notice)
-            if self._notice is not None:
-                self._notice(notice.line)
-            await trio.sleep(delay)
+            await self._retries.wait(retry, failure, request)
 
     async def _attempt(
         self,
@@ -410,7 +381,7 @@ def _tool_input(part: _Part) -> dict[str, Any]:
             value = json.loads(part.json)
         except ValueError as exc:
             raise ModelError(
-                _one_line(f"anthropic: tool call {part.name} has malformed input JSON: {exc}")
+                one_line(f"anthropic: tool call {part.name} has malformed input JSON: {exc}")
             ) from exc
     else:
         value = part.start_input if part.start_input is not None else {}
@@ -432,15 +403,6 @@ class _MalformedStream(Exception):
 
 class _NoReplyInTime(Exception):
     pass
-
-
-@attrs.frozen
-class _Failure:
-    retryable: bool
-    label: str  # for the retry notice, e.g. "overloaded (529)"
-    detail: str  # for the final error, e.g. "HTTP 529 overloaded_error: Overloaded"
-    retry_after: float | None = None
-    auth: str | None = None  # what a 401 or 403 means for the credential
 
 
 def _transport_error_types() -> tuple[type[BaseException], ...]:
@@ -471,7 +433,7 @@ def _status_label(status: int) -> str:
     return "server error"
 
 
-def _classify(exc: Exception) -> _Failure | None:
+def _classify(exc: Exception) -> Failure | None:
     """How to treat an exception from one attempt; None for one that is not the API's."""
     if isinstance(exc, anthropic.APIStatusError):
         status = exc.status_code
@@ -479,55 +441,36 @@ def _classify(exc: Exception) -> _Failure | None:
         message = exc.api_message or str(exc)
         if 200 <= status < 300:  # an ``error`` event inside a 200 stream
             label = "overloaded" if etype == "overloaded_error" else "stream error"
-            return _Failure(
+            return Failure(
                 retryable=etype in _TRANSIENT_STREAM_ERRORS,
                 label=f"{label} (mid-stream {etype})",
                 detail=f"mid-stream {etype}: {message}",
             )
         retryable = status in (408, 409, 429) or status >= 500
-        return _Failure(
+        return Failure(
             retryable=retryable,
             label=f"{_status_label(status)} ({status})",
             detail=f"HTTP {status} {etype}: {message}",
-            retry_after=_retry_after(exc.response.headers) if retryable else None,
+            retry_after=retry_after(exc.response.headers) if retryable else None,
             auth=_AUTH_PROBLEMS.get(status),
         )
     if isinstance(exc, anthropic.APITimeoutError):
-        return _Failure(True, "timeout", "request timed out")
+        return Failure(True, "timeout", "request timed out")
     if isinstance(exc, anthropic.APIConnectionError):
         cause = exc.__cause__
         reason = f"{exc.message} {cause}" if cause is not None else exc.message
-        return _Failure(True, "connection error", f"connection error: {reason}")
+        return Failure(True, "connection error", f"connection error: {reason}")
     if isinstance(exc, _TRANSPORT_ERRORS):
-        return _Failure(True, "connection error", f"connection error: {exc}")
+        return Failure(True, "connection error", f"connection error: {exc}")
     if isinstance(exc, _StreamEndedEarly):
-        return _Failure(True, "stream cut short", str(exc))
+        return Failure(True, "stream cut short", str(exc))
     if isinstance(exc, _MalformedStream):
-        return _Failure(True, "malformed stream", str(exc))
+        return Failure(True, "malformed stream", str(exc))
     if isinstance(exc, _NoReplyInTime):
-        return _Failure(True, "no reply in time", str(exc))
+        return Failure(True, "no reply in time", str(exc))
     if isinstance(exc, anthropic.AnthropicError):
-        return _Failure(False, type(exc).__name__, f"{type(exc).__name__}: {exc}")
+        return Failure(False, type(exc).__name__, f"{type(exc).__name__}: {exc}")
     return None
-
-
-def _retry_after(headers: Mapping[str, str]) -> float | None:
-    for name, scale in (("retry-after-ms", 0.001), ("retry-after", 1.0)):
-        raw = headers.get(name)
-        if raw is None:
-            continue
-        try:
-            value = float(raw) * scale
-        except ValueError:
-            continue
-        if math.isfinite(value) and value >= 0:
-            return value
-    return None
-
-
-def _one_line(text: str) -> str:
-    line = re.sub(r"\s+", " ", text).strip()
-    return line if len(line) <= _MAX_LINE else line[: _MAX_LINE - 1] + "…"
 
 
 # --- stored messages → Messages API --------------------------------------------------------------
@@ -646,18 +589,8 @@ def _convert_media(block: Mapping[str, Any], *, allow_images: bool) -> list[dict
 
 
 def _convert_tool_result(block: Mapping[str, Any]) -> dict[str, Any]:
-    raw = block.get("content")
-    items: list[Any]
-    if isinstance(raw, str):
-        items = [{"type": "text", "text": raw}]
-    elif isinstance(raw, Sequence):
-        items = list(raw)
-    else:
-        items = []
     content: list[dict[str, Any]] = []
-    for item in items:
-        if not isinstance(item, Mapping):
-            continue
+    for item in tool_result_items(block):
         if item.get("type") == "text":
             text = str(item.get("text") or "")
             if text.strip():

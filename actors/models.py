@@ -182,3 +182,14 @@ class Model(Protocol):
     async def complete(
         self, request: ModelRequest, on_delta: DeltaSink | None = None
     ) -> ModelReply: ...
+
+
+def tool_result_items(block: Block) -> list[Mapping[str, Any]]:
+    """The items of a stored ``tool_result`` block's ``content`` (a string is one text item;
+    anything that is not a mapping is left out)."""
+    raw = block.get("content")
+    if isinstance(raw, str):
+        return [{"type": "text", "text": raw}]
+    if isinstance(raw, Sequence):
+        return [item for item in raw if isinstance(item, Mapping)]
+    return []

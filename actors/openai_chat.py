@@ -26,7 +26,7 @@ from typing import Any, cast
 
 from protocol.display import scrub_surrogates
 
-from .models import ToolSpec
+from .models import ToolSpec, tool_result_items
 
 __all__ = ["EMPTY_RESULT", "MISSING_RESULT", "NOTICE_PREFIX", "to_chat_messages", "to_chat_tools"]
 
@@ -231,19 +231,9 @@ def _media(block: Mapping[str, Any], *, images: bool) -> list[Part]:
 
 def _result_content(block: Mapping[str, Any]) -> tuple[str, list[Part]]:
     """A tool result's text (the error marker first when it reports one) and its images."""
-    raw = block.get("content")
-    items: list[Any]
-    if isinstance(raw, str):
-        items = [{"type": "text", "text": raw}]
-    elif isinstance(raw, Sequence):
-        items = list(raw)
-    else:
-        items = []
     texts: list[str] = []
     images: list[Part] = []
-    for item in items:
-        if not isinstance(item, Mapping):
-            continue
+    for item in tool_result_items(block):
         if item.get("type") == "text":
             text = str(item.get("text") or "")
             if text.strip():

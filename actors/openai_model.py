@@ -34,29 +34,24 @@ where the reasoning models take no other), ``temperature`` when set, and
 from __future__ import annotations
 
 import json
-import math
 import os
 import random
-import re
 from collections.abc import Callable, Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
-import attrs
 import httpx
 import trio
 
 from protocol.display import without_lone_surrogates
 from protocol.hooks import ModelInfo
 
-from .kernel import backoff_delay
+from .model_retry import MAX_LINE, Failure, Retries, retry_after
 from .models import (
     DeltaSink,
     ModelAuthError,
-    ModelError,
     ModelReply,
     ModelRequest,
-    ModelRetry,
 )
 from .openai_chat import to_chat_messages, to_chat_tools
 from .openai_stream import ChunkAssembler, EventDecoder, MalformedStream, StreamError
@@ -75,7 +70,6 @@ NO_KEY = "none is configured: name its variable in api_key_env"
 IDLE_TIMEOUT_S = 300.0
 ATTEMPT_TIMEOUT_S = 900.0
 
-_MAX_LINE = 300
 _MAX_ERROR_BODY = 64 * 1024
 _AUTH_PROBLEMS = {401: "refused the credential", 403: "denied the credential permission"}
 _TRANSIENT_CODES = frozenset({"server_error", "rate_limit_exceeded", "overloaded"})
@@ -112,15 +106,18 @@ class OpenAIModel:
         self.base_url = (base_url or DEFAULT_BASE_URL).rstrip("/")
         self._api_key = api_key
         self._key_variable = key_variable
-        self._max_retries = max_retries
-        self._backoff_base_s = backoff_base_s
-        self._backoff_cap_s = backoff_cap_s
+        self._retries = Retries(
+            provider=PROVIDER,
+            max_retries=max_retries,
+            backoff_base_s=backoff_base_s,
+            backoff_cap_s=backoff_cap_s,
+            rng=rng if rng is not None else random.Random(),
+            notice=notice,
+        )
         self._idle_timeout_s = IDLE_TIMEOUT_S if idle_timeout_s is None else idle_timeout_s
         self._attempt_timeout_s = (
             ATTEMPT_TIMEOUT_S if attempt_timeout_s is None else attempt_timeout_s
         )
-        self._notice = notice
-        self._rng = rng if rng is not None else random.Random()
         official = urlsplit(self.base_url).hostname == urlsplit(DEFAULT_BASE_URL).hostname
         self._limit_key = "max_completion_tokens" if official else "max_tokens"
 
@@ -194,39 +191,11 @@ class OpenAIModel:
                 failure = self._classify(exc)
                 if failure is None:
                     raise
-                if failure.auth is not None:
-                    raise ModelAuthError(
-                        _one_line(f"{PROVIDER}: {failure.detail}"),
-                        provider=PROVIDER,
-                        problem=failure.auth,
-                        credential=self.credential,
-                    ) from exc
-                if not failure.retryable:
-                    raise ModelError(_one_line(f"{PROVIDER}: {failure.detail}")) from exc
-                if retry >= self._max_retries:
-                    attempts = retry + 1
-                    raise ModelError(
-                        _one_line(
-                            f"{PROVIDER}: {failure.detail} (gave up after {attempts} "
-                            f"attempt{'s' if attempts != 1 else ''})"
-                        )
-                    ) from exc
+                error = self._retries.final_error(failure, retry, self.credential)
+                if error is not None:
+                    raise error from exc
             retry += 1
-            delay = backoff_delay(retry, self._backoff_base_s, self._backoff_cap_s, self._rng)
-            if failure.retry_after is not None:
-                delay = max(delay, min(failure.retry_after, self._backoff_cap_s))
-            notice = ModelRetry(
-                provider=PROVIDER,
-                failure=failure.label,
-                attempt=retry,
-                retries=self._max_retries,
-                wait_s=delay,
-            )
-            if request.on_retry is not None:
-                request.on_retry(notice)
-            if self._notice is not None:
-                self._notice(notice.line)
-            await trio.sleep(delay)
+            await self._retries.wait(retry, failure, request)
 
     async def _attempt(
         self, client: httpx.AsyncClient, body: Mapping[str, Any], on_delta: DeltaSink | None
@@ -251,33 +220,33 @@ class OpenAIModel:
         assert deadline.cancelled_caught
         raise _NoAnswer(f"no complete answer within {self._attempt_timeout_s:g}s")
 
-    def _classify(self, exc: Exception) -> _Failure | None:
+    def _classify(self, exc: Exception) -> Failure | None:
         """How to treat an exception from one attempt; None for one that is not the API's."""
         if isinstance(exc, _HttpFailure):
             retryable = exc.status in (408, 409, 429) or exc.status >= 500
-            return _Failure(
+            return Failure(
                 retryable=retryable,
                 label=f"{_status_label(exc.status)} ({exc.status})",
                 detail=f"HTTP {exc.status} {exc.detail}",
-                retry_after=_retry_after(exc.headers) if retryable else None,
+                retry_after=retry_after(exc.headers) if retryable else None,
                 auth=_AUTH_PROBLEMS.get(exc.status),
             )
         if isinstance(exc, httpx.TimeoutException):
-            return _Failure(True, "no answer", f"no answer within {self._idle_timeout_s:g}s")
+            return Failure(True, "no answer", f"no answer within {self._idle_timeout_s:g}s")
         if isinstance(exc, _NoAnswer):
-            return _Failure(True, "no answer", str(exc))
+            return Failure(True, "no answer", str(exc))
         if isinstance(exc, httpx.TransportError):
-            return _Failure(True, "connection error", f"connection error: {exc or type(exc)}")
+            return Failure(True, "connection error", f"connection error: {exc or type(exc)}")
         if isinstance(exc, _StreamEndedEarly):
-            return _Failure(True, "stream cut short", str(exc))
+            return Failure(True, "stream cut short", str(exc))
         if isinstance(exc, StreamError):
             code = exc.code
             transient = (isinstance(code, int) and (code == 429 or code >= 500)) or (
                 code in _TRANSIENT_CODES
             )
-            return _Failure(transient, f"stream error ({code})", f"mid-stream error: {exc}")
+            return Failure(transient, f"stream error ({code})", f"mid-stream error: {exc}")
         if isinstance(exc, MalformedStream):
-            return _Failure(False, "malformed stream", f"malformed stream: {exc}")
+            return Failure(False, "malformed stream", f"malformed stream: {exc}")
         return None
 
 
@@ -300,15 +269,6 @@ class _HttpFailure(Exception):
         self.headers = response.headers
 
 
-@attrs.frozen
-class _Failure:
-    retryable: bool
-    label: str  # for the retry notice, e.g. "rate limited (429)"
-    detail: str  # for the final error, e.g. "HTTP 429 rate_limit_exceeded: slow down"
-    retry_after: float | None = None
-    auth: str | None = None  # what a 401 or 403 means for the credential
-
-
 async def _error_body(response: httpx.Response) -> str:
     """The error an error response names: ``type`` (or ``code``) and ``message`` from the
     interface's ``{"error": {...}}`` body, else the start of the body as text."""
@@ -321,35 +281,16 @@ async def _error_body(response: httpx.Response) -> str:
     try:
         payload = json.loads(text)
     except ValueError:
-        return text.strip()[:_MAX_LINE] or response.reason_phrase
+        return text.strip()[:MAX_LINE] or response.reason_phrase
     error = payload.get("error") if isinstance(payload, Mapping) else None
     if isinstance(error, Mapping):
         kind = error.get("type") or error.get("code") or "error"
         return f"{kind}: {error.get('message') or response.reason_phrase}"
     if isinstance(error, str):
         return error
-    return text.strip()[:_MAX_LINE]
+    return text.strip()[:MAX_LINE]
 
 
 def _status_label(status: int) -> str:
     labels = {429: "rate limited", 408: "request timeout", 409: "conflict"}
     return labels.get(status, "server error" if status >= 500 else "refused")
-
-
-def _retry_after(headers: Mapping[str, str]) -> float | None:
-    for name, scale in (("retry-after-ms", 0.001), ("retry-after", 1.0)):
-        raw = headers.get(name)
-        if raw is None:
-            continue
-        try:
-            value = float(raw) * scale
-        except ValueError:
-            continue  # an HTTP date: the backoff's own wait stands
-        if math.isfinite(value) and value >= 0:
-            return value
-    return None
-
-
-def _one_line(text: str) -> str:
-    line = re.sub(r"\s+", " ", text).strip()
-    return line if len(line) <= _MAX_LINE else line[: _MAX_LINE - 1] + "…"

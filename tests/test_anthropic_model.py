@@ -26,9 +26,9 @@ from actors.anthropic_model import (
     NOTICE_PREFIX,
     START_PLACEHOLDER,
     AnthropicModel,
-    backoff_delay,
     to_messages_api,
 )
+from actors.kernel import backoff_delay
 from actors.models import (
     ModelAuthError,
     ModelError,

@@ -4,6 +4,8 @@ all of it; otherwise it reads the store. The same context either way."""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -164,16 +166,25 @@ def test_the_writer_reports_the_rows_it_committed_and_a_partial_undo_as_a_gap(
         db.close()
 
 
-async def test_an_agent_reads_its_new_messages_from_the_feed_with_the_same_context(
-    tmp_path: Path,
-) -> None:
-    data = tmp_path / "data"
+@asynccontextmanager
+async def reading(data: Path) -> AsyncIterator[tuple[StoreClient, Counting, ContextReader]]:
+    """A running store client, its counted reads, and Ada's context reader on it."""
     store = StoreClient(data, Work())
     store.start()
     counting = Counting(store)
     ctx = SimpleNamespace(store=counting, coalescer=None)
-    reader = ContextReader(ctx, "Ada", 400)  # type: ignore[arg-type]
     try:
+        yield store, counting, ContextReader(ctx, "Ada", 400)  # type: ignore[arg-type]
+    finally:
+        await store.aclose()
+        store.reader.close()
+
+
+async def test_an_agent_reads_its_new_messages_from_the_feed_with_the_same_context(
+    tmp_path: Path,
+) -> None:
+    data = tmp_path / "data"
+    async with reading(data) as (store, counting, reader):
         with trio.fail_after(60):
             await store.write(Append(records=(record("Ada", "user", "first"),)))
             reference = Expected(data, "Ada", 400)
@@ -187,19 +198,11 @@ async def test_an_agent_reads_its_new_messages_from_the_feed_with_the_same_conte
                 context = await reader.read()
                 assert shown(context) == reference.read()
             assert counting.decoded == reads  # not one more trip to the reading thread
-    finally:
-        await store.aclose()
-        store.reader.close()
 
 
 async def test_after_a_gap_the_reader_goes_back_to_the_store(tmp_path: Path) -> None:
     data = tmp_path / "data"
-    store = StoreClient(data, Work())
-    store.start()
-    counting = Counting(store)
-    ctx = SimpleNamespace(store=counting, coalescer=None)
-    reader = ContextReader(ctx, "Ada", 400)  # type: ignore[arg-type]
-    try:
+    async with reading(data) as (store, counting, reader):
         with trio.fail_after(60):
             await store.write(Append(records=(record("Ada", "user", "first"),)))
             reference = Expected(data, "Ada", 400)
@@ -217,6 +220,3 @@ async def test_after_a_gap_the_reader_goes_back_to_the_store(tmp_path: Path) -> 
             assert shown(context) == reference.read()
             assert "kept" in str(context)
             assert counting.decoded > before  # read from the store
-    finally:
-        await store.aclose()
-        store.reader.close()
