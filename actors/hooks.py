@@ -115,19 +115,20 @@ class TurnHooks:
         """Call every hooked server at once; the injections they answered with, in configured
         server order (each server's own order kept)."""
         answers: dict[str, HookAnswer] = {}
+        hooked = [(sid, role) for sid in self.servers if (role := hook_role(self._grant(sid)))]
+        if not hooked:  # (a nursery costs the turn a scheduling round)
+            return []
         async with trio.open_nursery() as nursery:
-            for sid in self.servers:
-                role = hook_role(self._grant(sid))
-                if role is not None:
-                    nursery.start_soon(
-                        self._call_hook,
-                        sid,
-                        role == "observe",
-                        user_message,
-                        target,
-                        tuple(candidates.get(sid, ())),
-                        answers,
-                    )
+            for sid, role in hooked:
+                nursery.start_soon(
+                    self._call_hook,
+                    sid,
+                    role == "observe",
+                    user_message,
+                    target,
+                    tuple(candidates.get(sid, ())),
+                    answers,
+                )
         injections: list[Injection] = []
         for sid in self.servers:
             if sid in answers:

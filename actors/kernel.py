@@ -117,11 +117,20 @@ class ActorRef(Generic[M]):
     async def tell(self, msg: M) -> None:
         await self._put(Envelope(msg, Reply(None)))
 
-    async def _put(self, env: Envelope) -> None:
+    async def _put(self, env: Envelope, *, promptly: bool = False) -> None:
         """Queue a counted envelope, waiting while the mailbox is full; a message that was not
-        queued (deadline, cancellation, stopped actor) is not work in flight."""
+        queued (deadline, cancellation, stopped actor) is not work in flight. ``promptly``:
+        without a scheduling round while the mailbox has room (a cancelled caller still stops
+        here)."""
         self._work.inc()
         try:
+            if promptly:
+                await trio.lowlevel.checkpoint_if_cancelled()  # no round unless cancelled
+                try:
+                    self._send.send_nowait(env)
+                    return
+                except trio.WouldBlock:
+                    pass
             await self._send.send(env)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             self._work.dec()
@@ -145,15 +154,14 @@ class ActorRef(Generic[M]):
         """``tell`` that yields to the scheduler only when the mailbox is full: a task telling
         many actors in a row (one message each) does it in one step, not one scheduling round
         per actor. The caller must checkpoint elsewhere in its loop."""
-        try:
-            self.tell_nowait(msg)
-        except MailboxFull:
-            await self.tell(msg)
+        await self._put(Envelope(msg, Reply(None)), promptly=True)
 
     async def ask(self, msg: M, *, timeout: float) -> Any:
         reply = Reply(trio.Event())
         with trio.CancelScope(deadline=trio.current_time() + timeout):
-            await self._put(Envelope(msg, reply))
+            # queued at once while the mailbox has room: the wait for the answer is this
+            # call's checkpoint (one scheduling round fewer per ask)
+            await self._put(Envelope(msg, reply), promptly=True)
             await reply.wait()
         if not reply.done:  # only this deadline ends the wait unanswered
             raise AskTimeout(f"{self.name} did not answer {type(msg).__name__} in {timeout}s")

@@ -385,9 +385,10 @@ class Turn:
             if wait.outcome is not None:
                 outcomes.append(wait.outcome)
 
-        async with trio.open_nursery() as nursery:
-            for job in begun.jobs:
-                nursery.start_soon(one, job)
-            for wait in begun.joins:
-                nursery.start_soon(join, wait)
+        if begun.jobs or begun.joins:  # (a nursery costs the turn a scheduling round)
+            async with trio.open_nursery() as nursery:
+                for job in begun.jobs:
+                    nursery.start_soon(one, job)
+                for wait in begun.joins:
+                    nursery.start_soon(join, wait)
         return outcomes

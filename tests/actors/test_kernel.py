@@ -307,22 +307,31 @@ async def test_tell_waits_at_the_cap_and_proceeds_when_the_actor_drains(autojump
 
 
 async def test_tell_promptly_queues_without_yielding_and_waits_only_at_the_cap(autojump_clock):
-    """Telling many actors in a row costs no scheduling step while their mailboxes have room
-    (so not even a cancelled scope stops it, as it would stop ``tell``); at the cap it waits
-    like ``tell``."""
+    """Telling many actors in a row costs no scheduling round while their mailboxes have room
+    (a task ready to run does not run in between); at the cap it waits like ``tell``; a
+    cancelled caller is stopped as by ``tell``."""
     work = Work()
     actor = Probe(work)
+    go, ran = trio.Event(), trio.Event()
+
+    async def ready_to_run() -> None:
+        await go.wait()
+        ran.set()
+
     async with running(actor) as (ref, nursery):
         gate = await busy(ref)
+        nursery.start_soon(ready_to_run)
+        await wait_all_tasks_blocked()
+        go.set()  # runnable from now on: any scheduling round runs it
+        for i in range(CAP):
+            await ref.tell_promptly(Echo(i))
+        assert not ran.is_set() and ref.queued == CAP
+        await wait_all_tasks_blocked()
+        assert ran.is_set()
         with trio.CancelScope() as scope:
             scope.cancel()
-            for i in range(CAP):
-                await ref.tell_promptly(Echo(i))  # never a checkpoint: not cancelled
-        assert not scope.cancelled_caught and ref.queued == CAP
-        with trio.CancelScope() as scope:
-            scope.cancel()
-            await ref.tell(Echo("never"))
-        assert scope.cancelled_caught  # a plain tell checkpoints
+            await ref.tell_promptly(Echo("never"))
+        assert scope.cancelled_caught and ref.queued == CAP
         done = trio.Event()
 
         async def teller() -> None:
