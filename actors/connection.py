@@ -226,7 +226,10 @@ class ConnectionActor(Actor):
         link.waiters[rid] = send
         try:
             with trio.fail_after(t):
-                await link.outbox_send.send([line])
+                try:  # queued at once while the outbox has room: the answer is the wait
+                    link.outbox_send.send_nowait([line])
+                except trio.WouldBlock:
+                    await link.outbox_send.send([line])
                 result = await recv.receive()
         except trio.TooSlowError:
             self.trace("request-timeout", method=method, timeout_s=t)

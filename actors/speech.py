@@ -596,9 +596,11 @@ class TurnSpeech:
 
     # -- the end -----------------------------------------------------------------------------
     async def sent(self) -> None:
-        """Wait until every segment of this turn has its outcome."""
+        """Wait until every segment of this turn has its outcome (no scheduling round when
+        every one has it already)."""
         for ticket in self.tickets:
-            await ticket.done.wait()
+            if not ticket.done.is_set():
+                await ticket.done.wait()
 
     def _keep_failed(self) -> set[int]:
         """Keep as a draft every prose segment that was not published (refused, or never
