@@ -11,7 +11,7 @@ import itertools
 import json
 import random
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 import anthropic
@@ -33,7 +33,6 @@ from actors.models import (
     ModelAuthError,
     ModelError,
     ModelReply,
-    ModelRequest,
     ModelRetry,
     ToolSpec,
 )
@@ -49,6 +48,7 @@ from tests.fake_anthropic import (
     text_block,
     tool_use_block,
 )
+from tests.model_requests import Deltas, request_for, user
 
 KEY = "sk-test-key"
 EPH = {"type": "ephemeral"}
@@ -72,22 +72,6 @@ def make_model(base_url: str, notices: list[str] | None = None, **kw: Any) -> An
     }
     options.update(kw)
     return AnthropicModel("claude-test", **options)
-
-
-def user(text: str) -> dict[str, Any]:
-    return {"role": "user", "blocks": [{"type": "text", "text": text}]}
-
-
-def request_for(messages: Sequence[Mapping[str, Any]], **kw: Any) -> ModelRequest:
-    return ModelRequest(agent="a1", system="You are terse.", messages=messages, **kw)
-
-
-class Deltas:
-    def __init__(self) -> None:
-        self.items: list[str] = []
-
-    async def __call__(self, text: str) -> None:
-        self.items.append(text)
 
 
 def sent_key(headers: Mapping[str, str]) -> str | None:

@@ -7,7 +7,6 @@ happened, never how long it took. One test drives the backoff sleeps with a trio
 from __future__ import annotations
 
 import random
-from collections.abc import Mapping, Sequence
 from typing import Any
 
 import pytest
@@ -18,7 +17,6 @@ from actors.kernel import backoff_delay
 from actors.models import (
     ModelAuthError,
     ModelError,
-    ModelRequest,
     ModelRetry,
     ToolSpec,
     Usage,
@@ -34,6 +32,7 @@ from tests.fake_openai import (
     ToolCall,
     serve_fake_openai,
 )
+from tests.model_requests import Deltas, request_for, user
 
 KEY = "sk-test-key"
 TIMEOUT = 30
@@ -57,22 +56,6 @@ def make_model(base_url: str, notices: list[str] | None = None, **kw: Any) -> Op
     }
     options.update(kw)
     return OpenAIModel("gpt-test", **options)
-
-
-def user(text: str) -> dict[str, Any]:
-    return {"role": "user", "blocks": [{"type": "text", "text": text}]}
-
-
-def request_for(messages: Sequence[Mapping[str, Any]], **kw: Any) -> ModelRequest:
-    return ModelRequest(agent="a1", system="You are terse.", messages=messages, **kw)
-
-
-class Deltas:
-    def __init__(self) -> None:
-        self.items: list[str] = []
-
-    async def __call__(self, text: str) -> None:
-        self.items.append(text)
 
 
 FORECAST = ToolSpec(
