@@ -63,6 +63,8 @@ import attrs
 import trio
 import trio.lowlevel
 
+from tests.fake_http import MAX_BODY_BYTES, Closed, HeadReader, parse_head, send_head, serve_local
+
 __all__ = [
     "Disconnect",
     "FakeScript",
@@ -78,8 +80,6 @@ __all__ = [
     "tool_use_block",
 ]
 
-MAX_HEAD_BYTES = 64 * 1024
-MAX_BODY_BYTES = 32 * 1024 * 1024
 DEFAULT_LOG_LIMIT = 1000
 #: The most cache_control marks the API takes in one request.
 MAX_CACHE_MARKS = 4
@@ -271,62 +271,21 @@ async def serve_fake_anthropic(
 
     Runs until cancelled.
     """
-    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
-    port = listeners[0].socket.getsockname()[1]
     ids = itertools.count(1)
 
     async def handler(stream: trio.SocketStream) -> None:
         await _serve_connection(stream, script, ids)
 
-    async with trio.open_nursery() as nursery:
-        await nursery.start(trio.serve_listeners, handler, listeners)
-        task_status.started(f"http://127.0.0.1:{port}")
-        await trio.sleep_forever()
-    raise AssertionError("unreachable")  # pragma: no cover
+    await serve_local(handler, "", task_status)
 
 
 # --- HTTP/1.1 ------------------------------------------------------------------------------------
 
 
-class _Closed(Exception):
-    pass
-
-
-class _Reader:
-    def __init__(self, stream: trio.SocketStream) -> None:
-        self._stream = stream
-        self._buf = bytearray()
-
-    async def _fill(self) -> None:
-        data = await self._stream.receive_some(65536)
-        if not data:
-            raise _Closed
-        self._buf += data
-
-    async def read_head(self) -> bytes | None:
-        """The request head (without the blank line), or None if too large."""
-        while True:
-            end = self._buf.find(b"\r\n\r\n")
-            if end >= 0:
-                head = bytes(self._buf[:end])
-                del self._buf[: end + 4]
-                return head
-            if len(self._buf) > MAX_HEAD_BYTES:
-                return None
-            await self._fill()
-
-    async def read_exactly(self, n: int) -> bytes:
-        while len(self._buf) < n:
-            await self._fill()
-        data = bytes(self._buf[:n])
-        del self._buf[:n]
-        return data
-
-
 async def _serve_connection(
     stream: trio.SocketStream, script: FakeScript, ids: Iterator[int]
 ) -> None:
-    reader = _Reader(stream)
+    reader = HeadReader(stream)
     try:
         while True:
             head = await reader.read_head()
@@ -335,7 +294,7 @@ async def _serve_connection(
                     stream, 431, _error_body("invalid_request_error", "head too large")
                 )
                 return
-            method, path, headers = _parse_head(head)
+            method, path, headers = parse_head(head)
             if "chunked" in headers.get("transfer-encoding", "").lower():
                 await _send_json(stream, 411, _error_body("invalid_request_error", "need length"))
                 return
@@ -354,20 +313,10 @@ async def _serve_connection(
             keep_going = await _respond(stream, script, method, path, body, next(ids))
             if not keep_going or headers.get("connection", "").lower() == "close":
                 return
-    except (_Closed, trio.BrokenResourceError, trio.ClosedResourceError):
+    except (Closed, trio.BrokenResourceError, trio.ClosedResourceError):
         return
     finally:
         await trio.aclose_forcefully(stream)
-
-
-def _parse_head(head: bytes) -> tuple[str, str, dict[str, str]]:
-    lines = head.decode("latin-1").split("\r\n")
-    method, path, _version = lines[0].split(" ", 2)
-    headers: dict[str, str] = {}
-    for line in lines[1:]:
-        name, _, value = line.partition(":")
-        headers[name.strip().lower()] = value.strip()
-    return method, path, headers
 
 
 def _error_body(error_type: str, message: str) -> dict[str, Any]:
@@ -375,9 +324,7 @@ def _error_body(error_type: str, message: str) -> dict[str, Any]:
 
 
 async def _send_head(stream: trio.SocketStream, status: int, headers: Mapping[str, str]) -> None:
-    lines = [f"HTTP/1.1 {status} {_REASONS.get(status, 'Status')}"]
-    lines += [f"{k}: {v}" for k, v in headers.items()]
-    await stream.send_all(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1"))
+    await send_head(stream, status, headers, _REASONS)
 
 
 async def _send_json(

@@ -47,6 +47,8 @@ import attrs
 import trio
 import trio.lowlevel
 
+from tests.fake_http import MAX_BODY_BYTES, Closed, HeadReader, parse_head, send_head, serve_local
+
 __all__ = [
     "Cut",
     "FakeScript",
@@ -59,8 +61,6 @@ __all__ = [
     "serve_fake_openai",
 ]
 
-MAX_HEAD_BYTES = 64 * 1024
-MAX_BODY_BYTES = 32 * 1024 * 1024
 DEFAULT_LOG_LIMIT = 1000
 
 
@@ -169,60 +169,33 @@ async def serve_fake_openai(
 ) -> NoReturn:
     """Serve ``script`` on 127.0.0.1 (a free port); reports the base URL (``.../v1``) via
     ``task_status``. Runs until cancelled."""
-    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
-    port = listeners[0].socket.getsockname()[1]
     ids = itertools.count(1)
 
     async def handler(stream: trio.SocketStream) -> None:
         await _serve_connection(stream, script, ids)
 
-    async with trio.open_nursery() as nursery:
-        await nursery.start(trio.serve_listeners, handler, listeners)
-        task_status.started(f"http://127.0.0.1:{port}/v1")
-        await trio.sleep_forever()
-    raise AssertionError("unreachable")  # pragma: no cover
+    await serve_local(handler, "/v1", task_status)
 
 
 # --- HTTP/1.1 ------------------------------------------------------------------------------------
 
 
-class _Closed(Exception):
-    pass
-
-
 async def _serve_connection(
     stream: trio.SocketStream, script: FakeScript, ids: Iterator[int]
 ) -> None:
-    buf = bytearray()
-
-    async def fill() -> None:
-        data = await stream.receive_some(65536)
-        if not data:
-            raise _Closed
-        buf.extend(data)
-
+    reader = HeadReader(stream)
     try:
         while True:
-            while (end := buf.find(b"\r\n\r\n")) < 0:
-                if len(buf) > MAX_HEAD_BYTES:
-                    await _send_json(stream, 431, _error("head too large", "invalid_request"))
-                    return
-                await fill()
-            lines = bytes(buf[:end]).decode("latin-1").split("\r\n")
-            del buf[: end + 4]
-            method, path, _ = lines[0].split(" ", 2)
-            headers = {}
-            for line in lines[1:]:
-                name, _, value = line.partition(":")
-                headers[name.strip().lower()] = value.strip()
+            head = await reader.read_head()
+            if head is None:
+                await _send_json(stream, 431, _error("head too large", "invalid_request"))
+                return
+            method, path, headers = parse_head(head)
             length = int(headers.get("content-length", "0") or "0")
             if length > MAX_BODY_BYTES or "chunked" in headers.get("transfer-encoding", ""):
                 await _send_json(stream, 413, _error("body too large or unsized", "invalid"))
                 return
-            while len(buf) < length:
-                await fill()
-            raw = bytes(buf[:length])
-            del buf[:length]
+            raw = await reader.read_exactly(length)
             try:
                 body: Any = json.loads(raw) if raw else None
             except ValueError:
@@ -232,7 +205,7 @@ async def _serve_connection(
             )
             if not await _respond(stream, script, method, path, body, next(ids)):
                 return
-    except (_Closed, trio.BrokenResourceError, trio.ClosedResourceError):
+    except (Closed, trio.BrokenResourceError, trio.ClosedResourceError):
         return
     finally:
         await trio.aclose_forcefully(stream)
@@ -246,9 +219,7 @@ _REASONS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 403: "Forbidden"
 
 
 async def _send_head(stream: trio.SocketStream, status: int, headers: Mapping[str, str]) -> None:
-    lines = [f"HTTP/1.1 {status} {_REASONS.get(status, 'Status')}"]
-    lines += [f"{k}: {v}" for k, v in headers.items()]
-    await stream.send_all(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1"))
+    await send_head(stream, status, headers, _REASONS)
 
 
 async def _send_json(
