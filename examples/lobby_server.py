@@ -25,7 +25,9 @@ is a thread of an ``exact`` channel that exists (seen on one of the lobby's inco
 or declared by the ``threads`` command). A refusal is the result ``{delivered: false, reason}``
 with nothing posted; a publish notification carrying ``threadId`` is refused as a problem. The
 ``publish_echo_thread`` command makes results omit or falsify their ``threadId`` echo. Echoes of
-posts in a thread carry its id. ``channels/outgoing/chunk``/``complete`` (``channels.streaming``)
+posts in a thread carry its id. A post is logged and echoed under the agent that spoke: the
+author an ``"agent:<name>"`` ``conversationId`` names (``publish_author``), else the host's
+own account. ``channels/outgoing/chunk``/``complete`` (``channels.streaming``)
 and ``channels/typing`` notifications are checked (known channel; one index counter per
 inference, from 0; one complete per inferenceId and channel; ``threadId`` only on a channel with
 a declared target); each complete reports the streamed text as a ``streamed`` control event.
@@ -82,8 +84,9 @@ import os
 import random
 import struct
 import sys
+import unicodedata
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -217,6 +220,8 @@ MCPL_METHODS = frozenset(
 
 PEOPLE = ({"id": "alice", "name": "Alice"}, {"id": "bob", "name": "Bob"})
 HOST_AUTHOR = {"id": "host", "name": "mcplive"}
+AGENT_PREFIX = "agent:"  # mcplive's conversationId for an agent: "agent:<name>"
+MAX_AGENT_NAME_CHARS = 64
 SCRIPT_LINES: tuple[tuple[str, list[str]], ...] = (
     ("hello everyone!", []),
     ("what's the weather in Paris?", []),
@@ -232,6 +237,34 @@ CHIME = "The lobby clock chimes."
 SHARE_EVENT_ID = "share-board"
 SHARE_FILE = "board.png"
 SHARE_TEXT = "Alice shared a photo of the board game night."
+
+
+def _fold(text: str) -> str:
+    return unicodedata.normalize("NFKC", text).casefold()
+
+
+def publish_author(
+    conversation_id: Any, people: Iterable[Mapping[str, str]] = PEOPLE
+) -> dict[str, str]:
+    """Who a post the host published is shown as: the agent its ``conversationId`` names.
+
+    mcplive sends ``"agent:<name>"`` for each agent's conversation; that gives the author
+    ``{"id": "agent:<name>", "name": "<name>"}``: one id per agent, the same on every post, and
+    never a person's id (no person's id starts with ``agent:``). Anything else (absent, not a
+    string, another form, a name that is empty, longer than ``MAX_AGENT_NAME_CHARS``, padded,
+    unprintable, or the name or id of one of ``people`` after NFKC case folding) gives
+    ``HOST_AUTHOR``: the lobby cannot check what a host claims, so no claim makes a post read
+    as a person's.
+    """
+    if not isinstance(conversation_id, str) or not conversation_id.startswith(AGENT_PREFIX):
+        return dict(HOST_AUTHOR)
+    name = conversation_id[len(AGENT_PREFIX) :]
+    if not (0 < len(name) <= MAX_AGENT_NAME_CHARS and name.isprintable() and name == name.strip()):
+        return dict(HOST_AUTHOR)
+    taken = {_fold(p[key]) for p in people for key in ("id", "name")}
+    if _fold(name) in taken:
+        return dict(HOST_AUTHOR)
+    return {"id": conversation_id, "name": name}
 
 
 # --------------------------------------------------------------------------------------------
@@ -1832,12 +1865,13 @@ class Session:
         thread = place if isinstance(place, str) else None
         message_id = self.options.make_id("out-", next(self._out_counter))
         where = f" [{thread}]" if thread is not None else ""
-        self.log(f"{channel_label(cid)}{where} <- {text_of(content)}")
+        author = publish_author(params.get("conversationId"))
+        self.log(f"{channel_label(cid)}{where} <- {author['name']}: {text_of(content)}")
         if not self.options.no_echo:
             message: dict[str, Any] = {
                 "channelId": cid,
                 "messageId": message_id,
-                "author": dict(HOST_AUTHOR),
+                "author": author,
                 "timestamp": now_iso(),
                 "content": content,
                 "tags": [],
@@ -2023,8 +2057,9 @@ class Session:
         verdict = "same text" if streamed == final else "texts differ"
         if not known:
             verdict = "no chunks came before it"
+        by = publish_author(params.get("conversationId"))["name"]
         self.log(
-            f"{method} {inference_id} {channel_label(cid)}: streamed {short(streamed)!r}, "
+            f"{method} {inference_id} {channel_label(cid)} by {by}: streamed {short(streamed)!r}, "
             f"complete {short(final)!r} ({verdict})"
         )
         self.control.emit(

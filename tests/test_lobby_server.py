@@ -517,7 +517,7 @@ async def test_publish_reply_then_echo() -> None:
             )
             assert unknown["error"]["code"] == -32023
             assert await lobby.close_stdin_and_wait() == 0
-            assert "[lobby] #general <- hello lobby" in lobby.stderr_text()
+            assert "[lobby] #general <- mcplive: hello lobby" in lobby.stderr_text()
 
 
 async def test_publish_notification_only_and_no_echo() -> None:
@@ -1085,7 +1085,7 @@ async def test_outgoing_complete_once_per_inference_and_channel() -> None:
             await lobby.notify("channels/outgoing/complete", bad)
             assert len(await fences.problems()) == 1
             assert await lobby.close_stdin_and_wait() == 0
-            assert "streamed 'hi', complete 'hi' (same text)" in lobby.stderr_text()
+            assert "by mcplive: streamed 'hi', complete 'hi' (same text)" in lobby.stderr_text()
 
 
 async def test_typing_is_validated() -> None:
