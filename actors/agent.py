@@ -44,7 +44,7 @@ from .agent_history import (
     render_for_model,
     store_message,
 )
-from .channel import new_id
+from .channel_envelope import new_id
 from .config import AgentConfig
 from .context import HostContext
 from .header_notice import HEADER_NOTICE, HeaderNotice

@@ -23,7 +23,7 @@ from typing import Any
 from protocol.authors import author_line, guard_body_start, shown_author, stored_author
 from store import Append, MessageRecord, Reader
 
-from .channel import new_id
+from .channel_envelope import new_id
 from .coalescer import Assembled, is_hidden_marker
 from .context import HostContext
 from .renders import SharedRenders

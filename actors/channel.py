@@ -2,6 +2,8 @@
 
 It owns the descriptor and label, each agent's open/closed state (persisted), the conversion and
 storage of what arrives on the channel, the wake decision, and publishing into the channel.
+What it freezes of each item (envelope, copies, wakes) is built by ``channel_envelope``; a
+coalesced item goes through the coalescer (``channel_coalesce``).
 
 Ingest never waits on a commit inside the loop: ``IngestBatch`` converts each
 item, decide who it wakes, hand it to the store and answer at once with the pending write (or,
@@ -23,17 +25,10 @@ batches; past that they are taken at once. Every other batch is taken at once.
 
 from __future__ import annotations
 
-import itertools
-import secrets
 import time
 from collections import OrderedDict
-from collections.abc import Mapping
 from typing import Any
 
-import attrs
-
-from protocol.authors import origin_author
-from protocol.coalesce import Append as AppendEffect
 from protocol.content import ContentError, convert_blocks
 from protocol.echoes import EchoWatch
 from protocol.errors import INVALID_PARAMS, RpcError
@@ -50,6 +45,7 @@ from protocol.source import (
 from protocol.tags import expand_tags, is_addressed
 from store import Append, MessageRecord, PutState
 
+from .channel_coalesce import admit
 from .channel_directory import (
     OPEN_STATE_NS,
     Registration,
@@ -58,9 +54,18 @@ from .channel_directory import (
     open_state_key,
     with_label,
 )
-from .channel_items import invitation_record, seal
+from .channel_envelope import (
+    BatchView,
+    copies,
+    inbound_source,
+    incoming_envelope,
+    new_id,
+    push_envelope,
+    render_meta,
+    wakes_of,
+)
+from .channel_items import seal
 from .channel_publish import Receipts, now_iso, send_publish
-from .coalescer import Admit
 from .context import HostContext
 from .kernel import Actor, Reply
 from .messages import (
@@ -73,24 +78,8 @@ from .messages import (
     Register,
     SetOpen,
     Unregister,
-    Wake,
 )
 from .references import resolve_references
-
-WAKE_TEXT_CHARS = 2000  # what a wake carries of the body, for the gate's filters
-COALESCE_ASK_S = 60.0  # the coalescer's answer (its store write is submitted, not awaited)
-
-
-def _wake_text(blocks: list[dict[str, Any]]) -> str:
-    text = "\n".join([str(b.get("text", "")) for b in blocks if b.get("type") == "text"])
-    return text[:WAKE_TEXT_CHARS]
-
-
-def _visible(block: Mapping[str, Any]) -> bool:
-    """A block that shows something (an empty or blank text block does not): a retraction
-    whose notice shows nothing is a pure withdrawal."""
-    return block.get("type") != "text" or bool(str(block.get("text", "")).strip())
-
 
 MAX_RECEIPTS = 1024  # publish receipts kept for echo detection; oldest forgotten first
 MAX_DEFERRED = 64  # ingest batches waiting for a publish receipt; past it: taken at once
@@ -98,24 +87,7 @@ MAX_OWN_AUTHORS = 16  # accounts seen posting our echoes; least recently seen fo
 MAX_SUBJECT_PLACES = 4096  # coalescing subjects whose place is known; least recent forgotten
 
 
-@attrs.frozen
-class _BatchView:
-    """What every item of one ingest batch reads of the channel: taken once per batch (nothing
-    changes it while the batch is converted; the actor handles one message at a time)."""
-
-    label: str | None
-    place: str | None  # ``ChannelActor.speech_place``
-    registered: bool
-    open: frozenset[str]  # the hearers for whom the channel is open
-
-
-_ID_PREFIX = secrets.token_hex(4)  # per process, so ids never repeat across restarts
-_id_counter = itertools.count(1)
-
-
-def new_id() -> str:
-    """A unique id for a stored message: a random per-process prefix and a counter."""
-    return f"m_{_ID_PREFIX}{next(_id_counter):08x}"
+__all__ = ["ChannelActor"]
 
 
 class ChannelActor(Actor):
@@ -262,7 +234,7 @@ class ChannelActor(Actor):
             except RpcError as exc:
                 converted.append(exc)
         converted = await self._bind_references(converted)
-        view = _BatchView(
+        view = BatchView(
             label=self.label or None,
             place=self.speech_place,
             registered=self.registered,
@@ -290,55 +262,8 @@ class ChannelActor(Actor):
                 out.append(Prepared(future=next(futures), blocks=b[1], wakes=b[2], author=b[3]))
             else:
                 assert not isinstance(blocks, RpcError)
-                out.append(await self._coalesce(msg, spec, b[0], b[1:], blocks))
+                out.append(await admit(self.ctx, self.sid, self.cid, msg, spec, b, blocks))
         return out
-
-    async def _coalesce(
-        self,
-        msg: IncomingMessage | PushEvent,
-        spec: Any,
-        op: Append,
-        rest: tuple[Any, ...],
-        converted: list[dict[str, Any]],
-    ) -> Prepared:
-        """Admit one coalesced item through the coalescer: it is stored (and wakes) only if the
-        coalescer appends it; the answer carries the RFC-006 result. A deferred notice is never
-        stored; an admitted one wakes as a push does (its wakes say ``deferred``: the batch is
-        rendered when a turn assembles its context). ``converted`` is the content as converted,
-        before header and marking: a deferred notice's fallback."""
-        blocks, wakes, author = rest
-        occurrence = op.records[0].metadata["occurrence"] if op.records else ""
-        push = msg if isinstance(msg, PushEvent) else None
-        step, future = await self.ctx.coalescer.ask(
-            Admit(
-                spec=spec,
-                binding=self.ctx.binding(self.sid),
-                occurrence=occurrence,
-                contexts=tuple(r.agent for r in op.records),
-                records=op.records,
-                dedupe=op.dedupe,
-                feature_set=push.feature_set if push is not None else None,
-                channel_id=self.cid,
-                content=tuple(b for b in converted if _visible(b)),
-                timestamp=push.timestamp if push is not None else "",
-                tags=tuple(op.records[0].metadata.get("tags", ())) if op.records else (),
-                origin=dict(push.origin) if push is not None and push.origin else None,
-            ),
-            timeout=COALESCE_ASK_S,
-        )
-        appended = any(
-            isinstance(e, AppendEffect) and e.occurrence == occurrence for e in step.effects
-        )
-        if spec.deferred and not step.duplicate and step.outcome in ("first", "replaced"):
-            wakes = tuple((agent, attrs.evolve(w, deferred=True)) for agent, w in wakes)
-            appended = True
-        return Prepared(
-            future=future,
-            blocks=blocks,
-            wakes=wakes if appended else (),
-            author=author,
-            coalesce=step.result(),
-        )
 
     def _convert(self, msg: IncomingMessage | PushEvent) -> list[dict[str, Any]]:
         """The item's content converted, naming this channel's server as its sender."""
@@ -370,147 +295,79 @@ class ChannelActor(Actor):
         now: float,
         accepted_at: str,
         spec: Any,
-        view: _BatchView,
+        view: BatchView,
     ) -> tuple[Append, tuple[Any, ...], Any, str]:
         """The write of one item, then the blocks, wakes and author of its ``Prepared``."""
-        hearers = self.hearers
-        label = view.label
         if isinstance(msg, IncomingMessage):
-            m = msg
-            tags = expand_tags(m.tags)[0] if m.tags else ()
-            author_agent = self._receipts.get(m.message_id)
-            from_self = author_agent is not None or "chat:from-self" in tags
-            self._echoes.seen(m.author.id, own=from_self)
-            lane, message_id, thread_id = "incoming", m.message_id, m.thread_id
-            meta: dict[str, Any] = {
-                "server_id": self.sid,
-                "channel_id": self.cid,
-                "thread_id": m.thread_id,
-                "message_id": m.message_id,
-                "author": {"id": m.author.id, "name": m.author.name},
-                "timestamp": m.timestamp,
-                "tags": list(tags),
-            }
-            if m.metadata:
-                meta["adapter_metadata"] = dict(m.metadata)
-            dedupe = ("incoming", self.sid, f"{self.cid}\x00{m.message_id}")
-            if spec is not None:  # an edit keeps its messageId: the occurrence is its eventId
-                dedupe = ("incoming", self.sid, f"{self.cid}\x00{m.message_id}\x00{spec.event_id}")
-            author = m.author.name or m.author.id
-            source_message: str | None = m.message_id
-            reply_to = m.reply_to
-            if reply_to is None and m.metadata and isinstance(m.metadata.get("replyTo"), str):
-                reply_to = m.metadata["replyTo"]
+            tags = expand_tags(msg.tags)[0] if msg.tags else ()
+            author_agent = self._receipts.get(msg.message_id)
+            occurrence_id = spec.event_id if spec is not None else None
+            env = incoming_envelope(msg, self.sid, self.cid, tags, author_agent, occurrence_id)
+            self._echoes.seen(msg.author.id, own=env.from_self)
         else:
-            e = msg
-            tags, _ = expand_tags(e.tags)
-            author_agent = None
-            lane, message_id, thread_id, from_self = "push", None, None, False
-            meta = {
-                "server_id": self.sid,
-                "channel_id": self.cid,
-                "event_id": e.event_id,
-                "timestamp": e.timestamp,
-                "feature_set": e.feature_set,
-                "tags": list(tags),
-            }
-            if e.origin:
-                meta["adapter_origin"] = dict(e.origin)
-            pushed_by = origin_author(e.origin)
-            if pushed_by is not None:  # shown to the model with the item, like a message's
-                meta["author"] = pushed_by.as_metadata()
-            dedupe = ("event", self.sid, e.event_id)
-            author = ""
-            source_message = None
-            reply_to = None
-            thread = e.origin.get("threadId") if e.origin and self.cid is not None else None
-            thread_id = thread if isinstance(thread, str) and thread else None
+            env = push_envelope(msg, self.sid, self.cid, expand_tags(msg.tags)[0])
             if spec is not None and spec.channel_id is not None:
                 # A correction of a channel subject has no platform message of its own: the
                 # subject's message stays its reply target, and one that names no thread is
                 # delivered in the thread where its subject lives (RFC-006 case 45, I.1).
                 known_thread, message_id = self._subject_places.get(spec.key, (None, None))
-                thread_id = known_thread if thread_id is None else thread_id
-                source_message = message_id
+                env.thread_id = known_thread if env.thread_id is None else env.thread_id
+                env.message_id = env.source_message = message_id
                 if message_id is not None:
-                    meta["message_id"] = message_id
-                if thread_id is not None:
-                    meta["thread_id"] = thread_id
+                    env.meta["message_id"] = message_id
+                if env.thread_id is not None:
+                    env.meta["thread_id"] = env.thread_id
+        meta = env.meta
         if spec is not None:
-            self._subject_places[spec.key] = (thread_id, message_id)
-            self._subject_places.move_to_end(spec.key)
-            while len(self._subject_places) > MAX_SUBJECT_PLACES:
-                self._subject_places.popitem(last=False)
-        meta["inbound_source"] = {
-            "lane": lane,
-            "server": self.sid,
-            "channel": self.cid,
-            "thread": thread_id,
-            "message": source_message,
-            "label": label,
-            "reply_to": reply_to,
-            "accepted_at": accepted_at,
-        }
+            self._note_subject(spec.key, env.thread_id, env.message_id)
+        meta["inbound_source"] = inbound_source(
+            env.lane,
+            self.sid,
+            self.cid,
+            thread=env.thread_id,
+            message=env.source_message,
+            label=view.label,
+            reply_to=env.reply_to,
+            accepted_at=accepted_at,
+        )
         if spec is not None:
-            meta["occurrence"] = f"{lane}:{self.sid}:{spec.event_id}"
+            meta["occurrence"] = f"{env.lane}:{self.sid}:{spec.event_id}"
             meta["coalesce_key"] = spec.key
         # The header is rendered once, from what was frozen above (refs-and-headers F.1).
         if self.cid is None:
             header = unscoped_header(self.sid)
         else:
-            header = self._channel_header(label, thread_id, reply_to)
+            header = self._channel_header(view.label, env.thread_id, env.reply_to)
         stored, body = seal(meta, header, blocks)
         # what the host itself published wakes nobody; a message addressed to agents for whom
         # the channel is closed carries, in their copy, an invitation to open it
-        echo = from_self or (message_id is not None and message_id in self._receipts)
-        addressed = not echo and bool(tags) and is_addressed(tags)
+        echo = env.from_self or (env.message_id is not None and env.message_id in self._receipts)
+        addressed = not echo and bool(env.tags) and is_addressed(env.tags)
         invited = (
-            frozenset(a for a in hearers if a not in view.open)
-            if addressed and lane == "incoming"
+            frozenset(a for a in self.hearers if a not in view.open)
+            if addressed and env.lane == "incoming"
             else frozenset()
         )
-        records: list[MessageRecord] = []
-        first: MessageRecord | None = None  # the others share its blocks and metadata
-        for agent in hearers:
-            if agent == author_agent:
-                continue
-            if agent in invited:
-                records.append(
-                    invitation_record(
-                        record_id=new_id(),
-                        agent=agent,
-                        stored=stored,
-                        meta=meta,
-                        author=author,
-                        where=(self.sid, self.cid, self.label),
-                        now=now,
-                    )
-                )
-            elif first is None:
-                first = MessageRecord(
-                    id=new_id(),
-                    agent=agent,
-                    role="user",
-                    blocks=stored,
-                    metadata=meta,
-                    created_at=now,
-                )
-                records.append(first)
-            else:
-                records.append(first.for_agent(agent, new_id()))
-        wakes = self._wakes(
+        where = (self.sid, self.cid, self.label)
+        records = copies(self.hearers, env, stored, invited, where, now)
+        wakes = wakes_of(
+            self.hearers,
             view,
-            lane,
-            message_id,
-            thread_id,
-            echo,
-            addressed,
-            blocks,
-            tags,
-            author or None,
-            meta.get("occurrence"),
+            env,
+            server_id=self.sid,
+            channel_id=self.cid,
+            echo=echo,
+            addressed=addressed,
+            blocks=blocks,
         )
-        return Append(records=tuple(records), dedupe=dedupe), tuple(body), wakes, author
+        return Append(records=records, dedupe=env.dedupe), tuple(body), wakes, env.author
+
+    def _note_subject(self, key: str, thread_id: str | None, message_id: str | None) -> None:
+        """Remember where an RFC-006 subject lives (its corrections are delivered there)."""
+        self._subject_places[key] = (thread_id, message_id)
+        self._subject_places.move_to_end(key)
+        while len(self._subject_places) > MAX_SUBJECT_PLACES:
+            self._subject_places.popitem(last=False)
 
     def _channel_header(
         self, label: str | None, thread_id: str | None, reply_to: str | None
@@ -541,26 +398,25 @@ class ChannelActor(Actor):
         place = self._subject_places.get(msg.key, unknown) if self.cid is not None else unknown
         thread_id, message_id = place
         tags, _ = expand_tags(list(msg.tags))
-        meta: dict[str, Any] = {
-            "server_id": self.sid,
-            "channel_id": self.cid,
-            "event_id": msg.event_id,
-            "timestamp": msg.timestamp or now_iso(),
-            "feature_set": msg.feature_set,
-            "tags": list(tags),
-        }
-        if isinstance(msg.origin, Mapping) and msg.origin:
-            meta["adapter_origin"] = dict(msg.origin)
-        meta["inbound_source"] = {
-            "lane": "render",
-            "server": self.sid,
-            "channel": self.cid,
-            "thread": thread_id,
-            "message": message_id,
-            "label": self.label or None,
-            "reply_to": None,
-            "accepted_at": now_iso(),
-        }
+        meta = render_meta(
+            server_id=self.sid,
+            channel_id=self.cid,
+            event_id=msg.event_id,
+            timestamp=msg.timestamp or now_iso(),
+            feature_set=msg.feature_set,
+            tags=tags,
+            origin=msg.origin,
+        )
+        meta["inbound_source"] = inbound_source(
+            "render",
+            self.sid,
+            self.cid,
+            thread=thread_id,
+            message=message_id,
+            label=self.label or None,
+            reply_to=None,
+            accepted_at=now_iso(),
+        )
         if message_id is not None:
             meta["message_id"] = message_id
         if thread_id is not None:
@@ -578,42 +434,6 @@ class ChannelActor(Actor):
             )
             for agent in msg.contexts
         )
-
-    def _wakes(
-        self,
-        view: _BatchView,
-        lane: str,
-        message_id: str | None,
-        thread_id: str | None,
-        echo: bool,
-        addressed: bool,
-        blocks: list[dict[str, Any]] | None = None,
-        tags: tuple[str, ...] = (),
-        author: str | None = None,
-        occurrence: str | None = None,
-    ) -> tuple[tuple[str, Wake], ...]:
-        """Who this item wakes: nobody for what the host itself published (``echo``); in a
-        closed channel only those it is ``addressed`` to."""
-        if echo:
-            return ()
-        woken = [agent for agent in self.hearers if addressed or agent in view.open]
-        if not woken:
-            return ()
-        wake = Wake(
-            lane=lane,
-            server_id=self.sid,
-            channel_id=self.cid,
-            message_id=message_id,
-            thread_id=thread_id,
-            addressed=addressed,
-            text=_wake_text(blocks) if blocks else "",
-            tags=tags,
-            author=author,
-            place=view.place,
-            registered=view.registered,
-            occurrence=occurrence,
-        )
-        return tuple((agent, wake) for agent in woken)
 
     # -- publish ----------------------------------------------------------------------------
     async def _publish(self, msg: Publish, reply: Reply, token: str) -> None:

@@ -24,7 +24,8 @@ from .agent import (
     Rollback,
 )
 from .agent_history import read_history
-from .channel import ChannelActor, new_id
+from .channel import ChannelActor
+from .channel_envelope import new_id
 from .coalescer import CoalescerActor
 from .config import HostConfig, load_config
 from .connection import ConnectionActor
