@@ -330,7 +330,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="print stored messages, oldest first (read-only; works beside a running host)",
     )
     hist.add_argument(
-        "--data-dir", default="mcplive-data", help="the data dir (default: ./mcplive-data)"
+        "--data-dir",
+        help="the data dir (default: the config's, else ./mcplive-data)",
+    )
+    hist.add_argument(
+        "--config",
+        metavar="FILE",
+        help="the host's config: its data dir, and the server tokens and key variables whose "
+        "values are shown as «redacted» (model API keys in the environment always are)",
     )
     hist.add_argument("--agent", help="only this agent's messages")
     hist.add_argument("--search", metavar="TEXT", help="only messages whose text contains TEXT")

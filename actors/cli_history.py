@@ -15,17 +15,22 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import os
 import re
 import sys
 import time
 from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
 from typing import Any, TextIO
 
 import attrs
 
 from protocol.authors import shown_author, stored_author
 from protocol.display import one_line, well_formed
+from protocol.redact import NO_REDACTION, Redactor
 from store import Reader, StoredRow, body_text, db_path, text_matcher
+
+from .config import MODEL_KEY_VARIABLES, ConfigError, ConfigErrors, host_redactor, load_config
 
 #: Messages read from the store at a time.
 PAGE = 256
@@ -101,7 +106,13 @@ def in_channel(message: Mapping[str, Any], channel: str) -> bool:
 
 
 def cmd_history(args: argparse.Namespace) -> int:
-    path = db_path(args.data_dir)
+    try:
+        data_dir, redactor = _where_and_secrets(args)
+    except ConfigError as exc:
+        for problem in exc.problems if isinstance(exc, ConfigErrors) else [str(exc)]:
+            print(f"mcplive: {problem}", file=sys.stderr)
+        return 2
+    path = db_path(data_dir)
     if not path.is_file():
         print(f"mcplive: no store at {path}; give --data-dir", file=sys.stderr)
         return 1
@@ -134,7 +145,7 @@ def cmd_history(args: argparse.Namespace) -> int:
                     file=sys.stderr,
                 )
                 return 2
-        printer = Printer(sys.stdout, as_json=args.json)
+        printer = Printer(sys.stdout, as_json=args.json, redactor=redactor)
         last = print_window(reader, selection, args.limit, printer)
         report_skipped(reader)
         if args.follow:
@@ -145,18 +156,33 @@ def cmd_history(args: argparse.Namespace) -> int:
     return 0
 
 
-class Printer:
-    """Writes each message as it is printed (flushed, so a pipe or ``--follow`` sees it)."""
+def _where_and_secrets(args: argparse.Namespace) -> tuple[Path, Redactor]:
+    """The data dir to read and the redactor of what is printed: the configured credentials
+    with ``--config``, else the model API keys in the environment."""
+    if args.config is None:
+        keys = [os.environ.get(name) for name in MODEL_KEY_VARIABLES]
+        return Path(args.data_dir or "mcplive-data"), Redactor(keys)
+    data_dir = Path(args.data_dir) if args.data_dir else None
+    cfg = load_config(args.config, data_dir=data_dir)
+    return cfg.data_dir, host_redactor(cfg)
 
-    def __init__(self, out: TextIO, *, as_json: bool) -> None:
+
+class Printer:
+    """Writes each message as it is printed (flushed, so a pipe or ``--follow`` sees it), with
+    every configured credential replaced (``redactor``)."""
+
+    def __init__(self, out: TextIO, *, as_json: bool, redactor: Redactor = NO_REDACTION) -> None:
         self.out = out
         self.as_json = as_json
+        self.redactor = redactor
 
     def print(self, row: StoredRow, set_aside: bool) -> None:
         if self.as_json:
-            line = json.dumps(row.message, ensure_ascii=False, default=str)
+            message = self.redactor.value(row.message)
+            line = json.dumps(message, ensure_ascii=False, default=str)
         else:
             line = history_line(row.message, created_at=row.created_at, set_aside=set_aside)
+            line = self.redactor.text(line)
         # whatever a record holds, the line can be written as UTF-8 (in JSON text a raw U+FFFD
         # stands where a lone surrogate was; the JSON stays valid)
         self.out.write(well_formed(line) + "\n")

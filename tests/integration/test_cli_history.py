@@ -16,6 +16,7 @@ from actors import Host
 from actors.agent import live_messages
 from store import Reader, db_path
 from tests.cli_helpers import (
+    child_env,
     make_store,
     mcplive,
     one_line,
@@ -197,3 +198,48 @@ def test_history_reads_a_version_3_store_as_it_is(tmp_path: Path) -> None:
     assert ids(history(data, "--search", "MORNING", "--limit", "1")) == ["m2"]
     assert ids(history(data, "--search", "good m", "--channel", G)) == ["m1"]
     unchanged_store(before, tree_digest(data, skip=lambda p: not store_files(p)))
+
+
+def test_configured_credentials_never_print(tmp_path: Path) -> None:
+    """A server may echo a secret it was given into a message; the store keeps what was sent,
+    but ``history`` (plain and ``--json``) shows every configured credential as «redacted»: a
+    server's token named by ``--config`` and a model API key from the environment."""
+    token, key = "srv-token-0123456789", "sk-ant-secret-98765"
+    data = tmp_path / "data"
+    make_store(
+        data,
+        [
+            stored("m1", f"my token is {token}", server="lobby", channel=G),
+            stored("m2", f"and the key {key}", role="assistant"),
+        ],
+    )
+    cfg = tmp_path / "host.toml"
+    cfg.write_text(
+        f'[host]\ndata_dir = "{data}"\n'
+        f'[[servers]]\nid = "lobby"\nurl = "ws://127.0.0.1:9/"\ntoken = "{token}"\n'
+        '[[agents]]\nname = "Ada"\nmodel = "scripted:rules.toml"\n'
+    )
+    (tmp_path / "rules.toml").write_text("")
+    env = {**child_env(), "ANTHROPIC_API_KEY": key}
+    for extra in ((), ("--json",)):
+        out = mcplive("history", "--config", str(cfg), *extra, cwd=tmp_path, env=env)
+        assert out.returncode == 0, out.stderr
+        assert token not in out.stdout and key not in out.stdout
+        assert out.stdout.count("«redacted»") == 2
+        assert len(out.stdout.splitlines()) == 2  # still every message, one line each
+    # without --config the environment's model key is still hidden; the token is not known
+    plain = mcplive("history", "--data-dir", str(data), cwd=tmp_path, env=env)
+    assert key not in plain.stdout and token in plain.stdout
+    with Reader(db_path(data), read_only=True) as reader:
+        kept = [row.message["blocks"][-1]["text"] for row in reader.rows()]
+    assert any(token in text for text in kept)  # the store itself keeps what was sent
+
+
+def test_a_bad_config_is_one_line_per_problem(tmp_path: Path) -> None:
+    cfg = tmp_path / "host.toml"
+    cfg.write_text("[host]\nbogus = 1\n")
+    out = mcplive("history", "--config", str(cfg), cwd=tmp_path)
+    assert out.returncode == 2
+    assert out.stdout == ""
+    assert all(line.startswith("mcplive: ") for line in out.stderr.splitlines())
+    assert "bogus" in out.stderr
