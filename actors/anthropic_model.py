@@ -104,6 +104,7 @@ _TRANSIENT_STREAM_ERRORS = frozenset(
 #: How long one attempt (request and whole stream) may take, in seconds.
 ATTEMPT_TIMEOUT_S = 600.0
 #: Where the key comes from when none is passed in.
+CUSTOM_HEADERS_VARIABLE = "ANTHROPIC_CUSTOM_HEADERS"
 KEY_VARIABLE = "ANTHROPIC_API_KEY"
 #: What a refusal by HTTP status means for the credential.
 _AUTH_PROBLEMS = {401: "refused the credential", 403: "denied the credential permission"}
@@ -128,12 +129,14 @@ class AnthropicModel:
         notice: Callable[[str], None] | None = None,
         rng: random.Random | None = None,
         timeout_s: float = ATTEMPT_TIMEOUT_S,
+        env_headers: bool = True,
     ) -> None:
         if max_retries < 0:
             raise ValueError("max_retries must be >= 0")
         if not timeout_s > 0:
             raise ValueError("timeout_s must be > 0")
         self.model = model
+        self._env_headers = env_headers
         self.name = f"anthropic:{model}"
         self.info = ModelInfo(
             id=model,
@@ -170,7 +173,7 @@ class AnthropicModel:
                 api_key="",
                 base_url=self._base_url,
                 max_retries=0,
-                default_headers=cast(Any, omitted),
+                default_headers=cast(Any, {**self._withheld(), **omitted}),
             )
         variable = self._key_variable or KEY_VARIABLE
         key = self._api_key if self._api_key is not None else os.environ.get(variable)
@@ -181,7 +184,22 @@ class AnthropicModel:
                 problem="has no credential",
                 credential=self._credential,
             )
-        return anthropic.AsyncAnthropic(api_key=key, base_url=self._base_url, max_retries=0)
+        return anthropic.AsyncAnthropic(
+            api_key=key,
+            base_url=self._base_url,
+            max_retries=0,
+            default_headers=cast(Any, self._withheld()),
+        )
+
+    def _withheld(self) -> dict[str, Any]:
+        """The SDK adds the headers of ``ANTHROPIC_CUSTOM_HEADERS`` to every request; they are
+        meant for Anthropic's endpoint (or the one ``ANTHROPIC_BASE_URL`` names), so an endpoint
+        of the config's own (``base_url``; ``env_headers=False``) never gets them."""
+        if self._env_headers:
+            return {}
+        lines = os.environ.get(CUSTOM_HEADERS_VARIABLE, "").split("\n")
+        names = [line.split(":", 1)[0].strip() for line in lines if ":" in line]
+        return {name: anthropic.Omit() for name in names if name}
 
     async def complete(
         self, request: ModelRequest, on_delta: DeltaSink | None = None

@@ -62,7 +62,9 @@ def model_from_spec(
     if kind == "anthropic":
         from .anthropic_model import AnthropicModel
 
-        return AnthropicModel(rest, base_url=endpoint, key_variable=variable)
+        return AnthropicModel(
+            rest, base_url=endpoint, key_variable=variable, env_headers=base_url is None
+        )
     from .openai_model import OpenAIModel
 
     return OpenAIModel(rest, base_url=endpoint, key_variable=variable)

@@ -76,3 +76,29 @@ async def test_max_tokens_and_temperature_are_sent(fake: tuple[FakeScript, str])
     first, second = (r.body for r in script.requests)
     assert (first["max_tokens"], first["temperature"]) == (777, 0.25)
     assert second["max_tokens"] == 1024 and "temperature" not in second
+
+
+async def test_custom_headers_from_the_environment_go_only_to_anthropics_endpoint(
+    fake: tuple[FakeScript, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``ANTHROPIC_CUSTOM_HEADERS`` (added by the SDK to every request) belongs with the default
+    endpoint: a configured ``base_url`` gets none of it, with or without a key; the endpoint
+    ``ANTHROPIC_BASE_URL`` names (paired with the default key) does."""
+    script, base_url = fake
+    monkeypatch.setenv("ANTHROPIC_CUSTOM_HEADERS", "X-Gateway-Auth: gw-secret\nX-Team: core")
+    for _ in range(3):
+        script.add(Reply(blocks=[text_block("ok")]))
+    with trio.fail_after(TIMEOUT):
+        await model_from_spec("anthropic:claude-test", base_url=base_url).complete(request())
+        configured = model_from_spec(
+            "anthropic:claude-test", base_url=base_url, api_key_env="PROXY_KEY"
+        )
+        await configured.complete(request())
+        monkeypatch.setenv("ANTHROPIC_BASE_URL", base_url)
+        await model_from_spec("anthropic:claude-test").complete(request())
+    *configured_requests, default = script.requests
+    for sent in configured_requests:
+        assert "x-gateway-auth" not in sent.headers and "x-team" not in sent.headers
+        assert "gw-secret" not in repr(sent)
+    assert default.headers["x-gateway-auth"] == "gw-secret"
+    assert default.headers["x-team"] == "core"
