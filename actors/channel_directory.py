@@ -22,6 +22,7 @@ channel left out at that cap (a store holding more), the store is read again whe
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -184,6 +185,15 @@ class ChannelDirectory:
                 flag = bool(config.publish_undeclared(sid))
                 out.extend(_current(infos[cid], flag) for cid in sorted(infos))
         return out
+
+    def first(self, server_id: str, config: Any, limit: int) -> tuple[list[ChannelInfo], int]:
+        """The snapshots of a server's first ``limit`` channels by id, and how many it has."""
+        infos = self._infos.get(server_id)
+        if not infos:
+            return [], 0
+        flag = bool(config.publish_undeclared(server_id))
+        ids = heapq.nsmallest(limit, infos) if len(infos) > limit else sorted(infos)
+        return [_current(infos[cid], flag) for cid in ids], len(infos)
 
     def views(self, servers: Iterable[str], config: Any) -> tuple[list[ChannelView], Places]:
         """The registered channels of ``servers`` as a turn resolves targets (by server, then

@@ -114,6 +114,8 @@ def summary(
             f"  {s.get('id')}: {s.get('state')}; {s.get('tools')} tools; "
             f"reconnects {s.get('reconnects')}; " + (f"grants {grant}" if grant else "no grant")
         )
+        if s.get("channel_count"):
+            lines.append("    " + channels_line(s))
         if s.get("last_error"):
             lines.append(f"    last error: {s['last_error']}")
         if s.get("state") not in HEALTHY_STATES:  # a healthy server's stderr is its own chatter
@@ -133,6 +135,29 @@ def summary(
         )
     lines.append(f"health: {verdict.summary}")
     return lines
+
+
+#: Channels named on a server's summary line (the file lists more).
+SHOWN_CHANNELS = 8
+
+
+def channels_line(server: Mapping[str, Any]) -> str:
+    """``channels (N): #a, #b (closed for Grace), c (prose held), … and K more``."""
+    listed = [c for c in server.get("channels") or () if isinstance(c, Mapping)]
+    count = server.get("channel_count") or len(listed)
+    named = []
+    for c in listed[:SHOWN_CHANNELS]:
+        notes = []
+        if not c.get("registered", True):
+            notes.append("unregistered")
+        if c.get("place") == "held":
+            notes.append("prose held")
+        if c.get("closed_for"):
+            notes.append("closed for " + ", ".join(c["closed_for"]))
+        name = c.get("label") or c.get("id")
+        named.append(f"{name} ({'; '.join(notes)})" if notes else str(name))
+    more = count - len(named)
+    return f"channels ({count}): " + ", ".join(named) + (f", … and {more} more" if more else "")
 
 
 def add_parser(sub: Any) -> None:

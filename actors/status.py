@@ -30,6 +30,7 @@ from protocol.display import one_line
 from protocol.redact import Redactor
 
 from .config import HostConfig, ServerConfig, host_redactor
+from .messages import ChannelInfo
 from .version import installed_version
 
 #: How often (wall clock) the snapshot is compared with the one last written.
@@ -42,15 +43,33 @@ FINAL_WRITE_S = 5.0
 MAX_TAIL_LINES = 20
 MAX_LINE_CHARS = 500
 MAX_NAMES = 200
+#: Channels listed per server (the first by id; ``channel_count`` says how many there are).
+MAX_CHANNELS = 50
 
 
 def _clip(text: Any) -> str | None:
     return None if text is None else one_line(str(text), MAX_LINE_CHARS)
 
 
-def server_entry(cfg: ServerConfig, st: Any) -> dict[str, Any]:
+def channel_entry(info: ChannelInfo) -> dict[str, Any]:
+    """One channel as the file lists it: where prose goes (``"held"``: the server declared no
+    publish target), and the agents for whom it is closed."""
+    return {
+        "id": _clip(info.channel_id),
+        "label": _clip(info.label),
+        "registered": info.registered,
+        "place": info.place or "held",
+        "closed_for": sorted(a for a, is_open in info.open_for.items() if not is_open)[:MAX_NAMES],
+    }
+
+
+def server_entry(
+    cfg: ServerConfig, st: Any, channels: tuple[list[ChannelInfo], int] = ([], 0)
+) -> dict[str, Any]:
     """One server's part of the file, from its published ``ConnStatus`` (None: not yet
-    published). Read defensively: a field an older snapshot lacks counts as unset."""
+    published) and its ``channels`` (the first ones by id, and how many it has). Read
+    defensively: a field an older snapshot lacks counts as unset."""
+    listed, count = channels
     connects = int(getattr(st, "connects", 0) or 0)
     enabled = getattr(st, "feature_sets", None) or {}
     return {
@@ -71,6 +90,8 @@ def server_entry(cfg: ServerConfig, st: Any) -> dict[str, Any]:
         "stderr_tail": [
             _clip(line) for line in tuple(getattr(st, "stderr_tail", None) or ())[-MAX_TAIL_LINES:]
         ],
+        "channel_count": count,
+        "channels": [channel_entry(info) for info in listed[:MAX_CHANNELS]],
     }
 
 
@@ -105,9 +126,12 @@ def snapshot(
     started_at: float,
     running: bool,
     redactor: Redactor,
+    channels: Callable[[str], tuple[list[ChannelInfo], int]] | None = None,
 ) -> dict[str, Any]:
     """The file's content less ``written_at`` (which the writer adds): every configured server
-    and agent, in configuration order, redacted."""
+    (with its channels, from ``channels(server_id)``) and agent, in configuration order,
+    redacted."""
+    listed = channels or (lambda _sid: ([], 0))
     doc = {
         "format": fmt.FORMAT,
         "mcplive": installed_version() or "0",
@@ -116,7 +140,7 @@ def snapshot(
         "interval_s": WRITE_EVERY_S,
         "running": running,
         "data_dir": str(config.data_dir),
-        "servers": [server_entry(s, statuses.get(s.id)) for s in config.servers],
+        "servers": [server_entry(s, statuses.get(s.id), listed(s.id)) for s in config.servers],
         "agents": [agent_entry(a.name, agent_statuses.get(a.name)) for a in config.agents],
     }
     result: dict[str, Any] = redactor.value(doc)
@@ -176,7 +200,14 @@ class StatusWriter:
             started_at=self.started_at,
             running=running,
             redactor=self.redactor,
+            channels=self._channels,
         )
+
+    def _channels(self, server_id: str) -> tuple[list[ChannelInfo], int]:
+        directory = getattr(self.ctx, "channel_directory", None)
+        if directory is None:
+            return [], 0
+        return directory.first(server_id, self.ctx.config, MAX_CHANNELS)
 
     async def run(self) -> None:
         """Write until cancelled, then write the last snapshot (``"running": false``)."""

@@ -163,3 +163,32 @@ def test_the_summary_shows_a_stderr_tail_only_for_a_server_in_trouble(tmp_path: 
     lines = summary(tmp_path, 1, doc, verdict, 0.0)
     assert "    stderr: boom" in lines
     assert not any("chatter" in line for line in lines)
+
+
+def test_each_server_lists_its_channels_capped_with_their_count(tmp_path: Path) -> None:
+    """The file lists a server's first channels by id (at most ``MAX_CHANNELS``) with how many
+    it has, each with where prose goes and for whom it is closed; ``mcplive status`` names the
+    first few on one line."""
+    from actors.channel_directory import ChannelDirectory
+    from actors.cli_status import channels_line
+    from actors.status import MAX_CHANNELS
+    from protocol.lanes import ChannelDescriptor
+
+    ctx = fake_ctx(tmp_path)
+    directory = ctx.channel_directory = ChannelDirectory()
+    rooted = {"publish": {"target": "root"}}
+    for i in reversed(range(MAX_CHANNELS + 10)):
+        desc = ChannelDescriptor(id=f"c{i:03}", label=f"#{i}", capabilities=rooted if i else None)
+        directory.register("lobby", desc, {"Ada": True, "Bob": i % 2 == 0}, False)
+    directory.unregister("lobby", "c002")
+    lobby, clock = StatusWriter(ctx).body()["servers"]
+    assert lobby["channel_count"] == MAX_CHANNELS + 10
+    assert [c["id"] for c in lobby["channels"]] == [f"c{i:03}" for i in range(MAX_CHANNELS)]
+    c0, c1, c2 = lobby["channels"][:3]
+    assert (c0["place"], c0["closed_for"], c0["label"]) == ("held", [], "#0")
+    assert (c1["place"], c1["closed_for"]) == ("root", ["Bob"])
+    assert c2["registered"] is False
+    assert (clock["channel_count"], clock["channels"]) == (0, [])
+    line = channels_line(lobby)
+    assert line.startswith("channels (60): #0 (prose held), #1 (closed for Bob), #2 (unregistered)")
+    assert line.endswith(", … and 52 more")
