@@ -129,6 +129,8 @@ def body_of(message: Mapping[str, Any]) -> str:
 
 #: What a scripted model says of its context window (it reads only the newest message).
 SCRIPTED_CONTEXT_WINDOW = 200_000
+#: Messages whose body length the model remembers (see ``ScriptedModel._length``).
+MAX_KNOWN_LENGTHS = 4096
 _PIECES = re.compile(r"\s*\S+\s*|\s+")
 
 
@@ -153,12 +155,26 @@ class ScriptedModel:
             capabilities=("tools",),
         )
         self.rules = load_rules(path)
+        # the body length of messages read before, by identity (each entry holds its message,
+        # so the identity is not reused while it is kept; a turn's context shares the rendered
+        # messages of the turns before); the oldest entry is forgotten past the cap
+        self._lengths: dict[int, tuple[Mapping[str, Any], int]] = {}
 
     def _usage(self, request: ModelRequest, output: str) -> dict[str, int]:
         """An estimate (a token per four characters read and written), so lifecycle,
         inference answers and the turn's usage carry numbers; no cache is ever used."""
-        seen = request.system + "".join(body_of(m) for m in request.messages)
-        return {"input_tokens": _tokens(seen), "output_tokens": _tokens(output) if output else 0}
+        seen = len(request.system) + sum(self._length(m) for m in request.messages)
+        return {"input_tokens": seen // 4 + 1, "output_tokens": _tokens(output) if output else 0}
+
+    def _length(self, message: Mapping[str, Any]) -> int:
+        known = self._lengths.get(id(message))
+        if known is not None and known[0] is message:
+            return known[1]
+        length = len(body_of(message))
+        self._lengths[id(message)] = (message, length)
+        if len(self._lengths) > MAX_KNOWN_LENGTHS:
+            del self._lengths[next(iter(self._lengths))]
+        return length
 
     def _match(
         self, messages: Sequence[Mapping[str, Any]]

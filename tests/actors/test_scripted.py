@@ -478,3 +478,33 @@ def test_a_missing_file_is_a_config_error(tmp_path: Path):
         ScriptedModel(tmp_path / "nope.toml")
     assert "nope.toml" in str(info.value)
     assert "\n" not in str(info.value)
+
+
+@given(
+    st.lists(st.text(max_size=30), min_size=1, max_size=12),
+    st.lists(st.integers(min_value=0, max_value=11), max_size=30),
+)
+async def test_usage_counts_what_was_read_however_messages_are_shared(
+    texts: list[str], picks: list[int]
+) -> None:
+    """Its input estimate is a token per four characters of the system prompt and every
+    message's body, whether a message was read on an earlier turn (the same object) or not,
+    and its memory of lengths stays within its cap."""
+    import tempfile
+
+    import actors.scripted as scripted
+
+    with tempfile.TemporaryDirectory() as folder:
+        m = model(Path(folder), "")
+    pool = [user(t, header="[source: lobby]") for t in texts]
+    original = scripted.MAX_KNOWN_LENGTHS
+    scripted.MAX_KNOWN_LENGTHS = 5
+    try:
+        for turn in range(3):
+            messages = [pool[i % len(pool)] for i in picks] or pool
+            request = ModelRequest(agent="Ada", system="sys" * turn, messages=messages)
+            read = request.system + "".join(body_of(x) for x in messages)
+            assert m._usage(request, "")["input_tokens"] == len(read) // 4 + 1
+            assert len(m._lengths) <= 5
+    finally:
+        scripted.MAX_KNOWN_LENGTHS = original
