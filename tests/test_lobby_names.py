@@ -15,7 +15,7 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from examples.lobby_server import HOST_AUTHOR, PEOPLE, publish_author
-from tests.test_lobby_server import TIMEOUT, Lobby, complete, lobby_process, text
+from tests.test_lobby_server import TIMEOUT, Lobby, answered_echo, complete, lobby_process, text
 
 #: conversationId → the author its post is echoed under.
 CASES: list[tuple[Any, dict[str, str]]] = [
@@ -78,17 +78,7 @@ async def publish_and_echo(lobby: Lobby, conversation_id: Any) -> dict[str, Any]
     if conversation_id is not None:
         params["conversationId"] = conversation_id
     reply = await lobby.request("channels/publish", params)
-    message_id = reply["result"]["messageId"]
-    echo = await lobby.wait_for(
-        lambda m: (
-            m.get("method") == "channels/incoming"
-            and m["params"]["messages"][0]["messageId"] == message_id
-        ),
-        f"echo of {message_id}",
-    )
-    await lobby.answer(echo, {"results": [{"messageId": message_id, "accepted": True}]})
-    [message] = echo["params"]["messages"]
-    return dict(message)
+    return dict(await answered_echo(lobby, reply["result"]["messageId"]))
 
 
 async def test_each_post_is_logged_and_echoed_under_its_agent() -> None:

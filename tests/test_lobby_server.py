@@ -773,6 +773,14 @@ async def publish(lobby: Lobby, cid: str, **thread: Any) -> Message:
 
 
 async def echo_of(lobby: Lobby, message_id: str) -> Message:
+    """The lobby's echo of a post the host made, answered; its author is the host's."""
+    message = await answered_echo(lobby, message_id)
+    assert message["author"] == {"id": "host", "name": "mcplive"}
+    return message
+
+
+async def answered_echo(lobby: Lobby, message_id: str) -> Message:
+    """The lobby's echo (``channels/incoming``) of the post ``message_id``, answered."""
     echo = await lobby.wait_for(
         lambda m: (
             m.get("method") == "channels/incoming"
@@ -782,7 +790,6 @@ async def echo_of(lobby: Lobby, message_id: str) -> Message:
     )
     await lobby.answer(echo, {"results": [{"messageId": message_id, "accepted": True}]})
     [message] = echo["params"]["messages"]
-    assert message["author"] == {"id": "host", "name": "mcplive"}
     return message
 
 
