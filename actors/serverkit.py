@@ -1,0 +1,535 @@
+"""A toolkit for writing MCPL servers in Python.
+
+::
+
+    from actors.serverkit import MCPLServer
+
+    server = MCPLServer("demo")
+
+    @server.tool()
+    def shout(text: str) -> str:
+        "The text, upper-cased."
+        return text.upper()
+
+    @server.on_granted("pushEvents")
+    async def hello() -> None:
+        await server.push_event("hello from demo")
+
+    server.run()            # stdio; server.run("websocket", port=8765) for a websocket
+
+The server declares what it implements (tools, channels, hooks, inference) and the toolkit
+builds the 0.5 manifest from that, answers the handshake, tracks what the host granted and
+refuses, before anything is written, a send the host has not granted
+(:class:`protocol.server_session.NotGranted`). The pure session lives in
+:mod:`protocol.server_session`; the trio runtime of one connection in
+:mod:`actors.serverkit_link`.
+
+Feature sets: the server declares ``<name>`` (push events, channels, tools), and when it uses
+them ``<name>.context`` (context hooks, lifecycle) and ``<name>.inference`` (asking the host for
+inference), so that a host denying one does not disable the others. More can be declared with
+:meth:`MCPLServer.feature_set`.
+
+**Why not the MCP SDK.** The official ``mcp`` package (2.3) can carry extra methods
+(``Server.add_request_handler``, ``send_raw_request``) and an ``experimental`` capability, but
+building on it means fighting it: its runner owns ``initialize`` (not overridable) and the
+read loop, every MCPL method needs a pydantic params model, it brings no websocket server
+transport, and it adds a dozen runtime dependencies (pydantic, starlette, uvicorn, httpx2,
+pyjwt...) to a host that needs none of them. MCPL's own needs -- both id spaces, serving the
+host's requests while ours are pending, the grant gating every send -- are already met by the
+sans-I/O :class:`protocol.jsonrpc.RpcSession` this toolkit reuses, which keeps the session
+testable without I/O.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import itertools
+import re
+import secrets
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from typing import Any, TypeVar
+
+import trio
+
+from actors import serverkit_host
+from actors.serverkit_channels import Channel, ChannelSpec, OpenHandler, PublishHandler, content_of
+from actors.serverkit_context import BeforeInference, InferenceResult, Lifecycle, Rollback
+from actors.serverkit_link import LinkLost, RequestTimeout, ServerLink
+from actors.serverkit_run import ServeMixin
+from actors.serverkit_tools import Tool, ToolError, ToolResult, tool_from_function
+from actors.serverkit_transport import warn
+from protocol.errors import CAPABILITY_DENIED, RpcError
+from protocol.server_manifest import FeatureSetDecl, build_manifest
+from protocol.server_session import Grant, NotGranted
+
+__all__ = [
+    "Channel",
+    "InferenceResult",
+    "MCPLServer",
+    "NotGranted",
+    "PushRefused",
+    "PushResult",
+    "ToolError",
+    "ToolResult",
+]
+
+F = TypeVar("F", bound=Callable[..., Any])
+_NAME = re.compile(r"[A-Za-z0-9._:-]+")
+CHANNEL_CAPS = ("channels.register", "channels.incoming", "channels.publish", "channels.lifecycle")
+HOOK_CAPS = (
+    "contextHooks.beforeInference.observe",
+    "contextHooks.beforeInference.inject.beforeUser",
+    "contextHooks.beforeInference.inject.afterUser",
+)
+INFERENCE_CAPS = ("inferenceRequest", "inferenceRequest.streaming")
+#: How often a refused-while-not-ready (-32002) or lost send is tried, and the first pause.
+ATTEMPTS = 6
+FIRST_PAUSE_S = 0.25
+
+
+class PushRefused(Exception):
+    """The host refused a push or message with an error (a policy refusal, not a lost send)."""
+
+    def __init__(self, method: str, error: RpcError) -> None:
+        super().__init__(f"{method} refused by the host: {error}")
+        self.error = error
+
+
+class PushResult(dict[str, Any]):
+    """The host's ``push/event`` result, with the ``eventId`` the push was sent under."""
+
+    @property
+    def event_id(self) -> str:
+        """The idempotency key the push (and every retry) carried."""
+        return str(self["eventId"])
+
+    @property
+    def accepted(self) -> bool:
+        """Whether the host accepted the event."""
+        return self.get("accepted") is True
+
+
+class MCPLServer(ServeMixin):
+    """An MCPL server: declare tools, channels and hooks, then :meth:`run` it."""
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        version: str = "0.1.0",
+        push_events: bool = True,
+        inference: bool = False,
+        request_timeout: float = 30.0,
+    ) -> None:
+        if not _NAME.fullmatch(name):
+            raise ValueError(f"server name {name!r} may hold only letters, digits and . _ : -")
+        self.name = name
+        self.version = version
+        self.push_events = push_events
+        self.inference = inference
+        self.request_timeout = request_timeout
+        self.tools: dict[str, Tool] = {}
+        self.channels: dict[str, Channel] = {}
+        self.default_publish_handler: PublishHandler | None = None
+        self.open_handler: OpenHandler | None = None
+        self.close_handler: OpenHandler | None = None
+        self.before_inference_hook: Callable[[BeforeInference], Any] | None = None
+        self.lifecycle_hook: Callable[[Lifecycle], Any] | None = None
+        self.rollback_handler: Callable[[Rollback], Any] | None = None
+        self._extra_sets: dict[str, FeatureSetDecl] = {}
+        self._on_granted: list[tuple[str, Callable[[], Awaitable[Any]]]] = []
+        self._event_numbers = itertools.count(1)
+        self._run_tag = secrets.token_hex(4)
+        super().__init__()
+
+    # -- declarations ------------------------------------------------------------------------
+    def tool(self, name: str | None = None, *, description: str | None = None) -> Callable[[F], F]:
+        """Decorator: register a function (sync or async) as a tool; its schema comes from its
+        type hints, its description from its docstring."""
+
+        def register(fn: F) -> F:
+            t = tool_from_function(fn, name=name, description=description)
+            if t.name in self.tools:
+                raise ValueError(f"tool {t.name!r} is already registered")
+            self.tools[t.name] = t
+            return fn
+
+        return register
+
+    def channel(
+        self,
+        channel_id: str,
+        *,
+        label: str | None = None,
+        type: str = "chat",
+        direction: str = "bidirectional",
+        initially_open: bool = True,
+        publish_target: str | None = None,
+        address: str | None = None,
+        metadata: Mapping[str, Any] | None = None,
+    ) -> Channel:
+        """Declare a channel; it is registered with every host that grants ``channels.register``."""
+        if channel_id in self.channels:
+            raise ValueError(f"channel {channel_id!r} is already declared")
+        spec = ChannelSpec(
+            id=channel_id,
+            label=label or channel_id,
+            type=type,
+            direction=direction,
+            initially_open=initially_open,
+            publish_target=publish_target,
+            address=address,
+            metadata=metadata,
+        )
+        channel = Channel(self, spec)
+        self.channels[channel_id] = channel
+        return channel
+
+    def feature_set(
+        self, name: str, *, description: str, uses: Sequence[str], rollback: bool = False
+    ) -> FeatureSetDecl:
+        """Declare one more feature set; call :meth:`manifest_changed` when already running."""
+        decl = FeatureSetDecl(
+            name=name, description=description, uses=tuple(uses), rollback=rollback
+        )
+        self._extra_sets[name] = decl
+        return decl
+
+    def on_publish(self, fn: PublishHandler) -> PublishHandler:
+        """Decorator: handle publishes into channels that have no handler of their own."""
+        self.default_publish_handler = fn
+        return fn
+
+    def on_open(self, fn: OpenHandler) -> OpenHandler:
+        """Decorator: ``fn(request)`` runs when the host opens a channel; it may return history
+        items (a list) for the result."""
+        self.open_handler = fn
+        return fn
+
+    def on_close(self, fn: OpenHandler) -> OpenHandler:
+        """Decorator: ``fn(request)`` runs when the host closes a channel."""
+        self.close_handler = fn
+        return fn
+
+    def before_inference(
+        self, fn: Callable[[BeforeInference], Any]
+    ) -> Callable[[BeforeInference], Any]:
+        """Decorator: the ``context/beforeInference`` hook; return None, a string or a list of
+        :class:`actors.serverkit_context.Injection`."""
+        self.before_inference_hook = fn
+        return fn
+
+    def on_lifecycle(self, fn: Callable[[Lifecycle], Any]) -> Callable[[Lifecycle], Any]:
+        """Decorator: ``fn(event)`` for each ``inference/lifecycle`` notice."""
+        self.lifecycle_hook = fn
+        return fn
+
+    def on_rollback(self, fn: Callable[[Rollback], Any]) -> Callable[[Rollback], Any]:
+        """Decorator: the ``state/rollback`` handler; declares the main feature set with
+        ``rollback: true``."""
+        self.rollback_handler = fn
+        return fn
+
+    def on_granted(self, capability: str) -> Callable[[F], F]:
+        """Decorator: run the async ``fn()`` each time a host grants ``capability`` (and the
+        feature set that uses it); it is cancelled when that host disconnects."""
+
+        def register(fn: F) -> F:
+            self._on_granted.append((capability, fn))
+            return fn
+
+        return register
+
+    # -- the manifest --------------------------------------------------------------------------
+    @property
+    def context_feature_set(self) -> str:
+        """The feature set context hooks answer for."""
+        return f"{self.name}.context"
+
+    @property
+    def inference_feature_set(self) -> str:
+        """The feature set inference requests name by default."""
+        return f"{self.name}.inference"
+
+    @property
+    def feature_set_names(self) -> frozenset[str]:
+        """Every declared feature set."""
+        return frozenset(fs.name for fs in self.feature_sets())
+
+    def feature_sets(self) -> list[FeatureSetDecl]:
+        """The declared feature sets, built from what the server uses."""
+        main: list[str] = []
+        if self.push_events:
+            main.append("pushEvents")
+        if self.channels or self.default_publish_handler is not None:
+            main.extend(CHANNEL_CAPS)
+        if self.tools:
+            main.append("tools")
+        out: list[FeatureSetDecl] = []
+        if main:
+            out.append(
+                FeatureSetDecl(
+                    name=self.name,
+                    description=f"{self.name}: events, channels and tools",
+                    uses=tuple(main),
+                    rollback=self.rollback_handler is not None,
+                )
+            )
+        context: list[str] = []
+        if self.before_inference_hook is not None:
+            context.extend(HOOK_CAPS)
+        if self.lifecycle_hook is not None:
+            context.append("inferenceLifecycle")
+        if context:
+            out.append(
+                FeatureSetDecl(
+                    name=self.context_feature_set,
+                    description=f"{self.name}: context hooks",
+                    uses=tuple(context),
+                )
+            )
+        if self.inference:
+            out.append(
+                FeatureSetDecl(
+                    name=self.inference_feature_set,
+                    description=f"{self.name}: asks for inference",
+                    uses=INFERENCE_CAPS,
+                )
+            )
+        out.extend(self._extra_sets.values())
+        return out
+
+    def capabilities(self) -> frozenset[str]:
+        """The advertised capability paths: every path a feature set uses."""
+        return frozenset(u for fs in self.feature_sets() for u in fs.uses)
+
+    def manifest(self) -> dict[str, Any]:
+        """The current ``experimental.mcpl`` object."""
+        return build_manifest(self.capabilities(), self.feature_sets())
+
+    def _set_for(self, capability: str) -> str | None:
+        for fs in self.feature_sets():
+            if capability in fs.uses:
+                return fs.name
+        return None
+
+    # -- grants ------------------------------------------------------------------------------
+    @property
+    def grant(self) -> Grant:
+        """What the connected host granted (nothing while no host is connected)."""
+        return self._link.grant if self._link is not None else Grant()
+
+    def is_granted(self, capability: str) -> bool:
+        """Whether ``capability`` is granted now, with the feature set that uses it enabled."""
+        fs = self._set_for(capability)
+        return self.grant.allows(capability) and (fs is None or fs in self.grant.enabled_sets)
+
+    async def granted(self, capability: str) -> None:
+        """Wait until a host has granted ``capability`` (see :meth:`is_granted`)."""
+        while not self.is_granted(capability):
+            await self.grant_event.wait()
+
+    def grant_changed(self, link: ServerLink, before: Grant, after: Grant) -> None:
+        """Called by a link when the host's grant changed: wake waiters, register channels,
+        start ``on_granted`` hooks."""
+        self._wake()
+        if link is not self._link:
+            return
+        if (
+            after.allows("channels.register")
+            and not before.allows("channels.register")
+            and self.channels
+        ):
+            link.spawn(
+                lambda: self._register(link, list(self.channels.values())), "channels/register"
+            )
+        for capability, fn in self._on_granted:
+            fs = self._set_for(capability)
+            now = after.allows(capability) and (fs is None or fs in after.enabled_sets)
+            then = before.allows(capability) and (fs is None or fs in before.enabled_sets)
+            if now and not then:
+                link.spawn(fn, getattr(fn, "__name__", capability))
+
+    # -- host calls (the link's Dispatch) -----------------------------------------------------
+    async def host_call(self, link: ServerLink, method: str, params: Mapping[str, Any]) -> Any:
+        """Answer one host request."""
+        return await serverkit_host.answer_call(self, link, method, params)
+
+    async def host_notice(self, link: ServerLink, method: str, params: Mapping[str, Any]) -> None:
+        """Handle one host notification."""
+        await serverkit_host.handle_notice(self, link, method, params)
+
+    # -- sending -----------------------------------------------------------------------------
+    def now_iso(self) -> str:
+        """The current UTC time as ISO 8601."""
+        return dt.datetime.now(dt.UTC).isoformat().replace("+00:00", "Z")
+
+    def _current(self, method: str) -> ServerLink:
+        link = self._link
+        if link is None:
+            raise NotGranted(f"{method}: no host is connected")
+        return link
+
+    async def call(
+        self, method: str, params: Mapping[str, Any], *, timeout: float | None = None
+    ) -> Any:
+        """Send a request to the host and return its result, trying again when the host is not
+        ready yet (-32002 for a send our grant allows), times out, or reconnects.
+
+        Raises :class:`protocol.server_session.NotGranted` (nothing sent) and
+        :class:`PushRefused` for the host's other errors.
+        """
+        pause = FIRST_PAUSE_S
+        for attempt in range(ATTEMPTS):
+            link = self._current(method)
+            try:
+                return await link.request(method, params, timeout=timeout)
+            except RpcError as err:
+                if err.code != CAPABILITY_DENIED or attempt == ATTEMPTS - 1:
+                    raise PushRefused(method, err) from None
+            except (RequestTimeout, LinkLost) as exc:
+                if attempt == ATTEMPTS - 1:
+                    raise
+                warn(f"{method}: {exc}; trying again")
+            await trio.sleep(pause)
+            pause = min(pause * 2, 5.0)
+        raise AssertionError("unreachable")
+
+    async def push_event(
+        self,
+        content: str | Sequence[Mapping[str, Any]],
+        *,
+        event_id: str | None = None,
+        feature_set: str | None = None,
+        tags: Iterable[str] = (),
+        origin: Mapping[str, Any] | None = None,
+        coalesce: Mapping[str, Any] | None = None,
+        timestamp: str | None = None,
+    ) -> PushResult:
+        """Push an event to the host (``push/event``) and return its result.
+
+        The event gets an ``eventId`` (made up unless given) that every retry reuses, so the
+        host stores it once. Raises :class:`protocol.server_session.NotGranted`, before
+        anything is written, when the host has not granted ``pushEvents`` or the feature set.
+        """
+        params: dict[str, Any] = {
+            "featureSet": feature_set or self._set_for("pushEvents") or self.name,
+            "eventId": event_id or f"{self.name}-{self._run_tag}-{next(self._event_numbers)}",
+            "timestamp": timestamp or self.now_iso(),
+            "payload": {"content": content_of(content)},
+        }
+        if tags:
+            params["tags"] = list(tags)
+        if origin is not None:
+            params["origin"] = dict(origin)
+        if coalesce is not None:
+            params["coalesce"] = dict(coalesce)
+        self._current("push/event").session.check("push/event", params)
+        result = await self.call("push/event", params)
+        out = PushResult(result if isinstance(result, Mapping) else {})
+        out["eventId"] = params["eventId"]
+        return out
+
+    async def send_incoming(self, channel: Channel, message: Mapping[str, Any]) -> dict[str, Any]:
+        """Deliver one ``channels/incoming`` message (used by :meth:`Channel.send`)."""
+        link = self._current("channels/incoming")
+        link.session.check("channels/incoming", {})
+        if channel.id not in self.accepted_channels(link):
+            raise NotGranted(f"channels/incoming: the host has not accepted channel {channel.id!r}")
+        result = await self.call("channels/incoming", {"messages": [dict(message)]})
+        entries = result.get("results") if isinstance(result, Mapping) else None
+        for entry in entries or ():
+            if isinstance(entry, Mapping) and entry.get("messageId") == message["messageId"]:
+                return dict(entry)
+        return {"messageId": message["messageId"], "accepted": False, "reason": "no result"}
+
+    async def channels_changed(
+        self,
+        *,
+        added: Sequence[Channel] = (),
+        updated: Sequence[Channel] = (),
+        removed: Sequence[Channel] = (),
+    ) -> None:
+        """Tell the host about changed channels (``channels/changed``, request form)."""
+        for ch in removed:
+            self.channels.pop(ch.id, None)
+        for ch in added:
+            self.channels[ch.id] = ch
+        link = self._link
+        if link is None or not link.grant.allows("channels.register"):
+            return  # registered afresh when a host grants it
+        params: dict[str, Any] = {}
+        if added:
+            params["added"] = [c.spec.to_wire() for c in added]
+        if updated:
+            params["updated"] = [c.spec.to_wire() for c in updated]
+        if removed:
+            params["removed"] = [c.id for c in removed]
+        result = await self.call("channels/changed", params)
+        self._note_results(link, result, [*added, *updated])
+        for ch in removed:
+            self.accepted_channels(link).discard(ch.id)
+
+    async def _register(self, link: ServerLink, channels: list[Channel]) -> None:
+        result = await self.call(
+            "channels/register", {"channels": [c.spec.to_wire() for c in channels]}
+        )
+        self._note_results(link, result, channels)
+
+    async def infer(
+        self,
+        messages: str | Sequence[Mapping[str, Any]],
+        *,
+        feature_set: str | None = None,
+        conversation_id: str | None = None,
+        stream: bool = False,
+        on_chunk: Callable[[str], None] | None = None,
+        max_tokens: int | None = None,
+        temperature: float | None = None,
+    ) -> InferenceResult:
+        """Ask the host for an inference (``inference/request``); with ``stream=True`` each
+        ``inference/chunk`` delta goes to ``on_chunk`` in order before the result returns."""
+        msgs = (
+            [{"role": "user", "content": messages}]
+            if isinstance(messages, str)
+            else [dict(m) for m in messages]
+        )
+        params: dict[str, Any] = {
+            "featureSet": feature_set or self.inference_feature_set,
+            "messages": msgs,
+        }
+        if conversation_id is not None:
+            params["conversationId"] = conversation_id
+        if stream:
+            params["stream"] = True
+        prefs = {
+            k: v
+            for k, v in (("maxTokens", max_tokens), ("temperature", temperature))
+            if v is not None
+        }
+        if prefs:
+            params["preferences"] = prefs
+        chunks: dict[int, str] = {}
+
+        def chunk(p: Mapping[str, Any]) -> None:
+            index, delta = p.get("index"), p.get("delta")
+            if type(index) is int and isinstance(delta, str) and index not in chunks:
+                chunks[index] = delta
+                if on_chunk is not None:
+                    on_chunk(delta)
+
+        link = self._current("inference/request")
+        result = await link.request("inference/request", params, on_chunk=chunk if stream else None)
+        return InferenceResult.from_result(result, [chunks[i] for i in sorted(chunks)])
+
+    async def manifest_changed(self) -> None:
+        """Put the current declarations in force and tell the host (``mcpl/manifestChanged``)
+        when the manifest differs; the host then fetches it and re-sends its grant."""
+        link = self._link
+        manifest = self.manifest()
+        self.current_manifest = manifest
+        if link is None:
+            return
+        line = link.session.replace_manifest(manifest, self.feature_sets())
+        if line is not None:
+            await link.send_line(line)

@@ -1,0 +1,160 @@
+"""Running a toolkit server: over stdio, or as a websocket server on loopback or beyond.
+
+One host connection is current at a time. Over stdio there is only one, and the server returns
+when the host closes stdin. A websocket server accepts connections for as long as it runs; a
+new connection takes over from the previous one, which is closed (an MCPL host reconnects
+with a fresh ``initialize``, and the connection is the session).
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, cast
+
+import trio
+import trio_websocket
+
+from actors.serverkit_link import Dispatch, ServerLink
+from actors.serverkit_transport import LineTransport, StdioTransport, WsTransport, warn
+from protocol.server_manifest import FeatureSetDecl
+from protocol.server_session import ServerSession
+
+if TYPE_CHECKING:
+    from actors.serverkit_channels import Channel
+
+__all__ = ["ServeMixin"]
+
+
+class ServeMixin:
+    """The running half of :class:`actors.serverkit.MCPLServer`."""
+
+    # supplied by MCPLServer
+    name: str
+    version: str
+    request_timeout: float
+    tools: Mapping[str, Any]
+
+    def manifest(self) -> dict[str, Any]:
+        """The current manifest (MCPLServer builds it)."""
+        raise NotImplementedError
+
+    def feature_sets(self) -> list[FeatureSetDecl]:
+        """The declared feature sets (MCPLServer builds them)."""
+        raise NotImplementedError
+
+    def __init__(self) -> None:
+        self._link: ServerLink | None = None
+        self._accepted: set[str] = set()
+        self.grant_event = trio.Event()
+        self.current_manifest: dict[str, Any] | None = None
+        self._limiter: trio.CapacityLimiter | None = None
+
+    @property
+    def thread_limiter(self) -> trio.CapacityLimiter:
+        """The limiter sync tools run their worker threads under."""
+        if self._limiter is None:
+            self._limiter = trio.CapacityLimiter(8)
+        return self._limiter
+
+    def _wake(self) -> None:
+        event, self.grant_event = self.grant_event, trio.Event()
+        event.set()
+
+    def accepted_channels(self, link: ServerLink) -> set[str]:
+        """The channels the current host accepted (empty for any other link)."""
+        return self._accepted if link is self._link else set()
+
+    def _note_results(self, link: ServerLink, result: Any, channels: Sequence[Channel]) -> None:
+        entries = result.get("results") if isinstance(result, Mapping) else None
+        accepted = {
+            e.get("id")
+            for e in entries or ()
+            if isinstance(e, Mapping) and e.get("accepted") is True
+        }
+        for ch in channels:
+            if ch.id in accepted:
+                self.accepted_channels(link).add(ch.id)
+            else:
+                warn(f"the host did not accept channel {ch.id!r}")
+
+    def _session(self) -> ServerSession:
+        manifest = self.manifest()
+        self.current_manifest = manifest
+        return ServerSession(
+            name=self.name,
+            version=self.version,
+            manifest=manifest,
+            feature_sets=self.feature_sets(),
+            tools=bool(self.tools),
+        )
+
+    async def serve(self, transport: LineTransport) -> None:
+        """Serve one host connection on ``transport`` until it ends."""
+        dispatch = cast(Dispatch, self)
+        link = ServerLink(
+            self._session(), transport, dispatch, request_timeout=self.request_timeout
+        )
+        old, self._link = self._link, link
+        self._accepted = set()
+        if old is not None:
+            old.close()
+        self._wake()
+        try:
+            await link.run()
+        finally:
+            if self._link is link:
+                self._link = None
+                self._accepted = set()
+            self._wake()
+
+    async def serve_stdio(self) -> None:
+        """Serve the host on stdin/stdout until stdin closes."""
+        await self.serve(StdioTransport())
+
+    async def serve_websocket(
+        self,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        *,
+        task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED,
+    ) -> None:
+        """Accept host connections on ``ws://host:port/``; ``task_status`` gets the address."""
+
+        async def handler(request: trio_websocket.WebSocketRequest) -> None:
+            ws = await request.accept()
+            await self.serve(WsTransport(ws))
+
+        async with trio.open_nursery() as nursery:
+            server = await nursery.start(
+                functools.partial(
+                    trio_websocket.serve_websocket, handler, host, port, ssl_context=None
+                )
+            )
+            bound = server.port
+            task_status.started(f"ws://{host}:{bound}/")
+            await trio.sleep_forever()
+
+    def run(self, transport: str = "stdio", *, host: str = "127.0.0.1", port: int = 8765) -> None:
+        """Run the server: ``"stdio"`` (the default) or ``"websocket"`` on ``host:port``.
+
+        A websocket server prints ``LISTENING ws://host:port/`` on stdout once it accepts
+        connections, and runs until interrupted.
+        """
+        if transport == "stdio":
+            trio.run(self.serve_stdio)
+        elif transport == "websocket":
+
+            async def main() -> None:
+                async with trio.open_nursery() as nursery:
+                    url = await nursery.start(functools.partial(self.serve_websocket, host, port))
+                    print(f"LISTENING {url}", flush=True)
+
+            try:
+                trio.run(main)
+            except KeyboardInterrupt:
+                pass
+        else:
+            raise ValueError(f"transport must be 'stdio' or 'websocket', not {transport!r}")
+        sys.stdout.flush()
