@@ -46,31 +46,56 @@ import datetime as dt
 import itertools
 import re
 import secrets
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
 import trio
 
 from actors import serverkit_host
-from actors.serverkit_channels import Channel, ChannelSpec, OpenHandler, PublishHandler, content_of
-from actors.serverkit_context import BeforeInference, InferenceResult, Lifecycle, Rollback
+from actors.serverkit_channels import (
+    Channel,
+    OpenRequest,
+    Publish,
+    PublishRefused,
+    content_of,
+)
+from actors.serverkit_context import (
+    BeforeInference,
+    CheckpointNotFound,
+    InferenceResult,
+    Injection,
+    Lifecycle,
+    Rollback,
+)
+from actors.serverkit_declare import Declarations
 from actors.serverkit_link import LinkLost, RequestTimeout, ServerLink
 from actors.serverkit_run import ServeMixin
-from actors.serverkit_tools import Tool, ToolError, ToolResult, tool_from_function
+from actors.serverkit_tools import ToolError, ToolResult
 from actors.serverkit_transport import warn
 from protocol.errors import CAPABILITY_DENIED, RpcError
-from protocol.server_manifest import FeatureSetDecl, build_manifest
+from protocol.manifest import manifest_digest
 from protocol.server_session import Grant, NotGranted
+from protocol.uri import EndpointUri, parse_endpoint
 
 __all__ = [
+    "BeforeInference",
     "Channel",
+    "CheckpointNotFound",
     "InferenceResult",
+    "Injection",
+    "Lifecycle",
     "MCPLServer",
     "NotGranted",
+    "OpenRequest",
+    "Publish",
+    "PublishRefused",
     "PushRefused",
     "PushResult",
+    "Rollback",
     "ToolError",
     "ToolResult",
+    "manifest_revision",
+    "parse_address",
 ]
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -85,6 +110,19 @@ INFERENCE_CAPS = ("inferenceRequest", "inferenceRequest.streaming")
 #: How often a refused-while-not-ready (-32002) or lost send is tried, and the first pause.
 ATTEMPTS = 6
 FIRST_PAUSE_S = 0.25
+
+
+def manifest_revision(manifest: Mapping[str, Any]) -> str:
+    """The canonical ``revision`` of a manifest (RFC-003): ``sha256:`` and 43 base64url
+    characters. Raises :class:`protocol.manifest.ManifestError` for a manifest that has none."""
+    return manifest_digest(manifest)
+
+
+def parse_address(address: str) -> EndpointUri:
+    """Read the address hosts dial for this server: ``ws://``, ``wss://`` or ``mcpl://``
+    (RFC-004: canonical form and the ``wss://`` it resolves to). Raises
+    :class:`protocol.uri.McplUriError` for one a host would refuse."""
+    return parse_endpoint(address)
 
 
 class PushRefused(Exception):
@@ -109,7 +147,7 @@ class PushResult(dict[str, Any]):
         return self.get("accepted") is True
 
 
-class MCPLServer(ServeMixin):
+class MCPLServer(Declarations, ServeMixin):
     """An MCPL server: declare tools, channels and hooks, then :meth:`run` it."""
 
     def __init__(
@@ -121,197 +159,13 @@ class MCPLServer(ServeMixin):
         inference: bool = False,
         request_timeout: float = 30.0,
     ) -> None:
-        if not _NAME.fullmatch(name):
-            raise ValueError(f"server name {name!r} may hold only letters, digits and . _ : -")
-        self.name = name
-        self.version = version
-        self.push_events = push_events
-        self.inference = inference
+        Declarations.__init__(
+            self, name, version=version, push_events=push_events, inference=inference
+        )
+        ServeMixin.__init__(self)
         self.request_timeout = request_timeout
-        self.tools: dict[str, Tool] = {}
-        self.channels: dict[str, Channel] = {}
-        self.default_publish_handler: PublishHandler | None = None
-        self.open_handler: OpenHandler | None = None
-        self.close_handler: OpenHandler | None = None
-        self.before_inference_hook: Callable[[BeforeInference], Any] | None = None
-        self.lifecycle_hook: Callable[[Lifecycle], Any] | None = None
-        self.rollback_handler: Callable[[Rollback], Any] | None = None
-        self._extra_sets: dict[str, FeatureSetDecl] = {}
-        self._on_granted: list[tuple[str, Callable[[], Awaitable[Any]]]] = []
         self._event_numbers = itertools.count(1)
         self._run_tag = secrets.token_hex(4)
-        super().__init__()
-
-    # -- declarations ------------------------------------------------------------------------
-    def tool(self, name: str | None = None, *, description: str | None = None) -> Callable[[F], F]:
-        """Decorator: register a function (sync or async) as a tool; its schema comes from its
-        type hints, its description from its docstring."""
-
-        def register(fn: F) -> F:
-            t = tool_from_function(fn, name=name, description=description)
-            if t.name in self.tools:
-                raise ValueError(f"tool {t.name!r} is already registered")
-            self.tools[t.name] = t
-            return fn
-
-        return register
-
-    def channel(
-        self,
-        channel_id: str,
-        *,
-        label: str | None = None,
-        type: str = "chat",
-        direction: str = "bidirectional",
-        initially_open: bool = True,
-        publish_target: str | None = None,
-        address: str | None = None,
-        metadata: Mapping[str, Any] | None = None,
-    ) -> Channel:
-        """Declare a channel; it is registered with every host that grants ``channels.register``."""
-        if channel_id in self.channels:
-            raise ValueError(f"channel {channel_id!r} is already declared")
-        spec = ChannelSpec(
-            id=channel_id,
-            label=label or channel_id,
-            type=type,
-            direction=direction,
-            initially_open=initially_open,
-            publish_target=publish_target,
-            address=address,
-            metadata=metadata,
-        )
-        channel = Channel(self, spec)
-        self.channels[channel_id] = channel
-        return channel
-
-    def feature_set(
-        self, name: str, *, description: str, uses: Sequence[str], rollback: bool = False
-    ) -> FeatureSetDecl:
-        """Declare one more feature set; call :meth:`manifest_changed` when already running."""
-        decl = FeatureSetDecl(
-            name=name, description=description, uses=tuple(uses), rollback=rollback
-        )
-        self._extra_sets[name] = decl
-        return decl
-
-    def on_publish(self, fn: PublishHandler) -> PublishHandler:
-        """Decorator: handle publishes into channels that have no handler of their own."""
-        self.default_publish_handler = fn
-        return fn
-
-    def on_open(self, fn: OpenHandler) -> OpenHandler:
-        """Decorator: ``fn(request)`` runs when the host opens a channel; it may return history
-        items (a list) for the result."""
-        self.open_handler = fn
-        return fn
-
-    def on_close(self, fn: OpenHandler) -> OpenHandler:
-        """Decorator: ``fn(request)`` runs when the host closes a channel."""
-        self.close_handler = fn
-        return fn
-
-    def before_inference(
-        self, fn: Callable[[BeforeInference], Any]
-    ) -> Callable[[BeforeInference], Any]:
-        """Decorator: the ``context/beforeInference`` hook; return None, a string or a list of
-        :class:`actors.serverkit_context.Injection`."""
-        self.before_inference_hook = fn
-        return fn
-
-    def on_lifecycle(self, fn: Callable[[Lifecycle], Any]) -> Callable[[Lifecycle], Any]:
-        """Decorator: ``fn(event)`` for each ``inference/lifecycle`` notice."""
-        self.lifecycle_hook = fn
-        return fn
-
-    def on_rollback(self, fn: Callable[[Rollback], Any]) -> Callable[[Rollback], Any]:
-        """Decorator: the ``state/rollback`` handler; declares the main feature set with
-        ``rollback: true``."""
-        self.rollback_handler = fn
-        return fn
-
-    def on_granted(self, capability: str) -> Callable[[F], F]:
-        """Decorator: run the async ``fn()`` each time a host grants ``capability`` (and the
-        feature set that uses it); it is cancelled when that host disconnects."""
-
-        def register(fn: F) -> F:
-            self._on_granted.append((capability, fn))
-            return fn
-
-        return register
-
-    # -- the manifest --------------------------------------------------------------------------
-    @property
-    def context_feature_set(self) -> str:
-        """The feature set context hooks answer for."""
-        return f"{self.name}.context"
-
-    @property
-    def inference_feature_set(self) -> str:
-        """The feature set inference requests name by default."""
-        return f"{self.name}.inference"
-
-    @property
-    def feature_set_names(self) -> frozenset[str]:
-        """Every declared feature set."""
-        return frozenset(fs.name for fs in self.feature_sets())
-
-    def feature_sets(self) -> list[FeatureSetDecl]:
-        """The declared feature sets, built from what the server uses."""
-        main: list[str] = []
-        if self.push_events:
-            main.append("pushEvents")
-        if self.channels or self.default_publish_handler is not None:
-            main.extend(CHANNEL_CAPS)
-        if self.tools:
-            main.append("tools")
-        out: list[FeatureSetDecl] = []
-        if main:
-            out.append(
-                FeatureSetDecl(
-                    name=self.name,
-                    description=f"{self.name}: events, channels and tools",
-                    uses=tuple(main),
-                    rollback=self.rollback_handler is not None,
-                )
-            )
-        context: list[str] = []
-        if self.before_inference_hook is not None:
-            context.extend(HOOK_CAPS)
-        if self.lifecycle_hook is not None:
-            context.append("inferenceLifecycle")
-        if context:
-            out.append(
-                FeatureSetDecl(
-                    name=self.context_feature_set,
-                    description=f"{self.name}: context hooks",
-                    uses=tuple(context),
-                )
-            )
-        if self.inference:
-            out.append(
-                FeatureSetDecl(
-                    name=self.inference_feature_set,
-                    description=f"{self.name}: asks for inference",
-                    uses=INFERENCE_CAPS,
-                )
-            )
-        out.extend(self._extra_sets.values())
-        return out
-
-    def capabilities(self) -> frozenset[str]:
-        """The advertised capability paths: every path a feature set uses."""
-        return frozenset(u for fs in self.feature_sets() for u in fs.uses)
-
-    def manifest(self) -> dict[str, Any]:
-        """The current ``experimental.mcpl`` object."""
-        return build_manifest(self.capabilities(), self.feature_sets())
-
-    def _set_for(self, capability: str) -> str | None:
-        for fs in self.feature_sets():
-            if capability in fs.uses:
-                return fs.name
-        return None
 
     # -- grants ------------------------------------------------------------------------------
     @property

@@ -17,6 +17,7 @@ import trio
 import trio_websocket
 
 from actors.serverkit_link import Dispatch, ServerLink
+from actors.serverkit_tools import Tool
 from actors.serverkit_transport import LineTransport, StdioTransport, WsTransport, warn
 from protocol.server_manifest import FeatureSetDecl
 from protocol.server_session import ServerSession
@@ -34,7 +35,7 @@ class ServeMixin:
     name: str
     version: str
     request_timeout: float
-    tools: Mapping[str, Any]
+    tools: dict[str, Tool]
 
     def manifest(self) -> dict[str, Any]:
         """The current manifest (MCPLServer builds it)."""

@@ -73,8 +73,8 @@ class FeatureSetDecl:
 def advertisement(paths: Iterable[str]) -> dict[str, Any]:
     """The nested advertisement of ``paths`` (every one an explicit ``true`` leaf).
 
-    ``inferenceRequest.streaming`` nests under an ``inferenceRequest`` object, which the host's
-    walk reads as advertising the node too. ``tools`` is left out (MCP carries it).
+    A path with paths beneath it (``inferenceRequest``) is written as an object, which the
+    host's walk reads as advertising the node alone. ``tools`` is left out (MCP carries it).
     """
     root: dict[str, Any] = {}
     for path in sorted(set(paths)):
@@ -90,8 +90,12 @@ def advertisement(paths: Iterable[str]) -> dict[str, Any]:
                 child = {}
                 node[part] = child
             node = child
-        if not isinstance(node.get(parts[-1]), dict):
-            node[parts[-1]] = True
+        if isinstance(node.get(parts[-1]), dict):
+            continue
+        # ``true`` would also advertise every path beneath (the host's walk reads it so): a
+        # path with paths beneath it is advertised as an object, which names the node alone.
+        below = any(p.startswith(path + ".") for p in VOCABULARY)
+        node[parts[-1]] = {} if below else True
     return root
 
 
