@@ -288,6 +288,11 @@ class MCPLServer(Declarations, ServeMixin):
         """Deliver one ``channels/incoming`` message (used by :meth:`Channel.send`)."""
         link = self._current("channels/incoming")
         link.session.check("channels/incoming", {})
+        if link.grant.allows("channels.register") and channel.id not in self.accepted_channels(
+            link
+        ):
+            with trio.move_on_after(self.request_timeout):
+                await self.registered.wait()  # the registration may still be in flight
         if channel.id not in self.accepted_channels(link):
             raise NotGranted(f"channels/incoming: the host has not accepted channel {channel.id!r}")
         result = await self.call("channels/incoming", {"messages": [dict(message)]})
@@ -325,10 +330,13 @@ class MCPLServer(Declarations, ServeMixin):
             self.accepted_channels(link).discard(ch.id)
 
     async def _register(self, link: ServerLink, channels: list[Channel]) -> None:
-        result = await self.call(
-            "channels/register", {"channels": [c.spec.to_wire() for c in channels]}
-        )
-        self._note_results(link, result, channels)
+        registered = self.registered
+        try:
+            params = {"channels": [c.spec.to_wire() for c in channels]}
+            result = await self.call("channels/register", params)
+            self._note_results(link, result, channels)
+        finally:
+            registered.set()
 
     async def infer(
         self,
@@ -376,14 +384,28 @@ class MCPLServer(Declarations, ServeMixin):
         result = await link.request("inference/request", params, on_chunk=chunk if stream else None)
         return InferenceResult.from_result(result, [chunks[i] for i in sorted(chunks)])
 
-    async def manifest_changed(self) -> None:
-        """Put the current declarations in force and tell the host (``mcpl/manifestChanged``)
-        when the manifest differs; the host then fetches it and re-sends its grant."""
+    async def manifest_changed(self) -> bool:
+        """Put the current declarations in force and, when the manifest differs, tell the host
+        (``mcpl/manifestChanged``); the host then fetches it and sends a new grant.
+
+        A host ignores the notice until its own handshake is done, so it is sent again (a few
+        times, further apart each time) until the host fetches the manifest. Returns whether
+        it did.
+        """
         link = self._link
         manifest = self.manifest()
         self.current_manifest = manifest
         if link is None:
-            return
+            return False
         line = link.session.replace_manifest(manifest, self.feature_sets())
-        if line is not None:
+        if line is None:
+            return False
+        pause = FIRST_PAUSE_S
+        for _ in range(ATTEMPTS):
+            fetched = link.manifest_fetched
             await link.send_line(line)
+            with trio.move_on_after(pause):
+                await fetched.wait()
+                return True
+            pause *= 2
+        return False

@@ -88,6 +88,8 @@ class ServerLink:
         self._nursery: trio.Nursery | None = None
         self.closed = trio.Event()
         self._previous_grant = ss.Grant()
+        #: replaced by a fresh event each time the host fetches the manifest
+        self.manifest_fetched = trio.Event()
 
     @property
     def grant(self) -> ss.Grant:
@@ -173,6 +175,9 @@ class ServerLink:
         elif isinstance(event, ss.GrantChanged):
             self._dispatch.grant_changed(self, self._previous_grant, event.grant)
             self._previous_grant = event.grant
+        elif isinstance(event, ss.ManifestServed):
+            fetched, self.manifest_fetched = self.manifest_fetched, trio.Event()
+            fetched.set()
         elif isinstance(event, ss.Skipped):
             warn(event.text)
 

@@ -48,6 +48,8 @@ class ServeMixin:
     def __init__(self) -> None:
         self._link: ServerLink | None = None
         self._accepted: set[str] = set()
+        #: set once the current host's answer to ``channels/register`` arrived (or failed)
+        self.registered = trio.Event()
         self.grant_event = trio.Event()
         self.current_manifest: dict[str, Any] | None = None
         self._limiter: trio.CapacityLimiter | None = None
@@ -99,6 +101,7 @@ class ServeMixin:
         )
         old, self._link = self._link, link
         self._accepted = set()
+        self.registered = trio.Event()
         if old is not None:
             old.close()
         self._wake()

@@ -52,6 +52,7 @@ __all__ = [
     "HostNotice",
     "Initialized",
     "Lost",
+    "ManifestServed",
     "NotGranted",
     "Outgoing",
     "ServerSession",
@@ -135,6 +136,11 @@ class GrantChanged:
 
 
 @attrs.frozen
+class ManifestServed:
+    """The host fetched the manifest (``mcpl/manifest``), e.g. after ``manifestChanged``."""
+
+
+@attrs.frozen
 class Skipped:
     """Something the host sent was refused or skipped (its answer, if any, is an Outgoing)."""
 
@@ -150,6 +156,7 @@ Event = (
     | Lost
     | Initialized
     | GrantChanged
+    | ManifestServed
     | Skipped
 )
 
@@ -338,7 +345,7 @@ class ServerSession:
             if method == "mcpl/manifest":
                 if self._manifest is None:
                     raise jsonrpc.method_not_found(method)
-                return [Outgoing(self.answer(req.id, dict(self._manifest)))]
+                return [Outgoing(self.answer(req.id, dict(self._manifest))), ManifestServed()]
             if method == "featureSets/update":
                 receipt = self._update(params, request=True)
                 return [Outgoing(self.answer(req.id, receipt)), GrantChanged(self.grant)]

@@ -64,8 +64,8 @@ def test_initialize_answers_the_manifest_the_host_reads_back() -> None:
     assert advertised_paths(manifest, result["capabilities"]) == CAPS
     assert set(declared_feature_sets(manifest).sets) == {"demo", "demo.ask"}
     assert manifest["revision"] == manifest_digest(manifest)
-    [again] = s.receive_line(line({"id": 9, "method": "mcpl/manifest"}))
-    assert wire(again)["result"] == manifest
+    again, served = s.receive_line(line({"id": 9, "method": "mcpl/manifest"}))
+    assert wire(again)["result"] == manifest and served == ss.ManifestServed()
 
 
 def test_nothing_is_granted_before_the_policy_and_the_refusal_writes_nothing() -> None:
@@ -78,11 +78,11 @@ def test_nothing_is_granted_before_the_policy_and_the_refusal_writes_nothing() -
 def test_a_grant_admits_exactly_what_it_names() -> None:
     s = session()
     handshake(s, ["pushEvents", "channels.incoming"])
-    rid, text = s.request("push/event", PUSH, now=0, timeout=1)
+    _, text = s.request("push/event", PUSH, now=0, timeout=1)
     assert json.loads(text)["method"] == "push/event"
     with pytest.raises(ss.NotGranted, match="'inferenceRequest', which the host has not granted"):
         s.request("inference/request", {"featureSet": "demo.ask", "messages": []}, now=0, timeout=1)
-    with pytest.raises(ss.NotGranted, match="'channels.register'"):
+    with pytest.raises(ss.NotGranted, match=r"'channels\.register'"):
         s.notify("channels/changed", {"added": []})
     with pytest.raises(ss.NotGranted, match="not declared"):
         s.request("push/event", {**PUSH, "featureSet": "other"}, now=0, timeout=1)
