@@ -117,6 +117,10 @@ async def test_pushes_tools_and_the_grant(tmp_path: Path, transport: str) -> Non
             assert bad["is_error"] is True
             await k.host.run_until_idle()
             assert pushed_texts(k.host) == ["ping from kit", "relayed: x"]
+            # RFC-006: the host advertised coalescing, so a coalesced push goes out
+            cmd = {"cmd": "push", "text": "kit status 1", "coalesce": {"key": "status", "initial": True}}
+            first = await run(k.ctl, cmd)
+            assert first["result"]["coalesce"]["outcome"] == "first"
 
 
 async def test_channels_publish_names_the_agent_and_the_place(
