@@ -16,9 +16,16 @@ from typing import TYPE_CHECKING, Any, cast
 import trio
 import trio_websocket
 
+from actors.serverkit_files import HEAD_TIMEOUT_S, Shelf, serve_connection
 from actors.serverkit_link import Dispatch, ServerLink
 from actors.serverkit_tools import Tool
-from actors.serverkit_transport import LineTransport, StdioTransport, WsTransport, warn
+from actors.serverkit_transport import (
+    MAX_LINE_BYTES,
+    LineTransport,
+    StdioTransport,
+    WsTransport,
+    warn,
+)
 from protocol.server_manifest import FeatureSetDecl
 from protocol.server_session import ServerSession
 
@@ -53,6 +60,7 @@ class ServeMixin:
         self.grant_event = trio.Event()
         self.current_manifest: dict[str, Any] | None = None
         self._limiter: trio.CapacityLimiter | None = None
+        self.shelf = Shelf()
 
     @property
     def thread_limiter(self) -> trio.CapacityLimiter:
@@ -124,21 +132,52 @@ class ServeMixin:
         *,
         task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED,
     ) -> None:
-        """Accept host connections on ``ws://host:port/``; ``task_status`` gets the address."""
+        """Accept host connections on ``ws://host:port/`` (the same port answers ``GET`` for
+        the payloads of :meth:`reference`); ``task_status`` gets the address."""
 
-        async def handler(request: trio_websocket.WebSocketRequest) -> None:
-            ws = await request.accept()
-            await self.serve(WsTransport(ws))
+        async def websocket(stream: trio.abc.Stream) -> None:
+            async with trio.open_nursery() as nursery:
+                request = None
+                with trio.move_on_after(HEAD_TIMEOUT_S):
+                    request = await trio_websocket.wrap_server_stream(
+                        nursery, stream, max_message_size=MAX_LINE_BYTES
+                    )
+                if request is not None:
+                    try:
+                        ws = await request.accept()
+                    except trio_websocket.ConnectionClosed:
+                        pass
+                    else:
+                        await self.serve(WsTransport(ws))
+                nursery.cancel_scope.cancel()
 
-        async with trio.open_nursery() as nursery:
-            server = await nursery.start(
-                functools.partial(
-                    trio_websocket.serve_websocket, handler, host, port, ssl_context=None
-                )
-            )
-            bound = server.port
-            task_status.started(f"ws://{host}:{bound}/")
-            await trio.sleep_forever()
+        async def connection(stream: trio.SocketStream) -> None:
+            await serve_connection(stream, self.shelf, websocket)
+
+        listeners = await trio.open_tcp_listeners(port, host=host)
+        bound = listeners[0].socket.getsockname()[1]
+        shown = f"[{host}]" if ":" in host else host
+        self.shelf.origin = f"http://{shown}:{bound}"
+        try:
+            async with trio.open_nursery() as nursery:
+                await nursery.start(trio.serve_listeners, connection, listeners)
+                task_status.started(f"ws://{shown}:{bound}/")
+        finally:
+            self.shelf.origin = None
+
+    def reference(
+        self,
+        data: bytes,
+        *,
+        mime_type: str = "application/octet-stream",
+        name: str | None = None,
+        disposition: str | None = None,
+    ) -> dict[str, Any]:
+        """A bulk reference (RFC-005) to ``data``: a ``resource`` block with its size, type
+        and digest, whose bytes this server serves at its own origin until the shelf drops
+        them. Put it in a push's or a tool result's content. Needs the websocket transport
+        (a host fetches only from the origin it dialled)."""
+        return self.shelf.put(data, mime_type=mime_type, name=name, disposition=disposition)
 
     def run(self, transport: str = "stdio", *, host: str = "127.0.0.1", port: int = 8765) -> None:
         """Run the server: ``"stdio"`` (the default) or ``"websocket"`` on ``host:port``.

@@ -11,7 +11,8 @@ Events: ``granted`` {capabilities, sets} (pushEvents granted), ``grant`` (answer
 {featureSet, checkpoint}, ``done`` {cmd, result} or ``failed`` {cmd, kind, text} for each
 command. Commands: ``push`` {text, eventId?, coalesce?}, ``send`` {channel, text, author?,
 thread?}, ``infer`` {text, stream?}, ``declare`` (one more feature set, then
-``mcpl/manifestChanged``), ``grant``.
+``mcpl/manifestChanged``), ``grant``, ``share`` {text} (a push carrying a bulk reference to
+:data:`SHARED`).
 """
 
 from __future__ import annotations
@@ -42,6 +43,8 @@ room = server.channel("kit:room", label="#room", publish_target="root")
 threads = server.channel("kit:threads", label="#threads", publish_target="exact")
 _checkpoints = itertools.count(1)
 _known: set[str] = set()
+#: the payload ``share`` references (served from the websocket's own origin)
+SHARED = b"kit notes: " + bytes(range(32, 127)) * 40
 
 
 class Control:
@@ -169,6 +172,9 @@ async def run_command(cmd: dict[str, Any]) -> Any:
         server.feature_set("kit.extra", description="one more", uses=["pushEvents"])
         await server.manifest_changed()
         return {"revision": server.manifest()["revision"]}
+    if kind == "share":
+        block = server.reference(SHARED, mime_type="text/plain", name="notes.txt")
+        return dict(await server.push_event([{"type": "text", "text": cmd["text"]}, block]))
     if kind == "grant":
         return {
             "capabilities": sorted(server.grant.capabilities),

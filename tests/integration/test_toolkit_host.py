@@ -3,6 +3,7 @@ and over a loopback websocket: real processes, the real clock, order-only assert
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Callable
@@ -17,6 +18,7 @@ import trio
 from actors import Host
 from examples.lobby_control import LobbyControl, open_control_listener
 from tests.helpers import config, scripted, texts
+from tests.kit_server import SHARED
 
 pytestmark = [pytest.mark.slow, pytest.mark.parametrize("transport", ["stdio", "ws"])]
 
@@ -118,7 +120,11 @@ async def test_pushes_tools_and_the_grant(tmp_path: Path, transport: str) -> Non
             await k.host.run_until_idle()
             assert pushed_texts(k.host) == ["ping from kit", "relayed: x"]
             # RFC-006: the host advertised coalescing, so a coalesced push goes out
-            cmd = {"cmd": "push", "text": "kit status 1", "coalesce": {"key": "status", "initial": True}}
+            cmd = {
+                "cmd": "push",
+                "text": "kit status 1",
+                "coalesce": {"key": "status", "initial": True},
+            }
             first = await run(k.ctl, cmd)
             assert first["result"]["coalesce"]["outcome"] == "first"
 
@@ -220,3 +226,23 @@ async def test_an_ungranted_push_is_refused_by_the_server_itself(
             assert sent["result"]["accepted"] is True
             await k.host.run_until_idle()
             assert "not allowed" not in str(k.host.history("Ada"))
+
+
+async def test_a_bulk_reference_is_fetched_from_the_servers_own_origin(
+    tmp_path: Path, transport: str
+) -> None:
+    with trio.fail_after(60):
+        async with kit(tmp_path, transport) as k:
+            await k.ctl.wait_for(event("granted"), "granted")
+            done = await run(k.ctl, {"cmd": "share", "text": "the notes"})
+            if transport == "stdio":  # no origin a host could fetch from
+                assert done["kind"] == "RuntimeError" and "websocket" in done["text"]
+                return
+            assert done["result"]["accepted"] is True
+            await k.host.run_until_idle()
+            stubs = [t for t in texts(k.host.history("Ada")) if "notes.txt" in t]
+            ref_id = re.findall(r"\[(ref_[0-9a-z_]+)\]", stubs[0])[0]
+            got = await k.host.execute_tool_call("Ada", "fetch_reference", {"ref_id": ref_id})
+            assert got["is_error"] is False, got
+            saved = list((tmp_path / "data" / "workspace" / "refs").iterdir())
+            assert [p.read_bytes() for p in saved] == [SHARED]
