@@ -245,9 +245,28 @@ class MCPLServer(Declarations, ServeMixin):
                 if attempt == ATTEMPTS - 1:
                     raise
                 warn(f"{method}: {exc}; trying again")
+                if isinstance(exc, LinkLost):
+                    await self._regranted(method, params, link)
+                    continue
             await trio.sleep(pause)
             pause = min(pause * 2, 5.0)
         raise AssertionError("unreachable")
+
+    async def _regranted(self, method: str, params: Mapping[str, Any], lost: ServerLink) -> None:
+        """Wait (at most the request timeout) for a new host connection that grants what
+        ``method`` needs; raise :class:`protocol.server_session.NotGranted` if none does."""
+        with trio.move_on_after(self.request_timeout):
+            while True:
+                link = self._link
+                if link is not None and link is not lost:
+                    try:
+                        link.session.check(method, params)
+                    except NotGranted:
+                        pass
+                    else:
+                        return
+                await self.grant_event.wait()
+        raise NotGranted(f"{method}: the host connection closed and no host granted it again")
 
     async def push_event(
         self,

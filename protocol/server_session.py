@@ -236,6 +236,7 @@ class ServerSession:
 
     @property
     def closed(self) -> bool:
+        """Whether the link ended (nothing more may be sent)."""
         return self._rpc.closed
 
     # -- sending -----------------------------------------------------------------------------

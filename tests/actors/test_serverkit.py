@@ -217,3 +217,34 @@ async def test_the_grant_wakes_waiters_and_starts_hooks(
             rid = await host.ask("featureSets/update", {"effectiveCapabilities": []})
             await host.answer_to(rid)
             assert not server.is_granted("pushEvents")
+
+
+async def test_a_push_lost_with_its_connection_is_sent_again_on_the_next(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    server = demo()
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            results: list[Any] = []
+            first_side, first_host = trio.testing.memory_stream_pair()
+            nursery.start_soon(server.serve, StreamTransport(first_side, first_side))
+            host = FakeHost(first_host)
+            await host.handshake(["pushEvents", "tools"])
+
+            async def push() -> None:
+                results.append(await server.push_event("survives"))
+
+            nursery.start_soon(push)
+            lost = await host.read()
+            await first_host.aclose()  # the host goes away with the push unanswered
+            second_side, second_host = trio.testing.memory_stream_pair()
+            nursery.start_soon(server.serve, StreamTransport(second_side, second_side))
+            host = FakeHost(second_host)
+            await host.handshake(["pushEvents", "tools"])
+            again = await host.read()
+            assert again["method"] == "push/event"
+            assert again["params"]["eventId"] == lost["params"]["eventId"]
+            await host.send({"id": again["id"], "result": {"accepted": True}})
+            await trio.testing.wait_all_tasks_blocked()
+            assert results[0].accepted
+            await second_host.aclose()
