@@ -65,6 +65,7 @@ from actors.serverkit_context import (
     InferenceResult,
     Injection,
     Lifecycle,
+    Render,
     Rollback,
 )
 from actors.serverkit_declare import Declarations
@@ -91,6 +92,7 @@ __all__ = [
     "PublishRefused",
     "PushRefused",
     "PushResult",
+    "Render",
     "Rollback",
     "ToolError",
     "ToolResult",
@@ -402,6 +404,12 @@ class MCPLServer(Declarations, ServeMixin):
         link = self._current("inference/request")
         result = await link.request("inference/request", params, on_chunk=chunk if stream else None)
         return InferenceResult.from_result(result, [chunks[i] for i in sorted(chunks)])
+
+    async def model_info(self) -> dict[str, Any]:
+        """The host's model (``model/info``: ``id``, ``vendor``, ``contextWindow``,
+        ``capabilities``); needs ``MCPLServer(..., inference=True)`` and the host's grant."""
+        result = await self._current("model/info").request("model/info", {})
+        return dict(result) if isinstance(result, Mapping) else {}
 
     async def manifest_changed(self) -> bool:
         """Put the current declarations in force and, when the manifest differs, tell the host

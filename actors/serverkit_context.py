@@ -6,6 +6,7 @@
 - :class:`Lifecycle` is one ``inference/lifecycle`` notice (started, completed, aborted,
   failed); it replaces 0.4's ``context/afterInference``, which 0.5 removed.
 - :class:`InferenceResult` is the host's answer to ``inference/request`` (SPEC §11).
+- :class:`Render` is a ``push/render`` request for a batch of deferred notices (RFC-006).
 - :class:`Rollback` is a ``state/rollback`` request (SPEC §8.5); a handler returns True (rolled
   back to it), a checkpoint id (rolled forward to a new one), or raises
   :class:`CheckpointNotFound`.
@@ -26,6 +27,7 @@ __all__ = [
     "InferenceResult",
     "Injection",
     "Lifecycle",
+    "Render",
     "Rollback",
     "injections_of",
 ]
@@ -157,6 +159,44 @@ class InferenceResult:
             finish_reason=finish if isinstance(finish, str) else None,
             usage=usage if isinstance(usage, Mapping) else None,
             chunks=tuple(chunks),
+        )
+
+
+@attrs.frozen(kw_only=True)
+class Render:
+    """The host asks for the content of a batch of deferred notices (RFC-006 ``push/render``):
+    the notices pushed with ``coalesce={"key": ..., "deferred": True}`` under one key, oldest
+    first, each ``{"eventId", "timestamp", "data"?}``; ``dropped`` counts older ones left out."""
+
+    feature_set: str
+    key: str
+    event_id: str
+    notices: tuple[Mapping[str, Any], ...]
+    dropped: int = 0
+    channel_id: str | None = None
+
+    @classmethod
+    def from_params(cls, params: Mapping[str, Any]) -> Render:
+        """Read ``push/render`` params; ``-32602`` when malformed."""
+        fs, key, eid = params.get("featureSet"), params.get("key"), params.get("eventId")
+        notices, dropped, cid = (
+            params.get("notices"),
+            params.get("dropped"),
+            params.get("channelId"),
+        )
+        if not (isinstance(fs, str) and isinstance(key, str) and isinstance(eid, str)):
+            raise RpcError(
+                code=INVALID_PARAMS, message="featureSet, key and eventId must be strings"
+            )
+        if not isinstance(notices, list) or not all(isinstance(n, Mapping) for n in notices):
+            raise RpcError(code=INVALID_PARAMS, message="notices must be an array of objects")
+        return cls(
+            feature_set=fs,
+            key=key,
+            event_id=eid,
+            notices=tuple(notices),
+            dropped=dropped if type(dropped) is int else 0,
+            channel_id=cid if isinstance(cid, str) else None,
         )
 
 

@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from actors.serverkit_channels import Channel, ChannelSpec, OpenHandler, PublishHandler
-from actors.serverkit_context import BeforeInference, Lifecycle, Rollback
+from actors.serverkit_context import BeforeInference, Lifecycle, Render, Rollback
 from actors.serverkit_tools import Tool, tool_from_function
 from protocol.server_manifest import FeatureSetDecl, build_manifest
 
@@ -32,7 +32,7 @@ HOOK_CAPS = (
     "contextHooks.beforeInference.inject.beforeUser",
     "contextHooks.beforeInference.inject.afterUser",
 )
-INFERENCE_CAPS = ("inferenceRequest", "inferenceRequest.streaming")
+INFERENCE_CAPS = ("inferenceRequest", "inferenceRequest.streaming", "modelInfo")
 
 
 class Declarations:
@@ -60,6 +60,7 @@ class Declarations:
         self.before_inference_hook: Callable[[BeforeInference], Any] | None = None
         self.lifecycle_hook: Callable[[Lifecycle], Any] | None = None
         self.rollback_handler: Callable[[Rollback], Any] | None = None
+        self.render_handler: Callable[[Render], Any] | None = None
         self._extra_sets: dict[str, FeatureSetDecl] = {}
         self._on_granted: list[tuple[str, Callable[[], Awaitable[Any]]]] = []
 
@@ -149,6 +150,12 @@ class Declarations:
         """Decorator: the ``state/rollback`` handler; declares the main feature set with
         ``rollback: true``."""
         self.rollback_handler = fn
+        return fn
+
+    def on_render(self, fn: Callable[[Render], Any]) -> Callable[[Render], Any]:
+        """Decorator: the ``push/render`` handler for deferred notices (RFC-006); return the
+        batch's content (a string or blocks; None for nothing)."""
+        self.render_handler = fn
         return fn
 
     def on_granted(self, capability: str) -> Callable[[F], F]:

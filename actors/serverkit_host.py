@@ -15,6 +15,7 @@ from actors.serverkit_channels import (
     OpenRequest,
     Publish,
     PublishRefused,
+    content_of,
     new_message_id,
     unknown_channel,
 )
@@ -22,6 +23,7 @@ from actors.serverkit_context import (
     BeforeInference,
     CheckpointNotFound,
     Lifecycle,
+    Render,
     Rollback,
     checkpoint_not_found,
     injections_of,
@@ -67,6 +69,9 @@ async def answer_call(
         return {"featureSet": server.context_feature_set, "contextInjections": injections_of(value)}
     if method == "state/rollback" and server.rollback_handler is not None:
         return await _rollback(server, Rollback.from_params(params))
+    if method == "push/render" and server.render_handler is not None:
+        value = await maybe_await(server.render_handler(Render.from_params(params)))
+        return {"content": [] if value is None else content_of(value)}
     raise no_handler(method)
 
 

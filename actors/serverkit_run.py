@@ -9,6 +9,7 @@ with a fresh ``initialize``, and the connection is the session).
 from __future__ import annotations
 
 import functools
+import hmac
 import sys
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, cast
@@ -130,10 +131,16 @@ class ServeMixin:
         host: str = "127.0.0.1",
         port: int = 0,
         *,
+        token: str | None = None,
         task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED,
     ) -> None:
         """Accept host connections on ``ws://host:port/`` (the same port answers ``GET`` for
-        the payloads of :meth:`reference`); ``task_status`` gets the address."""
+        the payloads of :meth:`reference`); ``task_status`` gets the address.
+
+        With a ``token``, a websocket handshake without ``Authorization: Bearer <token>`` (what
+        a host configured with that ``token`` sends) is refused with 401.
+        """
+        wanted = f"Bearer {token}".encode() if token is not None else None
 
         async def websocket(stream: trio.abc.Stream) -> None:
             async with trio.open_nursery() as nursery:
@@ -142,6 +149,12 @@ class ServeMixin:
                     request = await trio_websocket.wrap_server_stream(
                         nursery, stream, max_message_size=MAX_LINE_BYTES
                     )
+                if request is not None and wanted is not None:
+                    given = dict((k.lower(), v) for k, v in request.headers).get(b"authorization")
+                    if given is None or not hmac.compare_digest(given, wanted):
+                        warn("a websocket client without the right bearer token was refused")
+                        await request.reject(401, extra_headers=[(b"WWW-Authenticate", b"Bearer")])
+                        request = None
                 if request is not None:
                     try:
                         ws = await request.accept()
@@ -179,8 +192,16 @@ class ServeMixin:
         (a host fetches only from the origin it dialled)."""
         return self.shelf.put(data, mime_type=mime_type, name=name, disposition=disposition)
 
-    def run(self, transport: str = "stdio", *, host: str = "127.0.0.1", port: int = 8765) -> None:
-        """Run the server: ``"stdio"`` (the default) or ``"websocket"`` on ``host:port``.
+    def run(
+        self,
+        transport: str = "stdio",
+        *,
+        host: str = "127.0.0.1",
+        port: int = 8765,
+        token: str | None = None,
+    ) -> None:
+        """Run the server: ``"stdio"`` (the default) or ``"websocket"`` on ``host:port``
+        (with ``token``, only hosts sending it as a bearer token are served).
 
         A websocket server prints ``LISTENING ws://host:port/`` on stdout once it accepts
         connections, and runs until interrupted.
@@ -191,7 +212,9 @@ class ServeMixin:
 
             async def main() -> None:
                 async with trio.open_nursery() as nursery:
-                    url = await nursery.start(functools.partial(self.serve_websocket, host, port))
+                    url = await nursery.start(
+                        functools.partial(self.serve_websocket, host, port, token=token)
+                    )
                     print(f"LISTENING {url}", flush=True)
 
             try:

@@ -3,15 +3,18 @@
 ``python -m tests.kit_server --control-connect HOST:PORT [--ws]`` serves the host on stdio (or,
 with ``--ws``, on a loopback websocket whose address it prints as ``LISTENING <url>``) and
 connects to the test's control listener (:mod:`examples.lobby_control`): it reports what it
-sees as ``{"event": ...}`` lines and runs ``{"cmd": ...}`` lines.
+sees as ``{"event": ...}`` lines and runs ``{"cmd": ...}`` lines. ``--token T`` makes the websocket
+refuse hosts that do not send ``T`` as a bearer token.
 
 Events: ``granted`` {capabilities, sets} (pushEvents granted), ``grant`` (answer to ``grant``),
 ``publish`` {channel, agent, conversation, thread, targeted, text}, ``open``/``close``
 {channel}, ``hook`` {agent, inference}, ``lifecycle`` {inference, phase}, ``rollback``
-{featureSet, checkpoint}, ``done`` {cmd, result} or ``failed`` {cmd, kind, text} for each
-command. Commands: ``push`` {text, eventId?, coalesce?}, ``send`` {channel, text, author?,
-thread?}, ``infer`` {text, stream?}, ``declare`` (one more feature set, then
-``mcpl/manifestChanged``), ``grant``, ``share`` {text} (a push carrying a bulk reference to
+{featureSet, checkpoint}, ``render`` {key, notices}, ``done`` {cmd, result} or ``failed``
+{cmd, kind, text} for each command. Commands: ``push`` {text, eventId?, coalesce?}, ``send``
+{channel, text, author?, thread?}, ``infer`` {text, stream?}, ``declare`` (one more feature set and
+``mcpl/manifestChanged``), ``grant``, ``defer`` {n} (a deferred coalesced notice),
+``relabel`` {label} (``#room``), ``remove`` (``#threads``), ``model`` (``model/info``),
+``share`` {text} (a push carrying a bulk reference to
 :data:`SHARED`).
 """
 
@@ -34,6 +37,7 @@ from actors.serverkit import (
     MCPLServer,
     OpenRequest,
     Publish,
+    Render,
     Rollback,
     ToolResult,
 )
@@ -137,6 +141,12 @@ async def rollback(request: Rollback) -> bool:
     return True
 
 
+@server.on_render
+async def render(request: Render) -> str:
+    await emit({"event": "render", "key": request.key, "notices": len(request.notices)})
+    return "tally rendered: " + ", ".join(str(n.get("data", {}).get("n")) for n in request.notices)
+
+
 @server.on_granted("pushEvents")
 async def granted() -> None:
     grant = server.grant
@@ -175,6 +185,17 @@ async def run_command(cmd: dict[str, Any]) -> Any:
     if kind == "share":
         block = server.reference(SHARED, mime_type="text/plain", name="notes.txt")
         return dict(await server.push_event([{"type": "text", "text": cmd["text"]}, block]))
+    if kind == "defer":
+        coalesce = {"key": "tally", "deferred": True, "initial": True, "data": {"n": cmd["n"]}}
+        return dict(await server.push_event(f"tally fallback {cmd['n']}", coalesce=coalesce))
+    if kind == "relabel":
+        await room.update(label=cmd["label"])
+        return {"label": room.spec.label}
+    if kind == "remove":
+        await threads.remove()
+        return {"channels": sorted(server.channels)}
+    if kind == "model":
+        return await server.model_info()
     if kind == "grant":
         return {
             "capabilities": sorted(server.grant.capabilities),
@@ -202,7 +223,7 @@ async def read_commands(stream: trio.SocketStream, nursery: trio.Nursery) -> Non
                 nursery.start_soon(command, json.loads(line))
 
 
-async def main(address: str, ws: bool) -> None:
+async def main(address: str, ws: bool, token: str | None) -> None:
     global control
     host, port = address.rsplit(":", 1)
     stream = await trio.open_tcp_stream(host, int(port))
@@ -211,7 +232,9 @@ async def main(address: str, ws: bool) -> None:
     async with trio.open_nursery() as nursery:
         nursery.start_soon(read_commands, stream, nursery)
         if ws:
-            url = await nursery.start(functools.partial(server.serve_websocket, "127.0.0.1", 0))
+            url = await nursery.start(
+                functools.partial(server.serve_websocket, "127.0.0.1", 0, token=token)
+            )
             print(f"LISTENING {url}", flush=True)
         else:
             await server.serve_stdio()
@@ -222,8 +245,9 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("--control-connect", required=True)
     parser.add_argument("--ws", action="store_true")
+    parser.add_argument("--token")
     args = parser.parse_args()
     try:
-        trio.run(main, args.control_connect, args.ws)
+        trio.run(main, args.control_connect, args.ws, args.token)
     except KeyboardInterrupt:
         sys.exit(0)

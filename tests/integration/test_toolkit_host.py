@@ -246,3 +246,29 @@ async def test_a_bulk_reference_is_fetched_from_the_servers_own_origin(
             assert got["is_error"] is False, got
             saved = list((tmp_path / "data" / "workspace" / "refs").iterdir())
             assert [p.read_bytes() for p in saved] == [SHARED]
+
+
+async def test_channel_changes_deferred_notices_and_model_info(
+    tmp_path: Path, transport: str
+) -> None:
+    with trio.fail_after(60):
+        async with kit(tmp_path, transport) as k:
+            await k.ctl.wait_for(event("granted"), "granted")
+            stream = k.host.trace()
+            assert (await run(k.ctl, {"cmd": "relabel", "label": "#lounge"}))["event"] == "done"
+            assert (await run(k.ctl, {"cmd": "remove"}))["result"]["channels"] == ["kit:room"]
+            seen = []
+            async for ev in stream:
+                if ev.kind in ("channel-registered", "channel-removed"):
+                    seen.append((ev.kind, ev.channel_id, ev.data.get("label")))
+                if ev.kind == "channel-removed":
+                    break
+            assert ("channel-registered", "kit:room", "#lounge") in seen
+            assert seen[-1] == ("channel-removed", "kit:threads", None)
+            model = await run(k.ctl, {"cmd": "model"})
+            assert isinstance(model["result"]["id"], str)
+            first = await run(k.ctl, {"cmd": "defer", "n": 1})
+            assert first["result"]["coalesce"]["outcome"] == "first"
+            await k.ctl.wait_for(event("render", key="tally"), "push/render")
+            await k.host.run_until_idle()
+            assert "tally rendered: 1" in texts(k.host.history("Ada"))
