@@ -405,6 +405,13 @@ class MCPLServer(Declarations, ServeMixin):
         result = await link.request("inference/request", params, on_chunk=chunk if stream else None)
         return InferenceResult.from_result(result, [chunks[i] for i in sorted(chunks)])
 
+    async def tools_changed(self) -> None:
+        """Tell the host the tool list changed (after registering a tool while running); the
+        host lists the tools again."""
+        link = self._link
+        if link is not None:
+            await link.notify("notifications/tools/list_changed", {})
+
     async def model_info(self) -> dict[str, Any]:
         """The host's model (``model/info``: ``id``, ``vendor``, ``contextWindow``,
         ``capabilities``); needs ``MCPLServer(..., inference=True)`` and the host's grant."""

@@ -91,7 +91,8 @@ class ServeMixin:
             else:
                 warn(f"the host did not accept channel {ch.id!r}")
 
-    def _session(self) -> ServerSession:
+    def new_session(self) -> ServerSession:
+        """A fresh pure session for one host connection, with the current manifest."""
         manifest = self.manifest()
         self.current_manifest = manifest
         return ServerSession(
@@ -106,7 +107,7 @@ class ServeMixin:
         """Serve one host connection on ``transport`` until it ends."""
         dispatch = cast(Dispatch, self)
         link = ServerLink(
-            self._session(), transport, dispatch, request_timeout=self.request_timeout
+            self.new_session(), transport, dispatch, request_timeout=self.request_timeout
         )
         old, self._link = self._link, link
         self._accepted = set()

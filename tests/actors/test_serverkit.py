@@ -16,6 +16,7 @@ import trio
 import trio.testing
 
 from actors.serverkit import MCPLServer, NotGranted, PushRefused, ToolError
+from actors.serverkit_link import ServerLink
 from actors.serverkit_transport import StreamTransport
 
 
@@ -248,3 +249,56 @@ async def test_a_push_lost_with_its_connection_is_sent_again_on_the_next(
             await trio.testing.wait_all_tasks_blocked()
             assert results[0].accepted
             await second_host.aclose()
+
+
+async def test_a_tool_added_while_running_is_announced(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    server = demo()
+    with trio.fail_after(30):
+        async with serving(server) as host:
+            await host.handshake(["pushEvents", "tools"])
+
+            @server.tool()
+            async def late() -> str:
+                """Registered late."""
+                return "late"
+
+            await server.tools_changed()
+            assert await host.read() == {
+                "jsonrpc": "2.0",
+                "method": "notifications/tools/list_changed",
+                "params": {},
+            }
+            listed = await host.answer_to(await host.ask("tools/list"))
+            assert "late" in [t["name"] for t in listed["result"]["tools"]]
+
+
+async def test_our_requests_wait_for_a_free_slot(autojump_clock: trio.testing.MockClock) -> None:
+    server = demo()
+    ours, theirs = trio.testing.memory_stream_pair()
+    session = server.new_session()
+    link = ServerLink(session, StreamTransport(ours, ours), server, max_pending=1)
+    host = FakeHost(theirs)
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(link.run)
+            await host.handshake(["pushEvents", "tools"])
+            answers: list[Any] = []
+
+            async def ask(n: int) -> None:
+                answers.append(await link.request("ping", {"n": n}))
+
+            nursery.start_soon(ask, 1)
+            nursery.start_soon(ask, 2)
+            first = await host.read()
+            with trio.move_on_after(5) as idle:  # the second waits for the slot: nothing comes
+                await host.read()
+            assert idle.cancelled_caught and host.buf == b""
+            await host.send({"id": first["id"], "result": {"n": 1}})
+            second = await host.read()
+            assert second["params"]["n"] != first["params"]["n"]
+            await host.send({"id": second["id"], "result": {"n": 2}})
+            await trio.testing.wait_all_tasks_blocked()
+            assert sorted(a["n"] for a in answers) == [1, 2]
+            await theirs.aclose()
