@@ -99,14 +99,30 @@ class StreamTransport:
 
 
 class StdioTransport(StreamTransport):
-    """The process's stdin and stdout (duplicated, so closing them leaves fds 0 and 1 alone)."""
+    """The process's stdin and stdout, duplicated.
+
+    While it is open, file descriptor 1 points at stderr: a stray ``print()`` in a tool (or
+    a child process's output) goes to stderr instead of corrupting the protocol's stream.
+    """
 
     def __init__(self, *, max_line_bytes: int = MAX_LINE_BYTES) -> None:
+        sys.stdout.flush()
         super().__init__(
             trio.lowlevel.FdStream(os.dup(0)),
             trio.lowlevel.FdStream(os.dup(1)),
             max_line_bytes=max_line_bytes,
         )
+        self._stdout = os.dup(1)
+        os.dup2(2, 1)
+
+    async def aclose(self) -> None:
+        """Close the streams and give fd 1 back to stdout."""
+        if self._stdout >= 0:
+            sys.stdout.flush()
+            os.dup2(self._stdout, 1)
+            os.close(self._stdout)
+            self._stdout = -1
+        await super().aclose()
 
 
 class WsTransport:

@@ -74,6 +74,7 @@ async def emit(event: dict[str, Any]) -> None:
 @server.tool()
 def shout(text: str) -> str:
     """The text, upper-cased."""
+    print(f"shouting {text}", flush=True)  # a stray print: kept off the protocol stream
     return text.upper()
 
 

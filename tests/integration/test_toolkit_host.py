@@ -110,6 +110,7 @@ async def test_pushes_tools_and_the_grant(tmp_path: Path, transport: str) -> Non
             assert done["result"]["accepted"] is True and done["result"]["eventId"] == "p1"
             again = await run(k.ctl, {"cmd": "push", "text": "ping from kit", "eventId": "p1"})
             assert again["event"] == "done"  # a retry under the same id is stored once
+            stream = k.host.trace()
             shout = await k.host.execute_tool_call("Ada", "kit--shout", {"text": "hi"})
             assert shout == {"is_error": False, "content": [{"type": "text", "text": "HI"}]}
             # the server pushes while the host's tools/call is still open; both complete
@@ -127,6 +128,12 @@ async def test_pushes_tools_and_the_grant(tmp_path: Path, transport: str) -> Non
             }
             first = await run(k.ctl, cmd)
             assert first["result"]["coalesce"]["outcome"] == "first"
+            await k.host.run_until_idle()
+            seen = []
+            with trio.move_on_after(0):
+                async for ev in stream:
+                    seen.append(ev)
+            assert seen and not [e for e in seen if "not JSON" in str(e.data)]
 
 
 async def test_channels_publish_names_the_agent_and_the_place(
