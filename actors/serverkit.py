@@ -57,7 +57,6 @@ from actors.serverkit_channels import (
     OpenRequest,
     Publish,
     PublishRefused,
-    content_of,
 )
 from actors.serverkit_context import (
     BeforeInference,
@@ -75,6 +74,7 @@ from actors.serverkit_tools import ToolError, ToolResult
 from actors.serverkit_transport import warn
 from protocol.errors import CAPABILITY_DENIED, RpcError
 from protocol.manifest import manifest_digest
+from protocol.server_forms import inference_params, push_params
 from protocol.server_session import Grant, NotGranted
 from protocol.uri import EndpointUri, parse_endpoint
 
@@ -287,18 +287,15 @@ class MCPLServer(Declarations, ServeMixin):
         host stores it once. Raises :class:`protocol.server_session.NotGranted`, before
         anything is written, when the host has not granted ``pushEvents`` or the feature set.
         """
-        params: dict[str, Any] = {
-            "featureSet": feature_set or self._set_for("pushEvents") or self.name,
-            "eventId": event_id or f"{self.name}-{self._run_tag}-{next(self._event_numbers)}",
-            "timestamp": timestamp or self.now_iso(),
-            "payload": {"content": content_of(content)},
-        }
-        if tags:
-            params["tags"] = list(tags)
-        if origin is not None:
-            params["origin"] = dict(origin)
-        if coalesce is not None:
-            params["coalesce"] = dict(coalesce)
+        params = push_params(
+            content,
+            feature_set=feature_set or self._set_for("pushEvents") or self.name,
+            event_id=event_id or f"{self.name}-{self._run_tag}-{next(self._event_numbers)}",
+            timestamp=timestamp or self.now_iso(),
+            tags=tags,
+            origin=origin,
+            coalesce=coalesce,
+        )
         self._current("push/event").session.check("push/event", params)
         result = await self.call("push/event", params)
         out = PushResult(result if isinstance(result, Mapping) else {})
@@ -372,26 +369,14 @@ class MCPLServer(Declarations, ServeMixin):
     ) -> InferenceResult:
         """Ask the host for an inference (``inference/request``); with ``stream=True`` each
         ``inference/chunk`` delta goes to ``on_chunk`` in order before the result returns."""
-        msgs = (
-            [{"role": "user", "content": messages}]
-            if isinstance(messages, str)
-            else [dict(m) for m in messages]
+        params = inference_params(
+            messages,
+            feature_set=feature_set or self.inference_feature_set,
+            conversation_id=conversation_id,
+            stream=stream,
+            max_tokens=max_tokens,
+            temperature=temperature,
         )
-        params: dict[str, Any] = {
-            "featureSet": feature_set or self.inference_feature_set,
-            "messages": msgs,
-        }
-        if conversation_id is not None:
-            params["conversationId"] = conversation_id
-        if stream:
-            params["stream"] = True
-        prefs = {
-            k: v
-            for k, v in (("maxTokens", max_tokens), ("temperature", temperature))
-            if v is not None
-        }
-        if prefs:
-            params["preferences"] = prefs
         chunks: dict[int, str] = {}
 
         def chunk(p: Mapping[str, Any]) -> None:

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Final
 import attrs
 
 from protocol.errors import INVALID_PARAMS, UNKNOWN_CHANNEL, RpcError
+from protocol.server_forms import content_of, incoming_message
 
 if TYPE_CHECKING:
     from actors.serverkit import MCPLServer
@@ -33,16 +34,6 @@ _ABSENT: Final = object()
 
 class PublishRefused(Exception):
     """Raised by a publish handler: nothing was posted; the host gets ``delivered: false``."""
-
-
-def content_of(value: str | Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """Content blocks from a string (one text block) or a list of blocks."""
-    if isinstance(value, str):
-        return [{"type": "text", "text": value}]
-    blocks = [dict(b) for b in value]
-    if not all(isinstance(b.get("type"), str) for b in blocks):
-        raise ValueError("every content block needs a string 'type'")
-    return blocks
 
 
 def _text(content: Sequence[Mapping[str, Any]]) -> str:
@@ -202,25 +193,18 @@ class Channel:
         """
         if thread_id is not None and self.spec.publish_target == "root":
             raise ValueError(f"channel {self.id!r} is a root channel: its messages carry no thread")
-        who = {"id": author, "name": author} if isinstance(author, str) else dict(author)
-        message: dict[str, Any] = {
-            "channelId": self.id,
-            "messageId": message_id or new_message_id("msg"),
-            "author": who,
-            "timestamp": self._server.now_iso(),
-            "content": content_of(content),
-        }
-        if thread_id is not None:
-            message["threadId"] = thread_id
-        if tags:
-            message["tags"] = list(tags)
-        if metadata is not None:
-            message["metadata"] = dict(metadata)
-        if coalesce is not None:
-            message["coalesce"] = dict(coalesce)
-            message["eventId"] = event_id or new_message_id("evt")
-        elif event_id is not None:
-            message["eventId"] = event_id
+        message = incoming_message(
+            content,
+            channel_id=self.id,
+            message_id=message_id or new_message_id("msg"),
+            author=author,
+            timestamp=self._server.now_iso(),
+            thread_id=thread_id,
+            tags=tags,
+            metadata=metadata,
+            event_id=event_id or (new_message_id("evt") if coalesce is not None else None),
+            coalesce=coalesce,
+        )
         return await self._server.send_incoming(self, message)
 
     async def update(self, **changes: Any) -> None:
