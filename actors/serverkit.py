@@ -74,6 +74,7 @@ from actors.serverkit_tools import ToolError, ToolResult
 from actors.serverkit_transport import warn
 from protocol.errors import CAPABILITY_DENIED, RpcError
 from protocol.manifest import manifest_digest
+from protocol.mcpl import VOCABULARY
 from protocol.server_forms import inference_params, push_params
 from protocol.server_session import Grant, NotGranted
 from protocol.uri import EndpointUri, parse_endpoint
@@ -176,9 +177,15 @@ class MCPLServer(Declarations, ServeMixin):
         return self._link.grant if self._link is not None else Grant()
 
     def is_granted(self, capability: str) -> bool:
-        """Whether ``capability`` is granted now, with the feature set that uses it enabled."""
-        fs = self._set_for(capability)
-        return self.grant.allows(capability) and (fs is None or fs in self.grant.enabled_sets)
+        """Whether ``capability`` is granted now, with the feature set that uses it enabled;
+        given a declared feature set's name instead, whether the host enabled that set."""
+        return self._allowed(self.grant, capability)
+
+    def _allowed(self, grant: Grant, name: str) -> bool:
+        if name not in VOCABULARY and name in self.feature_set_names:
+            return name in grant.enabled_sets
+        fs = self._set_for(name)
+        return grant.allows(name) and (fs is None or fs in grant.enabled_sets)
 
     async def granted(self, capability: str) -> None:
         """Wait until a host has granted ``capability`` (see :meth:`is_granted`)."""
@@ -200,10 +207,7 @@ class MCPLServer(Declarations, ServeMixin):
                 lambda: self._register(link, list(self.channels.values())), "channels/register"
             )
         for capability, fn in self._on_granted:
-            fs = self._set_for(capability)
-            now = after.allows(capability) and (fs is None or fs in after.enabled_sets)
-            then = before.allows(capability) and (fs is None or fs in before.enabled_sets)
-            if now and not then:
+            if self._allowed(after, capability) and not self._allowed(before, capability):
                 link.spawn(fn, getattr(fn, "__name__", capability))
 
     # -- host calls (the link's Dispatch) -----------------------------------------------------

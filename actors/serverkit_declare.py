@@ -160,7 +160,8 @@ class Declarations:
 
     def on_granted(self, capability: str) -> Callable[[F], F]:
         """Decorator: run the async ``fn()`` each time a host grants ``capability`` (and the
-        feature set that uses it); it is cancelled when that host disconnects."""
+        feature set that uses it), or enables the feature set of that name; it is cancelled
+        when that host disconnects."""
 
         def register(fn: F) -> F:
             self._on_granted.append((capability, fn))
