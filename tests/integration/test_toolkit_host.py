@@ -17,7 +17,7 @@ import trio
 
 from actors import Host
 from examples.lobby_control import LobbyControl, open_control_listener
-from tests.helpers import config, scripted, texts
+from tests.helpers import config, scripted, texts, wait_trace
 from tests.kit_server import SHARED
 
 pytestmark = [pytest.mark.slow, pytest.mark.parametrize("transport", ["stdio", "ws"])]
@@ -87,6 +87,9 @@ async def kit(tmp_path: Path, transport: str, **server_keys: Any) -> AsyncIterat
             async with Host.open(cfg) as host:
                 ctl = await listener.accept()
                 await ctl.wait_for(event("hello", transport=transport), "the kit server")
+                # the host's own handshake is done (a turn started earlier may run without
+                # the server: its lifecycle notices start only once the link is ready)
+                await wait_trace(host.trace(), lambda e: e.kind == "ready", "the host ready")
                 yield Kit(host, ctl)
         finally:
             if proc is not None:
