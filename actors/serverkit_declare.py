@@ -1,0 +1,243 @@
+"""What a toolkit server declares: tools, channels, hooks, feature sets, and its manifest.
+
+The declaring half of :class:`actors.serverkit.MCPLServer`. The manifest is built from these
+declarations each time it is needed (:meth:`Declarations.manifest`): the feature set
+``<name>`` uses what the server needs for pushes, channels and tools, ``<name>.context`` its
+context hooks and ``<name>.inference`` its inference requests, plus any declared with
+:meth:`Declarations.feature_set`; the advertised capabilities are exactly the paths those sets
+use.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar, cast
+
+from actors.serverkit_channels import Channel, ChannelSpec, OpenHandler, PublishHandler
+from actors.serverkit_context import BeforeInference, Lifecycle, Render, Rollback
+from actors.serverkit_tools import Tool, tool_from_function
+from protocol.server_manifest import FeatureSetDecl, build_manifest
+
+if TYPE_CHECKING:
+    from actors.serverkit import MCPLServer
+
+__all__ = ["Declarations"]
+
+F = TypeVar("F", bound=Callable[..., Any])
+_NAME = re.compile(r"[A-Za-z0-9._:-]+")
+CHANNEL_CAPS = ("channels.register", "channels.incoming", "channels.publish", "channels.lifecycle")
+HOOK_CAPS = (
+    "contextHooks.beforeInference.observe",
+    "contextHooks.beforeInference.inject.beforeUser",
+    "contextHooks.beforeInference.inject.afterUser",
+)
+INFERENCE_CAPS = ("inferenceRequest", "inferenceRequest.streaming", "modelInfo")
+
+
+class Declarations:
+    """Tools, channels, handlers and feature sets of one server."""
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        version: str = "0.1.0",
+        push_events: bool = True,
+        inference: bool = False,
+    ) -> None:
+        if not _NAME.fullmatch(name):
+            raise ValueError(f"server name {name!r} may hold only letters, digits and . _ : -")
+        self.name = name
+        self.version = version
+        self.push_events = push_events
+        self.inference = inference
+        self.tools: dict[str, Tool] = {}
+        self.channels: dict[str, Channel] = {}
+        self.default_publish_handler: PublishHandler | None = None
+        self.open_handler: OpenHandler | None = None
+        self.close_handler: OpenHandler | None = None
+        self.before_inference_hook: Callable[[BeforeInference], Any] | None = None
+        self.lifecycle_hook: Callable[[Lifecycle], Any] | None = None
+        self.rollback_handler: Callable[[Rollback], Any] | None = None
+        self.render_handler: Callable[[Render], Any] | None = None
+        self._extra_sets: dict[str, FeatureSetDecl] = {}
+        self._on_granted: list[tuple[str, Callable[[], Awaitable[Any]]]] = []
+
+    # -- declarations ------------------------------------------------------------------------
+    def tool(self, name: str | None = None, *, description: str | None = None) -> Callable[[F], F]:
+        """Decorator: register a function (sync or async) as a tool; its schema comes from its
+        type hints, its description from its docstring."""
+
+        def register(fn: F) -> F:
+            t = tool_from_function(fn, name=name, description=description)
+            if t.name in self.tools:
+                raise ValueError(f"tool {t.name!r} is already registered")
+            self.tools[t.name] = t
+            return fn
+
+        return register
+
+    def channel(
+        self,
+        channel_id: str,
+        *,
+        label: str | None = None,
+        type: str = "chat",
+        direction: str = "bidirectional",
+        initially_open: bool = True,
+        publish_target: str | None = None,
+        address: str | None = None,
+        metadata: Mapping[str, Any] | None = None,
+    ) -> Channel:
+        """Declare a channel; it is registered with every host that grants ``channels.register``."""
+        if channel_id in self.channels:
+            raise ValueError(f"channel {channel_id!r} is already declared")
+        spec = ChannelSpec(
+            id=channel_id,
+            label=label or channel_id,
+            type=type,
+            direction=direction,
+            initially_open=initially_open,
+            publish_target=publish_target,
+            address=address,
+            metadata=metadata,
+        )
+        channel = Channel(cast("MCPLServer", self), spec)
+        self.channels[channel_id] = channel
+        return channel
+
+    def feature_set(
+        self, name: str, *, description: str, uses: Sequence[str], rollback: bool = False
+    ) -> FeatureSetDecl:
+        """Declare one more feature set; call :meth:`manifest_changed` when already running."""
+        decl = FeatureSetDecl(
+            name=name, description=description, uses=tuple(uses), rollback=rollback
+        )
+        self._extra_sets[name] = decl
+        return decl
+
+    def on_publish(self, fn: PublishHandler) -> PublishHandler:
+        """Decorator: handle publishes into channels that have no handler of their own."""
+        self.default_publish_handler = fn
+        return fn
+
+    def on_open(self, fn: OpenHandler) -> OpenHandler:
+        """Decorator: ``fn(request)`` runs when the host opens a channel; it may return history
+        items (a list) for the result."""
+        self.open_handler = fn
+        return fn
+
+    def on_close(self, fn: OpenHandler) -> OpenHandler:
+        """Decorator: ``fn(request)`` runs when the host closes a channel."""
+        self.close_handler = fn
+        return fn
+
+    def before_inference(
+        self, fn: Callable[[BeforeInference], Any]
+    ) -> Callable[[BeforeInference], Any]:
+        """Decorator: the ``context/beforeInference`` hook; return None, a string or a list of
+        :class:`actors.serverkit_context.Injection`."""
+        self.before_inference_hook = fn
+        return fn
+
+    def on_lifecycle(self, fn: Callable[[Lifecycle], Any]) -> Callable[[Lifecycle], Any]:
+        """Decorator: ``fn(event)`` for each ``inference/lifecycle`` notice."""
+        self.lifecycle_hook = fn
+        return fn
+
+    def on_rollback(self, fn: Callable[[Rollback], Any]) -> Callable[[Rollback], Any]:
+        """Decorator: the ``state/rollback`` handler; declares the main feature set with
+        ``rollback: true``."""
+        self.rollback_handler = fn
+        return fn
+
+    def on_render(self, fn: Callable[[Render], Any]) -> Callable[[Render], Any]:
+        """Decorator: the ``push/render`` handler for deferred notices (RFC-006); return the
+        batch's content (a string or blocks; None for nothing)."""
+        self.render_handler = fn
+        return fn
+
+    def on_granted(self, capability: str) -> Callable[[F], F]:
+        """Decorator: run the async ``fn()`` each time a host grants ``capability`` (and the
+        feature set that uses it), or enables the feature set of that name; it is cancelled
+        when that host disconnects."""
+
+        def register(fn: F) -> F:
+            self._on_granted.append((capability, fn))
+            return fn
+
+        return register
+
+    # -- the manifest --------------------------------------------------------------------------
+    @property
+    def context_feature_set(self) -> str:
+        """The feature set context hooks answer for."""
+        return f"{self.name}.context"
+
+    @property
+    def inference_feature_set(self) -> str:
+        """The feature set inference requests name by default."""
+        return f"{self.name}.inference"
+
+    @property
+    def feature_set_names(self) -> frozenset[str]:
+        """Every declared feature set."""
+        return frozenset(fs.name for fs in self.feature_sets())
+
+    def feature_sets(self) -> list[FeatureSetDecl]:
+        """The declared feature sets, built from what the server uses."""
+        main: list[str] = []
+        if self.push_events:
+            main.append("pushEvents")
+        if self.channels or self.default_publish_handler is not None:
+            main.extend(CHANNEL_CAPS)
+        if self.tools:
+            main.append("tools")
+        out: list[FeatureSetDecl] = []
+        if main:
+            out.append(
+                FeatureSetDecl(
+                    name=self.name,
+                    description=f"{self.name}: events, channels and tools",
+                    uses=tuple(main),
+                    rollback=self.rollback_handler is not None,
+                )
+            )
+        context: list[str] = []
+        if self.before_inference_hook is not None:
+            context.extend(HOOK_CAPS)
+        if self.lifecycle_hook is not None:
+            context.append("inferenceLifecycle")
+        if context:
+            out.append(
+                FeatureSetDecl(
+                    name=self.context_feature_set,
+                    description=f"{self.name}: context hooks",
+                    uses=tuple(context),
+                )
+            )
+        if self.inference:
+            out.append(
+                FeatureSetDecl(
+                    name=self.inference_feature_set,
+                    description=f"{self.name}: asks for inference",
+                    uses=INFERENCE_CAPS,
+                )
+            )
+        out.extend(self._extra_sets.values())
+        return out
+
+    def capabilities(self) -> frozenset[str]:
+        """The advertised capability paths: every path a feature set uses."""
+        return frozenset(u for fs in self.feature_sets() for u in fs.uses)
+
+    def manifest(self) -> dict[str, Any]:
+        """The current ``experimental.mcpl`` object."""
+        return build_manifest(self.capabilities(), self.feature_sets())
+
+    def _set_for(self, capability: str) -> str | None:
+        for fs in self.feature_sets():
+            if capability in fs.uses:
+                return fs.name
+        return None
