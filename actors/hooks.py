@@ -7,9 +7,11 @@ inference lifecycle.
 authorized by its own position against the grant in force when the answer arrives, and its
 content goes through the block conversion naming the server that answered.
 
-``inference/lifecycle`` is metadata only: ``started`` once, then exactly one terminal, sent to
-the servers granted ``inferenceLifecycle`` at the moment of sending. Notifications never wait: a
-turn that is being cancelled still reports ``aborted``.
+``inference/lifecycle`` is metadata only: ``started`` once, to the servers granted
+``inferenceLifecycle`` at that moment, then exactly one terminal, to those of them still granted
+it (a server that became ready or was granted it mid-turn never hears a terminal without its
+``started``). Notifications never wait: a turn that is being cancelled still reports
+``aborted``.
 """
 
 from __future__ import annotations
@@ -64,6 +66,7 @@ class TurnHooks:
         self.turn_index = turn_index
         self._started = False
         self._ended = False
+        self._told: tuple[str, ...] = ()  # the servers that heard ``started``
 
     def _grant(self, sid: str) -> frozenset[str]:
         status = self.ctx.statuses.get(sid)
@@ -79,20 +82,25 @@ class TurnHooks:
     def started(self) -> None:
         if not self._started:
             self._started = True
-            self._lifecycle("started", None)
+            self._told = self._lifecycle("started", None, self.servers)
 
     def ended(self, phase: str, usage: tuple[int, int] | None = None) -> None:
         """The one terminal of this inference (later calls and calls before ``started`` are
         ignored, so every exit path may call it)."""
         if self._started and not self._ended:
             self._ended = True
-            self._lifecycle(phase, usage)
+            self._lifecycle(phase, usage, self._told)
 
-    def _lifecycle(self, phase: str, usage: tuple[int, int] | None) -> None:
-        for sid in self.servers:
+    def _lifecycle(
+        self, phase: str, usage: tuple[int, int] | None, servers: Sequence[str]
+    ) -> tuple[str, ...]:
+        """Notify those of ``servers`` granted the lifecycle now; the ones it went to."""
+        told: list[str] = []
+        for sid in servers:
             grant = self._grant(sid)
             if LIFECYCLE not in grant:
                 continue
+            told.append(sid)
             params = lifecycle_params(
                 phase=phase,
                 inference_id=self.inference_id,
@@ -104,6 +112,7 @@ class TurnHooks:
             )
             if notify(self.ctx, sid, "inference/lifecycle", params) is False:
                 self._trace("diagnostic", sid, text=f"inference/lifecycle {phase} not sent")
+        return tuple(told)
 
     # -- context hooks --------------------------------------------------------------------
     async def before_inference(
