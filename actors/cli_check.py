@@ -28,14 +28,20 @@ def cmd_check(args: argparse.Namespace) -> int:
         for p in exc.problems:
             print(p if p.startswith(str(args.config)) else f"{args.config}: {p}")
         return 1
+    from .folding import summary_model
     from .providers import make_model
 
     problems = []
     for a in cfg.agents:
         try:
-            make_model(a)
+            model = make_model(a)
         except ConfigError as exc:
             problems.append(f"agents[{a.name}].model: {exc}")
+            continue
+        try:
+            summary_model(a, model)
+        except ConfigError as exc:
+            problems.append(f"agents[{a.name}].summary_model: {exc}")
     for s in cfg.servers:
         problem = command_problem(s)
         if problem is not None:

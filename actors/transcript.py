@@ -157,6 +157,13 @@ def format_event(e: TraceEvent) -> str | None:
         return f"· {e.agent} resumed ({d.get('waiting')} waiting wakes)"
     if k == "model-retry":
         return f"? {e.agent}: {d.get('line')}"
+    if k == "context-fold":
+        n = d.get("messages")
+        return (
+            f"· {e.agent}: folded {n} older message{'' if n == 1 else 's'} "
+            f"(~{d.get('folded_tokens')} tokens) into a summary; "
+            f"{d.get('summary_model')} used {Usage.of(d).describe()} tokens"
+        )
     if k == "turn-usage":
         end = "" if d.get("phase") == "completed" else f" ({d.get('phase')})"
         return f"· {e.agent}: turn used {Usage.of(d).describe()} tokens{end}"
