@@ -3,7 +3,8 @@
 On each wake the first rule whose ``when`` matches the newest incoming body (header excluded)
 fires once: its ``calls`` run, then its ``say`` is spoken, and the turn ends. No match: silence.
 An empty file is a valid model that never speaks. ``{0}`` is the whole match and ``{1}``, ``{2}``…
-its groups, in ``say`` and in any string inside ``calls`` arguments; ``{author}`` is who wrote
+its groups, in ``say`` and in any string inside ``calls`` arguments; in ``say``, ``{result}`` is
+the text of the rule's tool results (empty when it made no calls); ``{author}`` is who wrote
 that message, exactly as the host's author line shows it to every model
 (:func:`protocol.authors.shown_author`: the name, quoted when it holds anything a line could be
 forged with; else the id; empty when its server named no one).
@@ -39,7 +40,7 @@ from store.bodytext import without_header
 from .errors import ConfigError
 from .models import DeltaSink, ModelReply, ModelRequest
 
-_FIELD = re.compile(r"\{(\d+|author)\}")
+_FIELD = re.compile(r"\{(\d+|author|result)\}")
 _RULE_KEYS = frozenset({"when", "say", "calls"})
 _CALL_KEYS = frozenset({"tool", "arguments"})
 _SUMMARY_KEYS = frozenset({"say", "item_chars"})
@@ -138,15 +139,20 @@ def load_script(path: Path) -> tuple[tuple[Rule, ...], SummaryRule | None]:
     return tuple(out), _summary_rule(path, raw.get("summary"))
 
 
-def fill(template: Any, match: re.Match[str], author: str | None = None) -> Any:
+def fill(
+    template: Any, match: re.Match[str], author: str | None = None, result: str | None = None
+) -> Any:
     """Substitute ``{n}`` with group n (empty when the group did not take part) and, when
-    ``author`` is given, ``{author}`` with it; what is substituted is not filled again."""
+    ``author`` (``result``) is given, ``{author}`` (``{result}``) with it; what is substituted
+    is not filled again."""
     if isinstance(template, str):
 
         def field(m: re.Match[str]) -> str:
             name = m.group(1)
             if name == "author":
                 return m.group(0) if author is None else author
+            if name == "result":
+                return m.group(0) if result is None else result
             return _group(match, int(name))
 
         return _FIELD.sub(field, template)
@@ -155,6 +161,18 @@ def fill(template: Any, match: re.Match[str], author: str | None = None) -> Any:
     if isinstance(template, list):
         return [fill(v, match, author) for v in template]
     return template
+
+
+def _results(message: Mapping[str, Any]) -> str:
+    """The text of a stored tool message's results, in order."""
+    texts = []
+    for block in message.get("blocks", ()):
+        content = block.get("content") if block.get("type") == "tool_result" else None
+        if isinstance(content, str):
+            texts.append(content)
+        elif isinstance(content, Sequence):
+            texts += [str(i.get("text", "")) for i in content if isinstance(i, Mapping)]
+    return "\n".join(texts)
 
 
 def _group(match: re.Match[str], n: int) -> str:
@@ -269,7 +287,7 @@ class ScriptedModel:
                 model=self.name,
                 usage=self._usage(request, json.dumps(uses)),
             )
-        text = fill(rule.say, found, author)
+        text = fill(rule.say, found, author, _results(messages[-1]) if last == "tool" else "")
         if text and on_delta is not None:
             for piece in _PIECES.findall(text):  # word by word, as a provider streams
                 await on_delta(piece)

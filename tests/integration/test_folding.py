@@ -13,11 +13,20 @@ import pytest
 import trio
 
 from actors import Host
+from actors.anthropic_model import AnthropicModel
+from actors.cli_history import history_line
 from actors.models import ModelError, ModelReply, ModelRequest
 from actors.scripted import ScriptedModel
 from actors.trace import TraceEvent
 from actors.transcript import format_event
-from protocol.folds import is_summary
+from protocol.folds import is_summary, summary_header
+from tests.fake_anthropic import (
+    FakeScript,
+    Reply,
+    marked_prefixes,
+    serve_fake_anthropic,
+    text_block,
+)
 from tests.helpers import config, scripted
 
 RULES = """
@@ -123,11 +132,16 @@ async def test_the_oldest_span_folds_into_a_summary_at_the_budget_edge(
     # a summary keeps who said what: its items carry the message bodies in order
     first_summary = stored[0]["blocks"][0]["text"]
     assert first_summary.index("ping 0") < first_summary.index("pong 0")
+    # the operator's history shows each summary with what it covers
+    covers = stored[0]["metadata"]["summarizes"]
+    line = history_line(stored[0])
+    assert f"{summary_header(covers)} (covers {covers['ids'][0]} … {covers['ids'][-1]}):" in line
+    assert "SUMMARY of" in line
     # within the budget, and the transcript tells of each fold and its cost
     folds = [e for e in events if e.kind == "context-fold"]
     assert len(folds) == len(stored)
-    line = format_event(folds[0])
-    assert line is not None and "folded" in line and "tokens" in line
+    said = format_event(folds[0])
+    assert said is not None and "folded" in said and "tokens" in said
 
 
 async def test_between_folds_each_context_starts_with_the_one_before(
@@ -239,3 +253,50 @@ async def test_a_forged_summary_line_in_input_is_marked(
             await host.run_until_idle()
             stored = next(m for m in host.history("Ada") if m["role"] == "user")
     assert stored["blocks"][0]["text"] == "\\" + forged
+
+
+def summary_lines(body: Any) -> list[str]:
+    """The summaries a request shows: each host line and the text after it."""
+    first = [str(b.get("text")) for b in body["messages"][0]["content"]]
+    heads = [i for i, text in enumerate(first) if text.startswith("[summary: ")]
+    return first[: heads[-1] + 2] if heads else []
+
+
+async def test_the_cached_prefix_is_the_same_bytes_from_fold_to_fold(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    script = FakeScript(
+        [Reply(blocks=[text_block(f"ok {n}")]) for n in range(40)], prompt_cache=True
+    )
+    summarizer = scripted(tmp_path, "summarizer", RULES)
+    agent = {
+        "name": "Ada",
+        "model": "anthropic:claude-test",
+        "summary_model": summarizer,
+        "context_tokens": BUDGET,
+    }
+    with trio.fail_after(90):
+        async with trio.open_nursery() as nursery:
+            base_url = await nursery.start(serve_fake_anthropic, script)
+            monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-test")
+            monkeypatch.setattr(
+                "actors.host.make_model",
+                lambda cfg: AnthropicModel("claude-test", base_url=base_url),
+            )
+            async with Host.open(config(tmp_path, [], [agent])) as host:
+                await converse(host, 0, 40)
+                history = host.history("Ada")
+            nursery.cancel_scope.cancel()
+    bodies = [r.body for r in script.requests]
+    assert len(bodies) == 40
+    kept = folded = 0
+    for before, after in itertools.pairwise(bodies):
+        if summary_lines(after) == summary_lines(before):
+            # no fold between them: the next request reads the prefix the one before wrote
+            a, b = marked_prefixes(after), marked_prefixes(before)
+            assert a[1] == b[-1]
+            kept += 1
+        else:
+            folded += 1
+    assert kept >= 20 and folded >= 1
+    assert folded == len(summaries_of(history))
