@@ -333,7 +333,7 @@ class ContextReader:
         is left out (the folder says so). Cancelled meanwhile, the next read rebuilds."""
         done = False
         try:
-            summary = await self.folder.fold(span)
+            summary = await self.folder.fold(span, self._tail.summary_cap)
             done = True
         finally:
             if not done:
@@ -394,12 +394,16 @@ def _read_fresh(
 
 def _read_summaries(reader: Reader, agent: str, cap: int) -> list[dict[str, Any]]:
     """The agent's newest stored summaries that fit in ``cap`` tokens (at least one, if any),
-    oldest first, looked for among its newest ``SUMMARY_SCAN`` system messages."""
+    oldest first, looked for among its newest ``SUMMARY_SCAN`` system messages; a summary a
+    rollback set aside is left out."""
     found: list[dict[str, Any]] = []
+    hidden: set[str] = set()  # set aside by a rollback (a marker is newer than what it hides)
     total = 0
     for row in reader.walk(agent=agent, roles=("system",), newest_first=True, limit=SUMMARY_SCAN):
         m = row.message
-        if not is_summary(m):
+        if is_rollback(m):
+            hidden.update(m["metadata"].get("set_aside", ()))
+        if not is_summary(m) or m["id"] in hidden:
             continue
         size = estimate_tokens(render_summary(m))
         if found and total + size > cap:

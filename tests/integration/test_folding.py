@@ -300,3 +300,46 @@ async def test_the_cached_prefix_is_the_same_bytes_from_fold_to_fold(
             folded += 1
     assert kept >= 20 and folded >= 1
     assert folded == len(summaries_of(history))
+
+
+def summary_ids(context: list[dict[str, Any]]) -> list[str]:
+    return [str(m["id"]) for m in context if is_summary_shown(m)]
+
+
+async def test_after_a_restart_the_stored_summaries_open_the_context_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cfg, model = setup(tmp_path, monkeypatch)
+    with trio.fail_after(60):
+        async with Host.open(cfg) as host:
+            await converse(host, 0, 40)
+        before_restart = model.turns()[-1]
+        async with Host.open(cfg) as host:
+            await converse(host, 40, 41)
+            history = host.history("Ada")
+    after_restart = model.turns()[-1]
+    assert summary_ids(after_restart) == summary_ids(before_restart) != []
+    covered = {i for s in summaries_of(history) for i in s["metadata"]["summarizes"]["ids"]}
+    raw = shown_ids(after_restart[len(summary_ids(after_restart)) :])
+    assert raw and not covered & set(raw)
+    assert "ping 40" in str(after_restart[-1])
+
+
+async def test_a_rollback_behind_a_fold_sets_its_summary_aside(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cfg, model = setup(tmp_path, monkeypatch)
+    with trio.fail_after(60):
+        async with Host.open(cfg) as host:
+            await converse(host, 0, 40)
+            history = host.history("Ada")
+            newest = summaries_of(history)[-1]
+            shown_before = summary_ids(model.turns()[-1])
+            assert newest["id"] in shown_before
+            # back to the last message that summary covers: the summary itself is set aside
+            to = newest["metadata"]["summarizes"]["ids"][-1]
+            await host.rollback("Ada", to)
+            await converse(host, 40, 41)
+    context = model.turns()[-1]
+    assert newest["id"] not in summary_ids(context)
+    assert to in shown_ids(context)  # what it covered is raw again, as far as the budget goes
