@@ -11,9 +11,10 @@ until it fits in ``TRIM_TARGET`` of it, so the turns after that send the same st
 context, only growing at its end, until it outgrows the budget again (a provider's prompt cache
 serves that unchanged start; trimming a unit at a time would change it on every turn). With a
 :class:`~actors.folding.Folder`, the span taken off is folded into a summary shown before the raw
-messages (:mod:`protocol.folds`); the summaries in view when a context is rebuilt (the first read,
-or after a rollback) are read back from the store, and what was already out of view then is not
-folded.
+messages (:mod:`protocol.folds`). When a context is rebuilt (its first read, or after a
+rollback) the summaries are read back from the store, with the raw messages after the newest one
+they cover; what of those does not fit is folded then (a fold cut short by a restart, messages that
+arrived while the agent never read its context).
 """
 
 from __future__ import annotations
@@ -289,7 +290,7 @@ class ContextReader:
         and decoded, newest first a page at a time, until the budget is full; the kept tail is
         trimmed in steps (see :class:`~protocol.folds.FoldingTail`) to the token budget, oldest
         whole units first, and what is trimmed is folded into a summary when the reader has a
-        folder (not on a rebuild)."""
+        folder."""
         rebuild = self._seen_seq == 0
         if rebuild and self.folder is not None:
             summaries = await self.ctx.store.read(
@@ -319,7 +320,7 @@ class ContextReader:
             )
             live = [m for m in live if m["metadata"].get("occurrence") not in hidden]
         span = self._tail.extend([self._render(m) for m in live])
-        if span and self.folder is not None and not rebuild:
+        if span and self.folder is not None:
             await self._fold(span)
         return self._tail.messages()
 

@@ -212,6 +212,11 @@ async def test_a_restart_in_the_middle_of_a_fold_stores_nothing_half_done(
             after = host.history("Ada")
     assert summaries_of(after)
     assert [m["id"] for m in before] == [m["id"] for m in after[: len(before)]]
+    # the fold cut short was done anew: what was stored before the restart is in a summary now
+    covered = [i for m in summaries_of(after) for i in m["metadata"]["summarizes"]["ids"]]
+    first = summaries_of(after)[0]["metadata"]["summarizes"]["ids"]
+    assert first[0] == before[0]["id"]
+    assert all(covered.count(m["id"]) <= 1 for m in before)
 
 
 async def test_recall_finds_an_old_message_by_a_word_and_around_its_id(
