@@ -41,7 +41,6 @@ from .agent_history import (
     live_messages,
     new_record,
     render_for_model,
-    store_message,
 )
 from .channel import new_id
 from .config import AgentConfig
@@ -425,9 +424,6 @@ class AgentActor(Actor):
             self.ctx.agent_statuses[self.cfg.name] = status
 
     # -- the rest of the mailbox's work ------------------------------------------------------
-    async def _store(self, role: str, blocks: Any, **meta: Any) -> dict[str, Any]:
-        return await store_message(self.ctx, self.cfg.name, role, blocks, **meta)
-
     async def _store_local(self, record: MessageRecord, reply: Reply) -> None:
         await self.ctx.store.write(Append(records=(record,)))
         self.trace("local", text=record.blocks[0]["text"])

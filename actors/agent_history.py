@@ -23,7 +23,7 @@ import json
 import time
 from collections import deque
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from protocol.authors import author_line, guard_body_start, shown_author, stored_author
 from protocol.folds import FoldingTail, is_summary, render_summary
@@ -33,6 +33,9 @@ from .channel import new_id
 from .coalescer import Assembled, is_hidden_marker
 from .context import HostContext
 from .renders import SharedRenders
+
+if TYPE_CHECKING:
+    from .folding import Folder
 
 #: No stored message counts for fewer tokens than this.
 MIN_MESSAGE_TOKENS = 8
@@ -269,7 +272,7 @@ class ContextReader:
         agent: str,
         budget: int,
         renders: SharedRenders | None = None,
-        folder: Any = None,
+        folder: Folder | None = None,
     ) -> None:
         self.ctx = ctx
         self.agent = agent
@@ -332,6 +335,7 @@ class ContextReader:
     async def _fold(self, span: list[Mapping[str, Any]]) -> None:
         """Fold ``span`` into a summary shown before the raw tail; when that fails the span
         is left out (the folder says so). Cancelled meanwhile, the next read rebuilds."""
+        assert self.folder is not None
         done = False
         try:
             summary = await self.folder.fold(span, self._tail.summary_cap)
