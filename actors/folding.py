@@ -66,8 +66,7 @@ def span_text(span: Sequence[Mapping[str, Any]]) -> str:
     for n, m in enumerate(span, 1):
         role = m.get("role")
         blocks = list(m.get("blocks", ()))
-        prefix = int(m.get("prefix", 0) or 0)
-        lines = [str(b.get("text", "")) for b in blocks[:prefix] if b.get("type") == "text"]
+        lines = host_lines(m)
         if role == "assistant":
             lines.insert(0, "(the agent itself)")
         elif role == "tool":
@@ -79,6 +78,18 @@ def span_text(span: Sequence[Mapping[str, Any]]) -> str:
             body = body[:ITEM_CHARS] + f" … ({len(body) - ITEM_CHARS} characters cut)"
         parts.append(f"--- item {n}\n" + "\n".join([*lines, body]))
     return "\n".join(parts)
+
+
+def host_lines(message: Mapping[str, Any]) -> list[str]:
+    """The lines the host wrote before a rendered message's body: its source header (also when
+    the message has no author line) and its author line."""
+    blocks = list(message.get("blocks", ()))
+    prefix = int(message.get("prefix", 0) or 0)
+    lines = [str(b.get("text", "")) for b in blocks[:prefix] if b.get("type") == "text"]
+    header = (message.get("metadata") or {}).get("source_header")
+    if message.get("role") == "user" and not prefix and isinstance(header, str):
+        lines.append(header)
+    return lines
 
 
 def _other_text(blocks: Sequence[Mapping[str, Any]]) -> str:

@@ -18,6 +18,7 @@ from protocol.folds import is_summary
 from store import Reader
 
 from .agent_history import render_for_model
+from .folding import host_lines
 from .models import ToolSpec
 from .scripted import body_of
 
@@ -93,13 +94,8 @@ def _around(reader: Reader, agent: str, message_id: str, limit: int) -> list[dic
 def _shown(message: Mapping[str, Any]) -> str:
     rendered = render_for_model(message)
     role = message.get("role")
-    prefix = int(rendered.get("prefix", 0) or 0)
     blocks: Sequence[Mapping[str, Any]] = rendered.get("blocks", ())
-    lines = [str(b.get("text", "")) for b in blocks[:prefix] if b.get("type") == "text"]
-    if role == "user" and not prefix:
-        header = (message.get("metadata") or {}).get("source_header")
-        if isinstance(header, str):
-            lines.append(header)
+    lines = host_lines(rendered)
     body = body_of(rendered) if role == "user" else _plain(blocks)
     if len(body) > MAX_CHARS:
         body = body[:MAX_CHARS] + f" … ({len(body) - MAX_CHARS} more characters)"

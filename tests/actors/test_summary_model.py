@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from actors.agent_history import render_for_model
 from actors.cli_check import cmd_check
 from actors.config import ConfigErrors, load_config
 from actors.errors import ConfigError
@@ -139,3 +140,50 @@ def test_the_readme_summary_example_loads(tmp_path: Path) -> None:
     _, rule = load_script(write(tmp_path, "s.toml", example))
     assert rule is not None and rule.item_chars == 120
     assert rule.summarize("--- item 1\nhi") == "Earlier (1 messages):\nhi"
+
+
+def test_the_summarizer_reads_each_item_under_its_source_and_author() -> None:
+    header = "[source: lobby / general]"
+    with_author = render_for_model(
+        {
+            "id": "a",
+            "role": "user",
+            "blocks": [{"type": "text", "text": header}, {"type": "text", "text": "hi all"}],
+            "metadata": {
+                "source_header": header,
+                "inbound_source": {"server": "lobby", "channel": "general"},
+                "author": {"id": "u1", "name": "Ann"},
+            },
+        }
+    )
+    no_author = render_for_model(
+        {
+            "id": "b",
+            "role": "user",
+            "blocks": [{"type": "text", "text": header}, {"type": "text", "text": "a push"}],
+            "metadata": {"source_header": header, "inbound_source": {"server": "lobby"}},
+        }
+    )
+    call = {
+        "id": "c",
+        "role": "assistant",
+        "blocks": [{"type": "tool_use", "id": "t", "name": "recall", "input": {"query": "x"}}],
+    }
+    result = {
+        "id": "d",
+        "role": "tool",
+        "blocks": [
+            {
+                "type": "tool_result",
+                "tool_use_id": "t",
+                "content": [{"type": "text", "text": "none"}],
+                "is_error": False,
+            }
+        ],
+    }
+    assert span_text([with_author, no_author, call, result]) == (
+        "--- item 1\n[source: lobby / general]\n[author: Ann]\nhi all\n"
+        "--- item 2\n[source: lobby / general]\na push\n"
+        "--- item 3\n(the agent itself)\n[called recall with {'query': 'x'}]\n"
+        "--- item 4\n(tool results)\n[result: none]"
+    )
