@@ -160,7 +160,8 @@ class Folder:
         if failure:
             self.trace(
                 "diagnostic",
-                text=f"{len(span)} older messages left the context unsummarized ({failure})",
+                text=f"{len(span)} older message{'' if len(span) == 1 else 's'} left the "
+                f"context unsummarized ({failure})",
             )
             return None
         ids = [str(m.get("id")) for m in span]
