@@ -187,3 +187,26 @@ def test_the_summarizer_reads_each_item_under_its_source_and_author() -> None:
         "--- item 3\n(the agent itself)\n[called recall with {'query': 'x'}]\n"
         "--- item 4\n(tool results)\n[result: none]"
     )
+
+
+def test_check_tells_how_each_agent_folds(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    write(tmp_path, "quiet.toml", "")
+    write(tmp_path, "folds.toml", "[summary]\n")
+    cfg = write(
+        tmp_path,
+        "mcplive.toml",
+        f'[host]\ndata_dir = "{tmp_path / "data"}"\n\n'
+        '[[agents]]\nname = "Ada"\nmodel = "scripted:quiet.toml"\n'
+        'summary_model = "scripted:folds.toml"\ncontext_tokens = 8000\n\n'
+        '[[agents]]\nname = "Bo"\nmodel = "scripted:quiet.toml"\n',
+    )
+    assert cmd_check(argparse.Namespace(config=cfg, manifest=[], connect=False)) == 0
+    out = capsys.readouterr().out
+    assert "agent Ada: " in out and "8,000 context tokens, folds older context with " in out
+    assert "scripted:folds.toml" in out.split("agent Ada: ", 1)[1].splitlines()[0]
+    bo = out.split("agent Bo: ", 1)[1].splitlines()[0]
+    assert bo.endswith(
+        "60,000 context tokens, drops older context (its scripted model has no [summary])"
+    )
