@@ -31,7 +31,7 @@ from store import Append, MessageRecord, Reader
 from .agent_history import ContextReader
 from .channel import new_id
 from .config import AgentConfig
-from .models import Model, ModelError, ModelRequest, Usage
+from .models import Model, ModelError, ModelRequest, ModelRetry, Usage
 from .scripted import body_of
 
 #: How long one summary may take before the span is dropped instead.
@@ -143,6 +143,7 @@ class Folder:
             messages=({"role": "user", "blocks": [{"type": "text", "text": span_text(span)}]},),
             max_tokens=room,
             purpose="summary",
+            on_retry=self._retried,
         )
         failure = f"no summary within {self.timeout_s:g} s"
         text, usage = "", Usage()
@@ -187,6 +188,18 @@ class Folder:
             **usage.as_dict(),
         )
         return stored
+
+    def _retried(self, retry: ModelRetry) -> None:
+        self.trace(
+            "model-retry",
+            model=self.model.name,
+            provider=retry.provider,
+            failure=retry.failure,
+            attempt=retry.attempt,
+            retries=retry.retries,
+            wait_s=retry.wait_s,
+            line=f"summary: {retry.line}",
+        )
 
 
 def _new_record(

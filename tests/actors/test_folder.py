@@ -8,7 +8,7 @@ import pytest
 import trio
 
 from actors.folding import SUMMARY_TIMEOUT_S, Folder
-from actors.models import ModelReply, ModelRequest
+from actors.models import ModelError, ModelReply, ModelRequest, ModelRetry
 from protocol.hooks import ModelInfo
 
 SPAN = [{"id": "m1", "role": "user", "blocks": [{"type": "text", "text": "hello"}], "tokens": 9}]
@@ -59,3 +59,28 @@ async def test_a_failed_summary_stores_nothing_and_is_told_once(
     assert said == [
         ("diagnostic", {"text": f"1 older message left the context unsummarized ({why})"})
     ]
+
+
+async def test_the_summarizers_retries_are_told_as_they_happen() -> None:
+    said: list[tuple[str, dict[str, Any]]] = []
+
+    class Retrying(Summarizer):
+        async def complete(self, request: ModelRequest, on_delta: Any = None) -> ModelReply:
+            assert request.on_retry is not None
+            request.on_retry(
+                ModelRetry(
+                    provider="anthropic",
+                    failure="overloaded (529)",
+                    attempt=1,
+                    retries=4,
+                    wait_s=0.5,
+                )
+            )
+            raise ModelError("anthropic: overloaded (529)")
+
+    ctx = type("Ctx", (), {"store": NoStore()})()
+    folder = Folder(ctx, "Ada", Retrying("x"), lambda kind, **data: said.append((kind, data)))
+    assert await folder.fold(SPAN) is None
+    assert [kind for kind, _ in said] == ["model-retry", "diagnostic"]
+    assert said[0][1]["line"] == "summary: anthropic: overloaded (529), retry 1/4 in 0.5s"
+    assert "the summarizer failed: anthropic: overloaded (529)" in said[1][1]["text"]
