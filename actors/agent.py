@@ -35,18 +35,17 @@ from store import Append, MessageRecord, PutState
 
 from .agent_gate import GATE_RELOAD_S, WakeGate
 from .agent_history import (
-    ContextReader,
     ContextTail,
     estimate_tokens,
     fit_budget,
     live_messages,
     new_record,
     render_for_model,
-    store_message,
 )
 from .channel_envelope import new_id
 from .config import AgentConfig
 from .context import HostContext
+from .folding import context_reader
 from .header_notice import HEADER_NOTICE, HeaderNotice
 from .kernel import Actor, Reply
 from .messages import AgentStatus, Reconfigure, Wake, Wakes, Withdraw
@@ -150,7 +149,7 @@ class AgentActor(Actor):
         self.servers = tuple(s.id for s in ctx.config.servers if cfg.hears(s.id))
         self.system = cfg.system_prompt or DEFAULT_PROMPT.format(name=cfg.name)
         self.conversation_id = conversation_id(cfg.name)
-        self.history = ContextReader(ctx, cfg.name, cfg.context_tokens, ctx.renders)
+        self.history = context_reader(ctx, cfg, model, self.trace)
         self.header_notice = HeaderNotice(ctx, cfg.name, self.trace)
         # the wakes waiting for the next turn; a paused turn's own wakes wait in ``_carried``
         self.buffer: WakeBuffer[Wake] = WakeBuffer()
@@ -425,9 +424,6 @@ class AgentActor(Actor):
             self.ctx.agent_statuses[self.cfg.name] = status
 
     # -- the rest of the mailbox's work ------------------------------------------------------
-    async def _store(self, role: str, blocks: Any, **meta: Any) -> dict[str, Any]:
-        return await store_message(self.ctx, self.cfg.name, role, blocks, **meta)
-
     async def _store_local(self, record: MessageRecord, reply: Reply) -> None:
         await self.ctx.store.write(Append(records=(record,)))
         self.trace("local", text=record.blocks[0]["text"])

@@ -6,10 +6,15 @@ rollback marker, nothing a marker set aside, no coalesced item hidden before it 
 introduced by its source, the newest whole units within the agent's token budget. It reads only
 what was stored since the previous turn and keeps the trimmed tail between turns.
 
-Trimming goes in steps: when the context outgrows its budget, the oldest units are dropped until
-it fits in ``TRIM_TARGET`` of it, so the turns after that send the same start of the context,
-only growing at its end, until it outgrows the budget again (a provider's prompt cache serves that
-unchanged start; trimming a unit at a time would change it on every turn).
+Trimming goes in steps: when the context outgrows its budget, the oldest units are taken off
+until it fits in ``TRIM_TARGET`` of it, so the turns after that send the same start of the
+context, only growing at its end, until it outgrows the budget again (a provider's prompt cache
+serves that unchanged start; trimming a unit at a time would change it on every turn). With a
+:class:`~actors.folding.Folder`, the span taken off is folded into a summary shown before the raw
+messages (:mod:`protocol.folds`). When a context is rebuilt (its first read, or after a
+rollback) the summaries are read back from the store, with the raw messages after the newest one
+they cover; what of those does not fit is folded then (a fold cut short by a restart, messages that
+arrived while the agent never read its context).
 """
 
 from __future__ import annotations
@@ -18,15 +23,19 @@ import json
 import time
 from collections import deque
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from protocol.authors import author_line, guard_body_start, shown_author, stored_author
+from protocol.folds import FoldingTail, is_summary, render_summary
 from store import Append, MessageRecord, Reader
 
 from .channel_envelope import new_id
 from .coalescer import Assembled, is_hidden_marker
 from .context import HostContext
 from .renders import SharedRenders
+
+if TYPE_CHECKING:
+    from .folding import Folder
 
 #: No stored message counts for fewer tokens than this.
 MIN_MESSAGE_TOKENS = 8
@@ -36,6 +45,8 @@ CONTEXT_PAGE = 64
 HISTORY_PAGE = 512
 #: The share of its budget a context is trimmed down to once it outgrows the budget.
 TRIM_TARGET = 0.75
+#: System messages read back, newest first, looking for the summaries of a rebuilt context.
+SUMMARY_SCAN = 4096
 
 
 def new_record(
@@ -256,31 +267,52 @@ class ContextReader:
     time)."""
 
     def __init__(
-        self, ctx: HostContext, agent: str, budget: int, renders: SharedRenders | None = None
+        self,
+        ctx: HostContext,
+        agent: str,
+        budget: int,
+        renders: SharedRenders | None = None,
+        folder: Folder | None = None,
     ) -> None:
         self.ctx = ctx
         self.agent = agent
         self.budget = budget
         #: Renderings shared with the other agents' readers (each reader its own if None).
         self.renders = renders if renders is not None else SharedRenders()
+        #: Folds what leaves the context into summaries (an :class:`actors.folding.Folder`);
+        #: None: it is dropped.
+        self.folder = folder
         self._tail = self._new_tail()
         self._seen_seq = 0
 
-    def _new_tail(self) -> ContextTail:
-        return ContextTail(self.budget, int(self.budget * TRIM_TARGET))
+    def _new_tail(self) -> FoldingTail:
+        return FoldingTail(self.budget, int(self.budget * TRIM_TARGET), estimate_tokens)
 
     async def read(self) -> list[Mapping[str, Any]]:
         """The agent's context from the store: only what was stored since the last read is read
         and decoded, newest first a page at a time, until the budget is full; the kept tail is
-        trimmed in steps (see :class:`ContextTail`) to the token budget, oldest whole units
-        first."""
+        trimmed in steps (see :class:`~protocol.folds.FoldingTail`) to the token budget, oldest
+        whole units first, and what is trimmed is folded into a summary when the reader has a
+        folder."""
+        rebuild = self._seen_seq == 0
+        if rebuild and self.folder is not None:
+            summaries = await self.ctx.store.read(
+                _read_summaries, self.ctx.store.reader, self.agent, self._tail.summary_cap
+            )
+        else:
+            summaries = []
         fresh, seen = await self._fresh()
         if any(is_rollback(m) for m in fresh) and self._seen_seq:
             # Something already in the tail was set aside: rebuild from the store.
             self._tail, self._seen_seq = self._new_tail(), 0
             return await self.read()
         self._seen_seq = seen
-        live = live_messages(fresh)
+        live = [m for m in live_messages(fresh) if not is_summary(m)]
+        if summaries:
+            live = _after_covered(live, summaries)
+            for summary in summaries:
+                shown = render_summary(summary)
+                self._tail.add_summary(shown, estimate_tokens(shown))
         occurrences = tuple(
             o for m in live if isinstance(o := m["metadata"].get("occurrence"), str)
         )
@@ -290,8 +322,30 @@ class ContextReader:
                 Assembled(context=self.agent, occurrences=occurrences), timeout=60
             )
             live = [m for m in live if m["metadata"].get("occurrence") not in hidden]
-        self._tail.extend([self.renders.render(m, _rendered) for m in live])
+        span = self._tail.extend([self._render(m) for m in live])
+        if span and self.folder is not None:
+            await self._fold(span)
         return self._tail.messages()
+
+    def _render(self, message: Mapping[str, Any]) -> dict[str, Any]:
+        shown = self.renders.render(message, _rendered)
+        shown["id"] = message["id"]
+        return shown
+
+    async def _fold(self, span: list[Mapping[str, Any]]) -> None:
+        """Fold ``span`` into a summary shown before the raw tail; when that fails the span
+        is left out (the folder says so). Cancelled meanwhile, the next read rebuilds."""
+        assert self.folder is not None
+        done = False
+        try:
+            summary = await self.folder.fold(span, self._tail.summary_cap)
+            done = True
+        finally:
+            if not done:
+                self._tail, self._seen_seq = self._new_tail(), 0
+        if summary is not None:
+            shown = render_summary(summary)
+            self._tail.add_summary(shown, estimate_tokens(shown))
 
     async def _fresh(self) -> tuple[list[dict[str, Any]], int]:
         """What was stored since the last read, oldest first, and the newest seq among it.
@@ -341,3 +395,35 @@ def _read_fresh(
             if sum(estimate_tokens(m) for m in live_messages(read)) > budget:
                 break
     return [m for page in reversed(pages) for m in page], newest
+
+
+def _read_summaries(reader: Reader, agent: str, cap: int) -> list[dict[str, Any]]:
+    """The agent's newest stored summaries that fit in ``cap`` tokens (at least one, if any),
+    oldest first, looked for among its newest ``SUMMARY_SCAN`` system messages; a summary a
+    rollback set aside is left out."""
+    found: list[dict[str, Any]] = []
+    hidden: set[str] = set()  # set aside by a rollback (a marker is newer than what it hides)
+    total = 0
+    for row in reader.walk(agent=agent, roles=("system",), newest_first=True, limit=SUMMARY_SCAN):
+        m = row.message
+        if is_rollback(m):
+            hidden.update(m["metadata"].get("set_aside", ()))
+        if not is_summary(m) or m["id"] in hidden:
+            continue
+        size = estimate_tokens(render_summary(m))
+        if found and total + size > cap:
+            break
+        found.append(m)
+        total += size
+    found.reverse()
+    return found
+
+
+def _after_covered(
+    live: list[dict[str, Any]], summaries: Sequence[Mapping[str, Any]]
+) -> list[dict[str, Any]]:
+    """The messages after the newest one the summaries cover (older ones were folded, or left
+    the context before the newest fold)."""
+    covered = {i for s in summaries for i in s["metadata"]["summarizes"].get("ids", ())}
+    last = max((n for n, m in enumerate(live) if m["id"] in covered), default=-1)
+    return live[last + 1 :]

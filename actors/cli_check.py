@@ -28,14 +28,27 @@ def cmd_check(args: argparse.Namespace) -> int:
         for p in exc.problems:
             print(p if p.startswith(str(args.config)) else f"{args.config}: {p}")
         return 1
+    from .folding import summary_model
     from .providers import make_model
 
     problems = []
+    folds: dict[str, str] = {}  # each agent's folding, as its line tells it
     for a in cfg.agents:
         try:
-            make_model(a)
+            model = make_model(a)
         except ConfigError as exc:
             problems.append(f"agents[{a.name}].model: {exc}")
+            continue
+        try:
+            summarizer = summary_model(a, model)
+        except ConfigError as exc:
+            problems.append(f"agents[{a.name}].summary_model: {exc}")
+            continue
+        folds[a.name] = (
+            "drops older context (its scripted model has no [summary])"
+            if summarizer is None
+            else f"folds older context with {summarizer.name}"
+        )
     for s in cfg.servers:
         problem = command_problem(s)
         if problem is not None:
@@ -68,7 +81,10 @@ def cmd_check(args: argparse.Namespace) -> int:
     for a in cfg.agents:
         hears = ", ".join(a.servers) if a.servers is not None else "all servers"
         endpoint = f" at {a.base_url}" if a.base_url else ""
-        print(f"  agent {a.name}: {a.model}{endpoint}; hears {hears}")
+        print(
+            f"  agent {a.name}: {a.model}{endpoint}; hears {hears}; "
+            f"{a.context_tokens:,} context tokens, {folds[a.name]}"
+        )
     status = 0
     for sid, path in manifests.items():
         server = next(s for s in cfg.servers if s.id == sid)

@@ -1,5 +1,9 @@
 """``mcplive history``: print stored messages from the store in a data dir, read-only.
 
+A summary of an agent's older context (:mod:`actors.folding`) is shown under the line its agent
+sees, with the first and last ids of the messages it covers (``--json`` gives them all, in
+``metadata.summarizes``).
+
 The store is opened with a read-only connection (``Reader(path, read_only=True)``), so history
 works beside a running host, on a read-only copy, and never changes a byte of the store.
 
@@ -27,6 +31,7 @@ import attrs
 
 from protocol.authors import shown_author, stored_author
 from protocol.display import one_line, well_formed
+from protocol.folds import is_summary, summary_header
 from protocol.redact import NO_REDACTION, Redactor
 from store import Reader, StoredRow, body_text, db_path, text_matcher
 
@@ -310,5 +315,10 @@ def history_line(
     if created_at is not None:
         stamp = dt.datetime.fromtimestamp(created_at).strftime("%Y-%m-%d %H:%M:%S ")
     mark = " (set aside)" if set_aside else ""
+    if is_summary(m):
+        covers = meta["summarizes"]
+        ids = [str(i) for i in covers.get("ids", ())]
+        first_last = f"{ids[0]} … {ids[-1]}" if len(ids) > 1 else "".join(ids)
+        where = f" {summary_header(covers)} (covers {first_last}):"
     text = " ".join(" ".join(parts).split())
     return f"{stamp}{m['id']} {m['agent']} {m['role']}{mark}{where} {text}"

@@ -101,6 +101,7 @@ class AgentConfig:
     temperature: float | None = None  # None: the provider's default
     base_url: str | None = None  # the model provider's endpoint; None: its own
     api_key_env: str | None = None  # the variable holding the provider's key
+    summary_model: str | None = None  # the model folding old context; None: ``model``
 
     def hears(self, server_id: str) -> bool:
         return self.servers is None or server_id in self.servers
@@ -574,6 +575,7 @@ def _agent(i: int, a: Mapping[str, Any], base: Path, problems: list[str]) -> Age
                 load_gate(gate_path)
             except ConfigError as exc:
                 problems.append(f"{where}.gate: {exc}")
+    summary_model = _summary_model(where, a.get("summary_model"), model, endpoint, base, problems)
     servers = _str_list(f"{where}.servers", a.get("servers"), problems)
     context_tokens = _number(
         f"{where}.context_tokens", a.get("context_tokens"), 60_000, problems, integer=True
@@ -589,8 +591,36 @@ def _agent(i: int, a: Mapping[str, Any], base: Path, problems: list[str]) -> Age
         prose_mode=mode,
         gate=gate_path,
         context_tokens=context_tokens,
+        summary_model=summary_model,
         **endpoint,
         **sampling,
+    )
+
+
+def _summary_model(
+    where: str,
+    value: Any,
+    model: Any,
+    endpoint: Mapping[str, Any],
+    base: Path,
+    problems: list[str],
+) -> str | None:
+    """The agent's checked ``summary_model`` spec: with the agent's endpoint and key when it
+    names the same provider as ``model``, else that provider's defaults."""
+    if value is None:
+        return None
+    same = (
+        isinstance(value, str)
+        and isinstance(model, str)
+        and value.partition(":")[0] == model.partition(":")[0]
+    )
+    return _model_spec(
+        f"{where}.summary_model",
+        value,
+        base,
+        problems,
+        base_url=endpoint.get("base_url") if same else None,
+        api_key_env=endpoint.get("api_key_env") if same else None,
     )
 
 

@@ -132,6 +132,9 @@ class ModelRequest:
     #: Of ``messages``, how many leading ones the agent's next turn sends again unchanged (the
     #: ones before this turn's injected messages); None: all of them.
     stable_messages: int | None = None
+    #: What the request is for: ``"turn"`` (an agent's turn) or ``"summary"`` (folding an
+    #: agent's older context into a summary, :mod:`actors.folding`).
+    purpose: str = "turn"
     #: Told of each retry the provider makes for this request (see :class:`ModelRetry`).
     on_retry: RetrySink | None = attrs.field(default=None, eq=False, repr=False)
 

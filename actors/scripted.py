@@ -3,10 +3,18 @@
 On each wake the first rule whose ``when`` matches the newest incoming body (header excluded)
 fires once: its ``calls`` run, then its ``say`` is spoken, and the turn ends. No match: silence.
 An empty file is a valid model that never speaks. ``{0}`` is the whole match and ``{1}``, ``{2}``…
-its groups, in ``say`` and in any string inside ``calls`` arguments; ``{author}`` is who wrote
+its groups, in ``say`` and in any string inside ``calls`` arguments; in ``say``, ``{result}`` is
+the text of the rule's tool results (empty when it made no calls); ``{author}`` is who wrote
 that message, exactly as the host's author line shows it to every model
 (:func:`protocol.authors.shown_author`: the name, quoted when it holds anything a line could be
 forged with; else the id; empty when its server named no one).
+
+A ``[summary]`` table makes the model a summarizer too (``summary_model``, see
+:mod:`actors.folding`): asked for a summary, it answers deterministically with ``say``
+(default ``"{count} earlier items:\n{items}"``), where ``{count}`` is the number of items and
+``{items}`` their lines, one per item: each item's host-written lines and body joined on one
+line by ``" / "``, cut at ``item_chars`` characters (default 200). Without it the model does
+not fold its agent's context (what leaves the context is dropped).
 
 Usage is an estimate, a token per four characters of what a reply read (the system prompt and the
 message bodies) and wrote (its text, or its tool calls as JSON); a silent reply reports zeros, and
@@ -25,15 +33,31 @@ from typing import Any
 import attrs
 
 from protocol.authors import shown_author, stored_author
+from protocol.folds import SUMMARY_KIND
 from protocol.hooks import ModelInfo
 from store.bodytext import without_header
 
 from .errors import ConfigError
 from .models import DeltaSink, ModelReply, ModelRequest
 
-_FIELD = re.compile(r"\{(\d+|author)\}")
+_FIELD = re.compile(r"\{(\d+|author|result)\}")
 _RULE_KEYS = frozenset({"when", "say", "calls"})
 _CALL_KEYS = frozenset({"tool", "arguments"})
+_SUMMARY_KEYS = frozenset({"say", "item_chars"})
+_ITEM = re.compile(r"^--- item \d+\n", re.MULTILINE)
+DEFAULT_SUMMARY = "{count} earlier items:\n{items}"
+
+
+@attrs.frozen(kw_only=True)
+class SummaryRule:
+    say: str = DEFAULT_SUMMARY
+    item_chars: int = 200
+
+    def summarize(self, span: str) -> str:
+        """The summary of a span as :func:`actors.folding.span_text` writes it."""
+        items = [" / ".join(p.strip().splitlines()) for p in _ITEM.split(span) if p.strip()]
+        lines = [i if len(i) <= self.item_chars else i[: self.item_chars] + "…" for i in items]
+        return self.say.replace("{count}", str(len(items))).replace("{items}", "\n".join(lines))
 
 
 @attrs.frozen(kw_only=True)
@@ -44,6 +68,28 @@ class Rule:
 
 
 def load_rules(path: Path) -> tuple[Rule, ...]:
+    return load_script(path)[0]
+
+
+def _summary_rule(path: Path, raw: Any) -> SummaryRule | None:
+    if raw is None:
+        return None
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"{path}: summary must be a table ([summary])")
+    for key in raw:
+        if key not in _SUMMARY_KEYS:
+            raise ConfigError(f"{path}: summary.{key}: unknown key; [summary] has say, item_chars")
+    say = raw.get("say", DEFAULT_SUMMARY)
+    if not isinstance(say, str) or not say.strip():
+        raise ConfigError(f"{path}: summary.say: must be a non-empty string")
+    chars = raw.get("item_chars", 200)
+    if not isinstance(chars, int) or isinstance(chars, bool) or chars < 1:
+        raise ConfigError(f"{path}: summary.item_chars: must be a whole number of 1 or more")
+    return SummaryRule(say=say, item_chars=chars)
+
+
+def load_script(path: Path) -> tuple[tuple[Rule, ...], SummaryRule | None]:
+    """A scripted model file's rules and its summary rule (None without ``[summary]``)."""
     try:
         raw = tomllib.loads(path.read_text(encoding="utf-8"))
     except OSError as exc:
@@ -53,8 +99,10 @@ def load_rules(path: Path) -> tuple[Rule, ...]:
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: not valid TOML ({exc})") from None
     for key in raw:
-        if key != "rules":
-            raise ConfigError(f"{path}: {key}: unknown key; a scripted model holds [[rules]]")
+        if key not in ("rules", "summary"):
+            raise ConfigError(
+                f"{path}: {key}: unknown key; a scripted model holds [[rules]] and [summary]"
+            )
     rules = raw.get("rules", [])
     if not isinstance(rules, list):
         raise ConfigError(f"{path}: rules must be an array of tables ([[rules]])")
@@ -88,18 +136,23 @@ def load_rules(path: Path) -> tuple[Rule, ...]:
                 f"{where}.calls: must be a list of {{ tool = NAME, arguments = {{...}} }}"
             )
         out.append(Rule(when=pattern, say=say, calls=tuple(calls)))
-    return tuple(out)
+    return tuple(out), _summary_rule(path, raw.get("summary"))
 
 
-def fill(template: Any, match: re.Match[str], author: str | None = None) -> Any:
+def fill(
+    template: Any, match: re.Match[str], author: str | None = None, result: str | None = None
+) -> Any:
     """Substitute ``{n}`` with group n (empty when the group did not take part) and, when
-    ``author`` is given, ``{author}`` with it; what is substituted is not filled again."""
+    ``author`` (``result``) is given, ``{author}`` (``{result}``) with it; what is substituted
+    is not filled again."""
     if isinstance(template, str):
 
         def field(m: re.Match[str]) -> str:
             name = m.group(1)
             if name == "author":
                 return m.group(0) if author is None else author
+            if name == "result":
+                return m.group(0) if result is None else result
             return _group(match, int(name))
 
         return _FIELD.sub(field, template)
@@ -108,6 +161,18 @@ def fill(template: Any, match: re.Match[str], author: str | None = None) -> Any:
     if isinstance(template, list):
         return [fill(v, match, author) for v in template]
     return template
+
+
+def _results(message: Mapping[str, Any]) -> str:
+    """The text of a stored tool message's results, in order."""
+    texts = []
+    for block in message.get("blocks", ()):
+        content = block.get("content") if block.get("type") == "tool_result" else None
+        if isinstance(content, str):
+            texts.append(content)
+        elif isinstance(content, Sequence):
+            texts += [str(i.get("text", "")) for i in content if isinstance(i, Mapping)]
+    return "\n".join(texts)
 
 
 def _group(match: re.Match[str], n: int) -> str:
@@ -141,7 +206,9 @@ def _tokens(text: str) -> int:
 def _is_inbound(message: Mapping[str, Any]) -> bool:
     """A user message that was stored, not context a server injected for this turn."""
     meta = message.get("metadata")
-    return message.get("role") == "user" and not (isinstance(meta, Mapping) and "injection" in meta)
+    return message.get("role") == "user" and not (
+        isinstance(meta, Mapping) and ("injection" in meta or meta.get("kind") == SUMMARY_KIND)
+    )
 
 
 class ScriptedModel:
@@ -154,7 +221,9 @@ class ScriptedModel:
             context_window=SCRIPTED_CONTEXT_WINDOW,
             capabilities=("tools",),
         )
-        self.rules = load_rules(path)
+        self.rules, self.summary = load_script(path)
+        #: Whether it can fold its agent's context (it has a ``[summary]`` rule).
+        self.can_summarize = self.summary is not None
         # the body length of messages read before, by identity (each entry holds its message,
         # so the identity is not reused while it is kept; a turn's context shares the rendered
         # messages of the turns before); the oldest entry is forgotten past the cap
@@ -176,6 +245,17 @@ class ScriptedModel:
             del self._lengths[next(iter(self._lengths))]
         return length
 
+    def _summarize(self, request: ModelRequest) -> ModelReply:
+        if self.summary is None:
+            return ModelReply(blocks=(), model=self.name)
+        span = "\n".join(body_of(m) for m in request.messages)
+        text = self.summary.summarize(span)
+        return ModelReply(
+            blocks=({"type": "text", "text": text},),
+            model=self.name,
+            usage=self._usage(request, text),
+        )
+
     def _match(
         self, messages: Sequence[Mapping[str, Any]]
     ) -> tuple[Rule, re.Match[str], str] | None:
@@ -196,6 +276,8 @@ class ScriptedModel:
         self, request: ModelRequest, on_delta: DeltaSink | None = None
     ) -> ModelReply:
         messages = list(request.messages)
+        if request.purpose == "summary":
+            return self._summarize(request)
         # the host's own notices (a delivery receipt after a reply) do not count as new input
         said = [m for m in messages if m.get("role") != "system"]
         last = said[-1].get("role") if said else None
@@ -221,7 +303,7 @@ class ScriptedModel:
                 model=self.name,
                 usage=self._usage(request, json.dumps(uses)),
             )
-        text = fill(rule.say, found, author)
+        text = fill(rule.say, found, author, _results(messages[-1]) if last == "tool" else "")
         if text and on_delta is not None:
             for piece in _PIECES.findall(text):  # word by word, as a provider streams
                 await on_delta(piece)

@@ -34,6 +34,7 @@ from .context import HostContext
 from .errors import AskTimeout, NotConnected
 from .messages import Call, ChannelInfo, ConnStatus, SetOpen
 from .models import ToolSpec
+from .recall import RECALL_TOOL, recall
 from .references import FetchError, FetchRef, resolve_references
 from .speech import Drafts, Ticket, TurnSpeech, new_key, place_of, publish
 
@@ -167,6 +168,7 @@ HOST_TOOLS: tuple[ToolSpec, ...] = (
             "required": ["content"],
         },
     ),
+    RECALL_TOOL,
 )
 HOST_TOOL_NAMES = frozenset(t.name for t in HOST_TOOLS)
 MAX_BACKSCROLL = 100
@@ -309,6 +311,9 @@ class ToolRuntime:
             "checkpoint": state.checkpoint,
             "parent": state.parent,
         }
+
+    async def _recall(self, args: Mapping[str, Any]) -> dict[str, Any]:
+        return await recall(self.ctx, self.agent, args)
 
     # -- references -------------------------------------------------------------------------
     async def _fetch_reference(self, args: Mapping[str, Any]) -> dict[str, Any]:

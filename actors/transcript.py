@@ -54,6 +54,10 @@ LEVELS: dict[str, int] = {
 }
 
 
+def _count(value: Any) -> str:
+    return f"{value:,}" if isinstance(value, int) else str(value)
+
+
 def level_of(e: TraceEvent) -> int:
     """The event's level: its kind's, or for a ``collapsed`` summary the level it stands for."""
     if e.kind == "collapsed":
@@ -157,6 +161,13 @@ def format_event(e: TraceEvent) -> str | None:
         return f"· {e.agent} resumed ({d.get('waiting')} waiting wakes)"
     if k == "model-retry":
         return f"? {e.agent}: {d.get('line')}"
+    if k == "context-fold":
+        n = d.get("messages")
+        return (
+            f"· {e.agent}: folded {n} older message{'' if n == 1 else 's'} "
+            f"(~{_count(d.get('folded_tokens'))} tokens) into a summary; "
+            f"{d.get('summary_model')} used {Usage.of(d).describe()} tokens"
+        )
     if k == "turn-usage":
         end = "" if d.get("phase") == "completed" else f" ({d.get('phase')})"
         return f"· {e.agent}: turn used {Usage.of(d).describe()} tokens{end}"

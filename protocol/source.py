@@ -12,10 +12,10 @@ from a reader is written as a JSON string literal with those characters escaped
 connector's values in host notices (:func:`notice_value`, :func:`notice_label`).
 
 A sender's own text may contain something that looks like such a header. :func:`mark_openings`
-puts a backslash before the bracket of every header-shaped opening (``[source:`` or
-``[source]`` in any case, with any whitespace, control or invisible character inside), so no
-text but the host's own first line can read as provenance. Marking runs once, when an item is
-stored; it is not idempotent.
+puts a backslash before the bracket of every header-shaped opening (``[source:``,
+``[source]`` or ``[summary:`` in any case, with any whitespace, control or invisible character
+inside), so no text but the host's own lines can read as provenance or as a summary of
+context. Marking runs once, when an item is stored; it is not idempotent.
 
 Character classes are those of Unicode 17, written out below. Everything here is pure and runs
 in time linear in its input.
@@ -155,11 +155,16 @@ _LETTERS: Final = _FILL.join(("", "[sS\u017f]", "[oO]", "[uU]", "[rR]", "[cC]", 
 #: ``[`` then the letters of "source" (with Unicode simple case folding, so ``ſ`` counts as an
 #: ``s``), filler anywhere between, then ``:`` or ``]``. ``[`` is neither filler nor letter, so
 #: an attempt never runs past the next ``[`` and openings never overlap.
-_OPENING: Final = re.compile(r"\[" + _LETTERS)
+#: The letters of "summary" then ``:``, the same way: the opening of the line the host writes
+#: before a summary of an agent's older context (:mod:`protocol.folds`).
+_SUMMARY_LETTERS: Final = _FILL.join(
+    ("", "[sS\u017f]", "[uU]", "[mM]", "[mM]", "[aA]", "[rR]", "[yY]", ":")
+)
+_OPENING: Final = re.compile(r"\[(?:" + _LETTERS + "|" + _SUMMARY_LETTERS + ")")
 #: The bracket of an opening, the rest looked at but not taken: substituting ``\[`` for each
 #: match marks a whole text in one pass of C code. Since an opening holds no ``[`` but its first,
 #: consuming only the bracket finds exactly the openings :data:`_OPENING` finds.
-_OPENING_BRACKET: Final = re.compile(r"\[(?=" + _LETTERS + ")")
+_OPENING_BRACKET: Final = re.compile(r"\[(?=" + _LETTERS + "|" + _SUMMARY_LETTERS + ")")
 
 _JSON: Final = json.JSONDecoder(strict=True)
 

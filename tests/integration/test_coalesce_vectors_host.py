@@ -18,7 +18,9 @@ or the ``manifest-changed`` trace event of a changed grant), not for the host to
 which it is not until the turn ends; ``joinTurn`` waits for that end. ``assemble`` is an
 operator line (``post_local``) and a turn: one model request from the agent's context as it
 is. ``queueInference`` is an operator line left waiting. ``suppressWake`` keeps one agent held
-through the next ``turn``.
+through the next ``turn``. With setup ``compression`` the agent's context budget is small, and
+``compress`` is an operator line outgrowing it and a turn: its read folds what came before into
+a summary (``summaryLevel`` counts the agent's stored summaries) before its model request.
 """
 
 from __future__ import annotations
@@ -51,9 +53,11 @@ ASSEMBLE = "(operator) go on"
 QUEUED = "(operator) a queued request"
 
 #: Variants this host cannot exercise, and why (a profile capability it does not have).
-UNEXERCISED = {
-    ("5", "default"): "the host never summarizes a context: it drops whole old turns",
-}
+UNEXERCISED: dict[tuple[str, str], str] = {}
+#: With setup ``compression``: the agent's context budget, and what ``compress`` posts to
+#: outgrow it (the agent's next read folds what came before into a summary).
+COMPRESSION_BUDGET = 400
+COMPRESS = "(operator) compress " + "x" * 1800
 
 
 def host_variants() -> list[Any]:
@@ -78,6 +82,8 @@ class VectorModel:
         self.fail_next = False
 
     async def complete(self, request: ModelRequest, on_delta: Any = None) -> ModelReply:
+        if request.purpose == "summary":  # folding a context: no inference of the agent's
+            return ModelReply(blocks=({"type": "text", "text": "(earlier events)"},))
         self.requests.append((request.agent, _text(request.messages)))
         if self.fail_next:
             self.fail_next = False
@@ -192,6 +198,9 @@ class Harness:
         elif op == "turn":
             await self.turns([a for a in self.agents if a not in self.suppressed])
             self.suppressed.clear()
+        elif op == "compress":
+            await self.host.post_local(self.agents[0], COMPRESS)
+            await self.turns([self.agents[0]])
         elif op == "queueInference":
             await self.host.post_local(self.agents[0], QUEUED)
             await self.settle()
@@ -277,6 +286,8 @@ class Harness:
         }
         if requests:
             obs["requestText"] = requests[-1]
+        history = self.host.history(self.agents[0])
+        obs["summaryLevel"] = sum(m["metadata"].get("kind") == "summary" for m in history)
         if reply is not None:
             obs["reply"] = reply
         return obs
@@ -336,6 +347,8 @@ async def harness(
     specs = []
     for name in agents:
         spec: dict[str, Any] = {"name": name, "model": scripted(tmp_path, name, "")}
+        if setup.get("compression"):
+            spec["context_tokens"] = COMPRESSION_BUDGET
         if "gate" in setup:
             spec["gate"] = gate_file(tmp_path, setup["gate"])
         specs.append(spec)

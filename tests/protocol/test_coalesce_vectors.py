@@ -16,8 +16,8 @@ Classification of the 80 variants (asserted by ``test_tally``, printed with ``-s
   mandatory checks), 38, 40 (all four), 42, 46, 47, 48 (a reconnect keeps the binding, so to
   the coalescer ``reconnectWithWindow`` is a new advertisement).
 * **24 need the host** and run over it in
-  ``tests/integration/test_coalesce_vectors_host.py`` (23 pass there; 5 is unexercised by that
-  profile), named here by the first setup key, op or check that needs it:
+  ``tests/integration/test_coalesce_vectors_host.py`` (all 24 pass there), named here by the
+  first setup key, op or check that needs it:
   setup ``gate`` 5 (43: wake policy), ``turn`` 4 (20 only-cause, 20a both, 25: the host's wake
   decides whether and for whom an inference runs), ``grant`` 2 (13, 24 during-render: channel
   authority and -32017), ``disconnect`` 2 (39, 41), setup ``errorPolicy`` (4: failing model),

@@ -1,0 +1,220 @@
+"""Folding an agent's older context into summaries: which span folds, and what the agent sees.
+
+An agent's context is its system prompt, then the summaries of its older messages (oldest first),
+then its newest raw messages, within a token budget. :class:`FoldingTail` keeps the last two parts
+between turns. New messages are appended at its end; when the whole outgrows the budget, the
+oldest whole *units* of raw messages are taken off until it is at most the target, and handed
+back as one span to fold. A unit is a message and whatever belongs to it: an ``assistant`` message
+with the ``tool`` results and ``system`` notices (its delivery receipts) that follow it, so a fold
+never separates a tool call from its result, nor a turn from its receipts. The caller summarizes
+the span and adds the summary (:meth:`FoldingTail.add_summary`), or, when summarizing failed,
+lets the span go. Between two folds the context only grows at its end, so a provider's prompt
+cache keeps serving its start; only a fold changes it.
+
+Summaries take at most ``summary_share`` of the budget: past it, the oldest leave the view (they
+stay stored, as do the raw messages, for ``recall``).
+
+A summary is shown under a line only the host writes (:func:`summary_header`); a sender's text
+that opens the same way is marked (:func:`protocol.source.mark_openings`). What a summary covers
+is recorded with it (:func:`summarizes`).
+
+Pure: time is given, never read.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, Final
+
+from protocol.source import header_value
+
+__all__ = [
+    "SUMMARY_KIND",
+    "SUMMARY_SHARE",
+    "FoldingTail",
+    "is_summary",
+    "render_summary",
+    "summarizes",
+    "summary_header",
+]
+
+#: ``metadata.kind`` of a stored summary.
+SUMMARY_KIND: Final = "summary"
+#: The share of the budget the summaries in view may take.
+SUMMARY_SHARE: Final = 0.3
+#: The most channels a summary header names; the rest are counted.
+HEADER_CHANNELS: Final = 4
+
+Message = Mapping[str, Any]
+
+
+def is_summary(message: Message) -> bool:
+    """Whether a stored message is a summary of older context."""
+    meta = message.get("metadata")
+    return (
+        message.get("role") == "system"
+        and isinstance(meta, Mapping)
+        and meta.get("kind") == SUMMARY_KIND
+        and isinstance(meta.get("summarizes"), Mapping)
+    )
+
+
+def _joins(message: Message, unit: list[Message]) -> bool:
+    """Whether ``message`` belongs to the unit before it (a tool result or a notice after an
+    assistant message)."""
+    return message.get("role") in ("tool", "system") and unit[0].get("role") == "assistant"
+
+
+class FoldingTail:
+    """The summaries and the newest raw units of one agent's context, kept between reads.
+
+    ``size`` gives a message's token count (computed once per message). With no summary, the
+    raw tail trims exactly as a plain step-trimmed tail: units are dropped only when the total
+    exceeds ``budget``, down to ``target`` (at least the newest unit stays)."""
+
+    def __init__(
+        self,
+        budget: int,
+        target: int,
+        size: Callable[[Message], int],
+        *,
+        summary_share: float = SUMMARY_SHARE,
+    ) -> None:
+        if budget < 1:
+            raise ValueError(f"budget must be >= 1, got {budget}")
+        self.budget = budget
+        self.target = min(target, budget)
+        self.summary_cap = int(budget * summary_share)
+        self._size = size
+        self._units: deque[list[Message]] = deque()
+        self._sizes: deque[int] = deque()
+        self._summaries: deque[tuple[Message, int]] = deque()
+        self.raw_total = 0
+        self.summary_total = 0
+
+    @property
+    def total(self) -> int:
+        return self.raw_total + self.summary_total
+
+    def extend(self, messages: Iterable[Message]) -> list[Message]:
+        """Append messages; the span taken off the start of the raw tail (oldest first, whole
+        units; empty when the context still fits)."""
+        for m in messages:
+            size = self._size(m)
+            if self._units and _joins(m, self._units[-1]):
+                self._units[-1].append(m)
+                self._sizes[-1] += size
+            else:
+                self._units.append([m])
+                self._sizes.append(size)
+            self.raw_total += size
+        if self.total <= self.budget:
+            return []
+        span: list[Message] = []
+        while self.total > self.target and len(self._units) > 1:
+            span.extend(self._units.popleft())
+            self.raw_total -= self._sizes.popleft()
+        return span
+
+    def add_summary(self, summary: Message, tokens: int) -> list[Message]:
+        """Show a new summary after the others; the oldest summaries that no longer fit (in
+        ``summary_share`` of the budget, and in the budget beside the raw tail) leave the view,
+        and are returned. The newest always stays."""
+        self._summaries.append((summary, tokens))
+        self.summary_total += tokens
+        gone: list[Message] = []
+        while (self.summary_total > self.summary_cap or self.total > self.budget) and len(
+            self._summaries
+        ) > 1:
+            old, size = self._summaries.popleft()
+            self.summary_total -= size
+            gone.append(old)
+        return gone
+
+    def summaries(self) -> list[Message]:
+        return [s for s, _ in self._summaries]
+
+    def raw(self) -> list[Message]:
+        return [m for unit in self._units for m in unit]
+
+    def messages(self) -> list[Message]:
+        """The context: summaries, oldest first, then the raw tail."""
+        return [*self.summaries(), *self.raw()]
+
+
+def _channel_of(message: Message) -> str | None:
+    meta = message.get("metadata")
+    if not isinstance(meta, Mapping):
+        return None
+    server, channel = meta.get("server_id"), meta.get("channel_id")
+    if not isinstance(server, str):
+        return None
+    return f"{server}/{channel}" if isinstance(channel, str) else server
+
+
+def summarizes(
+    span: Sequence[Message], times: Sequence[float], *, refused: bool = False
+) -> dict[str, Any]:
+    """What a summary of ``span`` covers (its ``metadata.summarizes``): the message ids, the
+    channels (``server/channel``, or the server for pushes and unscoped items) in order of first
+    appearance, the count, and the times of its first and last messages (``times``, one per
+    message, in seconds since the epoch)."""
+    channels: dict[str, None] = {}
+    for m in span:
+        where = _channel_of(m)
+        if where is not None:
+            channels.setdefault(where, None)
+    return {
+        "ids": [str(m.get("id")) for m in span],
+        "channels": list(channels),
+        "count": len(span),
+        "first_at": min(times) if times else None,
+        "last_at": max(times) if times else None,
+    }
+
+
+def _when(at: Any) -> str:
+    if not isinstance(at, int | float) or isinstance(at, bool):
+        return "?"
+    try:
+        return dt.datetime.fromtimestamp(at, dt.UTC).strftime("%Y-%m-%d %H:%M")
+    except (OverflowError, OSError, ValueError):
+        return "?"
+
+
+def summary_header(covers: Mapping[str, Any]) -> str:
+    """The line the host writes before a summary, e.g.
+    ``[summary: 12 messages, 2026-01-02 10:00 – 2026-01-02 11:30, channels lobby/general]``.
+    Channel names are quoted when they hold anything a line could be forged with."""
+    count = covers.get("count", len(covers.get("ids", ())))
+    raw_channels = covers.get("channels") or ()
+    channels = [header_value(str(c)) for c in raw_channels][:HEADER_CHANNELS]
+    more = len(raw_channels) - len(channels)
+    where = ", channels " + ", ".join(channels) if channels else ", no channel"
+    if more > 0:
+        where += f" and {more} more"
+    noun = "message" if count == 1 else "messages"
+    span = f"{_when(covers.get('first_at'))} – {_when(covers.get('last_at'))}"
+    return f"[summary: {count} {noun}, {span}{where}]"
+
+
+def render_summary(message: Mapping[str, Any]) -> dict[str, Any]:
+    """A stored summary as the agent sees it: a user message opening with the host's header
+    line, then the summary text (marked when it was stored)."""
+    meta = message.get("metadata") or {}
+    covers = meta.get("summarizes") or {}
+    text = "\n".join(
+        str(b.get("text", "")) for b in message.get("blocks", ()) if b.get("type") == "text"
+    )
+    return {
+        "id": message.get("id"),
+        "role": "user",
+        "blocks": [
+            {"type": "text", "text": summary_header(covers)},
+            {"type": "text", "text": text},
+        ],
+        "metadata": meta,
+        "prefix": 1,
+    }
