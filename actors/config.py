@@ -102,6 +102,7 @@ class AgentConfig:
     base_url: str | None = None  # the model provider's endpoint; None: its own
     api_key_env: str | None = None  # the variable holding the provider's key
     summary_model: str | None = None  # the model folding old context; None: ``model``
+    images: bool = True  # False: the model reads text only (images become a short note)
 
     def hears(self, server_id: str) -> bool:
         return self.servers is None or server_id in self.servers
@@ -576,6 +577,10 @@ def _agent(i: int, a: Mapping[str, Any], base: Path, problems: list[str]) -> Age
             except ConfigError as exc:
                 problems.append(f"{where}.gate: {exc}")
     summary_model = _summary_model(where, a.get("summary_model"), model, endpoint, base, problems)
+    images = a.get("images", True)
+    if not isinstance(images, bool):
+        problems.append(f"{where}.images: must be true or false")
+        images = True
     servers = _str_list(f"{where}.servers", a.get("servers"), problems)
     context_tokens = _number(
         f"{where}.context_tokens", a.get("context_tokens"), 60_000, problems, integer=True
@@ -592,6 +597,7 @@ def _agent(i: int, a: Mapping[str, Any], base: Path, problems: list[str]) -> Age
         gate=gate_path,
         context_tokens=context_tokens,
         summary_model=summary_model,
+        images=images,
         **endpoint,
         **sampling,
     )

@@ -196,3 +196,44 @@ def tool_result_items(block: Block) -> list[Mapping[str, Any]]:
     if isinstance(raw, Sequence):
         return [item for item in raw if isinstance(item, Mapping)]
     return []
+
+
+def text_only(messages: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """``messages`` for a model that reads text only: each image block carrying data (also in a
+    tool result's content) becomes a short text note naming its type; every other block, and a
+    message without images, is kept as it is (the same object), so the result is the same for
+    the same messages on every turn."""
+    out: list[Mapping[str, Any]] = []
+    for message in messages:
+        blocks = message.get("blocks")
+        if not isinstance(blocks, Sequence) or not any(_has_image(b) for b in blocks):
+            out.append(message)
+            continue
+        out.append({**message, "blocks": [_without_images(b) for b in blocks]})
+    return out
+
+
+def _is_image(block: object) -> bool:
+    return isinstance(block, Mapping) and block.get("type") == "image" and bool(block.get("data"))
+
+
+def _has_image(block: object) -> bool:
+    if _is_image(block):
+        return True
+    if isinstance(block, Mapping) and block.get("type") == "tool_result":
+        return any(_is_image(item) for item in tool_result_items(block))
+    return False
+
+
+def _image_note(block: Mapping[str, Any]) -> dict[str, Any]:
+    mime = str(block.get("mimeType") or "unknown type")
+    return {"type": "text", "text": f"[image ({mime}) not shown: this model reads text only]"}
+
+
+def _without_images(block: Any) -> Any:
+    if _is_image(block):
+        return _image_note(block)
+    if not _has_image(block):
+        return block
+    items = [_image_note(i) if _is_image(i) else i for i in tool_result_items(block)]
+    return {**block, "content": items}

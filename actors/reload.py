@@ -1,8 +1,8 @@
 """Config reload (SIGHUP, ``Host.reload``): what can change while the host runs, and applying it.
 
 :func:`plan_reload` compares the running config with a new one (pure). Only the *live* keys
-are taken: each agent's ``system_prompt``, ``gate``, ``max_tokens`` and ``temperature`` (read
-at its next turn), each server's capability and feature-set masks and its
+are taken: each agent's ``system_prompt``, ``gate``, ``max_tokens``, ``temperature`` and
+``images`` (read at its next turn), each server's capability and feature-set masks and its
 ``publish_undeclared`` (read where it is used). Everything else that differs (a server or agent
 added or removed, a server's command, url, token or limits, an agent's model, endpoint, key
 variable, servers or prose mode, ``data_dir``, the host's inference model) is listed
@@ -36,7 +36,7 @@ SERVER_LIVE = (
 )
 #: Server keys read where they are used, from the config in force: taken, nothing to re-apply.
 SERVER_READ = ("publish_undeclared",)
-AGENT_LIVE = ("system_prompt", "gate", "max_tokens", "temperature")
+AGENT_LIVE = ("system_prompt", "gate", "max_tokens", "temperature", "images")
 #: Derived from another key (``endpoint`` from ``url``): never reported on its own.
 _DERIVED = frozenset({"endpoint"})
 #: How long a reload waits for one actor to take its new config, beyond the server's own

@@ -42,7 +42,7 @@ from .context import HostContext
 from .header_notice import HeaderNotice
 from .hooks import TurnHooks, injection_messages
 from .messages import Wake, WakeTarget
-from .models import Model, ModelAuthError, ModelError, ModelRequest, ModelRetry, Usage
+from .models import Model, ModelAuthError, ModelError, ModelRequest, ModelRetry, Usage, text_only
 from .rollback import record_checkpoints
 from .scripted import body_of
 from .speech import (
@@ -262,7 +262,8 @@ class Turn:
                 max_tokens=owner.cfg.max_tokens,
                 temperature=owner.cfg.temperature,
                 system=system,
-                messages=tuple(context),  # the request keeps what this round saw
+                # the request keeps what this round saw
+                messages=tuple(context) if owner.cfg.images else tuple(text_only(context)),
                 tools=tools,
                 stable_system=stable_system,
                 stable_messages=stable_messages,

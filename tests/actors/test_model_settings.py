@@ -90,6 +90,13 @@ def test_temperature_out_of_range(value: Any) -> None:
     ]
 
 
+@pytest.mark.parametrize("value", ["no", 0, 1, None.__class__.__name__])
+def test_images_is_true_or_false(value: Any) -> None:
+    assert problems(agent(images=value)) == ["agents[Ada].images: must be true or false"]
+    assert load_config(agent()).agents[0].images is True
+    assert load_config(agent(images=False)).agents[0].images is False
+
+
 def test_an_anthropic_temperature_stops_at_one() -> None:
     raw = {"agents": [{"name": "Ada", "model": "anthropic:claude-test", "temperature": 1.2}]}
     assert problems(raw) == [

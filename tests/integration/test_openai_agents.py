@@ -7,6 +7,7 @@ Real clock, generous deadlines, order-only assertions.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -284,3 +285,40 @@ async def test_a_model_that_never_answers_fails_the_turn_in_bounded_time(
                 await lb.host.run_until_idle()
                 assert said(lb.host, "Ada")[-1]["blocks"] == [{"type": "text", "text": "Here now."}]
             nursery.cancel_scope.cancel()
+
+
+async def test_an_agent_whose_model_reads_text_only_is_sent_a_note_for_an_image(
+    tmp_path: Path,
+) -> None:
+    """``images = false``: a photo in a message reaches that agent's model as a short note, while
+    an agent with images on gets the picture."""
+    script = FakeScript([Reply(text="ok"), Reply(text="ok")])
+    photo = {
+        "channelId": "lobby:#general",
+        "messageId": "p1",
+        "author": {"id": "alice", "name": "Alice"},
+        "timestamp": "2026-01-01T00:00:00Z",
+        "content": [
+            {"type": "text", "text": "look at this"},
+            {"type": "image", "data": "iVBORw0KGgo=", "mimeType": "image/png"},
+        ],
+        "tags": [],
+    }
+    with trio.fail_after(90):
+        async with trio.open_nursery() as nursery:
+            base_url = await nursery.start(serve_fake_openai, script)
+            agents = {
+                "Ada": {"model": "openai:text-only", "base_url": base_url, "images": False},
+                "Grace": {"model": "openai:vision", "base_url": base_url},
+            }
+            async with running_lobby(tmp_path, agents) as lb:
+                lb.ctl.send({"cmd": "incoming_batch", "messages": [photo]})
+                await lb.ctl.wait_for(publish_received("ok"), "one reply")
+                await lb.ctl.wait_for(publish_received("ok"), "the other")
+                await lb.host.run_until_idle()
+            nursery.cancel_scope.cancel()
+    sent = {r.body["model"]: json.dumps(r.body["messages"]) for r in script.requests}
+    assert "image_url" not in sent["text-only"]
+    assert "[image (image/png) not shown: this model reads text only]" in sent["text-only"]
+    assert "look at this" in sent["text-only"]
+    assert "data:image/png;base64,iVBORw0KGgo=" in sent["vision"]
