@@ -22,6 +22,7 @@ from .messages import Register, Unregister
 from .renders import SharedRenders
 from .storage import StoreClient
 from .trace import TraceBus
+from .turn_token import TurnToken
 
 MAX_CHANNELS_PER_SERVER = 1000
 
@@ -83,6 +84,7 @@ class HostContext:
         self.explained_lock = trio.Lock()
         # Renderings of stored messages, shared by the agents' context readers.
         self.renders = SharedRenders()
+        self.turns = TurnToken()  # agents' turns take the interpreter one after another
 
     def others_turning(self, server_id: str) -> bool:
         """Whether an agent that does not hear ``server_id`` is in a turn now."""

@@ -31,7 +31,7 @@ from store import Append, MessageRecord, Reader
 from .agent_history import ContextReader
 from .channel import new_id
 from .config import AgentConfig
-from .models import Model, ModelError, ModelRequest, ModelRetry, Usage
+from .models import Model, ModelError, ModelReply, ModelRequest, ModelRetry, Usage
 from .scripted import body_of
 
 #: How long one summary may take before the span is dropped instead.
@@ -149,7 +149,7 @@ class Folder:
         text, usage = "", Usage()
         with trio.move_on_after(self.timeout_s):
             try:
-                reply = await self.model.complete(request)
+                reply = await self._complete(request)
             except ModelError as exc:
                 failure = f"the summarizer failed: {exc}"
             except Exception as exc:  # a summarizer's bug must not end the agent's turn
@@ -188,6 +188,13 @@ class Folder:
             **usage.as_dict(),
         )
         return stored
+
+    async def _complete(self, request: ModelRequest) -> ModelReply:
+        """The summary; a model outside the host is waited for without the turn token."""
+        if getattr(self.model, "local", False):
+            return await self.model.complete(request)
+        async with self.ctx.turns.away():
+            return await self.model.complete(request)
 
     def _retried(self, retry: ModelRetry) -> None:
         self.trace(

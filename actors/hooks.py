@@ -127,7 +127,7 @@ class TurnHooks:
         hooked = [(sid, role) for sid in self.servers if (role := hook_role(self._grant(sid)))]
         if not hooked:  # (a nursery costs the turn a scheduling round)
             return []
-        async with trio.open_nursery() as nursery:
+        async with self.ctx.turns.away(), trio.open_nursery() as nursery:
             for sid, role in hooked:
                 nursery.start_soon(
                     self._call_hook,

@@ -212,6 +212,9 @@ def _is_inbound(message: Mapping[str, Any]) -> bool:
 
 
 class ScriptedModel:
+    #: It runs in the host's own interpreter: a turn keeps the turn token while it answers.
+    local = True
+
     def __init__(self, path: Path) -> None:
         self.path = path
         self.name = f"scripted:{path.name}"

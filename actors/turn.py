@@ -42,7 +42,16 @@ from .context import HostContext
 from .header_notice import HeaderNotice
 from .hooks import TurnHooks, injection_messages
 from .messages import Wake, WakeTarget
-from .models import Model, ModelAuthError, ModelError, ModelRequest, ModelRetry, Usage, text_only
+from .models import (
+    Model,
+    ModelAuthError,
+    ModelError,
+    ModelReply,
+    ModelRequest,
+    ModelRetry,
+    Usage,
+    text_only,
+)
 from .rollback import record_checkpoints
 from .scripted import body_of
 from .speech import (
@@ -55,7 +64,7 @@ from .speech import (
     typing_allowed,
 )
 from .tools import ToolRuntime
-from .wakes import route_of
+from .wakes import RouteChoice, route_of
 
 MAX_TOOL_ROUNDS = 8
 #: How long a turn waits for a batch another turn is rendering (its render's own bound, and
@@ -107,7 +116,7 @@ class Turn:
         """Run the turn to its end (a model failure is traced and stored, not raised)."""
         owner = self.owner
         choice = route_of(self.drained)
-        target = self.target = choice.target
+        self.target = choice.target
         hooks = TurnHooks(
             self.ctx,
             self.agent,
@@ -117,6 +126,12 @@ class Turn:
             conversation_id=owner.conversation_id,
             turn_index=self.index,
         )
+        async with self.ctx.turns.turn():  # let go while it waits outside the host
+            await self._run_holding(hooks, choice)
+
+    async def _run_holding(self, hooks: TurnHooks, choice: RouteChoice) -> None:
+        owner = self.owner
+        target = self.target
         typing: Typing | None = None
         try:
             with trio.CancelScope() as scope:
@@ -157,7 +172,8 @@ class Turn:
                 await self._run(hooks, speech, choice.candidates, wakes, deferred_only)
                 if typing is not None:
                     typing.stop()  # the model is done; what is left is delivery
-                await speech.sent()  # this agent's own wait: nobody else's work stops for it
+                async with self.ctx.turns.away():
+                    await speech.sent()  # this agent's own wait: nobody else's work stops for it
                 self._trace("turn-end", target)
                 self.phase = "completed"
             if scope.cancelled_caught:
@@ -270,7 +286,7 @@ class Turn:
                 on_retry=on_retry,
             )
             speech.start_round()
-            reply = await owner.model.complete(request, on_delta)
+            reply = await self._complete(request, on_delta)
             self.calls += 1
             for place, piece in speech.end_stream():
                 self._chunk(speech, place, piece)
@@ -310,6 +326,14 @@ class Turn:
             if runtime.end_turn:
                 break  # skip_reply or sleep: the turn ends at the tool results
 
+    async def _complete(self, request: ModelRequest, on_delta: Any) -> ModelReply:
+        """The model's reply; a model outside the host is waited for without the turn token."""
+        model = self.owner.model
+        if getattr(model, "local", False):
+            return await model.complete(request, on_delta)
+        async with self.ctx.turns.away():
+            return await model.complete(request, on_delta)
+
     async def _call_tools(
         self, runtime: ToolRuntime, uses: tuple[Mapping[str, Any], ...]
     ) -> dict[str, Any]:
@@ -319,7 +343,8 @@ class Turn:
         checkpoints: list[dict[str, Any]] = []
         for use in uses:
             self._trace("tool-call", target, tool=use.get("name"), arguments=use.get("input"))
-            outcome = await runtime.call(str(use.get("name")), use.get("input", {}))
+            async with self.ctx.turns.away():  # a tool may wait on a server
+                outcome = await runtime.call(str(use.get("name")), use.get("input", {}))
             state = outcome.pop("state", None)
             if state is not None:
                 checkpoints.append(state)
@@ -387,7 +412,7 @@ class Turn:
                 outcomes.append(wait.outcome)
 
         if begun.jobs or begun.joins:  # (a nursery costs the turn a scheduling round)
-            async with trio.open_nursery() as nursery:
+            async with self.ctx.turns.away(), trio.open_nursery() as nursery:
                 for job in begun.jobs:
                     nursery.start_soon(one, job)
                 for wait in begun.joins:

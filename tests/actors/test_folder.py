@@ -9,6 +9,7 @@ import trio
 
 from actors.folding import SUMMARY_TIMEOUT_S, Folder
 from actors.models import ModelError, ModelReply, ModelRequest, ModelRetry
+from actors.turn_token import TurnToken
 from protocol.hooks import ModelInfo
 
 SPAN = [{"id": "m1", "role": "user", "blocks": [{"type": "text", "text": "hello"}], "tokens": 9}]
@@ -50,7 +51,7 @@ async def test_a_failed_summary_stores_nothing_and_is_told_once(
     mode: str, why: str, autojump_clock: trio.testing.MockClock
 ) -> None:
     said: list[tuple[str, dict[str, Any]]] = []
-    ctx = type("Ctx", (), {"store": NoStore()})()
+    ctx = type("Ctx", (), {"store": NoStore(), "turns": TurnToken()})()
     model = Summarizer(mode)
     folder = Folder(ctx, "Ada", model, lambda kind, **data: said.append((kind, data)))
     with trio.fail_after(SUMMARY_TIMEOUT_S * 2):  # the folder's own bound comes first
@@ -78,7 +79,7 @@ async def test_the_summarizers_retries_are_told_as_they_happen() -> None:
             )
             raise ModelError("anthropic: overloaded (529)")
 
-    ctx = type("Ctx", (), {"store": NoStore()})()
+    ctx = type("Ctx", (), {"store": NoStore(), "turns": TurnToken()})()
     folder = Folder(ctx, "Ada", Retrying("x"), lambda kind, **data: said.append((kind, data)))
     assert await folder.fold(SPAN) is None
     assert [kind for kind, _ in said] == ["model-retry", "diagnostic"]

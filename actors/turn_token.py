@@ -1,0 +1,63 @@
+"""The turn token: agents' turns take the host's interpreter one after another.
+
+When one message wakes many agents, their turns all want the same interpreter. Interleaved
+(each turn a few steps, then the next agent's), every turn ends near the end of the whole
+burst; one after another, the first ends after one turn's work, the second after two, and the
+average answer comes about twice as soon for the same total work. A turn holds the token while
+it works in the host (reading its context, a local model, storing, routing) and lets it go
+whenever it waits for something outside the host (a remote model, a server's answer to a
+publish, a hook or a render, a tool call), so that wait never holds up another agent.
+
+The token is fair (first come, first served) and never a stall: a turn that has waited
+``MAX_WAIT_S`` for it goes on without it, so a turn stuck while holding it delays the others
+by at most that much, and a host under more load than turns can share still runs every turn.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import trio
+
+#: The longest a turn waits for the token before it goes on without it.
+MAX_WAIT_S = 0.25
+
+
+class TurnToken:
+    def __init__(self, max_wait: float = MAX_WAIT_S) -> None:
+        self.max_wait = max_wait
+        self._lock = trio.Lock()  # FIFO: the first turn to ask is the first served
+        self.gave_up = 0  # how many waits ended without the token (went on without it)
+
+    def held(self) -> bool:
+        """Whether the current task holds the token."""
+        return self._lock.locked() and self._lock.statistics().owner is trio.lowlevel.current_task()
+
+    async def _take(self) -> bool:
+        with trio.move_on_after(self.max_wait):
+            await self._lock.acquire()
+            return True
+        self.gave_up += 1
+        return False
+
+    @asynccontextmanager
+    async def turn(self) -> AsyncIterator[None]:
+        """Hold the token for a turn's work in the host (taken again after each ``away``)."""
+        await self._take()
+        try:
+            yield
+        finally:
+            if self.held():
+                self._lock.release()
+
+    @asynccontextmanager
+    async def away(self) -> AsyncIterator[None]:
+        """Let the token go while waiting on something outside the host; take it again after
+        (if it was held)."""
+        if not self.held():
+            yield
+            return
+        self._lock.release()
+        yield  # an error or a cancellation leaves without the token
+        await self._take()

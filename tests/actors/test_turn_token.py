@@ -1,0 +1,105 @@
+"""``actors.turn_token.TurnToken``: first come, first served; let go while away; never a stall
+(a waiter gives up after ``max_wait`` and goes on). MockClock, no real time."""
+
+from __future__ import annotations
+
+import pytest
+import trio
+import trio.testing
+
+from actors.turn_token import TurnToken
+
+
+async def test_turns_are_served_in_the_order_they_asked(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    token = TurnToken(max_wait=60)
+    order: list[str] = []
+
+    async def turn(name: str, work: float) -> None:
+        async with token.turn():
+            order.append(f"{name} in")
+            await trio.sleep(work)  # work in the host, token held
+            order.append(f"{name} out")
+
+    async with trio.open_nursery() as nursery:
+        for name in ("a", "b", "c"):
+            nursery.start_soon(turn, name, 1.0)
+            await trio.testing.wait_all_tasks_blocked()
+    assert order == ["a in", "a out", "b in", "b out", "c in", "c out"]
+    assert token.gave_up == 0
+
+
+async def test_away_lets_the_others_in_and_takes_the_token_back_after(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    token = TurnToken(max_wait=60)
+    order: list[str] = []
+    server_answers = trio.Event()
+
+    async def slow(name: str) -> None:
+        async with token.turn():
+            order.append(f"{name} works")
+            async with token.away():  # e.g. a publish waiting on its server
+                await server_answers.wait()
+            assert token.held()
+            order.append(f"{name} works again")
+
+    async def quick(name: str) -> None:
+        async with token.turn():
+            order.append(f"{name} works")
+        server_answers.set()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(slow, "a")
+        await trio.testing.wait_all_tasks_blocked()
+        nursery.start_soon(quick, "b")
+    assert order == ["a works", "b works", "a works again"]
+    assert not token.held()
+
+
+async def test_a_stuck_holder_delays_the_others_only_by_max_wait(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    token = TurnToken(max_wait=0.25)
+    started: list[float] = []
+
+    async def stuck() -> None:
+        async with token.turn():
+            await trio.sleep_forever()
+
+    async def other() -> None:
+        async with token.turn():
+            started.append(trio.current_time())
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(stuck)
+        await trio.testing.wait_all_tasks_blocked()
+        begin = trio.current_time()
+        await other()
+        nursery.cancel_scope.cancel()
+    assert started == [begin + 0.25]
+    assert token.gave_up == 1
+
+
+async def test_a_turn_cancelled_while_away_leaves_without_the_token(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    token = TurnToken(max_wait=60)
+    with trio.move_on_after(1):
+        async with token.turn():
+            async with token.away():
+                await trio.sleep_forever()
+    assert not token.held()
+    async with token.turn():  # free for the next turn at once
+        assert token.held()
+
+
+@pytest.mark.parametrize("wait", [0.0, 0.1])
+async def test_away_without_the_token_just_waits(
+    wait: float, autojump_clock: trio.testing.MockClock
+) -> None:
+    token = TurnToken(max_wait=60)
+    async with token.away():
+        await trio.sleep(wait)
+    assert not token.held()
