@@ -276,6 +276,14 @@ class ServerSession:
         self.check(method, params)
         return self._rpc.send_request(method, dict(params or {}), now=now, timeout=timeout)
 
+    def request_unchecked(
+        self, method: str, params: Mapping[str, Any] | None, *, now: float, timeout: float
+    ) -> tuple[jsonrpc.Id, str]:
+        """Our request, whether or not the host granted it: for a test that plays a server
+        breaking the grant, so that the host's refusal can be seen. Raises only
+        :class:`protocol.jsonrpc.PendingFull` past the cap."""
+        return self._rpc.send_request(method, dict(params or {}), now=now, timeout=timeout)
+
     def notify(self, method: str, params: Mapping[str, Any] | None) -> str:
         """Our notification's line. Raises :class:`NotGranted` as :meth:`request` does."""
         if self.closed:
