@@ -316,7 +316,7 @@ class ServerLink:
             raise LinkLost(f"{method}: the host connection is closed")
         await self._slots.acquire()
         try:
-            if check:
+            if check:  # again: the grant may have changed while we waited for the slot
                 rid, line = self.session.request(
                     method, params, now=trio.current_time(), timeout=math.inf
                 )
