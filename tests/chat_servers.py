@@ -52,7 +52,9 @@ import trio
 from actors import Host
 from actors.serverkit import MCPLServer
 from actors.serverkit_link import LinkLost, ServerLink
+from actors.serverkit_transport import LineTransport
 from protocol.errors import RpcError
+from protocol.server_session import Grant
 
 #: A body: one text, or blocks (a string among them is a text block).
 Content = str | Sequence[Mapping[str, Any] | str]
@@ -117,6 +119,14 @@ class _Kit(MCPLServer):
         self.chat.received.append({"method": method, "params": dict(params)})
         await super().host_notice(link, method, params)
 
+    async def serve(self, transport: LineTransport) -> None:
+        await super().serve(self.chat.wrap(transport))
+
+    def grant_changed(self, link: ServerLink, before: Grant, after: Grant) -> None:
+        super().grant_changed(link, before, after)
+        if link is self.link:
+            self.chat.on_grant(after)
+
     async def toolkit_answer(self, method: str, params: Mapping[str, Any]) -> Any:
         """The toolkit's own answer to a host request."""
         link = self.link
@@ -147,7 +157,7 @@ class ChatServer:
         self.received: list[dict[str, Any]] = []
         self.answers: list[tuple[dict[str, Any], dict[str, Any]]] = []
         self._published = itertools.count(1)
-        self.kit.on_granted("channels.register")(self._registered)
+        self.kit.on_granted("channels.register")(self._when_registered)
 
     def _declare(self, desc: Mapping[str, Any]) -> None:
         """Keep ``desc`` (and declare it to the toolkit, which registers it on every connection
@@ -164,8 +174,10 @@ class ChatServer:
         except (ValueError, TypeError):
             pass  # a descriptor the toolkit would not declare: sent as given, not re-registered
 
-    async def _registered(self) -> None:
+    async def _when_registered(self) -> None:
         """Once the toolkit's registration is answered: ready if every channel was accepted."""
+        if not self.kit.channels:
+            return  # nothing declared, nothing registered for us
         await self.kit.registered.wait()
         link = self.kit.link
         accepted = self.kit.accepted_channels(link) if link is not None else set()
@@ -214,6 +226,13 @@ class ChatServer:
 
     def on_sent(self, request: Mapping[str, Any]) -> None:
         """Called with each request of ours once it is on its way (before its answer)."""
+
+    def on_grant(self, grant: Grant) -> None:
+        """Called once the host's grant changed (its ``featureSets/update`` is answered)."""
+
+    def wrap(self, transport: LineTransport) -> LineTransport:
+        """The transport a new connection is served on (a subclass may stand in front)."""
+        return transport
 
     # -- requests to the host --------------------------------------------------------------------
     async def _link(self) -> ServerLink:
