@@ -1,5 +1,19 @@
 """The trio runtime of mcplive."""
 
-from .host import Host
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .host import Host
 
 __all__ = ["Host"]
+
+
+def __getattr__(name: str) -> Any:
+    # the host loads on first use, so a server built on the toolkit starts without it
+    if name == "Host":
+        from .host import Host
+
+        return Host
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -161,12 +161,19 @@ class MCPLServer(Declarations, ServeMixin):
         push_events: bool = True,
         inference: bool = False,
         request_timeout: float = 30.0,
+        max_pending: int = 64,
     ) -> None:
+        """``max_pending`` caps this server's own requests awaiting the host's answer on one
+        connection (a further one waits for a slot); raise it for a server that pipelines
+        many requests without waiting."""
+        if max_pending < 1:
+            raise ValueError(f"max_pending must be at least 1, not {max_pending}")
         Declarations.__init__(
             self, name, version=version, push_events=push_events, inference=inference
         )
         ServeMixin.__init__(self)
         self.request_timeout = request_timeout
+        self.max_pending = max_pending
         self._event_numbers = itertools.count(1)
         self._run_tag = secrets.token_hex(4)
 

@@ -27,7 +27,7 @@ from protocol import server_session as ss
 from protocol.errors import INTERNAL_ERROR, RpcError
 from protocol.jsonrpc import Id, method_not_found
 
-__all__ = ["Dispatch", "LinkLost", "RequestTimeout", "ServerLink"]
+__all__ = ["Dispatch", "LinkLost", "PendingRequest", "RequestTimeout", "ServerLink"]
 
 
 class LinkLost(Exception):
@@ -54,13 +54,51 @@ class Dispatch(Protocol):
         ...
 
 
-@attrs.define
+@attrs.define(eq=False)
 class _Waiter:
     method: str
     on_chunk: Callable[[Mapping[str, Any]], None] | None = None
     done: trio.Event = attrs.field(factory=trio.Event)
     result: Any = None
     error: BaseException | None = None
+    on_settled: Callable[[_Waiter], None] | None = None
+
+
+@attrs.define(eq=False)
+class PendingRequest:
+    """One of our requests sent by :meth:`ServerLink.start_request`: its ``id``, and once
+    ``done`` is set, the host's ``result`` or the ``error`` (:class:`protocol.errors.RpcError`
+    for the host's error, :class:`LinkLost` when the connection ended first)."""
+
+    id: Id
+    method: str
+    _waiter: _Waiter = attrs.field(repr=False)
+
+    @property
+    def done(self) -> trio.Event:
+        """Set once the host answered (or the connection ended)."""
+        return self._waiter.done
+
+    @property
+    def result(self) -> Any:
+        """The host's result (None until answered, or after an error)."""
+        return self._waiter.result
+
+    @property
+    def error(self) -> BaseException | None:
+        """Why there is no result, once ``done``; None otherwise."""
+        return self._waiter.error
+
+    async def wait(self, timeout: float = math.inf) -> Any:
+        """Wait for the answer and return the host's result; raises the ``error``, or
+        :class:`RequestTimeout` after ``timeout`` seconds (the request stays pending)."""
+        with trio.move_on_after(timeout):
+            await self._waiter.done.wait()
+        if not self._waiter.done.is_set():
+            raise RequestTimeout(f"{self.method}: no answer from the host within {timeout:g} s")
+        if self._waiter.error is not None:
+            raise self._waiter.error
+        return self._waiter.result
 
 
 class ServerLink:
@@ -212,6 +250,8 @@ class ServerLink:
         if waiter is not None:
             waiter.result, waiter.error = result, error
             waiter.done.set()
+            if waiter.on_settled is not None:
+                waiter.on_settled(waiter)
 
     # -- sending ---------------------------------------------------------------------------
     async def request(
@@ -251,6 +291,61 @@ class ServerLink:
         if waiter.error is not None:
             raise waiter.error
         return waiter.result
+
+    async def start_request(
+        self,
+        method: str,
+        params: Mapping[str, Any] | None,
+        *,
+        check: bool = True,
+        on_settled: Callable[[PendingRequest], None] | None = None,
+    ) -> PendingRequest:
+        """Send our request without waiting for its answer: return once its line is queued
+        (after a free slot among the ``max_pending``, and room in the outbox).
+
+        The request holds its slot until the host answers or the connection ends; there is no
+        deadline unless :meth:`PendingRequest.wait` is given one. ``on_settled`` (sync) is
+        called with the request as soon as it is settled, in the reader's task. With
+        ``check=False`` the grant is not consulted (a test playing a server that sends what
+        it was not granted); otherwise :class:`protocol.server_session.NotGranted` is raised
+        before anything is written, and :class:`LinkLost` when the connection is closed.
+        """
+        if check:
+            self.session.check(method, params)
+        if self.closed.is_set():
+            raise LinkLost(f"{method}: the host connection is closed")
+        await self._slots.acquire()
+        try:
+            if check:  # again: the grant may have changed while we waited for the slot
+                rid, line = self.session.request(
+                    method, params, now=trio.current_time(), timeout=math.inf
+                )
+            else:
+                rid, line = self.session.request_unchecked(
+                    method, params, now=trio.current_time(), timeout=math.inf
+                )
+        except BaseException:
+            self._slots.release()
+            raise
+        waiter = _Waiter(method)
+        pending = PendingRequest(rid, method, waiter)
+
+        def settled(_: _Waiter) -> None:
+            self._slots.release()
+            if on_settled is not None:
+                on_settled(pending)
+
+        waiter.on_settled = settled
+        self._waiters[rid] = waiter
+        try:
+            await self._out_send.send(line)
+        except BaseException:
+            if not waiter.done.is_set():
+                self._waiters.pop(rid, None)
+                self.session.forget(rid)
+                self._slots.release()
+            raise
+        return pending
 
     async def notify(self, method: str, params: Mapping[str, Any] | None) -> None:
         """Send our notification (refused like :meth:`request` when not granted)."""

@@ -35,6 +35,9 @@ if TYPE_CHECKING:
 
 __all__ = ["ServeMixin"]
 
+#: The pure session's own cap on pending requests; the link's (smaller by default) applies first.
+SESSION_PENDING = 256
+
 
 class ServeMixin:
     """The running half of :class:`actors.serverkit.MCPLServer`."""
@@ -43,6 +46,7 @@ class ServeMixin:
     name: str
     version: str
     request_timeout: float
+    max_pending: int
     tools: dict[str, Tool]
 
     def manifest(self) -> dict[str, Any]:
@@ -69,6 +73,15 @@ class ServeMixin:
         if self._limiter is None:
             self._limiter = trio.CapacityLimiter(8)
         return self._limiter
+
+    @property
+    def link(self) -> ServerLink | None:
+        """The current host connection (None while no host is connected).
+
+        Its :meth:`~actors.serverkit_link.ServerLink.request` and
+        :meth:`~actors.serverkit_link.ServerLink.start_request` send without the retries of
+        :meth:`actors.serverkit.MCPLServer.call`."""
+        return self._link
 
     def _wake(self) -> None:
         event, self.grant_event = self.grant_event, trio.Event()
@@ -101,13 +114,18 @@ class ServeMixin:
             manifest=manifest,
             feature_sets=self.feature_sets(),
             tools=bool(self.tools),
+            max_pending=max(SESSION_PENDING, self.max_pending),
         )
 
     async def serve(self, transport: LineTransport) -> None:
         """Serve one host connection on ``transport`` until it ends."""
         dispatch = cast(Dispatch, self)
         link = ServerLink(
-            self.new_session(), transport, dispatch, request_timeout=self.request_timeout
+            self.new_session(),
+            transport,
+            dispatch,
+            request_timeout=self.request_timeout,
+            max_pending=self.max_pending,
         )
         old, self._link = self._link, link
         self._accepted = set()

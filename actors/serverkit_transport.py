@@ -3,7 +3,8 @@
 Each is a :class:`LineTransport`: ``receive()`` returns the next message text (None at the
 end), ``send(text)`` writes one, ``aclose()`` ends it. Framing is the pure
 :class:`protocol.framing.LineBuffer`, so an over-long or non-UTF-8 line is skipped with a
-diagnostic on stderr instead of ending the link.
+diagnostic on stderr instead of ending the link. :class:`ChannelTransport` joins a server to a
+host in the same trio run through memory channels, for tests under a MockClock.
 """
 
 from __future__ import annotations
@@ -17,7 +18,14 @@ import trio_websocket
 
 from protocol.framing import LineBuffer, Oversize, Undecodable, encode_line
 
-__all__ = ["LineTransport", "StdioTransport", "StreamTransport", "TransportClosed", "WsTransport"]
+__all__ = [
+    "ChannelTransport",
+    "LineTransport",
+    "StdioTransport",
+    "StreamTransport",
+    "TransportClosed",
+    "WsTransport",
+]
 
 #: The largest line or frame the toolkit reads.
 MAX_LINE_BYTES = 4 * 1024 * 1024
@@ -155,3 +163,36 @@ class WsTransport:
         """Close the websocket."""
         with trio.CancelScope(shield=True), trio.move_on_after(5):
             await self._ws.aclose()
+
+
+class ChannelTransport:
+    """One message per item of a pair of trio memory channels, in the same process: what a
+    host in the same trio run sends arrives on ``receive_channel``, what the server writes
+    leaves on ``send_channel``. Nothing is framed or capped (both ends are this process)."""
+
+    def __init__(
+        self,
+        send_channel: trio.MemorySendChannel[str],
+        receive_channel: trio.MemoryReceiveChannel[str],
+    ) -> None:
+        self._out = send_channel
+        self._in = receive_channel
+
+    async def receive(self) -> str | None:
+        """The next message; None once the other side closed (or this side did)."""
+        try:
+            return await self._in.receive()
+        except (trio.EndOfChannel, trio.ClosedResourceError, trio.BrokenResourceError):
+            return None
+
+    async def send(self, text: str) -> None:
+        """Hand one message over (waits while the channel's buffer is full)."""
+        try:
+            await self._out.send(text)
+        except (trio.ClosedResourceError, trio.BrokenResourceError) as exc:
+            raise TransportClosed(f"the memory channel is closed: {exc!r}") from exc
+
+    async def aclose(self) -> None:
+        """Close both channels."""
+        await self._out.aclose()
+        await self._in.aclose()

@@ -1,4 +1,5 @@
-"""A minimal MCPL stdio server for the benchmark.
+"""A minimal MCPL stdio server for the benchmark, written with the server toolkit
+(:mod:`actors.serverkit`), which answers the handshake and tracks the grant.
 
 After the handshake it registers ``--channels`` channels (``bench:#load`` first, then
 ``bench:#c1``…, in ``channels/register`` requests of at most ``--register-chunk`` each, 100
@@ -24,21 +25,23 @@ them need marking.
 from __future__ import annotations
 
 import argparse
-import json
+import itertools
 import os
 import sys
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 import trio
 
+from actors.serverkit import MCPLServer
+from actors.serverkit_link import PendingRequest, ServerLink
+from protocol.server_manifest import FeatureSetDecl
+
 FIRST = "bench:#load"
 PROBE = "bench:#probe"
-
-
-def _line(obj: object) -> bytes:
-    return (json.dumps(obj, separators=(",", ":")) + "\n").encode()
+#: What the one feature set, ``bench``, uses (no channel lifecycle: nothing is opened or closed).
+USES = ("channels.register", "channels.incoming", "channels.publish", "pushEvents")
 
 
 async def line_batches(stream: Any, size: int = 65536) -> AsyncIterator[list[bytes]]:
@@ -127,82 +130,49 @@ def _message(args: argparse.Namespace, i: int, channel: str) -> tuple[str, dict[
     return "channels/incoming", {"messages": [message]}
 
 
-MANIFEST = {
-    "version": "0.5",
-    "channels": {"register": True, "incoming": True, "publish": True},
-    "pushEvents": True,
-    "featureSets": {
-        "bench": {
-            "description": "bench",
-            "uses": ["channels.register", "channels.incoming", "channels.publish", "pushEvents"],
-        }
-    },
-}
+class BenchServer(MCPLServer):
+    """Registers the channels, then sends the messages, pipelined up to ``--window``."""
 
-
-class _Server:
     def __init__(self, args: argparse.Namespace) -> None:
+        # the window is the toolkit's cap on our pending requests (registering waits for it too)
+        super().__init__("bench", version="0", max_pending=max(1, args.window))
         self.args = args
-        self.stdin = trio.lowlevel.FdStream(sys.stdin.fileno())
-        self._stdout = trio.lowlevel.FdStream(sys.stdout.fileno())
-        self._send_lock = trio.Lock()  # the reader answers while the sender sends
         self.answered = 0
-        self.outstanding = trio.Semaphore(max(1, args.window))
         self.all_done = trio.Event()
-        self.ready = trio.Event()
-        self.registered = trio.Event()
+        self.registered_all = trio.Event()
         self.register_pending = 0
         self.accepted = 0
         self.answered_at = 0.0
+        self._published = itertools.count(1)
 
-    async def send(self, obj: object) -> None:
-        async with self._send_lock:
-            await self._stdout.send_all(_line(obj))
+    def feature_sets(self) -> list[FeatureSetDecl]:
+        return [FeatureSetDecl(name="bench", description="bench", uses=USES)]
 
-    async def answer(self, msg: dict[str, Any]) -> None:
-        method = msg.get("method")
-        if method == "initialize":
-            caps = {"experimental": {"mcpl": MANIFEST}}
-            result: dict[str, object] = {
-                "protocolVersion": "2024-11-05",
-                "capabilities": caps,
-                "serverInfo": {"name": "bench"},
-            }
-            await self.send({"jsonrpc": "2.0", "id": msg["id"], "result": result})
-        elif method == "featureSets/update":
-            if "id" in msg:
-                await self.send({"jsonrpc": "2.0", "id": msg["id"], "result": {"accepted": True}})
-            self.ready.set()
-        elif method == "channels/publish" and "id" in msg:
-            receipt = {"delivered": True, "messageId": f"p{msg['id']}"}
-            await self.send({"jsonrpc": "2.0", "id": msg["id"], "result": receipt})
-        elif "id" in msg and method is not None:
-            error = {"code": -32601, "message": "no"}
-            await self.send({"jsonrpc": "2.0", "id": msg["id"], "error": error})
-        elif "id" in msg:  # an answer to one of ours
-            self.on_answer(msg)
+    async def host_call(self, link: ServerLink, method: str, params: Mapping[str, Any]) -> Any:
+        if method == "channels/publish":
+            return {"delivered": True, "messageId": f"p{next(self._published)}"}
+        return await super().host_call(link, method, params)
 
-    def on_answer(self, msg: dict[str, Any]) -> None:
-        if isinstance(msg["id"], str):  # a channels/register request
-            results = (msg.get("result") or {}).get("results", [])
-            self.accepted += sum(1 for r in results if r.get("accepted"))
-            self.register_pending -= 1
-            if self.register_pending == 0:
-                self.answered_at = time.time()
-                self.registered.set()
-            return
+    async def policy(self) -> ServerLink:
+        """The host's connection, once its first policy arrived."""
+        while (link := self.link) is None or not link.grant.received:
+            await self.grant_event.wait()
+        return link
+
+    def _on_register(self, pending: PendingRequest) -> None:
+        results = pending.result.get("results", []) if isinstance(pending.result, dict) else []
+        self.accepted += sum(1 for r in results if r.get("accepted"))
+        self.register_pending -= 1
+        if self.register_pending == 0:
+            self.answered_at = time.time()
+            self.registered_all.set()
+
+    def _on_answer(self, pending: PendingRequest) -> None:
         self.answered += 1
-        self.outstanding.release()
         if self.answered == self.args.messages:
             self.all_done.set()
 
-    async def reader(self) -> None:
-        async for lines in line_batches(self.stdin):
-            for raw in lines:
-                if raw.strip():
-                    await self.answer(json.loads(raw))
-
-    async def register(self) -> list[str]:
+    async def register(self, link: ServerLink) -> list[str]:
         args = self.args
         ids = channel_ids(max(1, args.channels))
         descs = [
@@ -218,12 +188,10 @@ class _Server:
             print("BENCH ready=1", file=sys.stderr, flush=True)
             await trio.to_thread.run_sync(_wait_for, args.register_when)
         sent_at = time.time()
-        for k, part in enumerate(requests):
+        for part in requests:
             params = {"channels": part}
-            await self.send(
-                {"jsonrpc": "2.0", "id": f"reg{k}", "method": "channels/register", "params": params}
-            )
-        await self.registered.wait()
+            await link.start_request("channels/register", params, on_settled=self._on_register)
+        await self.registered_all.wait()
         print(
             f"BENCH registered={len(descs)} accepted={self.accepted} sent_at={sent_at:.6f} "
             f"answered_at={self.answered_at:.6f}",
@@ -232,7 +200,7 @@ class _Server:
         )
         return ids
 
-    async def send_messages(self, ids: list[str]) -> None:
+    async def send_messages(self, link: ServerLink, ids: list[str]) -> None:
         args = self.args
         start = time.monotonic()
         for i in range(args.messages):
@@ -240,10 +208,9 @@ class _Server:
                 delay = start + i / args.rate - time.monotonic()
                 if delay > 0:
                     await trio.sleep(delay)
-            await self.outstanding.acquire()
             probe = args.probe_every and i % args.probe_every == args.probe_every - 1
             method, params = _message(args, i, PROBE if probe else ids[i % len(ids)])
-            await self.send({"jsonrpc": "2.0", "id": i + 2, "method": method, "params": params})
+            await link.start_request(method, params, on_settled=self._on_answer)
         if args.messages:
             await self.all_done.wait()
         print(
@@ -254,12 +221,17 @@ class _Server:
 
 
 async def main() -> None:
-    server = _Server(_options())
+    server = BenchServer(_options())
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(server.reader)
-        await server.ready.wait()
-        ids = await server.register()
-        await server.send_messages(ids)
+
+        async def serve() -> None:
+            await server.serve_stdio()
+            nursery.cancel_scope.cancel()  # the host hung up: nothing more to send
+
+        nursery.start_soon(serve)
+        link = await server.policy()
+        ids = await server.register(link)
+        await server.send_messages(link, ids)
         nursery.cancel_scope.cancel()
 
 

@@ -61,6 +61,8 @@ __all__ = [
 
 #: Server→host methods and the capability each needs (the host's own table, read the other way).
 OUTBOUND_CAPABILITY: Final[Mapping[str, str]] = INBOUND_CAPABILITY
+#: How many answers one :class:`Grant` remembers (past that, it matches afresh each time).
+ALLOWS_MEMO: Final = 256
 #: Methods whose params name the feature set they act for (SPEC §6.5).
 FEATURE_SET_METHODS: Final = frozenset({"push/event", "inference/request"})
 
@@ -174,10 +176,18 @@ class Grant:
     capabilities: frozenset[str] = frozenset()
     enabled_sets: frozenset[str] = frozenset()
     received: bool = False
+    #: answers of :meth:`allows` so far (a sender asks the same few paths on every send);
+    #: bounded by the paths asked about, which are the vocabulary's
+    _allowed: dict[str, bool] = attrs.field(factory=dict, init=False, eq=False, repr=False)
 
     def allows(self, capability: str) -> bool:
         """Whether ``capability`` is granted (the host may send patterns; they are matched)."""
-        return matches_any(self.capabilities, capability)
+        known = self._allowed.get(capability)
+        if known is None:
+            known = matches_any(self.capabilities, capability)
+            if len(self._allowed) < ALLOWS_MEMO:
+                self._allowed[capability] = known
+        return known
 
 
 def _string_list(params: Mapping[str, Any], key: str) -> list[str] | None:
@@ -274,6 +284,14 @@ class ServerSession:
         """Our request: ``(id, line)``. Raises :class:`NotGranted` (nothing kept or written),
         or :class:`protocol.jsonrpc.PendingFull` past the cap of pending requests."""
         self.check(method, params)
+        return self._rpc.send_request(method, dict(params or {}), now=now, timeout=timeout)
+
+    def request_unchecked(
+        self, method: str, params: Mapping[str, Any] | None, *, now: float, timeout: float
+    ) -> tuple[jsonrpc.Id, str]:
+        """Our request, whether or not the host granted it: for a test that plays a server
+        breaking the grant, so that the host's refusal can be seen. Raises only
+        :class:`protocol.jsonrpc.PendingFull` past the cap."""
         return self._rpc.send_request(method, dict(params or {}), now=now, timeout=timeout)
 
     def notify(self, method: str, params: Mapping[str, Any] | None) -> str:

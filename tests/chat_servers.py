@@ -1,4 +1,5 @@
-"""Two small MCPL chat servers for integration tests, run in-process over websockets.
+"""Two small MCPL chat servers for integration tests, run in-process over websockets, written
+with the server toolkit (:mod:`actors.serverkit`).
 
 Each server listens on 127.0.0.1 (``serve_websocket`` in the test's nursery); the host dials its
 ``url``. The test scripts exactly what the server sends and every call waits for the host's
@@ -11,14 +12,17 @@ answer, so a test needs no sleeps::
         await discord.rename("discord:g1:general", "#lobby (Guild One)")
         stored = stored_by_message(host, "Ada")["d1"]
 
-What a server does on its own: it answers ``initialize`` (with ``capabilities.experimental.mcpl``,
-one feature set using every channel capability and ``pushEvents``), takes
-``notifications/initialized``, answers ``featureSets/update`` with ``{"accepted": true}`` and then
-registers its channels; :attr:`ChatServer.ready` is set once the host accepted them all.
-``channels/publish`` is answered with a fresh message id; any other host request gets -32601.
+What a server does on its own is the toolkit's: it answers ``initialize`` (a 0.5 manifest whose
+feature set, named after the server id, uses every channel capability and ``pushEvents``),
+``ping`` and ``featureSets/update``, and once the host grants ``channels.register`` registers its
+channels; :attr:`ChatServer.ready` is set once the host accepted them all. ``channels/publish``
+is answered with a fresh message id (by :meth:`ChatServer.answer`, which a test's subclass may
+override to hold or change an answer); any other host request is the toolkit's to answer.
+Whatever the test sends goes out as given (the toolkit still refuses, with ``NotGranted``, a
+send the host has not granted).
 
-Everything the host sent is kept in :attr:`ChatServer.received`; every request the server made,
-with the host's whole answer, in :attr:`ChatServer.answers`.
+Every host request and notification past the handshake is kept in :attr:`ChatServer.received`;
+every request the server made, with the host's whole answer, in :attr:`ChatServer.answers`.
 
 Every channel declares where a post lands (RFC-011 ``capabilities.publish.target``): Discord's
 ``root``, Zulip's ``exact``; a publish naming a place gets it echoed as ``threadId``.
@@ -34,22 +38,23 @@ Every channel declares where a post lands (RFC-011 ``capabilities.publish.target
 
 from __future__ import annotations
 
+import functools
 import itertools
-import json
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import attrs
 import trio
-import trio_websocket
 
 from actors import Host
-
-PROTOCOL_VERSION = "2024-11-05"
-CHANNEL_USES = ["channels.register", "channels.publish", "channels.incoming", "channels.lifecycle"]
-METHOD_NOT_FOUND = -32601
+from actors.serverkit import MCPLServer
+from actors.serverkit_link import LinkLost, ServerLink
+from actors.serverkit_transport import LineTransport
+from protocol.errors import RpcError
+from protocol.server_session import Grant
 
 #: A body: one text, or blocks (a string among them is a text block).
 Content = str | Sequence[Mapping[str, Any] | str]
@@ -85,6 +90,50 @@ def descriptor(
     return out
 
 
+def _spec_fields(desc: Mapping[str, Any]) -> dict[str, Any]:
+    """A descriptor as the toolkit's channel declaration takes it."""
+    caps = desc.get("capabilities")
+    publish = caps.get("publish") if isinstance(caps, Mapping) else None
+    return {
+        "label": desc.get("label"),
+        "type": desc.get("type", "chat"),
+        "direction": desc.get("direction", "bidirectional"),
+        "initially_open": desc.get("initiallyOpen", True) is not False,
+        "publish_target": publish.get("target") if isinstance(publish, Mapping) else None,
+    }
+
+
+class _Kit(MCPLServer):
+    """The toolkit server under a :class:`ChatServer`: it notes what the host asks and hands
+    each request to :meth:`ChatServer.answer`."""
+
+    def __init__(self, chat: ChatServer) -> None:
+        super().__init__(chat.server_id, version="0")
+        self.chat = chat
+
+    async def host_call(self, link: ServerLink, method: str, params: Mapping[str, Any]) -> Any:
+        self.chat.received.append({"method": method, "params": dict(params)})
+        return await self.chat.answer(method, params)
+
+    async def host_notice(self, link: ServerLink, method: str, params: Mapping[str, Any]) -> None:
+        self.chat.received.append({"method": method, "params": dict(params)})
+        await super().host_notice(link, method, params)
+
+    async def serve(self, transport: LineTransport) -> None:
+        await super().serve(self.chat.wrap(transport))
+
+    def grant_changed(self, link: ServerLink, before: Grant, after: Grant) -> None:
+        super().grant_changed(link, before, after)
+        if link is self.link:
+            self.chat.on_grant(after)
+
+    async def toolkit_answer(self, method: str, params: Mapping[str, Any]) -> Any:
+        """The toolkit's own answer to a host request."""
+        link = self.link
+        assert link is not None, "no host is connected"
+        return await super().host_call(link, method, params)
+
+
 class ChatServer:
     """One MCPL server over a websocket it serves itself; one connection at a time."""
 
@@ -96,130 +145,119 @@ class ChatServer:
         author: Mapping[str, str] | None = None,
     ) -> None:
         self.server_id = server_id
-        self.feature_set = f"{server_id}.chat"
-        self.channels: dict[str, dict[str, Any]] = {c["id"]: dict(c) for c in channels}
+        self.kit = _Kit(self)
+        #: the feature set pushes name: the toolkit's own, named after the server
+        self.feature_set = server_id
+        self.channels: dict[str, dict[str, Any]] = {}
+        for c in channels:
+            self._declare(c)
         self.author = dict(author or {"id": "u1", "name": "someone"})
         self.url = ""
         self.ready = trio.Event()
         self.received: list[dict[str, Any]] = []
         self.answers: list[tuple[dict[str, Any], dict[str, Any]]] = []
-        self._ids = itertools.count(1)
         self._published = itertools.count(1)
-        self._waiting: dict[int, tuple[trio.Event, list[dict[str, Any]]]] = {}
-        self._ws: trio_websocket.WebSocketConnection | None = None
-        self._send_lock = trio.Lock()
-        self._connected = trio.Event()
+        self.kit.on_granted("channels.register")(self._when_registered)
+
+    def _declare(self, desc: Mapping[str, Any]) -> None:
+        """Keep ``desc`` (and declare it to the toolkit, which registers it on every connection
+        that grants ``channels.register``)."""
+        cid = desc["id"]
+        self.channels[cid] = dict(desc)
+        fields = _spec_fields(desc)
+        try:
+            if cid in self.kit.channels:
+                kept = self.kit.channels[cid]
+                kept.spec = attrs.evolve(kept.spec, **fields)
+            else:
+                self.kit.channel(cid, **fields)
+        except (ValueError, TypeError):
+            pass  # a descriptor the toolkit would not declare: sent as given, not re-registered
+
+    async def _when_registered(self) -> None:
+        """Once the toolkit's registration is answered: ready if every channel was accepted."""
+        if not self.kit.channels:
+            return  # nothing declared, nothing registered for us
+        await self.kit.registered.wait()
+        link = self.kit.link
+        accepted = self.kit.accepted_channels(link) if link is not None else set()
+        refused = sorted(set(self.kit.channels) - accepted)
+        if refused:
+            raise HostRefused(f"channels/register refused: {refused}")
+        self.ready.set()
 
     # -- the websocket ---------------------------------------------------------------------------
     async def serve(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         """Listen on 127.0.0.1 (any free port); ``nursery.start(server.serve)`` returns the url."""
         async with trio.open_nursery() as nursery:
-            listener = await nursery.start(
-                trio_websocket.serve_websocket, self._accept, "127.0.0.1", 0, None
+            self.url = await nursery.start(
+                functools.partial(self.kit.serve_websocket, "127.0.0.1", 0)
             )
-            self.url = f"ws://127.0.0.1:{listener.port}"
             task_status.started(self.url)
 
     def server_config(self, **keys: Any) -> dict[str, Any]:
         """This server's entry in the host's ``servers``."""
         return {"id": self.server_id, "url": self.url, **keys}
 
-    async def _accept(self, request: trio_websocket.WebSocketRequest) -> None:
-        ws = await request.accept()
-        self._ws = ws
-        self._connected.set()
-        async with trio.open_nursery() as nursery:
-            while True:
-                try:
-                    raw = await ws.get_message()
-                except trio_websocket.ConnectionClosed:
-                    break
-                msg = json.loads(raw)
-                self.received.append(msg)
-                self._dispatch(msg, nursery)
-            nursery.cancel_scope.cancel()
-        for event, _ in self._waiting.values():  # the link ended: nobody will answer now
-            event.set()
-
-    def _dispatch(self, msg: dict[str, Any], nursery: trio.Nursery) -> None:
-        """A host request is answered in a task of its own; a response wakes its asker."""
-        if "method" in msg and "id" in msg:
-            nursery.start_soon(self._answer_host, msg, nursery)
-        elif "method" not in msg:
-            waiting = self._waiting.pop(msg.get("id"), None)
-            if waiting is not None:
-                waiting[1].append(msg)
-                waiting[0].set()
-
-    async def _send(self, msg: Mapping[str, Any]) -> None:
-        assert self._ws is not None, "the host has not connected"
-        async with self._send_lock:
-            await self._ws.send_message(json.dumps(msg))
+    def spawn(self, fn: Callable[..., Awaitable[Any]], *args: Any) -> None:
+        """Run ``fn(*args)`` for as long as the current connection lives."""
+        link = self.kit.link
+        assert link is not None, "the host has not connected"
+        link.spawn(lambda: fn(*args), getattr(fn, "__name__", ""))
 
     # -- answering the host ----------------------------------------------------------------------
     def manifest(self) -> dict[str, Any]:
-        return {
-            "version": "0.5",
-            "pushEvents": True,
-            "channels": {"register": True, "publish": True, "incoming": True, "lifecycle": True},
-            "featureSets": {
-                self.feature_set: {
-                    "description": f"Chat on {self.server_id}.",
-                    "uses": [*CHANNEL_USES, "pushEvents"],
-                }
-            },
-        }
+        """The manifest the server announces."""
+        return self.kit.manifest()
 
-    async def _answer_host(self, msg: dict[str, Any], nursery: trio.Nursery) -> None:
-        method, rid = msg["method"], msg["id"]
-        result: Any = None
-        error: dict[str, Any] | None = None
-        if method == "initialize":
-            result = {
-                "protocolVersion": PROTOCOL_VERSION,
-                "capabilities": {"experimental": {"mcpl": self.manifest()}},
-                "serverInfo": {"name": f"{self.server_id}-test", "version": "0"},
-            }
-        elif method == "featureSets/update":
-            result = {"accepted": True}
-            nursery.start_soon(self._register_all)  # after the answer, as a real server does
-        elif method == "ping":
-            result = {}
-        elif method == "channels/publish":
-            params = msg.get("params") or {}
+    async def answer(self, method: str, params: Mapping[str, Any]) -> Any:
+        """The result of one host request (raise :class:`protocol.errors.RpcError` to refuse
+        it): ``channels/publish`` is delivered under a fresh message id, anything else is the
+        toolkit's to answer. A subclass may override it to hold or change an answer."""
+        if method == "channels/publish":
             result = {
                 "delivered": True,
                 "messageId": f"{self.server_id}-pub-{next(self._published)}",
             }
             if "threadId" in params:  # RFC-011: the place is echoed
                 result["threadId"] = params["threadId"]
-        else:
-            error = {"code": METHOD_NOT_FOUND, "message": f"Method not found: {method}"}
-        reply: dict[str, Any] = {"jsonrpc": "2.0", "id": rid}
-        if error is not None:
-            reply["error"] = error
-        else:
-            reply["result"] = result
-        await self._send(reply)
+            return result
+        return await self.kit.toolkit_answer(method, params)
 
-    async def _register_all(self) -> None:
-        await self.register(*self.channels.values())
-        self.ready.set()
+    def on_sent(self, request: Mapping[str, Any]) -> None:
+        """Called with each request of ours once it is on its way (before its answer)."""
+
+    def on_grant(self, grant: Grant) -> None:
+        """Called once the host's grant changed (its ``featureSets/update`` is answered)."""
+
+    def wrap(self, transport: LineTransport) -> LineTransport:
+        """The transport a new connection is served on (a subclass may stand in front)."""
+        return transport
 
     # -- requests to the host --------------------------------------------------------------------
+    async def _link(self) -> ServerLink:
+        while (link := self.kit.link) is None:
+            await self.kit.grant_event.wait()
+        return link
+
     async def request(self, method: str, params: Mapping[str, Any]) -> dict[str, Any]:
         """Send one request and return the host's whole answer (``result`` or ``error``)."""
-        await self._connected.wait()
-        rid = next(self._ids)
-        event, slot = trio.Event(), list[dict[str, Any]]()
-        self._waiting[rid] = (event, slot)
-        msg = {"jsonrpc": "2.0", "id": rid, "method": method, "params": dict(params)}
-        await self._send(msg)
-        await event.wait()
-        if not slot:
-            raise HostRefused(f"the host closed the link before answering {method}")
-        self.answers.append((msg, slot[0]))
-        return slot[0]
+        link = await self._link()
+        try:
+            pending = await link.start_request(method, params)
+        except LinkLost as exc:
+            raise HostRefused(f"the host closed the link before {method}") from exc
+        msg = {"jsonrpc": "2.0", "id": pending.id, "method": method, "params": dict(params)}
+        self.on_sent(msg)
+        answer: dict[str, Any] = {"jsonrpc": "2.0", "id": pending.id}
+        try:
+            answer["result"] = await pending.wait()
+        except RpcError as err:
+            answer["error"] = err.to_wire()
+        except LinkLost as exc:
+            raise HostRefused(f"the host closed the link before answering {method}") from exc
+        self.answers.append((msg, answer))
+        return answer
 
     async def call(self, method: str, params: Mapping[str, Any]) -> Any:
         """:meth:`request`, raising :class:`HostRefused` on an error answer; the ``result``."""
@@ -230,7 +268,7 @@ class ChatServer:
 
     async def register(self, *descriptors: Mapping[str, Any]) -> None:
         for d in descriptors:
-            self.channels[d["id"]] = dict(d)
+            self._declare(d)
         result = await self.call("channels/register", {"channels": [dict(d) for d in descriptors]})
         refused = [r for r in result["results"] if not r.get("accepted")]
         if refused:
@@ -239,7 +277,7 @@ class ChatServer:
     async def rename(self, channel_id: str, label: str) -> None:
         """``channels/changed`` with the channel's descriptor ``updated`` to ``label``."""
         updated = {**self.channels[channel_id], "label": label}
-        self.channels[channel_id] = updated
+        self._declare(updated)
         result = await self.call("channels/changed", {"updated": [updated]})
         refused = [r for r in result["results"] if not r.get("accepted")]
         if refused:
@@ -294,10 +332,8 @@ class ChatServer:
 
     async def notify(self, method: str, params: Mapping[str, Any] | None = None) -> None:
         """Send one notification to the host."""
-        msg: dict[str, Any] = {"jsonrpc": "2.0", "method": method}
-        if params is not None:
-            msg["params"] = dict(params)
-        await self._send(msg)
+        link = await self._link()
+        await link.notify(method, params)
 
     async def push(
         self,

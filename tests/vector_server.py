@@ -1,24 +1,34 @@
-"""An MCPL server for the RFC-006 conformance vectors, run inside the test's trio run and joined
-to the host by memory channels in place of a transport, so the vectors' time is a MockClock.
+"""An MCPL server for the RFC-006 conformance vectors, written with the server toolkit, run inside
+the test's trio run and joined to the host by memory channels in place of a transport, so the
+vectors' time is a MockClock.
 
-It speaks JSON-RPC as any server does: it answers ``initialize``, ``featureSets/update``,
-``ping``, ``tools/list``, ``mcpl/manifest`` and ``push/render`` (as the vector's render plan
-says), registers its channels again after every handshake, and sends ``push/event``,
-``channels/incoming`` and ``channels/register`` requests whose answers the harness reads.
+The toolkit answers ``initialize`` (with the manifest the vector's steps shape:
+:attr:`VectorServer.capabilities` and :attr:`VectorServer.feature_sets`), ``ping``,
+``featureSets/update``, ``mcpl/manifest`` and ``tools/list``; the server answers ``push/render``
+(as the vector's render plan says) and ``channels/open``/``channels/close``, registers its
+channels again after every handshake, and sends ``push/event``, ``channels/incoming`` and
+``channels/register`` requests whose whole answers the harness reads. Those go out as the step
+wrote them, granted or not (the host's refusal is what a vector may check).
 """
 
 from __future__ import annotations
 
-import itertools
+import functools
 import json
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from typing import Any
 
 import trio
 
 from actors.config import ServerConfig
+from actors.serverkit import MCPLServer, manifest_revision
+from actors.serverkit_link import ServerLink
+from actors.serverkit_transport import ChannelTransport
+from protocol.errors import INTERNAL_ERROR, RpcError
 from protocol.framing import Framed
+from protocol.server_manifest import FeatureSetDecl
+from protocol.server_session import Grant
 
 #: What the server declares: ``doc`` needs only pushes, so narrowing the channel grant away
 #: leaves it enabled (a channel-scoped push is then refused for its channel, -32017).
@@ -35,7 +45,6 @@ CAPABILITIES: dict[str, Any] = {
     "channels": {"register": True, "incoming": True, "lifecycle": True},
     "inferenceRequest": True,
 }
-REVISION = "sha256:" + "A" * 43
 
 
 class MemoryTransport:
@@ -77,15 +86,84 @@ class MemoryTransport:
 class Session:
     """One connection of the host to the server."""
 
-    def __init__(
-        self, send: trio.MemorySendChannel[str], receive: trio.MemoryReceiveChannel[str]
-    ) -> None:
-        self.send = send
-        self.receive = receive
-        self.pending: dict[int, trio.MemorySendChannel[dict[str, Any]]] = {}
-        self.ids = itertools.count(1)
+    def __init__(self) -> None:
         self.ready = trio.Event()  # the policy is established and the channels registered
         self.updates: list[dict[str, Any]] = []  # featureSets/update params, oldest first
+        self.link: ServerLink | None = None
+
+
+class _Tap:
+    """The server's end of one memory link: the toolkit's :class:`ChannelTransport`, noting
+    what the harness observes of the host's handshake (its ``eventCoalescing`` and every
+    ``featureSets/update`` request) as it passes."""
+
+    def __init__(self, server: VectorServer, session: Session, inner: ChannelTransport) -> None:
+        self._server = server
+        self._session = session
+        self._inner = inner
+
+    async def receive(self) -> str | None:
+        text = await self._inner.receive()
+        if text is not None and ('"initialize"' in text or '"featureSets/update"' in text):
+            message = json.loads(text)
+            params = message.get("params") or {}
+            if message.get("method") == "initialize":
+                mcpl = params.get("capabilities", {}).get("experimental", {}).get("mcpl", {})
+                self._server.advertised = mcpl.get("eventCoalescing")
+            elif message.get("method") == "featureSets/update" and "id" in message:
+                self._session.updates.append(params)
+        return text
+
+    async def send(self, text: str) -> None:
+        await self._inner.send(text)
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+
+class _Kit(MCPLServer):
+    """The toolkit server under a :class:`VectorServer`, declaring what the vector's steps
+    made of its manifest and answering renders and channel lifecycle through it."""
+
+    def __init__(self, vector: VectorServer) -> None:
+        super().__init__("vector-server", version="1", push_events=False)
+        self.vector = vector
+
+    def feature_sets(self) -> list[FeatureSetDecl]:
+        return [
+            FeatureSetDecl(name=name, description=fs["description"], uses=fs["uses"])
+            for name, fs in self.vector.feature_sets.items()
+        ]
+
+    def manifest(self) -> dict[str, Any]:
+        vector = self.vector
+        manifest = {"version": "0.5", **vector.capabilities, "featureSets": vector.feature_sets}
+        manifest = json.loads(json.dumps(manifest))  # a copy the steps cannot change under it
+        manifest["revision"] = manifest_revision(manifest)
+        return manifest
+
+    def grant_changed(self, link: ServerLink, before: Grant, after: Grant) -> None:
+        super().grant_changed(link, before, after)
+        session = self.vector.session
+        if session is not None and session.link is None:  # the first policy on this link
+            session.link = link
+            link.spawn(functools.partial(self.vector.registered, session))
+
+    async def host_call(self, link: ServerLink, method: str, params: Mapping[str, Any]) -> Any:
+        if method == "push/render":
+            return await self.vector.render(dict(params))
+        if method in ("channels/open", "channels/close"):
+            return {}
+        return await super().host_call(link, method, params)
+
+
+class _Held:
+    """A render the plan holds until :meth:`VectorServer.release` answers it."""
+
+    def __init__(self, entry: dict[str, Any]) -> None:
+        self.entry = entry
+        self.text = ""
+        self.released = trio.Event()
 
 
 class VectorServer:
@@ -95,11 +173,12 @@ class VectorServer:
         self.channels: list[str] = []
         self.plan: dict[str, Any] = {"mode": "immediate", "text": "RENDERED"}
         self.renders: list[dict[str, Any]] = []
-        self.held: list[tuple[Session, Any, dict[str, Any]]] = []  # renders not yet answered
+        self.held: list[_Held] = []  # renders not yet answered, oldest first
         self.render_asked = trio.Event()
         self.session: Session | None = None
         self.advertised: Any = None  # the host's eventCoalescing in its last initialize
         self.nursery: trio.Nursery | None = None
+        self.kit = _Kit(self)
 
     # -- the link -------------------------------------------------------------------------------
 
@@ -109,9 +188,11 @@ class VectorServer:
         assert self.nursery is not None
         to_host, from_server = trio.open_memory_channel[str](1000)
         to_server, from_host = trio.open_memory_channel[str](1000)
-        session = Session(to_host, from_host)
+        session = Session()
         self.session = session
-        self.nursery.start_soon(self._serve, session)
+        self.nursery.start_soon(
+            self.kit.serve, _Tap(self, session, ChannelTransport(to_host, from_host))
+        )
         try:
             yield MemoryTransport(to_server, from_server)
         finally:
@@ -121,75 +202,22 @@ class VectorServer:
     async def disconnect(self) -> None:
         """Drop the current connection from the server's side."""
         session = self.session
-        assert session is not None
+        assert session is not None and session.link is not None
         self.session = None
-        await session.send.aclose()
-        await session.receive.aclose()
+        session.link.close()
+        await session.link.closed.wait()
 
-    async def _serve(self, session: Session) -> None:
-        try:
-            async for text in session.receive:
-                message = json.loads(text)
-                if "method" in message and "id" in message:
-                    assert self.nursery is not None
-                    self.nursery.start_soon(self._answer, session, message)
-                elif "method" not in message:
-                    answer = session.pending.pop(message["id"], None)
-                    if answer is not None:
-                        await answer.send(message)
-        except trio.ClosedResourceError:
-            pass
-        finally:
-            for answer in session.pending.values():
-                await answer.aclose()
-
-    async def _reply(self, session: Session, rid: Any, body: dict[str, Any]) -> None:
-        try:
-            await session.send.send(json.dumps({"jsonrpc": "2.0", "id": rid, **body}))
-        except (trio.ClosedResourceError, trio.BrokenResourceError):
-            pass  # the link is gone; the host will not hear this answer
-
-    async def _answer(self, session: Session, message: dict[str, Any]) -> None:
-        method, params, rid = message["method"], message.get("params") or {}, message["id"]
-        handler: Callable[[Session, dict[str, Any]], Any] | None = {
-            "initialize": self._initialize,
-            "featureSets/update": self._update,
-            "mcpl/manifest": lambda s, p: self.manifest(),
-            "ping": lambda s, p: {},
-            "tools/list": lambda s, p: {"tools": []},
-            "channels/open": lambda s, p: {},
-            "channels/close": lambda s, p: {},
-        }.get(method)
-        if method == "push/render":
-            await self._render(session, rid, params)
-            return
-        if handler is None:
-            error = {"code": -32601, "message": f"Method not found: {method}"}
-            await self._reply(session, rid, {"error": error})
-            return
-        await self._reply(session, rid, {"result": handler(session, params)})
-        if method == "featureSets/update" and not session.ready.is_set():
-            if self.channels:
-                await self.request("channels/register", self._descriptors(self.channels))
-            session.ready.set()
+    async def registered(self, session: Session) -> None:
+        """After the first policy of a connection: register the channels, then be ready."""
+        if self.channels:
+            await self.request("channels/register", self._descriptors(self.channels))
+        session.ready.set()
 
     def manifest(self) -> dict[str, Any]:
-        return {"version": "0.5", **self.capabilities, "featureSets": self.feature_sets}
+        return self.kit.manifest()
 
-    def _initialize(self, session: Session, params: dict[str, Any]) -> dict[str, Any]:
-        mcpl = params.get("capabilities", {}).get("experimental", {}).get("mcpl", {})
-        self.advertised = mcpl.get("eventCoalescing")
-        return {
-            "protocolVersion": "2024-11-05",
-            "capabilities": {"tools": {}, "experimental": {"mcpl": self.manifest()}},
-            "serverInfo": {"name": "vector-server", "version": "1"},
-        }
-
-    def _update(self, session: Session, params: dict[str, Any]) -> dict[str, Any]:
-        session.updates.append(params)
-        return {"accepted": True}
-
-    async def _render(self, session: Session, rid: Any, params: dict[str, Any]) -> None:
+    async def render(self, params: dict[str, Any]) -> dict[str, Any]:
+        """Answer one ``push/render`` as the plan says."""
         plan = self.plan.get("byKey", {}).get(params.get("key"), self.plan)
         mode = plan["mode"]
         text = plan.get("text", self.plan.get("text", "RENDERED"))
@@ -197,54 +225,47 @@ class VectorServer:
         self.renders.append(entry)
         self.render_asked.set()
         if mode == "held":
-            self.held.append((session, rid, entry))
-            return
-        if mode == "error":
-            error = {"code": -32603, "message": "Internal error"}
-            await self._reply(session, rid, {"error": error})
-            return
-        if mode == "inference-request":
+            held = _Held(entry)
+            self.held.append(held)
+            await held.released.wait()
+            text = held.text
+        elif mode == "error":
+            raise RpcError(code=INTERNAL_ERROR, message="Internal error")
+        elif mode == "inference-request":
             ask = {
                 "featureSet": "assist",
                 "messages": [{"role": "user", "content": {"type": "text", "text": "help"}}],
                 "maxTokens": 16,
             }
             entry["inferenceResponse"] = await self.request("inference/request", ask)
-        content: list[dict[str, Any]]
         if mode == "empty":
-            content = []
-        elif mode == "notice-summary":
+            return {"content": []}
+        if mode == "notice-summary":
             summary = f"NOTICES={len(params['notices'])} DROPPED={params['dropped']}"
-            content = [{"type": "text", "text": summary}]
-        else:
-            content = [{"type": "text", "text": text}]
-        await self._reply(session, rid, {"result": {"content": content}})
+            return {"content": [{"type": "text", "text": summary}]}
+        return {"content": [{"type": "text", "text": text}]}
 
     async def release(self, text: str) -> None:
         """Answer the oldest held render with ``text``."""
-        session, rid, _ = self.held.pop(0)
-        await self._reply(session, rid, {"result": {"content": [{"type": "text", "text": text}]}})
+        held = self.held.pop(0)
+        held.text = text
+        held.released.set()
+        await trio.lowlevel.checkpoint()
 
     # -- requests of the server -----------------------------------------------------------------
 
     async def request(self, method: str, params: dict[str, Any]) -> dict[str, Any]:
-        """Send a request on the current link; the host's whole answer (``result`` or
-        ``error``)."""
+        """Send a request on the current link, granted or not; the host's whole answer
+        (``result`` or ``error``)."""
         session = self.session
-        assert session is not None, "not connected"
-        rid = next(session.ids)
-        answer_send, answer_receive = trio.open_memory_channel[dict[str, Any]](1)
-        session.pending[rid] = answer_send
-        message = {"jsonrpc": "2.0", "id": rid, "method": method, "params": params}
-        await session.send.send(json.dumps(message))
-        async with answer_receive:
-            return await answer_receive.receive()
-
-    async def notify(self, method: str, params: dict[str, Any]) -> None:
-        session = self.session
-        assert session is not None, "not connected"
-        message = {"jsonrpc": "2.0", "method": method, "params": params}
-        await session.send.send(json.dumps(message))
+        assert session is not None and session.link is not None, "not connected"
+        pending = await session.link.start_request(method, params, check=False)
+        answer: dict[str, Any] = {"jsonrpc": "2.0", "id": pending.id}
+        try:
+            answer["result"] = await pending.wait()
+        except RpcError as err:
+            answer["error"] = err.to_wire()
+        return answer
 
     async def register(self, channel: str) -> dict[str, Any]:
         self.channels.append(channel)
@@ -267,9 +288,7 @@ class VectorServer:
 
     async def change_manifest(self) -> None:
         """Tell the host the manifest changed (it fetches it with ``mcpl/manifest``)."""
-        await self.notify(
-            "mcpl/manifestChanged", {"revision": REVISION, "domains": ["capabilities"]}
-        )
+        await self.kit.manifest_changed()
 
 
 def memory_transports(

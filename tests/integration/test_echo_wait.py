@@ -11,6 +11,7 @@ Real clock, generous deadlines, order-only assertions.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -45,31 +46,29 @@ class HoldingServer(DiscordServer):
         self.echo_answered = trio.Event()
         self.order: list[str] = []
 
-    async def _answer_host(self, msg: dict[str, Any], nursery: trio.Nursery) -> None:
-        if msg.get("method") == "channels/publish":
+    async def answer(self, method: str, params: Mapping[str, Any]) -> Any:
+        if method == "channels/publish":
             if self.echo_first:
-                params = msg["params"]
                 echo = self.message(
                     params["channelId"],
                     f"{self.server_id}-pub-1",
                     params["content"],
                     author=OWN_ACCOUNT,
                 )
-                nursery.start_soon(self._echo, echo)
+                self.spawn(self._echo, echo)
                 await self.echo_sent.wait()
             self.publish_seen.set()
             await self.release.wait()
             self.order.append("publish answered")
-        await super()._answer_host(msg, nursery)
+        return await super().answer(method, params)
 
     async def _echo(self, echo: dict[str, Any]) -> None:
         await self.incoming(echo)
         self.order.append("echo answered")
         self.echo_answered.set()
 
-    async def _send(self, msg: Any) -> None:
-        await super()._send(msg)
-        if msg.get("method") == "channels/incoming":
+    def on_sent(self, request: Mapping[str, Any]) -> None:
+        if request.get("method") == "channels/incoming":
             self.echo_sent.set()
 
     def server_config(self, **keys: Any) -> dict[str, Any]:

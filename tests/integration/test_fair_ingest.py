@@ -7,7 +7,7 @@ order is asserted, never time.
 from __future__ import annotations
 
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -100,10 +100,10 @@ class HeldListings(DiscordServer):
         self.holding = False
         self.release = trio.Event()
 
-    async def _answer_host(self, msg: dict[str, Any], nursery: trio.Nursery) -> None:
-        if msg["method"] == "tools/list" and self.holding:
+    async def answer(self, method: str, params: Mapping[str, Any]) -> Any:
+        if method == "tools/list" and self.holding:
             await self.release.wait()
-        await super()._answer_host(msg, nursery)
+        return await super().answer(method, params)
 
     def listings(self) -> int:
         return len([m for m in self.received if m.get("method") == "tools/list"])

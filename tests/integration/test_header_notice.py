@@ -553,13 +553,10 @@ class HistoryServer(DiscordServer):
         "not an item",
     ]
 
-    async def _answer_host(self, msg: dict[str, Any], nursery: trio.Nursery) -> None:
-        if msg["method"] != "channels/open":
-            await super()._answer_host(msg, nursery)
-            return
-        desc = self.channels[msg["params"]["channelId"]]
-        result = {"channel": desc, "history": self.HISTORY}
-        await self._send({"jsonrpc": "2.0", "id": msg["id"], "result": result})
+    async def answer(self, method: str, params: Mapping[str, Any]) -> Any:
+        if method != "channels/open":
+            return await super().answer(method, params)
+        return {"channel": self.channels[params["channelId"]], "history": self.HISTORY}
 
 
 async def test_channel_open_backscroll_shows_each_items_own_source(tmp_path: Path) -> None:
