@@ -18,6 +18,7 @@ import re
 import secrets
 import subprocess
 import time
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -26,11 +27,21 @@ import trio
 
 from actors import Host
 from examples import bench_host as bh
-from examples.bench_server import line_batches
 from protocol.digests import body_digests
 from protocol.source import channel_header, mark_blocks
 from store import Append, Database, MessageRecord, Reader, connect, db_path
 from store.codec import encode_body
+
+
+async def line_batches(stream: Any, size: int = 65536) -> AsyncIterator[list[bytes]]:
+    """The complete lines each read of ``stream`` brings (a line cut short waits for the next
+    read), until the stream ends."""
+    buf = b""
+    while data := await stream.receive_some(size):
+        buf += data
+        *lines, buf = buf.split(b"\n")
+        yield lines
+
 
 SERVER_ID = "bench"
 AGENT = "Bench"

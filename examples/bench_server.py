@@ -29,7 +29,7 @@ import itertools
 import os
 import sys
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import trio
@@ -42,16 +42,6 @@ FIRST = "bench:#load"
 PROBE = "bench:#probe"
 #: What the one feature set, ``bench``, uses (no channel lifecycle: nothing is opened or closed).
 USES = ("channels.register", "channels.incoming", "channels.publish", "pushEvents")
-
-
-async def line_batches(stream: Any, size: int = 65536) -> AsyncIterator[list[bytes]]:
-    """The complete lines each read of ``stream`` brings (a line cut short waits for the next
-    read), until the stream ends."""
-    buf = b""
-    while data := await stream.receive_some(size):
-        buf += data
-        *lines, buf = buf.split(b"\n")
-        yield lines
 
 
 def channel_ids(count: int) -> list[str]:
