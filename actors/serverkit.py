@@ -46,7 +46,7 @@ import datetime as dt
 import itertools
 import re
 import secrets
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
 import trio
@@ -161,9 +161,19 @@ class MCPLServer(Declarations, ServeMixin):
         push_events: bool = True,
         inference: bool = False,
         request_timeout: float = 30.0,
+        default_feature_sets: bool = True,
     ) -> None:
+        """``default_feature_sets=False``: declare no feature set of the toolkit's own
+        (``<name>``, ``<name>.context``, ``<name>.inference``); the manifest holds only those
+        declared with :meth:`feature_set`, which then name every capability the server uses,
+        and pushes and inference requests go out under the first set that uses theirs."""
         Declarations.__init__(
-            self, name, version=version, push_events=push_events, inference=inference
+            self,
+            name,
+            version=version,
+            push_events=push_events,
+            inference=inference,
+            default_feature_sets=default_feature_sets,
         )
         ServeMixin.__init__(self)
         self.request_timeout = request_timeout
@@ -257,6 +267,17 @@ class MCPLServer(Declarations, ServeMixin):
             await trio.sleep(pause)
             pause = min(pause * 2, 5.0)
         raise AssertionError("unreachable")
+
+    def spawn(self, fn: Callable[[], Awaitable[Any]], name: str = "") -> bool:
+        """Run the async ``fn()`` beside the current host connection (e.g. a handler's follow-up
+        message, sent without holding up the handler's answer); it is cancelled when that connection
+        ends and its failure is logged, never raised. Returns False, running nothing, when no
+        host is connected."""
+        link = self._link
+        if link is None:
+            return False
+        link.spawn(fn, name)
+        return True
 
     async def _regranted(self, method: str, params: Mapping[str, Any], lost: ServerLink) -> None:
         """Wait (at most the request timeout) for a new host connection that grants what

@@ -45,6 +45,7 @@ class Declarations:
         version: str = "0.1.0",
         push_events: bool = True,
         inference: bool = False,
+        default_feature_sets: bool = True,
     ) -> None:
         if not _NAME.fullmatch(name):
             raise ValueError(f"server name {name!r} may hold only letters, digits and . _ : -")
@@ -52,6 +53,7 @@ class Declarations:
         self.version = version
         self.push_events = push_events
         self.inference = inference
+        self.default_feature_sets = default_feature_sets
         self.tools: dict[str, Tool] = {}
         self.channels: dict[str, Channel] = {}
         self.default_publish_handler: PublishHandler | None = None
@@ -173,11 +175,15 @@ class Declarations:
     @property
     def context_feature_set(self) -> str:
         """The feature set context hooks answer for."""
+        if not self.default_feature_sets:
+            return self._set_for(HOOK_CAPS[0]) or f"{self.name}.context"
         return f"{self.name}.context"
 
     @property
     def inference_feature_set(self) -> str:
         """The feature set inference requests name by default."""
+        if not self.default_feature_sets:
+            return self._set_for(INFERENCE_CAPS[0]) or f"{self.name}.inference"
         return f"{self.name}.inference"
 
     @property
@@ -186,7 +192,10 @@ class Declarations:
         return frozenset(fs.name for fs in self.feature_sets())
 
     def feature_sets(self) -> list[FeatureSetDecl]:
-        """The declared feature sets, built from what the server uses."""
+        """The declared feature sets, built from what the server uses (only those declared
+        with :meth:`feature_set` when the server was made with ``default_feature_sets=False``)."""
+        if not self.default_feature_sets:
+            return list(self._extra_sets.values())
         main: list[str] = []
         if self.push_events:
             main.append("pushEvents")

@@ -1,0 +1,80 @@
+"""The server toolkit's hooks for servers that shape their own answers: feature sets of the
+server's choosing only, tasks beside the connection, and handlers that override or withhold the
+toolkit's own answers."""
+
+from __future__ import annotations
+
+import trio
+import trio.testing
+
+from actors.serverkit import MCPLServer
+from tests.actors.test_serverkit import serving
+
+
+def own_sets() -> MCPLServer:
+    server = MCPLServer("room", default_feature_sets=False, request_timeout=5)
+    server.channel("room:#a", publish_target="root")
+    server.feature_set("room.chat", description="chat", uses=["channels.register"])
+    server.feature_set("room.events", description="events", uses=["pushEvents"])
+    return server
+
+
+def test_only_the_declared_feature_sets_are_in_the_manifest() -> None:
+    manifest = own_sets().manifest()
+    assert sorted(manifest["featureSets"]) == ["room.chat", "room.events"]
+    assert "tools" not in manifest and "channels" in manifest and manifest["pushEvents"]
+
+
+def test_the_default_sets_are_unchanged() -> None:
+    server = MCPLServer("room")
+    server.channel("room:#a")
+    server.feature_set("room.extra", description="x", uses=["pushEvents"])
+    assert sorted(server.manifest()["featureSets"]) == ["room", "room.extra"]
+
+
+async def test_a_push_goes_out_under_the_set_that_uses_push_events(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    server = own_sets()
+    with trio.fail_after(30):
+        async with serving(server) as host:
+            init = await host.answer_to(await host.ask("initialize", {}))
+            assert set(init["result"]["capabilities"]["experimental"]["mcpl"]["featureSets"]) == {
+                "room.chat",
+                "room.events",
+            }
+            await host.send({"method": "notifications/initialized"})
+            params = {"effectiveCapabilities": ["pushEvents"], "enabled": ["room.events"]}
+            await host.answer_to(await host.ask("featureSets/update", params))
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(server.push_event, "tick")
+                push = await host.read()
+                assert push["method"] == "push/event"
+                assert push["params"]["featureSet"] == "room.events"
+                await host.send({"id": push["id"], "result": {"accepted": True}})
+
+
+async def test_a_spawned_task_runs_beside_the_connection_and_needs_one(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    server = MCPLServer("demo", request_timeout=5)
+    ran: list[str] = []
+
+    async def later() -> None:
+        ran.append("later")
+
+    assert server.spawn(later) is False  # no host yet: nothing runs
+
+    @server.tool()
+    async def kick() -> str:
+        """Starts a task beside the connection."""
+        assert server.spawn(later) is True
+        return "kicked"
+
+    with trio.fail_after(30):
+        async with serving(server) as host:
+            await host.handshake(["tools"])
+            called = await host.answer_to(await host.ask("tools/call", {"name": "kick"}))
+            assert called["result"]["content"] == [{"type": "text", "text": "kicked"}]
+            await trio.testing.wait_all_tasks_blocked()
+            assert ran == ["later"]
