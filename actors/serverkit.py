@@ -204,7 +204,7 @@ class MCPLServer(Declarations, ServeMixin):
 
     def grant_changed(self, link: ServerLink, before: Grant, after: Grant) -> None:
         """Called by a link when the host's grant changed: wake waiters, register channels,
-        start ``on_granted`` hooks."""
+        start ``on_ready`` (on the first grant) and ``on_granted`` hooks."""
         self._wake()
         if link is not self._link:
             return
@@ -216,6 +216,9 @@ class MCPLServer(Declarations, ServeMixin):
             link.spawn(
                 lambda: self._register(link, list(self.channels.values())), "channels/register"
             )
+        if after.received and not before.received:
+            for ready in self._on_ready:
+                link.spawn(ready, getattr(ready, "__name__", "on_ready"))
         for capability, fn in self._on_granted:
             if self._allowed(after, capability) and not self._allowed(before, capability):
                 link.spawn(fn, getattr(fn, "__name__", capability))

@@ -65,6 +65,7 @@ class Declarations:
         self.render_handler: Callable[[Render], Any] | None = None
         self._extra_sets: dict[str, FeatureSetDecl] = {}
         self._on_granted: list[tuple[str, Callable[[], Awaitable[Any]]]] = []
+        self._on_ready: list[Callable[[], Awaitable[Any]]] = []
 
     # -- declarations ------------------------------------------------------------------------
     def tool(self, name: str | None = None, *, description: str | None = None) -> Callable[[F], F]:
@@ -170,6 +171,13 @@ class Declarations:
             return fn
 
         return register
+
+    def on_ready(self, fn: F) -> F:
+        """Decorator: run the async ``fn()`` once per host connection, when the host's first
+        grant (``featureSets/update``) arrived, whatever it granted; it is cancelled when that
+        host disconnects. Check :meth:`is_granted` before each send it makes."""
+        self._on_ready.append(fn)
+        return fn
 
     # -- the manifest --------------------------------------------------------------------------
     @property

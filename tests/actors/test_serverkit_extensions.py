@@ -78,3 +78,24 @@ async def test_a_spawned_task_runs_beside_the_connection_and_needs_one(
             assert called["result"]["content"] == [{"type": "text", "text": "kicked"}]
             await trio.testing.wait_all_tasks_blocked()
             assert ran == ["later"]
+
+
+async def test_on_ready_runs_once_per_connection_whatever_was_granted(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    server = MCPLServer("demo", request_timeout=5)
+    grants: list[bool] = []
+
+    @server.on_ready
+    async def ready() -> None:
+        grants.append(server.is_granted("pushEvents"))
+
+    with trio.fail_after(30):
+        for _ in range(2):  # a second connection is ready again
+            async with serving(server) as host:
+                await host.handshake([])  # nothing granted: still ready
+                await trio.testing.wait_all_tasks_blocked()
+                params = {"effectiveCapabilities": ["pushEvents"], "enabled": ["demo"]}
+                await host.answer_to(await host.ask("featureSets/update", params))
+                await trio.testing.wait_all_tasks_blocked()
+    assert grants == [False, False]
