@@ -68,7 +68,7 @@ from actors.serverkit_context import (
     Rollback,
 )
 from actors.serverkit_declare import Declarations
-from actors.serverkit_link import LinkLost, RequestTimeout, ServerLink
+from actors.serverkit_link import NO_ANSWER, HostRequest, LinkLost, RequestTimeout, ServerLink
 from actors.serverkit_run import ServeMixin
 from actors.serverkit_tools import ToolError, ToolResult
 from actors.serverkit_transport import warn
@@ -80,9 +80,11 @@ from protocol.server_session import Grant, NotGranted
 from protocol.uri import EndpointUri, parse_endpoint
 
 __all__ = [
+    "NO_ANSWER",
     "BeforeInference",
     "Channel",
     "CheckpointNotFound",
+    "HostRequest",
     "InferenceResult",
     "Injection",
     "Lifecycle",
@@ -270,6 +272,12 @@ class MCPLServer(Declarations, ServeMixin):
             await trio.sleep(pause)
             pause = min(pause * 2, 5.0)
         raise AssertionError("unreachable")
+
+    async def send_line(self, line: str) -> None:
+        """Write ``line`` to the host as it is, past the session: nothing checks, numbers or
+        tracks it (for testing a host against malformed or unexpected input). Raises
+        :class:`protocol.server_session.NotGranted` when no host is connected."""
+        await self._current("a raw line").send_line(line)
 
     def spawn(self, fn: Callable[[], Awaitable[Any]], name: str = "") -> bool:
         """Run the async ``fn()`` beside the current host connection (e.g. a handler's follow-up

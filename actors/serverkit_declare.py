@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from actors.serverkit_channels import Channel, ChannelSpec, OpenHandler, PublishHandler
 from actors.serverkit_context import BeforeInference, Lifecycle, Render, Rollback
+from actors.serverkit_link import HostRequest
 from actors.serverkit_tools import Tool, tool_from_function
 from protocol.server_manifest import FeatureSetDecl, build_manifest
 
@@ -66,6 +67,8 @@ class Declarations:
         self._extra_sets: dict[str, FeatureSetDecl] = {}
         self._on_granted: list[tuple[str, Callable[[], Awaitable[Any]]]] = []
         self._on_ready: list[Callable[[], Awaitable[Any]]] = []
+        #: per method, the function answering the host's request in place of the toolkit
+        self.answer_overrides: dict[str, Callable[[HostRequest], Any]] = {}
 
     # -- declarations ------------------------------------------------------------------------
     def tool(self, name: str | None = None, *, description: str | None = None) -> Callable[[F], F]:
@@ -178,6 +181,22 @@ class Declarations:
         host disconnects. Check :meth:`is_granted` before each send it makes."""
         self._on_ready.append(fn)
         return fn
+
+    def answer_for(self, method: str) -> Callable[[F], F]:
+        """Decorator: ``fn(request)`` (sync or async) answers every host request for
+        ``method`` in place of the toolkit, which otherwise answers it itself (``ping``,
+        ``featureSets/update``, ...) or through the server's handlers. It gets a
+        :class:`actors.serverkit_link.HostRequest` (``default``: the answer the toolkit would
+        have written for a method it answers itself, after tracking what it tracks, e.g. the
+        grant) and returns the result, raises :class:`protocol.errors.RpcError` to refuse, or
+        returns :data:`actors.serverkit_link.NO_ANSWER` to leave the request unanswered. For
+        hosts' tests: an ordinary server needs none."""
+
+        def register(fn: F) -> F:
+            self.answer_overrides[method] = fn
+            return fn
+
+        return register
 
     # -- the manifest --------------------------------------------------------------------------
     @property

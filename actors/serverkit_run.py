@@ -18,7 +18,7 @@ import trio
 import trio_websocket
 
 from actors.serverkit_files import HEAD_TIMEOUT_S, Shelf, serve_connection
-from actors.serverkit_link import Dispatch, ServerLink
+from actors.serverkit_link import Dispatch, Override, ServerLink
 from actors.serverkit_tools import Tool
 from actors.serverkit_transport import (
     MAX_LINE_BYTES,
@@ -44,6 +44,7 @@ class ServeMixin:
     version: str
     request_timeout: float
     tools: dict[str, Tool]
+    answer_overrides: dict[str, Override]
 
     def manifest(self) -> dict[str, Any]:
         """The current manifest (MCPLServer builds it)."""
@@ -101,13 +102,18 @@ class ServeMixin:
             manifest=manifest,
             feature_sets=self.feature_sets(),
             tools=bool(self.tools),
+            defer=frozenset(self.answer_overrides),
         )
 
     async def serve(self, transport: LineTransport) -> None:
         """Serve one host connection on ``transport`` until it ends."""
         dispatch = cast(Dispatch, self)
         link = ServerLink(
-            self.new_session(), transport, dispatch, request_timeout=self.request_timeout
+            self.new_session(),
+            transport,
+            dispatch,
+            request_timeout=self.request_timeout,
+            overrides=self.answer_overrides,
         )
         old, self._link = self._link, link
         self._accepted = set()

@@ -7,7 +7,8 @@ from __future__ import annotations
 import trio
 import trio.testing
 
-from actors.serverkit import MCPLServer
+from actors.serverkit import NO_ANSWER, HostRequest, MCPLServer
+from protocol.errors import RpcError
 from tests.actors.test_serverkit import serving
 
 
@@ -99,3 +100,55 @@ async def test_on_ready_runs_once_per_connection_whatever_was_granted(
                 await host.answer_to(await host.ask("featureSets/update", params))
                 await trio.testing.wait_all_tasks_blocked()
     assert grants == [False, False]
+
+
+async def test_answer_overrides_replace_withhold_or_refuse_the_toolkits_answers(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    server = MCPLServer("demo", request_timeout=5)
+    seen: list[HostRequest] = []
+
+    @server.answer_for("featureSets/update")
+    def withhold(request: HostRequest) -> object:
+        seen.append(request)
+        return NO_ANSWER
+
+    @server.answer_for("ping")
+    async def late(request: HostRequest) -> object:
+        await trio.sleep(5)
+        return {"late": True, **request.default}
+
+    @server.answer_for("channels/publish")
+    def refuse(request: HostRequest) -> object:
+        raise RpcError(code=-32601, message="Method not found: channels/publish")
+
+    with trio.fail_after(30):
+        async with serving(server) as host:
+            await host.answer_to(await host.ask("initialize", {}))
+            await host.send({"method": "notifications/initialized"})
+            params = {"effectiveCapabilities": ["pushEvents"], "enabled": ["demo"]}
+            await host.ask("featureSets/update", params)
+            await trio.testing.wait_all_tasks_blocked()
+            # withheld: nothing was written, yet the grant was taken
+            assert [r.params for r in seen] == [params] and seen[0].default["accepted"] is True
+            assert server.is_granted("pushEvents")
+            ping = await host.ask("ping")
+            publish = await host.ask("channels/publish", {"channelId": "x", "content": []})
+            first, second = await host.read(), await host.read()
+            assert first == {
+                "jsonrpc": "2.0",
+                "id": publish,
+                "error": {"code": -32601, "message": "Method not found: channels/publish"},
+            }
+            assert second == {"jsonrpc": "2.0", "id": ping, "result": {"late": True}}
+
+
+async def test_a_raw_line_goes_out_as_it_is(autojump_clock: trio.testing.MockClock) -> None:
+    server = MCPLServer("demo", request_timeout=5)
+    with trio.fail_after(30):
+        async with serving(server) as host:
+            await host.handshake([])
+            await server.send_line("not json")
+            while b"\n" not in host.buf:
+                host.buf += await host.stream.receive_some(65536)
+            assert host.buf == b"not json\n"
