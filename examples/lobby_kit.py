@@ -37,6 +37,7 @@ from actors.serverkit import (
     ToolError,
     ToolResult,
 )
+from examples import lobby_faults
 from examples.lobby_server import (
     CHIME,
     PEOPLE,
@@ -241,9 +242,29 @@ def add_notebook(server: MCPLServer) -> None:
         return True
 
 
+async def serve_ws(
+    host: str,
+    port: int,
+    options: LobbyOptions | None = None,
+    *,
+    task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve the lobby on a websocket until cancelled; ``task_status`` gets the bound port."""
+    options = options or LobbyOptions()
+    server = build(options)
+    lobby_faults.apply(server, options)
+    token = options.token
+    async with trio.open_nursery() as nursery:
+        url = await nursery.start(
+            functools.partial(server.serve_websocket, host, port, token=token)
+        )
+        task_status.started(int(url.rstrip("/").rpartition(":")[2]))
+
+
 async def serve(options: LobbyOptions) -> None:
     """Serve the lobby over stdio, or on ``--ws HOST:PORT`` until interrupted."""
     server = build(options)
+    lobby_faults.apply(server, options)
     if options.run_id:
         log(f"ids made up by this run start with {options.run_id}-")
     if not options.ws:
@@ -254,7 +275,7 @@ async def serve(options: LobbyOptions) -> None:
         url = await nursery.start(
             functools.partial(server.serve_websocket, host, port, token=options.token)
         )
-        bound = url.rstrip("/").rpartition(":")[2]
+        bound = int(url.rstrip("/").rpartition(":")[2])
         print(f"LISTENING ws://{display_host(host)}:{bound}", flush=True)
         log(f"serving websockets on {host}:{bound}")
 
