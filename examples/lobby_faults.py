@@ -13,11 +13,16 @@ Each mode replaces one of the toolkit's own answers through
   ``never`` a publish notification is dropped too.
 * ``--open-mode never``: ``channels/open`` is never answered.
 * ``--stray-stdout`` (stdio): a line that is not JSON goes out once the host's grant arrived.
+* ``--feature-sets-form array``: the manifest is shown in the 0.4 form (``featureSets`` an
+  array of named sets, ``version`` 0.4, no ``revision``) in ``initialize`` and
+  ``mcpl/manifest``.
 """
 
 from __future__ import annotations
 
 import sys
+from collections.abc import Mapping
+from typing import Any
 
 from actors.serverkit import NO_ANSWER, HostRequest, MCPLServer, Publish, PublishRefused
 from examples.lobby_server import LobbyOptions
@@ -45,6 +50,29 @@ def refuse_or_withhold(server: MCPLServer, method: str, mode: str) -> None:
         raise RpcError(code=METHOD_NOT_FOUND, message=f"Method not found: {method}")
 
 
+def legacy_manifest(manifest: Mapping[str, Any]) -> dict[str, Any]:
+    """A 0.5 manifest in the 0.4 form."""
+    out = {k: v for k, v in manifest.items() if k != "revision"}
+    out["version"] = "0.4"
+    out["featureSets"] = [{"name": n, **d} for n, d in manifest["featureSets"].items()]
+    return out
+
+
+def show_legacy_manifest(server: MCPLServer) -> None:
+    """Answer ``initialize`` and ``mcpl/manifest`` with the manifest in the 0.4 form."""
+
+    @server.answer_for("initialize")
+    def initialize(request: HostRequest) -> dict[str, Any]:
+        result = dict(request.default)
+        caps = dict(result["capabilities"])
+        caps["experimental"] = {"mcpl": legacy_manifest(caps["experimental"]["mcpl"])}
+        return {**result, "capabilities": caps}
+
+    @server.answer_for("mcpl/manifest")
+    def manifest(request: HostRequest) -> dict[str, Any]:
+        return legacy_manifest(request.default)
+
+
 def apply(server: MCPLServer, options: LobbyOptions) -> None:
     """Switch on the fault modes ``options`` asks for."""
     refuse_or_withhold(server, "featureSets/update", options.fsu_mode)
@@ -63,6 +91,8 @@ def apply(server: MCPLServer, options: LobbyOptions) -> None:
             _log(f"not answering channels/open (open mode never): {dict(request.params)}")
             return NO_ANSWER
 
+    if options.feature_sets_form == "array":
+        show_legacy_manifest(server)
     if options.stray_stdout:
         if options.ws:
             _log("--stray-stdout only applies to stdio")

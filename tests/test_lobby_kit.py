@@ -173,3 +173,20 @@ async def test_open_never_and_a_stray_stdout_line() -> None:
             assert not any(m.get("id") == opened for m in lobby.inbox)
             assert lobby.stray == ["[lobby] client initialized"]
             assert await lobby.close_stdin_and_wait() == 0
+
+
+async def test_the_array_form_shows_the_04_manifest() -> None:
+    with trio.fail_after(TIMEOUT):
+        async with kit_lobby("--script", "none", "--feature-sets-form", "array") as lobby:
+            init = await lobby.request("initialize", INIT_PARAMS)
+            mcpl = init["result"]["capabilities"]["experimental"]["mcpl"]
+            assert mcpl["version"] == "0.4" and "revision" not in mcpl
+            assert [fs["name"] for fs in mcpl["featureSets"]] == ["lobby.chat", "lobby.events"]
+            await lobby.notify("notifications/initialized")
+            fetched = await lobby.request("mcpl/manifest")
+            assert fetched["result"] == mcpl
+            # the sets are what they were: a grant of nothing degrades both
+            receipt = await lobby.request("featureSets/update", {})
+            unavailable = {u["featureSet"] for u in receipt["result"]["unavailableFeatures"]}
+            assert unavailable == {"lobby.chat", "lobby.events"}
+            assert await lobby.close_stdin_and_wait() == 0
