@@ -46,7 +46,7 @@ import datetime as dt
 import itertools
 import re
 import secrets
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
 import trio
@@ -68,7 +68,7 @@ from actors.serverkit_context import (
     Rollback,
 )
 from actors.serverkit_declare import Declarations
-from actors.serverkit_link import LinkLost, RequestTimeout, ServerLink
+from actors.serverkit_link import NO_ANSWER, HostRequest, LinkLost, RequestTimeout, ServerLink
 from actors.serverkit_run import ServeMixin
 from actors.serverkit_tools import ToolError, ToolResult
 from actors.serverkit_transport import warn
@@ -80,9 +80,11 @@ from protocol.server_session import Grant, NotGranted
 from protocol.uri import EndpointUri, parse_endpoint
 
 __all__ = [
+    "NO_ANSWER",
     "BeforeInference",
     "Channel",
     "CheckpointNotFound",
+    "HostRequest",
     "InferenceResult",
     "Injection",
     "Lifecycle",
@@ -162,14 +164,25 @@ class MCPLServer(Declarations, ServeMixin):
         inference: bool = False,
         request_timeout: float = 30.0,
         max_pending: int = 64,
+        default_feature_sets: bool = True,
     ) -> None:
         """``max_pending`` caps this server's own requests awaiting the host's answer on one
         connection (a further one waits for a slot); raise it for a server that pipelines
-        many requests without waiting."""
+        many requests without waiting.
+
+        ``default_feature_sets=False``: declare no feature set of the toolkit's own
+        (``<name>``, ``<name>.context``, ``<name>.inference``); the manifest holds only those
+        declared with :meth:`feature_set`, which then name every capability the server uses,
+        and pushes and inference requests go out under the first set that uses theirs."""
         if max_pending < 1:
             raise ValueError(f"max_pending must be at least 1, not {max_pending}")
         Declarations.__init__(
-            self, name, version=version, push_events=push_events, inference=inference
+            self,
+            name,
+            version=version,
+            push_events=push_events,
+            inference=inference,
+            default_feature_sets=default_feature_sets,
         )
         ServeMixin.__init__(self)
         self.request_timeout = request_timeout
@@ -201,7 +214,7 @@ class MCPLServer(Declarations, ServeMixin):
 
     def grant_changed(self, link: ServerLink, before: Grant, after: Grant) -> None:
         """Called by a link when the host's grant changed: wake waiters, register channels,
-        start ``on_granted`` hooks."""
+        start ``on_ready`` (on the first grant) and ``on_granted`` hooks."""
         self._wake()
         if link is not self._link:
             return
@@ -213,6 +226,9 @@ class MCPLServer(Declarations, ServeMixin):
             link.spawn(
                 lambda: self._register(link, list(self.channels.values())), "channels/register"
             )
+        if after.received and not before.received:
+            for ready in self._on_ready:
+                link.spawn(ready, getattr(ready, "__name__", "on_ready"))
         for capability, fn in self._on_granted:
             if self._allowed(after, capability) and not self._allowed(before, capability):
                 link.spawn(fn, getattr(fn, "__name__", capability))
@@ -264,6 +280,23 @@ class MCPLServer(Declarations, ServeMixin):
             await trio.sleep(pause)
             pause = min(pause * 2, 5.0)
         raise AssertionError("unreachable")
+
+    async def send_line(self, line: str) -> None:
+        """Write ``line`` to the host as it is, past the session: nothing checks, numbers or
+        tracks it (for testing a host against malformed or unexpected input). Raises
+        :class:`protocol.server_session.NotGranted` when no host is connected."""
+        await self._current("a raw line").send_line(line)
+
+    def spawn(self, fn: Callable[[], Awaitable[Any]], name: str = "") -> bool:
+        """Run the async ``fn()`` beside the current host connection (e.g. a handler's follow-up
+        message, sent without holding up the handler's answer); it is cancelled when that connection
+        ends and its failure is logged, never raised. Returns False, running nothing, when no
+        host is connected."""
+        link = self._link
+        if link is None:
+            return False
+        link.spawn(fn, name)
+        return True
 
     async def _regranted(self, method: str, params: Mapping[str, Any], lost: ServerLink) -> None:
         """Wait (at most the request timeout) for a new host connection that grants what

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from actors.serverkit_channels import Channel, ChannelSpec, OpenHandler, PublishHandler
 from actors.serverkit_context import BeforeInference, Lifecycle, Render, Rollback
+from actors.serverkit_link import HostRequest
 from actors.serverkit_tools import Tool, tool_from_function
 from protocol.server_manifest import FeatureSetDecl, build_manifest
 
@@ -45,6 +46,7 @@ class Declarations:
         version: str = "0.1.0",
         push_events: bool = True,
         inference: bool = False,
+        default_feature_sets: bool = True,
     ) -> None:
         if not _NAME.fullmatch(name):
             raise ValueError(f"server name {name!r} may hold only letters, digits and . _ : -")
@@ -52,6 +54,7 @@ class Declarations:
         self.version = version
         self.push_events = push_events
         self.inference = inference
+        self.default_feature_sets = default_feature_sets
         self.tools: dict[str, Tool] = {}
         self.channels: dict[str, Channel] = {}
         self.default_publish_handler: PublishHandler | None = None
@@ -63,6 +66,9 @@ class Declarations:
         self.render_handler: Callable[[Render], Any] | None = None
         self._extra_sets: dict[str, FeatureSetDecl] = {}
         self._on_granted: list[tuple[str, Callable[[], Awaitable[Any]]]] = []
+        self._on_ready: list[Callable[[], Awaitable[Any]]] = []
+        #: per method, the function answering the host's request in place of the toolkit
+        self.answer_overrides: dict[str, Callable[[HostRequest], Any]] = {}
 
     # -- declarations ------------------------------------------------------------------------
     def tool(self, name: str | None = None, *, description: str | None = None) -> Callable[[F], F]:
@@ -169,15 +175,42 @@ class Declarations:
 
         return register
 
+    def on_ready(self, fn: F) -> F:
+        """Decorator: run the async ``fn()`` once per host connection, when the host's first
+        grant (``featureSets/update``) arrived, whatever it granted; it is cancelled when that
+        host disconnects. Check :meth:`is_granted` before each send it makes."""
+        self._on_ready.append(fn)
+        return fn
+
+    def answer_for(self, method: str) -> Callable[[F], F]:
+        """Decorator: ``fn(request)`` (sync or async) answers every host request for
+        ``method`` in place of the toolkit, which otherwise answers it itself (``ping``,
+        ``featureSets/update``, ...) or through the server's handlers. It gets a
+        :class:`actors.serverkit_link.HostRequest` (``default``: the answer the toolkit would
+        have written for a method it answers itself, after tracking what it tracks, e.g. the
+        grant) and returns the result, raises :class:`protocol.errors.RpcError` to refuse, or
+        returns :data:`actors.serverkit_link.NO_ANSWER` to leave the request unanswered. For
+        hosts' tests: an ordinary server needs none."""
+
+        def register(fn: F) -> F:
+            self.answer_overrides[method] = fn
+            return fn
+
+        return register
+
     # -- the manifest --------------------------------------------------------------------------
     @property
     def context_feature_set(self) -> str:
         """The feature set context hooks answer for."""
+        if not self.default_feature_sets:
+            return self._set_for(HOOK_CAPS[0]) or f"{self.name}.context"
         return f"{self.name}.context"
 
     @property
     def inference_feature_set(self) -> str:
         """The feature set inference requests name by default."""
+        if not self.default_feature_sets:
+            return self._set_for(INFERENCE_CAPS[0]) or f"{self.name}.inference"
         return f"{self.name}.inference"
 
     @property
@@ -186,7 +219,10 @@ class Declarations:
         return frozenset(fs.name for fs in self.feature_sets())
 
     def feature_sets(self) -> list[FeatureSetDecl]:
-        """The declared feature sets, built from what the server uses."""
+        """The declared feature sets, built from what the server uses (only those declared
+        with :meth:`feature_set` when the server was made with ``default_feature_sets=False``)."""
+        if not self.default_feature_sets:
+            return list(self._extra_sets.values())
         main: list[str] = []
         if self.push_events:
             main.append("pushEvents")

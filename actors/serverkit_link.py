@@ -15,9 +15,10 @@ started (handlers, ``on_granted`` hooks) is cancelled.
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Callable, Mapping
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
 
 import attrs
 import trio
@@ -27,7 +28,42 @@ from protocol import server_session as ss
 from protocol.errors import INTERNAL_ERROR, RpcError
 from protocol.jsonrpc import Id, method_not_found
 
-__all__ = ["Dispatch", "LinkLost", "PendingRequest", "RequestTimeout", "ServerLink"]
+__all__ = [
+    "NO_ANSWER",
+    "Dispatch",
+    "HostRequest",
+    "LinkLost",
+    "PendingRequest",
+    "RequestTimeout",
+    "ServerLink",
+]
+
+
+class _NoAnswer:
+    def __repr__(self) -> str:
+        return "NO_ANSWER"
+
+
+#: What an answer override returns to write no answer at all: the host's request stays open.
+NO_ANSWER: Final = _NoAnswer()
+
+
+@attrs.frozen
+class HostRequest:
+    """A host request as an answer override sees it (``MCPLServer.answer_for``).
+
+    ``default`` is the answer the toolkit's session would have written itself (for
+    ``initialize``, ``ping``, ``mcpl/manifest`` and ``featureSets/update``), else None.
+    """
+
+    id: Id
+    method: str
+    params: Mapping[str, Any]
+    default: Any = None
+
+
+#: An answer override: the result, :data:`NO_ANSWER`, or it raises ``RpcError`` to refuse.
+Override = Callable[[HostRequest], Any]
 
 
 class LinkLost(Exception):
@@ -114,7 +150,12 @@ class ServerLink:
         max_handlers: int = 32,
         max_pending: int = 64,
         outbox_size: int = 64,
+        overrides: Mapping[str, Override] | None = None,
     ) -> None:
+        """``overrides``: per method, a function (sync or async) answering the host's request
+        in place of the server (and of the session, for the methods it defers); see
+        :class:`HostRequest` and :data:`NO_ANSWER`."""
+        self._overrides = dict(overrides or {})
         self.session = session
         self._transport = transport
         self._dispatch = dispatch
@@ -222,7 +263,15 @@ class ServerLink:
     async def _serve(self, call: ss.HostCall) -> None:
         async with self._handlers:
             try:
-                result = await self._dispatch.host_call(self, call.method, call.params)
+                override = self._overrides.get(call.method)
+                if override is not None:
+                    result = override(HostRequest(call.id, call.method, call.params, call.default))
+                    if inspect.isawaitable(result):
+                        result = await result
+                    if result is NO_ANSWER:
+                        return
+                else:
+                    result = await self._dispatch.host_call(self, call.method, call.params)
                 line = self.session.answer(call.id, result)
             except RpcError as refusal:
                 line = self.session.answer_error(call.id, refusal)

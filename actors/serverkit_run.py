@@ -18,7 +18,7 @@ import trio
 import trio_websocket
 
 from actors.serverkit_files import HEAD_TIMEOUT_S, Shelf, serve_connection
-from actors.serverkit_link import Dispatch, ServerLink
+from actors.serverkit_link import Dispatch, Override, ServerLink
 from actors.serverkit_tools import Tool
 from actors.serverkit_transport import (
     MAX_LINE_BYTES,
@@ -48,6 +48,7 @@ class ServeMixin:
     request_timeout: float
     max_pending: int
     tools: dict[str, Tool]
+    answer_overrides: dict[str, Override]
 
     def manifest(self) -> dict[str, Any]:
         """The current manifest (MCPLServer builds it)."""
@@ -115,6 +116,7 @@ class ServeMixin:
             feature_sets=self.feature_sets(),
             tools=bool(self.tools),
             max_pending=max(SESSION_PENDING, self.max_pending),
+            defer=frozenset(self.answer_overrides),
         )
 
     async def serve(self, transport: LineTransport) -> None:
@@ -126,6 +128,7 @@ class ServeMixin:
             dispatch,
             request_timeout=self.request_timeout,
             max_pending=self.max_pending,
+            overrides=self.answer_overrides,
         )
         old, self._link = self._link, link
         self._accepted = set()

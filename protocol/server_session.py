@@ -26,7 +26,7 @@ notification of the update narrows only (its ``disabled`` list), as SPEC §6.7 s
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Final
 
 import attrs
@@ -83,11 +83,16 @@ class Outgoing:
 
 @attrs.frozen
 class HostCall:
-    """A request from the host for the server to answer."""
+    """A request from the host for the server to answer.
+
+    ``default`` is the answer the session would have written itself, for a method it was told
+    to hand over (``ServerSession(defer=...)``); None for every other request.
+    """
 
     id: jsonrpc.Id
     method: str
     params: Mapping[str, Any]
+    default: Any = None
 
 
 @attrs.frozen
@@ -216,7 +221,14 @@ class ServerSession:
         tools: bool = False,
         max_pending: int = 256,
         max_inbound: int = 256,
+        defer: Iterable[str] = (),
     ) -> None:
+        """``defer``: methods the session answers by itself (``initialize``, ``ping``,
+        ``mcpl/manifest``, ``featureSets/update``) that it hands over as a :class:`HostCall`
+        instead, after doing everything else it does for them (tracking the grant, ...), with
+        the answer it would have written as ``default``; the caller answers (or withholds) it.
+        A request the session refuses (a malformed update) is still refused by the session."""
+        self.defer = frozenset(defer)
         self.name = name
         self.version = version
         self.tools = tools
@@ -358,21 +370,30 @@ class ServerSession:
         method = req.method
         try:
             if method == "initialize":
-                return [Outgoing(self.answer(req.id, self._initialize(params)))]
+                return [self._own(req.id, method, params, self._initialize(params))]
             if method == "ping":
-                return [Outgoing(self.answer(req.id, {}))]
+                return [self._own(req.id, method, params, {})]
             if method == "mcpl/manifest":
                 if self._manifest is None:
                     raise jsonrpc.method_not_found(method)
-                return [Outgoing(self.answer(req.id, dict(self._manifest))), ManifestServed()]
+                manifest = dict(self._manifest)
+                return [self._own(req.id, method, params, manifest), ManifestServed()]
             if method == "featureSets/update":
                 receipt = self._update(params, request=True)
-                return [Outgoing(self.answer(req.id, receipt)), GrantChanged(self.grant)]
+                return [self._own(req.id, method, params, receipt), GrantChanged(self.grant)]
             if method in REMOVED_METHODS:
                 raise jsonrpc.method_not_found(method)
         except RpcError as err:
             return [Outgoing(self.answer_error(req.id, err)), Skipped(f"{method} refused: {err}")]
         return [HostCall(req.id, method, params)]
+
+    def _own(
+        self, id: jsonrpc.Id, method: str, params: Mapping[str, Any], result: Any
+    ) -> Outgoing | HostCall:
+        """The session's own answer, or the call handed over when ``method`` is deferred."""
+        if method in self.defer:
+            return HostCall(id, method, params, default=result)
+        return Outgoing(self.answer(id, result))
 
     def _notification(self, note: jsonrpc.Notification) -> list[Event]:
         params = _as_params(note.params)

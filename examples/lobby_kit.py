@@ -1,0 +1,294 @@
+"""The chat lobby, written with the server toolkit (:mod:`actors.serverkit`).
+
+Run it with ``python -m examples.lobby_kit [options]``: the same command line as
+``examples/lobby_server.py`` (``--help`` lists it). Two channels, #general and #random, where
+two scripted people, Alice and Bob, talk; a clock that chimes as a push event; a photo Alice
+shares (with ``--ws --files``); three tools (``forecast``, ``roll``, ``stall``); and, each
+behind its flag, a status line before every inference (``--context``) and a notebook whose
+notes are checkpoints to roll back to (``--notes``).
+
+What an agent publishes in a channel is echoed back into it under the agent's own name (see
+:func:`publish_author`), so every agent hears what the others said.
+
+Read top to bottom, this is the example a server author learns from: the lobby declares its
+feature sets, channels, tools and hooks with the toolkit's decorators inside :func:`build`, and
+:func:`main` runs the result over stdio or a websocket.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import random
+import sys
+from collections.abc import Mapping
+from typing import Any
+
+import trio
+
+from actors.serverkit import (
+    BeforeInference,
+    CheckpointNotFound,
+    Injection,
+    Lifecycle,
+    MCPLServer,
+    Publish,
+    Rollback,
+    ToolError,
+    ToolResult,
+)
+from examples import lobby_faults
+from examples.lobby_server import (
+    CHIME,
+    PEOPLE,
+    SCRIPT_LINES,
+    SHARE_EVENT_ID,
+    SHARE_FILE,
+    SHARE_TEXT,
+    LobbyOptions,
+    builtin_files,
+    display_host,
+    parse_args,
+    publish_author,
+    split_host_port,
+)
+
+STATUS = "Lobby status: Alice and Bob are online. Topic: board games."
+CHAT_USES = (
+    "channels.register",
+    "channels.publish",
+    "channels.incoming",
+    "channels.lifecycle",
+    "channels.streaming",
+    "channels.typing",
+)
+CONTEXT_USES = (
+    "contextHooks.beforeInference.observe",
+    "contextHooks.beforeInference.inject.beforeUser",
+    "contextHooks.beforeInference.inject.afterUser",
+    "inferenceLifecycle",
+)
+
+
+def log(text: str) -> None:
+    """One line on stderr (stdout carries the protocol)."""
+    print(f"[lobby] {text}", file=sys.stderr, flush=True)
+
+
+def build(options: LobbyOptions) -> MCPLServer:
+    """The lobby server the options describe, ready to run."""
+    server = MCPLServer(
+        "lobby", request_timeout=options.request_timeout, default_feature_sets=False
+    )
+
+    # -- feature sets: what a host may grant or deny, one concern each -----------------------
+    server.feature_set(
+        "lobby.chat", description="Chat in the lobby channels #general and #random.", uses=CHAT_USES
+    )
+    server.feature_set(
+        "lobby.events",
+        description="Ambient lobby events, such as the clock chiming.",
+        uses=["pushEvents"],
+    )
+    if options.context:
+        server.feature_set(
+            "lobby.context",
+            description="Lobby status (who is online, the current topic) before each inference.",
+            uses=CONTEXT_USES,
+        )
+    if options.assist:
+        server.feature_set(
+            "lobby.assist",
+            description="The lobby asks the host's model for help, e.g. to summarize the chat.",
+            uses=["inferenceRequest", "inferenceRequest.streaming", "modelInfo"],
+        )
+
+    # -- channels: agents hear what is said there, and what they publish is echoed back ------
+    channels = {
+        name: server.channel(f"lobby:#{name}", label=name, publish_target="root")
+        for name in ("general", "random")
+    }
+    posts = itertools.count(1)
+
+    @server.on_publish
+    def post(publish: Publish) -> str:
+        """An agent spoke: log it and echo it under the agent's name."""
+        author = publish_author(publish.conversation_id)
+        message_id = options.make_id("out-", next(posts))
+        log(f"{publish.channel_id.removeprefix('lobby:')} <- {author['name']}: {publish.text}")
+        if not options.no_echo:
+            echo = server.channels[publish.channel_id].send
+            server.spawn(
+                functools.partial(
+                    echo, list(publish.content), author=author, message_id=message_id
+                ),
+                "echo",
+            )
+        return message_id
+
+    # -- tools --------------------------------------------------------------------------------
+    @server.tool()
+    def forecast(city: str) -> str:
+        """The weather forecast for a city."""
+        if not city.strip():
+            raise ToolError("forecast needs a city")
+        return f"Forecast for {city}: sunny, 21°C"
+
+    @server.tool()
+    def roll(sides: int) -> str:
+        """Roll a die with the given number of sides."""
+        if not 1 <= sides <= 1_000_000:
+            raise ToolError("roll needs sides: an integer from 1 to 1000000")
+        return str(random.randint(1, sides))
+
+    @server.tool()
+    async def stall() -> str:
+        """Never answers (for testing deadlines)."""
+        log("stall called: never answering")
+        await trio.sleep_forever()
+        raise AssertionError("unreachable")
+
+    if options.notes:
+        add_notebook(server)
+
+    # -- context: a status line before every inference ----------------------------------------
+    if options.context:
+
+        @server.before_inference
+        def status(ctx: BeforeInference) -> list[Injection]:
+            log(f"context/beforeInference {ctx.inference_id}: {ctx.user_message!r}")
+            return [Injection(content=STATUS, position="beforeUser", namespace="lobby")]
+
+        @server.on_lifecycle
+        def lifecycle(event: Lifecycle) -> None:
+            log(f"inference/lifecycle {event.inference_id}: {event.phase}")
+
+    # -- the scripted people, the clock and the photo ------------------------------------------
+    messages, chimes = itertools.count(1), itertools.count(1)
+
+    @server.on_ready
+    async def script() -> None:
+        """One tick per interval: Alice and Bob take turns (#general twice, then #random
+        twice), the clock chimes every third tick, Alice shares a photo after the second."""
+        for tick in itertools.count(1):
+            await trio.sleep(options.interval)
+            server.spawn(functools.partial(say, tick), f"tick {tick}")
+            if tick == 2 and options.files and options.ws:
+                server.spawn(share_photo)
+
+    async def say(tick: int) -> None:
+        """What happens on one tick, in order: a person speaks, then the clock may chime."""
+        person = PEOPLE[(tick - 1) % 2]
+        channel = channels[("general", "random")[((tick - 1) // 2) % 2]]
+        text, tags = SCRIPT_LINES[(tick - 1) % len(SCRIPT_LINES)]
+        if server.is_granted("channels.incoming"):
+            log(f"{channel.id.removeprefix('lobby:')} {person['name']}: {text}")
+            message_id = options.make_id("m", next(messages))
+            await channel.send(text, author=dict(person), message_id=message_id, tags=tags)
+        if tick % 3 == 0 and server.is_granted("pushEvents"):
+            n = next(chimes)
+            origin = {"mcplChannelId": "lobby:#general"} if n % 2 == 0 else None
+            log(f"push/event: {CHIME}")
+            await server.push_event(CHIME, event_id=options.make_id("e", n), origin=origin)
+
+    async def share_photo() -> None:
+        """Half a tick after Bob's question, so the photo is the newest thing Ada sees."""
+        await trio.sleep(options.interval / 2)
+        if server.is_granted("pushEvents"):
+            log(f"push/event {SHARE_EVENT_ID}: {SHARE_TEXT}")
+            board = builtin_files()[SHARE_FILE]
+            photo = server.reference(board.data, mime_type=board.mime_type, name=SHARE_FILE)
+            content = [{"type": "text", "text": SHARE_TEXT}, photo]
+            await server.push_event(content, event_id=SHARE_EVENT_ID)
+
+    return server
+
+
+def add_notebook(server: MCPLServer) -> None:
+    """``lobby.notes``: a shared notebook whose every note is a checkpoint to roll back to."""
+    server.feature_set(
+        "lobby.notes",
+        description="A shared lobby notebook; every note is a checkpoint to roll back to.",
+        uses=["tools"],
+        rollback=True,
+    )
+    checkpoints: dict[str, tuple[str | None, tuple[str, ...]]] = {}  # name: (parent, notes)
+    numbers = itertools.count(1)
+    current: list[str | None] = [None]
+
+    def notes_at(name: str | None) -> tuple[str, ...]:
+        return checkpoints[name][1] if name is not None else ()
+
+    @server.tool()
+    def note(text: str) -> ToolResult:
+        """Add a note to the lobby notebook; returns the notebook"""
+        if not text.strip():
+            raise ToolError("note needs a text")
+        parent, notes = current[0], (*notes_at(current[0]), text)
+        name = current[0] = f"cp-{next(numbers)}"
+        checkpoints[name] = (parent, notes)
+        log(f"notebook at {name} (parent {parent}, note): {list(notes)}")
+        state: Mapping[str, Any] = {"checkpoint": name, "parent": parent, "data": {"notes": notes}}
+        return ToolResult(
+            content=[{"type": "text", "text": "notes: " + "; ".join(notes)}], state=state
+        )
+
+    @server.on_rollback
+    def rollback(request: Rollback) -> bool:
+        if request.checkpoint not in checkpoints:
+            raise CheckpointNotFound(request.checkpoint)
+        current[0] = request.checkpoint
+        log(f"state/rollback to {request.checkpoint}: exact")
+        return True
+
+
+async def serve_ws(
+    host: str,
+    port: int,
+    options: LobbyOptions | None = None,
+    *,
+    task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve the lobby on a websocket until cancelled; ``task_status`` gets the bound port."""
+    options = options or LobbyOptions()
+    server = build(options)
+    lobby_faults.apply(server, options)
+    token = options.token
+    async with trio.open_nursery() as nursery:
+        url = await nursery.start(
+            functools.partial(server.serve_websocket, host, port, token=token)
+        )
+        task_status.started(int(url.rstrip("/").rpartition(":")[2]))
+
+
+async def serve(options: LobbyOptions) -> None:
+    """Serve the lobby over stdio, or on ``--ws HOST:PORT`` until interrupted."""
+    server = build(options)
+    lobby_faults.apply(server, options)
+    if options.run_id:
+        log(f"ids made up by this run start with {options.run_id}-")
+    if not options.ws:
+        await server.serve_stdio()
+        return
+    host, port = split_host_port(options.ws)
+    async with trio.open_nursery() as nursery:
+        url = await nursery.start(
+            functools.partial(server.serve_websocket, host, port, token=options.token)
+        )
+        bound = int(url.rstrip("/").rpartition(":")[2])
+        print(f"LISTENING ws://{display_host(host)}:{bound}", flush=True)
+        log(f"serving websockets on {host}:{bound}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse the command line and run the lobby; 130 when interrupted."""
+    options = parse_args(argv)
+    try:
+        trio.run(serve, options)
+    except KeyboardInterrupt:
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
