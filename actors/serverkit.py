@@ -44,10 +44,9 @@ from __future__ import annotations
 
 import datetime as dt
 import itertools
-import re
 import secrets
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
-from typing import Any, TypeVar
+from typing import Any
 
 import trio
 
@@ -103,15 +102,6 @@ __all__ = [
     "parse_address",
 ]
 
-F = TypeVar("F", bound=Callable[..., Any])
-_NAME = re.compile(r"[A-Za-z0-9._:-]+")
-CHANNEL_CAPS = ("channels.register", "channels.incoming", "channels.publish", "channels.lifecycle")
-HOOK_CAPS = (
-    "contextHooks.beforeInference.observe",
-    "contextHooks.beforeInference.inject.beforeUser",
-    "contextHooks.beforeInference.inject.afterUser",
-)
-INFERENCE_CAPS = ("inferenceRequest", "inferenceRequest.streaming")
 #: How often a refused-while-not-ready (-32002) or lost send is tried, and the first pause.
 ATTEMPTS = 6
 FIRST_PAUSE_S = 0.25
