@@ -284,11 +284,13 @@ class ScriptedModel:
         # the host's own notices (a delivery receipt after a reply) do not count as new input
         said = [m for m in messages if m.get("role") != "system"]
         last = said[-1].get("role") if said else None
+        # saying nothing, it still read its context: the usage counts what it read
+        silence = ModelReply(blocks=(), model=self.name, usage=self._usage(request, ""))
         if last == "assistant":
-            return ModelReply(blocks=(), model=self.name)  # it already spoke on this wake
+            return silence  # it already spoke on this wake
         hit = self._match(messages)
         if hit is None:
-            return ModelReply(blocks=(), model=self.name)
+            return silence
         rule, found, author = hit
         if rule.calls and last != "tool":
             uses = tuple(
