@@ -69,6 +69,8 @@ class Declarations:
         self._on_ready: list[Callable[[], Awaitable[Any]]] = []
         #: per method, the function answering the host's request in place of the toolkit
         self.answer_overrides: dict[str, Callable[[HostRequest], Any]] = {}
+        self.line_taps: list[Callable[[str], None]] = []
+        self.problem_taps: list[Callable[[str], None]] = []
 
     # -- declarations ------------------------------------------------------------------------
     def tool(self, name: str | None = None, *, description: str | None = None) -> Callable[[F], F]:
@@ -180,6 +182,20 @@ class Declarations:
         grant (``featureSets/update``) arrived, whatever it granted; it is cancelled when that
         host disconnects. Check :meth:`is_granted` before each send it makes."""
         self._on_ready.append(fn)
+        return fn
+
+    def on_line(self, fn: Callable[[str], None]) -> Callable[[str], None]:
+        """Decorator: ``fn(line)`` (sync, quick) sees every line the host sends, before the
+        toolkit handles it: for a server that logs or checks what the host says. Its error is
+        logged, never the connection's end."""
+        self.line_taps.append(fn)
+        return fn
+
+    def on_problem(self, fn: Callable[[str], None]) -> Callable[[str], None]:
+        """Decorator: ``fn(text)`` (sync, quick) is told each thing the session refused or
+        skipped of what the host sent (a line that is not JSON-RPC, an answer to no request,
+        a malformed ``featureSets/update``, ...), which otherwise goes to stderr."""
+        self.problem_taps.append(fn)
         return fn
 
     def answer_for(self, method: str) -> Callable[[F], F]:

@@ -33,6 +33,7 @@ __all__ = [
     "Dispatch",
     "HostRequest",
     "LinkLost",
+    "LinkTaps",
     "PendingRequest",
     "RequestTimeout",
     "ServerLink",
@@ -64,6 +65,23 @@ class HostRequest:
 
 #: An answer override: the result, :data:`NO_ANSWER`, or it raises ``RpcError`` to refuse.
 Override = Callable[[HostRequest], Any]
+
+
+@attrs.frozen
+class LinkTaps:
+    """What a server watches on a link: every line the host sends (``lines``), and the
+    session's refusals and skips (``problems``; without any, they go to stderr)."""
+
+    lines: tuple[Callable[[str], None], ...] = ()
+    problems: tuple[Callable[[str], None], ...] = ()
+
+
+def _tell(taps: tuple[Callable[[str], None], ...], text: str) -> None:
+    for tap in taps:
+        try:
+            tap(text)
+        except Exception as exc:  # a watcher's bug never ends the connection
+            warn(f"{getattr(tap, '__name__', 'tap')} failed: {type(exc).__name__}: {exc}")
 
 
 class LinkLost(Exception):
@@ -151,11 +169,13 @@ class ServerLink:
         max_pending: int = 64,
         outbox_size: int = 64,
         overrides: Mapping[str, Override] | None = None,
+        taps: LinkTaps = LinkTaps(),
     ) -> None:
         """``overrides``: per method, a function (sync or async) answering the host's request
         in place of the server (and of the session, for the methods it defers); see
         :class:`HostRequest` and :data:`NO_ANSWER`."""
         self._overrides = dict(overrides or {})
+        self._taps = taps
         self.session = session
         self._transport = transport
         self._dispatch = dispatch
@@ -233,6 +253,8 @@ class ServerLink:
             line = await self._transport.receive()
             if line is None:
                 return
+            if self._taps.lines:
+                _tell(self._taps.lines, line)
             for event in self.session.receive_line(line):
                 await self._on_event(event)
 
@@ -258,7 +280,10 @@ class ServerLink:
             fetched, self.manifest_fetched = self.manifest_fetched, trio.Event()
             fetched.set()
         elif isinstance(event, ss.Skipped):
-            warn(event.text)
+            if self._taps.problems:
+                _tell(self._taps.problems, event.text)
+            else:
+                warn(event.text)
 
     async def _serve(self, call: ss.HostCall) -> None:
         async with self._handlers:

@@ -11,14 +11,14 @@ from __future__ import annotations
 import functools
 import hmac
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
 import trio
 import trio_websocket
 
 from actors.serverkit_files import HEAD_TIMEOUT_S, Shelf, serve_connection
-from actors.serverkit_link import Dispatch, Override, ServerLink
+from actors.serverkit_link import Dispatch, LinkTaps, Override, ServerLink
 from actors.serverkit_tools import Tool
 from actors.serverkit_transport import (
     MAX_LINE_BYTES,
@@ -49,6 +49,8 @@ class ServeMixin:
     max_pending: int
     tools: dict[str, Tool]
     answer_overrides: dict[str, Override]
+    line_taps: list[Callable[[str], None]]
+    problem_taps: list[Callable[[str], None]]
 
     def manifest(self) -> dict[str, Any]:
         """The current manifest (MCPLServer builds it)."""
@@ -129,6 +131,7 @@ class ServeMixin:
             request_timeout=self.request_timeout,
             max_pending=self.max_pending,
             overrides=self.answer_overrides,
+            taps=LinkTaps(lines=tuple(self.line_taps), problems=tuple(self.problem_taps)),
         )
         old, self._link = self._link, link
         self._accepted = set()

@@ -4,6 +4,8 @@ toolkit's own answers."""
 
 from __future__ import annotations
 
+import json
+
 import trio
 import trio.testing
 
@@ -152,3 +154,37 @@ async def test_a_raw_line_goes_out_as_it_is(autojump_clock: trio.testing.MockClo
             while b"\n" not in host.buf:
                 host.buf += await host.stream.receive_some(65536)
             assert host.buf == b"not json\n"
+
+
+async def test_watchers_see_every_host_line_and_every_problem(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """``on_line`` sees each line the host sends, before the toolkit answers it; ``on_problem``
+    is told what the session refused or skipped (instead of stderr); a watcher that fails is
+    logged and the connection goes on."""
+    server = MCPLServer("demo", request_timeout=5)
+    lines: list[str] = []
+    problems: list[str] = []
+
+    @server.on_line
+    def seen(line: str) -> None:
+        lines.append(line)
+
+    @server.on_line
+    def broken(line: str) -> None:
+        raise ValueError("a watcher's bug")
+
+    @server.on_problem
+    def told(text: str) -> None:
+        problems.append(text)
+
+    with trio.fail_after(30):
+        async with serving(server) as host:
+            await host.handshake([])
+            await host.send({"id": 999, "result": {}})  # an answer to no request of ours
+            answer = await host.answer_to(await host.ask("ping", {}))
+            assert answer["result"] == {}
+    methods = [json.loads(line).get("method") for line in lines]
+    assert methods[0] == "initialize" and methods[-1] == "ping"
+    assert any('"id": 999' in line for line in lines)
+    assert len(problems) == 1 and "999" in problems[0]
