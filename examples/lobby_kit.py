@@ -37,7 +37,7 @@ from actors.serverkit import (
     ToolError,
     ToolResult,
 )
-from examples import lobby_faults
+from examples import lobby_faults, lobby_kit_control
 from examples.lobby_server import (
     CHIME,
     PEOPLE,
@@ -169,7 +169,10 @@ def build(options: LobbyOptions) -> MCPLServer:
     @server.on_ready
     async def script() -> None:
         """One tick per interval: Alice and Bob take turns (#general twice, then #random
-        twice), the clock chimes every third tick, Alice shares a photo after the second."""
+        twice), the clock chimes every third tick, Alice shares a photo after the second;
+        silent with ``--script none`` (the default under a control connection)."""
+        if options.effective_script != "default":
+            return
         for tick in itertools.count(1):
             await trio.sleep(options.interval)
             server.spawn(functools.partial(say, tick), f"tick {tick}")
@@ -262,11 +265,15 @@ async def serve_ws(
 
 
 async def serve(options: LobbyOptions) -> None:
-    """Serve the lobby over stdio, or on ``--ws HOST:PORT`` until interrupted."""
+    """Serve the lobby over stdio, or on ``--ws HOST:PORT`` until interrupted; with
+    ``--control-connect`` a test drives it too (:mod:`examples.lobby_kit_control`)."""
     server = build(options)
     lobby_faults.apply(server, options)
     if options.run_id:
         log(f"ids made up by this run start with {options.run_id}-")
+    if options.control_connect:
+        await lobby_kit_control.serve_controlled(server, options)
+        return
     if not options.ws:
         await server.serve_stdio()
         return

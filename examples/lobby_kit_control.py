@@ -1,0 +1,378 @@
+"""The control link of :mod:`examples.lobby_kit` (``--control-connect HOST:PORT``): JSON lines to
+and from a test's control listener (:mod:`examples.lobby_control`).
+
+An ordinary server needs none of this. The lobby reports what happens on its host connection
+as events and takes commands that make it send things, so that a host's tests can drive it:
+
+* events: ``hello`` {pid, transport}, ``ready``, ``received`` {message} (every line the host
+  sent, parsed), ``error`` {text} (what the toolkit's session refused or skipped, and bad
+  commands), ``response`` {method, request, response, attempts} (for each request a command
+  sent; ``response`` is None when the connection ended first), ``pong`` {id}, ``hung``;
+  once the channels are registered, one ``response`` for ``channels/register`` whose result
+  lists the channels the host accepted.
+* commands: ``ping``, ``crash``, ``hang`` (stdio: no more reading or writing),
+  ``incoming``, ``incoming_batch``, ``push``, ``register``, ``raw``, ``line``, ``model_info``.
+
+The requests commands send are not checked against the host's grant: a test may play a server
+that sends what it was not granted, to watch the host refuse it.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import sys
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+import trio
+
+from actors.serverkit import MCPLServer
+from actors.serverkit_link import LinkLost, PendingRequest
+from actors.serverkit_transport import StdioTransport
+from examples.lobby_server import (
+    MAX_RETRIES,
+    NOT_READY,
+    PEOPLE,
+    RETRIED_METHODS,
+    RETRY_DELAY,
+    ControlLink,
+    InputError,
+    LobbyOptions,
+    _open_control,
+    display_host,
+    dumps,
+    now_iso,
+    short,
+    split_host_port,
+)
+from protocol.errors import RpcError
+from protocol.server_session import NotGranted
+
+#: sends the commands asked for, waiting to be written (past it a command is refused)
+MAX_QUEUED = 1024
+#: raw requests whose answers are still awaited, by id (oldest dropped at the cap)
+MAX_RAW_PENDING = 1024
+
+
+def _log(text: str) -> None:
+    print(f"[lobby] {text}", file=sys.stderr, flush=True)
+
+
+def _valid_id(value: Any) -> bool:
+    return isinstance(value, str) or (type(value) is int)
+
+
+class Hangable:
+    """A line transport that, once :attr:`hung`, neither reads nor writes any more."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+        self.hung = trio.Event()
+
+    async def receive(self) -> str | None:
+        if self.hung.is_set():
+            await trio.sleep_forever()
+        line: str | None = await self._inner.receive()
+        if self.hung.is_set():
+            await trio.sleep_forever()
+        return line
+
+    async def send(self, text: str) -> None:
+        if self.hung.is_set():
+            await trio.sleep_forever()
+        await self._inner.send(text)
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+
+class KitControl:
+    """The lobby's side of one control connection, watching one toolkit server."""
+
+    def __init__(self, server: MCPLServer, link: ControlLink) -> None:
+        self.server = server
+        self.link = link
+        self.transport: Hangable | None = None
+        self._sends, self._to_send = trio.open_memory_channel[
+            tuple[Callable[[], Awaitable[Any]], str]
+        ](MAX_QUEUED)
+        self._raw: dict[Any, dict[str, Any]] = {}  # raw request id: the request
+        self._raw_answered: set[str] = set()  # texts of the session's complaints to swallow
+        server.on_line(self._on_line)
+        server.on_problem(self._on_problem)
+        server.on_ready(self._on_ready)
+
+    # -- events ------------------------------------------------------------------------------
+    def emit(self, event: dict[str, Any]) -> None:
+        self.link.emit(event)
+
+    def problem(self, text: str) -> None:
+        _log(f"ERROR: {text}")
+        self.emit({"event": "error", "text": text})
+
+    def _on_line(self, line: str) -> None:
+        try:
+            message = json.loads(line)
+        except (ValueError, RecursionError) as exc:
+            self.problem(f"malformed JSON from the host ({exc!r}): {short(line)}")
+            return
+        self.emit({"event": "received", "message": message})
+        for answer in message if isinstance(message, list) else [message]:
+            if isinstance(answer, dict) and "method" not in answer:
+                self._raw_answer(answer)
+
+    def _raw_answer(self, answer: dict[str, Any]) -> None:
+        rid = answer.get("id")
+        if not _valid_id(rid) or rid not in self._raw:
+            return
+        request = self._raw.pop(rid)
+        # the toolkit's session did not send it, so it will call this an unknown answer
+        if len(self._raw_answered) >= MAX_RAW_PENDING:
+            self._raw_answered.clear()
+        self._raw_answered.add(f"response to unknown or expired request {rid!r} ignored")
+        method = request["method"]
+        self.emit(self._response_event(method, request, answer))
+
+    def _on_problem(self, text: str) -> None:
+        if text in self._raw_answered:
+            self._raw_answered.discard(text)
+            return
+        self.problem(text)
+
+    async def _on_ready(self) -> None:
+        self.emit({"event": "ready"})
+        await self.server.registered.wait()
+        link = self.server.link
+        accepted = self.server.accepted_channels(link) if link is not None else set()
+        channels = [ch.spec.to_wire() for ch in self.server.channels.values()]
+        request = {"method": "channels/register", "params": {"channels": channels}}
+        results = [{"id": ch["id"], "accepted": ch["id"] in accepted} for ch in channels]
+        response = {"result": {"results": results}}
+        self.emit(self._response_event("channels/register", request, response))
+
+    @staticmethod
+    def _response_event(method: str, request: Any, response: Any) -> dict[str, Any]:
+        return {
+            "event": "response",
+            "method": method,
+            "request": request,
+            "response": response,
+            "attempts": 1,
+        }
+
+    # -- sending -----------------------------------------------------------------------------
+    def send_request(self, method: str, params: Mapping[str, Any], attempts: int = 1) -> None:
+        """Send our request (unchecked); its answer becomes a ``response`` event. A host not
+        ready yet (-32002) for a method the lobby retries gets it again, after a pause."""
+
+        def settled(pending: PendingRequest) -> None:
+            request = {"jsonrpc": "2.0", "id": pending.id, "method": method, "params": params}
+            response: dict[str, Any] | None = None
+            error = pending.error
+            if isinstance(error, RpcError):
+                if (
+                    error.code == NOT_READY
+                    and method in RETRIED_METHODS
+                    and attempts <= MAX_RETRIES
+                ):
+                    _log(f"{method} #{pending.id}: host not ready (-32002), retrying")
+                    self._spawn(retry, method)
+                    return
+                response = {"jsonrpc": "2.0", "id": pending.id, "error": error.to_wire()}
+            elif error is None:
+                response = {"jsonrpc": "2.0", "id": pending.id, "result": pending.result}
+            event = self._response_event(method, request, response)
+            self.emit({**event, "attempts": attempts})
+
+        async def retry() -> None:
+            await trio.sleep(RETRY_DELAY)
+            self.send_request(method, params, attempts + 1)
+
+        async def send() -> None:
+            link = self.server.link
+            if link is None:
+                raise LinkLost(f"{method}: no host is connected")
+            await link.start_request(method, params, check=False, on_settled=settled)
+
+        self._queue(send, method)
+
+    def send_line(self, line: str) -> None:
+        self._queue(lambda: self.server.send_line(line), "a raw line")
+
+    def _spawn(self, fn: Any, name: str) -> None:
+        if not self.server.spawn(fn, name):
+            _log(f"not sending {name}: no host is connected")
+
+    def _queue(self, fn: Callable[[], Awaitable[Any]], name: str) -> None:
+        """Send in the order the commands came, one after another."""
+        try:
+            self._sends.send_nowait((fn, name))
+        except trio.WouldBlock:
+            self.problem(f"not sending {name}: {MAX_QUEUED} sends are already waiting")
+
+    async def run_sender(self) -> None:
+        """Send what the commands queued, in order, to whichever host is connected."""
+        async for fn, name in self._to_send:
+            try:
+                await fn()
+            except (LinkLost, NotGranted) as exc:
+                _log(f"not sending {name}: {exc}")
+
+    # -- commands ----------------------------------------------------------------------------
+    async def run(self) -> None:
+        """Read commands until the control connection closes."""
+        async for cmd in self.link.commands():
+            if isinstance(cmd, InputError):
+                self.problem(str(cmd))
+                continue
+            try:
+                self.on_command(cmd)
+            except (KeyError, TypeError, ValueError) as exc:
+                self.problem(f"bad control command {short(cmd)}: {exc!r}")
+        _log("control connection closed")
+
+    def on_command(self, cmd: Any) -> None:
+        if not isinstance(cmd, dict) or not isinstance(cmd.get("cmd"), str):
+            raise ValueError("a command is an object with a string 'cmd'")
+        name = cmd["cmd"]
+        if name == "crash":
+            _log("crash requested: exiting with code 1")
+            os._exit(1)
+        if name == "ping":
+            self.emit({"event": "pong", "id": cmd.get("id")})
+            return
+        if self.transport is not None and self.transport.hung.is_set():
+            _log(f"ignoring control command {name!r}: hung")
+            return
+        handler = getattr(self, f"_cmd_{name}", None)
+        if handler is None:
+            raise ValueError(f"unknown command {name!r}")
+        handler(cmd)
+
+    def _cmd_hang(self, cmd: dict[str, Any]) -> None:
+        if self.transport is None:
+            raise ValueError("hang needs the stdio transport")
+        _log("hang requested: no more reading or answering")
+        self.transport.hung.set()
+        self.emit({"event": "hung"})
+
+    def _cmd_incoming(self, cmd: dict[str, Any]) -> None:
+        event_id = cmd.get("eventId")
+        if event_id is not None and not (isinstance(event_id, str) and event_id):
+            raise TypeError("eventId must be a non-empty string")
+        for key in ("channelId", "messageId", "text"):
+            if not isinstance(cmd[key], str):
+                raise TypeError(f"{key} must be a string")
+        message: dict[str, Any] = {
+            "channelId": cmd["channelId"],
+            "messageId": cmd["messageId"],
+            "author": cmd.get("author") or dict(PEOPLE[0]),
+            "timestamp": now_iso(),
+            "content": [{"type": "text", "text": cmd["text"]}],
+            "tags": list(cmd.get("tags") or []),
+        }
+        for key in ("threadId", "eventId", "coalesce"):
+            if cmd.get(key) is not None:
+                message[key] = cmd[key]
+        self.send_request("channels/incoming", {"messages": [message]})
+
+    def _cmd_incoming_batch(self, cmd: dict[str, Any]) -> None:
+        messages = cmd["messages"]
+        if not isinstance(messages, list):
+            raise TypeError("messages must be a list")
+        self.send_request("channels/incoming", {"messages": messages})
+
+    def _cmd_push(self, cmd: dict[str, Any]) -> None:
+        event_id, text = cmd["eventId"], cmd["text"]
+        feature_set = cmd.get("featureSet", "lobby.events")
+        if not all(isinstance(v, str) for v in (event_id, text, feature_set)):
+            raise TypeError("eventId, text and featureSet must be strings")
+        params: dict[str, Any] = {
+            "featureSet": feature_set,
+            "eventId": event_id,
+            "timestamp": now_iso(),
+            "payload": {"content": [{"type": "text", "text": text}]},
+            "tags": list(cmd.get("tags") or []),
+        }
+        for key in ("origin", "coalesce"):
+            if cmd.get(key) is not None:
+                params[key] = cmd[key]
+        self.send_request("push/event", params)
+
+    def _cmd_register(self, cmd: dict[str, Any]) -> None:
+        if not isinstance(cmd["channels"], list):
+            raise TypeError("channels must be a list")
+        self.send_request("channels/register", {"channels": cmd["channels"]})
+
+    def _cmd_model_info(self, cmd: dict[str, Any]) -> None:
+        self.send_request("model/info", {})
+
+    def _cmd_raw(self, cmd: dict[str, Any]) -> None:
+        message = cmd["message"]
+        if (
+            isinstance(message, dict)
+            and isinstance(message.get("method"), str)
+            and _valid_id(message.get("id"))
+        ):
+            if len(self._raw) >= MAX_RAW_PENDING:
+                self._raw.pop(next(iter(self._raw)))
+            self._raw[message["id"]] = message
+        self.send_line(dumps(message))
+
+    def _cmd_line(self, cmd: dict[str, Any]) -> None:
+        if not isinstance(cmd["text"], str):
+            raise TypeError("text must be a string")
+        self.send_line(cmd["text"])
+
+
+async def open_control(address: str, server: MCPLServer, transport: str) -> KitControl | None:
+    """Connect to the control listener at ``address`` and say hello; None if unreachable."""
+    link = await _open_control(LobbyOptions(control_connect=address, run_id=""), "")
+    if link is None:
+        return None
+    link.emit({"event": "hello", "pid": os.getpid(), "transport": transport})
+    return KitControl(server, link)
+
+
+async def serve_controlled(server: MCPLServer, options: LobbyOptions) -> None:
+    """Serve ``server`` over stdio (or on ``--ws``, for as long as the process lives) with the
+    control connection ``options.control_connect``; stdio ends when the host closes stdin."""
+    assert options.control_connect is not None
+    transport = "ws" if options.ws else "stdio"
+    control = await open_control(options.control_connect, server, transport)
+    if control is None:
+        sys.exit(f"cannot reach the control listener at {options.control_connect}")
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(control.link.run_writer)
+        nursery.start_soon(control.run_sender)
+        commands = trio.CancelScope()
+
+        async def read_commands() -> None:
+            with commands:
+                await control.run()
+
+        nursery.start_soon(read_commands)
+        if options.ws:
+            await serve_ws_forever(server, options)
+        else:
+            control.transport = Hangable(StdioTransport())
+            await server.serve(control.transport)
+            if control.transport.hung.is_set():
+                await trio.sleep_forever()
+        commands.cancel()
+        control.link.finish()  # the last events still go out
+        nursery.cancel_scope.deadline = trio.current_time() + 1.0
+    await control.link.aclose()
+
+
+async def serve_ws_forever(server: MCPLServer, options: LobbyOptions) -> None:
+    host, port = split_host_port(options.ws or "")
+    async with trio.open_nursery() as nursery:
+        url = await nursery.start(
+            functools.partial(server.serve_websocket, host, port, token=options.token)
+        )
+        bound = int(url.rstrip("/").rpartition(":")[2])
+        print(f"LISTENING ws://{display_host(host)}:{bound}", flush=True)
+        _log(f"serving websockets on {host}:{bound}")

@@ -1,0 +1,175 @@
+"""The control link of the toolkit lobby (``examples/lobby_kit_control.py``): ``lobby_kit`` as a
+stdio subprocess driven by a raw JSON-RPC host side, with a test's control listener."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import trio
+
+from examples.lobby_control import LobbyControl, open_control_listener
+from tests.test_lobby_kit import kit_lobby
+from tests.test_lobby_server import (
+    GENERAL,
+    INIT_PARAMS,
+    RANDOM,
+    TIMEOUT,
+    Lobby,
+    is_response_to,
+)
+
+
+@asynccontextmanager
+async def controlled_kit(*args: str) -> AsyncIterator[tuple[Lobby, LobbyControl]]:
+    """``lobby_kit`` with a control connection, accepted and said hello on."""
+    async with (
+        open_control_listener() as listener,
+        kit_lobby("--control-connect", listener.address, *args) as lobby,
+    ):
+        ctl = await listener.accept()
+        async with ctl:
+            hello = await ctl.wait_for(lambda e: e["event"] == "hello", "hello")
+            assert hello["transport"] == "stdio"
+            yield lobby, ctl
+
+
+async def test_every_host_line_is_reported_and_ready_follows_the_registration() -> None:
+    with trio.fail_after(TIMEOUT):
+        async with controlled_kit() as (lobby, ctl):
+            await lobby.handshake()
+            received = await ctl.wait_for(
+                lambda e: e["event"] == "received" and e["message"]["method"] == "initialize",
+                "initialize seen",
+            )
+            assert received["message"]["params"] == INIT_PARAMS
+            await ctl.wait_for(lambda e: e["event"] == "ready", "ready")
+            event = await ctl.wait_for(
+                is_response_to("channels/register", "channels", [GENERAL, RANDOM]),
+                "the registration",
+            )
+            accepted = [r["accepted"] for r in event["response"]["result"]["results"]]
+            assert accepted == [True, True]
+            assert await lobby.close_stdin_and_wait() == 0
+            await ctl.wait_closed()
+
+
+async def test_incoming_and_push_are_sent_and_their_answers_reported() -> None:
+    with trio.fail_after(TIMEOUT):
+        async with controlled_kit() as (lobby, ctl):
+            await lobby.handshake()
+            ctl.send(
+                {
+                    "cmd": "incoming",
+                    "channelId": "lobby:#general",
+                    "messageId": "x1",
+                    "text": "@Ada ping",
+                    "tags": ["chat:mention"],
+                    "threadId": "t1",
+                }
+            )
+            incoming = await lobby.server_request("channels/incoming")
+            [message] = incoming["params"]["messages"]
+            assert message["messageId"] == "x1" and message["threadId"] == "t1"
+            assert message["content"] == [{"type": "text", "text": "@Ada ping"}]
+            assert message["tags"] == ["chat:mention"] and message["author"]["id"] == "alice"
+            answer = {"results": [{"messageId": "x1", "accepted": True}]}
+            await lobby.answer(incoming, answer)
+            event = await ctl.wait_for(
+                lambda e: e["event"] == "response" and e["request"]["id"] == incoming["id"],
+                "answer to incoming x1",
+            )
+            assert event["response"]["result"] == answer and event["attempts"] == 1
+
+            batch = [{**message, "messageId": "b1"}, {**message, "messageId": "b2"}]
+            ctl.send({"cmd": "incoming_batch", "messages": batch})
+            incoming = await lobby.server_request("channels/incoming")
+            assert incoming["params"]["messages"] == batch
+            await lobby.answer_error(incoming, -32602, "no")
+            event = await ctl.wait_for(
+                is_response_to("channels/incoming", "messages", batch), "the batch refused"
+            )
+            assert event["response"]["error"]["code"] == -32602
+
+            ctl.send({"cmd": "push", "eventId": "p1", "text": "ding", "origin": {"k": 1}})
+            push = await lobby.server_request("push/event")
+            assert push["params"]["eventId"] == "p1" and push["params"]["origin"] == {"k": 1}
+            assert push["params"]["featureSet"] == "lobby.events"
+            await lobby.answer_error(push, -32002, "not ready")
+            retried = await lobby.server_request("push/event")
+            assert retried["params"]["eventId"] == "p1" and retried["id"] != push["id"]
+            await lobby.answer(retried, {"accepted": True})
+            event = await ctl.wait_for(is_response_to("push/event", "eventId", "p1"), "p1")
+            assert event["response"]["result"] == {"accepted": True}
+            assert event["attempts"] == 2
+            assert await lobby.close_stdin_and_wait() == 0
+
+
+async def test_commands_send_what_the_host_did_not_grant() -> None:
+    with trio.fail_after(TIMEOUT):
+        async with controlled_kit() as (lobby, ctl):
+            await lobby.request("initialize", INIT_PARAMS)
+            await lobby.notify("notifications/initialized")
+            await lobby.request("featureSets/update", {"effectiveCapabilities": []})
+            await ctl.wait_for(lambda e: e["event"] == "ready", "ready")
+            ctl.send({"cmd": "push", "eventId": "p9", "text": "sneaky"})
+            push = await lobby.server_request("push/event")
+            assert push["params"]["eventId"] == "p9"
+            assert await lobby.close_stdin_and_wait() == 0
+
+
+async def test_raw_line_and_problems() -> None:
+    with trio.fail_after(TIMEOUT):
+        async with controlled_kit() as (lobby, ctl):
+            await lobby.handshake()
+            note = {"jsonrpc": "2.0", "method": "notifications/tools/list_changed"}
+            ctl.send({"cmd": "raw", "message": note})
+            assert await lobby.wait_for(lambda m: m == note, "raw notification") == note
+            # a raw request keeps its id, and its answer is reported as a response
+            listing = {"jsonrpc": "2.0", "id": "l1", "method": "channels/list"}
+            ctl.send({"cmd": "raw", "message": listing})
+            asked = await lobby.wait_for(lambda m: m.get("id") == "l1", "raw request")
+            assert asked == listing
+            await lobby.answer(asked, {"channels": []})
+            event = await ctl.wait_for(
+                lambda e: e["event"] == "response" and e["request"].get("id") == "l1", "l1"
+            )
+            assert event["response"]["result"] == {"channels": []}
+            ctl.send({"cmd": "line", "text": "<<garbage>>"})
+            ctl.send({"cmd": "raw", "message": note})  # in order: after the line
+            assert await lobby.wait_for(lambda m: m == note, "raw notification") == note
+            assert lobby.stray == ["<<garbage>>"]
+            # an answer to nothing the lobby asked is a problem, and it is the only one
+            mark = ctl.mark()
+            await lobby.send({"jsonrpc": "2.0", "id": 999, "result": {}})
+            error = await ctl.wait_for(lambda e: e["event"] == "error", "unknown id", since=mark)
+            assert "999" in error["text"]
+            ctl.send({"cmd": "nonsense"})
+            error = await ctl.wait_for(
+                lambda e: e["event"] == "error" and "nonsense" in e["text"], "unknown command"
+            )
+            assert await lobby.close_stdin_and_wait() == 0
+            await ctl.wait_closed()
+            problems = [e["text"] for e in ctl.events if e["event"] == "error"]
+            assert len(problems) == 2, problems
+
+
+async def test_ping_hang_and_crash() -> None:
+    with trio.fail_after(TIMEOUT):
+        async with controlled_kit() as (lobby, ctl):
+            await lobby.handshake()
+            ctl.send({"cmd": "ping", "id": 7})
+            assert await ctl.wait_for(lambda e: e["event"] == "pong", "pong") == {
+                "event": "pong",
+                "id": 7,
+            }
+            await ctl.send({"cmd": "hang"})
+            await ctl.wait_for(lambda e: e["event"] == "hung", "hung")
+            pinged = await lobby.send_request("ping")
+            ctl.send({"cmd": "ping", "id": 8})
+            await ctl.wait_for(lambda e: e.get("id") == 8, "pong while hung")
+            assert not any(m.get("id") == pinged for m in lobby.inbox)
+            assert lobby.proc.returncode is None
+            ctl.send({"cmd": "crash"})
+            await ctl.wait_closed()
+            assert await lobby.proc.wait() == 1
