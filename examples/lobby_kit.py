@@ -12,7 +12,9 @@ What an agent publishes in a channel is echoed back into it under the agent's ow
 
 Read top to bottom, this is the example a server author learns from: the lobby declares its
 feature sets, channels, tools and hooks with the toolkit's decorators inside :func:`build`, and
-:func:`main` runs the result over stdio or a websocket.
+:func:`main` runs the result over stdio or a websocket. With ``--control-connect HOST:PORT`` a
+host's tests drive it through :mod:`examples.lobby_kit_control`, and the people keep quiet unless
+``--script default`` is given.
 """
 
 from __future__ import annotations

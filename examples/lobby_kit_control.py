@@ -11,7 +11,11 @@ as events and takes commands that make it send things, so that a host's tests ca
   once the channels are registered, one ``response`` for ``channels/register`` whose result
   lists the channels the host accepted.
 * commands: ``ping``, ``crash``, ``hang`` (stdio: no more reading or writing),
-  ``incoming``, ``incoming_batch``, ``push``, ``register``, ``raw``, ``line``, ``model_info``.
+  ``incoming``, ``incoming_batch``, ``push``, ``flood`` (then ``flood_done`` {accepted,
+  count}), ``register``, ``model_info``, ``raw`` (a request keeps its id, and its answer is
+  reported as a ``response``), ``line``, and the modes of :mod:`examples.lobby_kit_modes`:
+  ``open_mode`` (acknowledged with ``open_mode`` {mode}), ``fsu_mode`` and ``manifest``.
+  What they send goes out in the order the commands came.
 
 The requests commands send are not checked against the host's grant: a test may play a server
 that sends what it was not granted, to watch the host refuse it.
@@ -31,6 +35,7 @@ import trio
 from actors.serverkit import MCPLServer
 from actors.serverkit_link import LinkLost, PendingRequest
 from actors.serverkit_transport import StdioTransport
+from examples.lobby_kit_modes import KitModes
 from examples.lobby_server import (
     MAX_RETRIES,
     NOT_READY,
@@ -64,6 +69,19 @@ def _valid_id(value: Any) -> bool:
     return isinstance(value, str) or (type(value) is int)
 
 
+def event_params(
+    event_id: str, text: str, feature_set: str, tags: list[Any] | None
+) -> dict[str, Any]:
+    """A ``push/event``'s params: one text block."""
+    return {
+        "featureSet": feature_set,
+        "eventId": event_id,
+        "timestamp": now_iso(),
+        "payload": {"content": [{"type": "text", "text": text}]},
+        "tags": list(tags or []),
+    }
+
+
 class Hangable:
     """A line transport that, once :attr:`hung`, neither reads nor writes any more."""
 
@@ -91,9 +109,10 @@ class Hangable:
 class KitControl:
     """The lobby's side of one control connection, watching one toolkit server."""
 
-    def __init__(self, server: MCPLServer, link: ControlLink) -> None:
+    def __init__(self, server: MCPLServer, options: LobbyOptions, link: ControlLink) -> None:
         self.server = server
         self.link = link
+        self.modes = KitModes(server, options, self.emit, self.send_line)
         self.transport: Hangable | None = None
         self._sends, self._to_send = trio.open_memory_channel[
             tuple[Callable[[], Awaitable[Any]], str]
@@ -163,9 +182,24 @@ class KitControl:
         }
 
     # -- sending -----------------------------------------------------------------------------
-    def send_request(self, method: str, params: Mapping[str, Any], attempts: int = 1) -> None:
+    def send_request(
+        self,
+        method: str,
+        params: Mapping[str, Any],
+        attempts: int = 1,
+        on_answer: Callable[[dict[str, Any] | None], None] | None = None,
+    ) -> None:
         """Send our request (unchecked); its answer becomes a ``response`` event. A host not
         ready yet (-32002) for a method the lobby retries gets it again, after a pause."""
+        self._queue(self._sender(method, params, attempts, on_answer), method)
+
+    def _sender(
+        self,
+        method: str,
+        params: Mapping[str, Any],
+        attempts: int,
+        on_answer: Callable[[dict[str, Any] | None], None] | None,
+    ) -> Callable[[], Awaitable[None]]:
 
         def settled(pending: PendingRequest) -> None:
             request = {"jsonrpc": "2.0", "id": pending.id, "method": method, "params": params}
@@ -185,10 +219,12 @@ class KitControl:
                 response = {"jsonrpc": "2.0", "id": pending.id, "result": pending.result}
             event = self._response_event(method, request, response)
             self.emit({**event, "attempts": attempts})
+            if on_answer is not None:
+                on_answer(response)
 
         async def retry() -> None:
             await trio.sleep(RETRY_DELAY)
-            self.send_request(method, params, attempts + 1)
+            self.send_request(method, params, attempts + 1, on_answer)
 
         async def send() -> None:
             link = self.server.link
@@ -196,7 +232,7 @@ class KitControl:
                 raise LinkLost(f"{method}: no host is connected")
             await link.start_request(method, params, check=False, on_settled=settled)
 
-        self._queue(send, method)
+        return send
 
     def send_line(self, line: str) -> None:
         self._queue(lambda: self.server.send_line(line), "a raw line")
@@ -246,7 +282,9 @@ class KitControl:
         if self.transport is not None and self.transport.hung.is_set():
             _log(f"ignoring control command {name!r}: hung")
             return
-        handler = getattr(self, f"_cmd_{name}", None)
+        handler = getattr(self, f"_cmd_{name}", None) or getattr(
+            self.modes, f"{name}_command", None
+        )
         if handler is None:
             raise ValueError(f"unknown command {name!r}")
         handler(cmd)
@@ -289,17 +327,38 @@ class KitControl:
         feature_set = cmd.get("featureSet", "lobby.events")
         if not all(isinstance(v, str) for v in (event_id, text, feature_set)):
             raise TypeError("eventId, text and featureSet must be strings")
-        params: dict[str, Any] = {
-            "featureSet": feature_set,
-            "eventId": event_id,
-            "timestamp": now_iso(),
-            "payload": {"content": [{"type": "text", "text": text}]},
-            "tags": list(cmd.get("tags") or []),
-        }
+        params = event_params(event_id, text, feature_set, cmd.get("tags"))
         for key in ("origin", "coalesce"):
             if cmd.get(key) is not None:
                 params[key] = cmd[key]
         self.send_request("push/event", params)
+
+    def _cmd_flood(self, cmd: dict[str, Any]) -> None:
+        """``count`` push events ``f1`` ... at once; ``flood_done`` once all are answered."""
+        count, text = cmd["count"], cmd.get("text", "flood")
+        if type(count) is not int or not 0 <= count <= 100_000:
+            raise ValueError("count must be an integer from 0 to 100000")
+        if not isinstance(text, str):
+            raise TypeError("text must be a string")
+        tally = {"answered": 0, "accepted": 0}
+
+        def answered(response: dict[str, Any] | None) -> None:
+            result = response.get("result") if response else None
+            if isinstance(result, dict) and result.get("accepted") is True:
+                tally["accepted"] += 1
+            tally["answered"] += 1
+            if tally["answered"] == count:
+                _log(f"flood of {count}: {tally['accepted']} accepted")
+                self.emit({"event": "flood_done", "accepted": tally["accepted"], "count": count})
+
+        async def flood() -> None:
+            if count == 0:
+                self.emit({"event": "flood_done", "accepted": 0, "count": 0})
+            for i in range(1, count + 1):
+                params = event_params(f"f{i}", text, "lobby.events", None)
+                await self._sender("push/event", params, 1, answered)()
+
+        self._queue(flood, "a flood")
 
     def _cmd_register(self, cmd: dict[str, Any]) -> None:
         if not isinstance(cmd["channels"], list):
@@ -327,13 +386,16 @@ class KitControl:
         self.send_line(cmd["text"])
 
 
-async def open_control(address: str, server: MCPLServer, transport: str) -> KitControl | None:
-    """Connect to the control listener at ``address`` and say hello; None if unreachable."""
-    link = await _open_control(LobbyOptions(control_connect=address, run_id=""), "")
+async def open_control(
+    server: MCPLServer, options: LobbyOptions, transport: str
+) -> KitControl | None:
+    """Connect to the control listener ``options.control_connect`` and say hello; None if
+    unreachable."""
+    link = await _open_control(options, "")
     if link is None:
         return None
     link.emit({"event": "hello", "pid": os.getpid(), "transport": transport})
-    return KitControl(server, link)
+    return KitControl(server, options, link)
 
 
 async def serve_controlled(server: MCPLServer, options: LobbyOptions) -> None:
@@ -341,7 +403,7 @@ async def serve_controlled(server: MCPLServer, options: LobbyOptions) -> None:
     control connection ``options.control_connect``; stdio ends when the host closes stdin."""
     assert options.control_connect is not None
     transport = "ws" if options.ws else "stdio"
-    control = await open_control(options.control_connect, server, transport)
+    control = await open_control(server, options, transport)
     if control is None:
         sys.exit(f"cannot reach the control listener at {options.control_connect}")
     async with trio.open_nursery() as nursery:

@@ -173,3 +173,73 @@ async def test_ping_hang_and_crash() -> None:
             ctl.send({"cmd": "crash"})
             await ctl.wait_closed()
             assert await lobby.proc.wait() == 1
+
+
+async def test_flood_register_and_model_info() -> None:
+    with trio.fail_after(TIMEOUT):
+        async with controlled_kit() as (lobby, ctl):
+            await lobby.handshake()
+            ctl.send({"cmd": "flood", "count": 4, "text": "drip"})
+            for _ in range(4):
+                flood = await lobby.server_request("push/event")
+                assert flood["params"]["payload"]["content"][0]["text"] == "drip"
+                await lobby.answer(flood, {"accepted": flood["params"]["eventId"] != "f4"})
+            done = await ctl.wait_for(lambda e: e["event"] == "flood_done", "flood done")
+            assert done == {"event": "flood_done", "accepted": 3, "count": 4}
+
+            extra = {"id": "lobby:#extra", "type": "chat", "label": "extra"}
+            ctl.send({"cmd": "register", "channels": [extra]})
+            register = await lobby.server_request("channels/register")
+            assert register["params"] == {"channels": [extra]}
+            ctl.send({"cmd": "model_info"})
+            info = await lobby.server_request("model/info")
+            await lobby.answer_error(info, -32601, "no model here")
+            event = await ctl.wait_for(
+                lambda e: e["event"] == "response" and e["method"] == "model/info", "model/info"
+            )
+            assert event["response"]["error"]["code"] == -32601
+            assert await lobby.close_stdin_and_wait() == 0
+
+
+async def test_open_and_fsu_modes_switch_how_later_requests_are_answered() -> None:
+    with trio.fail_after(TIMEOUT):
+        async with controlled_kit("--open-mode", "never") as (lobby, ctl):
+            await lobby.handshake()
+            unanswered = await lobby.send_request("channels/open", {"channelId": "lobby:#general"})
+            await ctl.wait_for(
+                lambda e: e["event"] == "received" and e["message"]["id"] == unanswered,
+                "the first channels/open seen",
+            )
+            ctl.send({"cmd": "open_mode", "mode": "answer"})
+            await ctl.wait_for(lambda e: e["event"] == "open_mode", "open mode acknowledged")
+            opened = await lobby.request("channels/open", {"channelId": "lobby:#general"})
+            assert "result" in opened
+            assert not any(m.get("id") == unanswered and "method" not in m for m in lobby.inbox)
+
+            ctl.send({"cmd": "fsu_mode", "mode": "notification-only"})
+            ctl.send({"cmd": "ping", "id": 1})  # commands are taken in order
+            await ctl.wait_for(lambda e: e["event"] == "pong", "pong")
+            grant = {"effectiveCapabilities": ["pushEvents"]}
+            refused = await lobby.request("featureSets/update", grant)
+            assert refused["error"]["code"] == -32601
+            ctl.send({"cmd": "fsu_mode", "mode": "request"})
+            ctl.send({"cmd": "ping", "id": 2})
+            await ctl.wait_for(lambda e: e.get("id") == 2, "pong 2")
+            receipt = await lobby.request("featureSets/update", grant)
+            assert receipt["result"]["accepted"] is True
+            assert await lobby.close_stdin_and_wait() == 0
+
+
+async def test_a_new_manifest_is_announced_and_served() -> None:
+    with trio.fail_after(TIMEOUT):
+        async with controlled_kit() as (lobby, ctl):
+            await lobby.handshake()
+            before = (await lobby.request("mcpl/manifest"))["result"]
+            new = {**before, "featureSets": {}}
+            ctl.send({"cmd": "manifest", "manifest": new, "domains": ["featureSets"]})
+            changed = await lobby.wait_for(
+                lambda m: m.get("method") == "mcpl/manifestChanged", "manifestChanged"
+            )
+            assert changed["params"]["domains"] == ["featureSets"]
+            assert (await lobby.request("mcpl/manifest"))["result"] == new
+            assert await lobby.close_stdin_and_wait() == 0

@@ -1,0 +1,123 @@
+"""How :mod:`examples.lobby_kit` answers some host requests, switched by control commands
+(:mod:`examples.lobby_kit_control`): ``open_mode`` (``channels/open`` answered or never),
+``fsu_mode`` (``featureSets/update`` answered, refused with -32601, or never answered) and
+``manifest`` (a new manifest served from now on, announced with ``mcpl/manifestChanged``).
+
+Each mode is an answer override (:meth:`actors.serverkit.MCPLServer.answer_for`) that falls
+back to the override the lobby had before (its command-line fault mode) or to the toolkit.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from actors.serverkit import NO_ANSWER, HostRequest, MCPLServer
+from examples.lobby_server import OPEN_MODES, LobbyOptions, dumps
+from protocol.errors import METHOD_NOT_FOUND, RpcError
+
+FSU_MODES = ("request", "notification-only", "never")
+#: what a changed manifest announces as its revision: a placeholder no host may trust
+PLACEHOLDER_REVISION = "sha256:" + "A" * 43
+
+
+def _log(text: str) -> None:
+    print(f"[lobby] {text}", file=sys.stderr, flush=True)
+
+
+class KitModes:
+    """The modes, and the overrides that follow them."""
+
+    def __init__(
+        self,
+        server: MCPLServer,
+        options: LobbyOptions,
+        emit: Callable[[dict[str, Any]], None],
+        send_line: Callable[[str], None],
+    ) -> None:
+        self.server = server
+        self.emit = emit
+        self.send_line = send_line
+        self.open_mode = options.open_mode
+        self.fsu_mode: str | None = None  # None: as the command line (or the toolkit) says
+        self.manifest: dict[str, Any] | None = None
+        before = dict(server.answer_overrides)
+        # the open mode starts as the command line's, so it replaces that override
+        server.answer_for("channels/open")(self._fallback(self._open, None))
+        server.answer_for("featureSets/update")(
+            self._fallback(self._fsu, before.get("featureSets/update"))
+        )
+        server.answer_for("mcpl/manifest")(
+            self._fallback(self._manifest, before.get("mcpl/manifest"))
+        )
+
+    def _fallback(
+        self, mine: Callable[[HostRequest], Any], previous: Callable[[HostRequest], Any] | None
+    ) -> Callable[[HostRequest], Any]:
+        """``mine``, which returns None to leave the answer to ``previous`` or the toolkit."""
+
+        async def answer(request: HostRequest) -> Any:
+            result = mine(request)
+            if result is not None:
+                return result
+            if previous is not None:
+                result = previous(request)
+                return await result if hasattr(result, "__await__") else result
+            if request.default is not None:
+                return request.default
+            link = self.server.link
+            if link is None:
+                return NO_ANSWER
+            return await self.server.host_call(link, request.method, request.params)
+
+        return answer
+
+    # -- the overrides -----------------------------------------------------------------------
+    def _open(self, request: HostRequest) -> Any:
+        if self.open_mode == "never":
+            _log(f"not answering channels/open (open mode never): {dict(request.params)}")
+            return NO_ANSWER
+        return None
+
+    def _fsu(self, request: HostRequest) -> Any:
+        if self.fsu_mode == "notification-only":
+            _log("featureSets/update request refused (fsu mode notification-only)")
+            raise RpcError(code=METHOD_NOT_FOUND, message="Method not found: featureSets/update")
+        if self.fsu_mode == "never":
+            _log("not answering featureSets/update (fsu mode never)")
+            return NO_ANSWER
+        if self.fsu_mode == "request":
+            return request.default
+        return None
+
+    def _manifest(self, request: HostRequest) -> Any:
+        return self.manifest
+
+    # -- the commands ------------------------------------------------------------------------
+    def open_mode_command(self, cmd: dict[str, Any]) -> None:
+        mode = cmd["mode"]
+        if mode not in OPEN_MODES:
+            raise ValueError(f"mode must be one of {OPEN_MODES}")
+        self.open_mode = mode
+        _log(f"channels/open mode: {mode}")
+        self.emit({"event": "open_mode", "mode": mode})
+
+    def fsu_mode_command(self, cmd: dict[str, Any]) -> None:
+        mode = cmd["mode"]
+        if mode not in FSU_MODES:
+            raise ValueError(f"mode must be one of {FSU_MODES}")
+        self.fsu_mode = mode
+        _log(f"featureSets/update mode: {mode}")
+
+    def manifest_command(self, cmd: dict[str, Any]) -> None:
+        manifest, domains = cmd["manifest"], cmd.get("domains", ["capabilities"])
+        if not isinstance(manifest, dict):
+            raise TypeError("manifest must be an object")
+        if not isinstance(domains, list):
+            raise TypeError("domains must be a list")
+        self.manifest = manifest
+        params = {"revision": PLACEHOLDER_REVISION, "domains": domains}
+        self.send_line(
+            dumps({"jsonrpc": "2.0", "method": "mcpl/manifestChanged", "params": params})
+        )
