@@ -8,8 +8,9 @@ as events and takes commands that make it send things, so that a host's tests ca
   sent, parsed), ``error`` {text} (what the toolkit's session refused or skipped, and bad
   commands), ``response`` {method, request, response, attempts} (for each request a command
   sent; ``response`` is None when the connection ended first), ``pong`` {id}, ``hung``;
-  once the channels are registered, one ``response`` for ``channels/register`` whose result
-  lists the channels the host accepted.
+  over stdio also for each request the lobby itself sent (the registration, the people's
+  messages, the echoes); over a websocket, once the channels are registered, one ``response``
+  for ``channels/register`` whose result lists the channels the host accepted.
 * commands: ``ping``, ``crash``, ``hang`` (stdio: no more reading or writing),
   ``incoming``, ``incoming_batch``, ``push``, ``flood`` (then ``flood_done`` {accepted,
   count}), ``register``, ``model_info``, ``raw`` (a request keeps its id, and its answer is
@@ -83,10 +84,12 @@ def event_params(
 
 
 class Hangable:
-    """A line transport that, once :attr:`hung`, neither reads nor writes any more."""
+    """A line transport that shows ``on_sent`` each line it writes and, once :attr:`hung`,
+    neither reads nor writes any more."""
 
-    def __init__(self, inner: Any) -> None:
+    def __init__(self, inner: Any, on_sent: Callable[[str], None]) -> None:
         self._inner = inner
+        self._on_sent = on_sent
         self.hung = trio.Event()
 
     async def receive(self) -> str | None:
@@ -101,6 +104,7 @@ class Hangable:
         if self.hung.is_set():
             await trio.sleep_forever()
         await self._inner.send(text)
+        self._on_sent(text)
 
     async def aclose(self) -> None:
         await self._inner.aclose()
@@ -118,6 +122,10 @@ class KitControl:
             tuple[Callable[[], Awaitable[Any]], str]
         ](MAX_QUEUED)
         self._raw: dict[Any, dict[str, Any]] = {}  # raw request id: the request
+        self._sent: dict[Any, dict[str, Any]] = {}  # the lobby's own requests, by id
+        self._mine: set[Any] = (
+            set()
+        )  # ids of the requests the commands sent  # raw request id: the request
         self._raw_answered: set[str] = set()  # texts of the session's complaints to swallow
         server.on_line(self._on_line)
         server.on_problem(self._on_problem)
@@ -142,8 +150,29 @@ class KitControl:
             if isinstance(answer, dict) and "method" not in answer:
                 self._raw_answer(answer)
 
+    def on_sent(self, line: str) -> None:
+        """Keep each request the lobby writes, so that the host's answer can be reported."""
+        if '"method"' not in line or '"id"' not in line:
+            return
+        try:
+            message = json.loads(line)
+        except (ValueError, RecursionError):
+            return
+        rid = message.get("id") if isinstance(message, dict) else None
+        if _valid_id(rid) and isinstance(message.get("method"), str) and rid not in self._raw:
+            if len(self._sent) >= MAX_RAW_PENDING:
+                self._sent.pop(next(iter(self._sent)))
+            self._sent[rid] = message
+
     def _raw_answer(self, answer: dict[str, Any]) -> None:
         rid = answer.get("id")
+        if _valid_id(rid) and rid in self._sent:
+            request = self._sent.pop(rid)
+            if rid in self._mine:  # a command's request: reported once settled
+                self._mine.discard(rid)
+            else:
+                self.emit(self._response_event(request["method"], request, answer))
+            return
         if not _valid_id(rid) or rid not in self._raw:
             return
         request = self._raw.pop(rid)
@@ -162,6 +191,8 @@ class KitControl:
 
     async def _on_ready(self) -> None:
         self.emit({"event": "ready"})
+        if self.transport is not None:
+            return  # the registration's answer is reported as it comes
         await self.server.registered.wait()
         link = self.server.link
         accepted = self.server.accepted_channels(link) if link is not None else set()
@@ -230,7 +261,11 @@ class KitControl:
             link = self.server.link
             if link is None:
                 raise LinkLost(f"{method}: no host is connected")
-            await link.start_request(method, params, check=False, on_settled=settled)
+            pending = await link.start_request(method, params, check=False, on_settled=settled)
+            if not pending.done.is_set() and self.transport is not None:
+                if len(self._mine) >= MAX_RAW_PENDING:
+                    self._mine.clear()
+                self._mine.add(pending.id)
 
         return send
 
@@ -419,7 +454,7 @@ async def serve_controlled(server: MCPLServer, options: LobbyOptions) -> None:
         if options.ws:
             await serve_ws_forever(server, options)
         else:
-            control.transport = Hangable(StdioTransport())
+            control.transport = Hangable(StdioTransport(), control.on_sent)
             await server.serve(control.transport)
             if control.transport.hung.is_set():
                 await trio.sleep_forever()

@@ -186,6 +186,10 @@ async def test_flood_register_and_model_info() -> None:
                 await lobby.answer(flood, {"accepted": flood["params"]["eventId"] != "f4"})
             done = await ctl.wait_for(lambda e: e["event"] == "flood_done", "flood done")
             assert done == {"event": "flood_done", "accepted": 3, "count": 4}
+            pushes = [
+                e for e in ctl.events if e["event"] == "response" and e["method"] == "push/event"
+            ]
+            assert len(pushes) == 4  # each answer reported once
 
             extra = {"id": "lobby:#extra", "type": "chat", "label": "extra"}
             ctl.send({"cmd": "register", "channels": [extra]})
@@ -243,3 +247,25 @@ async def test_a_new_manifest_is_announced_and_served() -> None:
             assert changed["params"]["domains"] == ["featureSets"]
             assert (await lobby.request("mcpl/manifest"))["result"] == new
             assert await lobby.close_stdin_and_wait() == 0
+
+
+async def test_the_answers_to_the_lobbys_own_requests_are_reported() -> None:
+    with trio.fail_after(TIMEOUT):
+        async with controlled_kit() as (lobby, ctl):
+            await lobby.handshake()
+            content = [{"type": "text", "text": "hi all"}]
+            params = {"channelId": "lobby:#random", "content": content}
+            reply = await lobby.request("channels/publish", {**params, "conversationId": "a:Ada"})
+            assert reply["result"]["messageId"] == "out-1"
+            echo = await lobby.server_request("channels/incoming")
+            answer = {"results": [{"messageId": "out-1", "accepted": True}]}
+            await lobby.answer(echo, answer)
+            event = await ctl.wait_for(
+                lambda e: e["event"] == "response" and e["request"]["id"] == echo["id"], "echo"
+            )
+            assert event["request"] == echo and event["response"]["result"] == answer
+            assert await lobby.close_stdin_and_wait() == 0
+            await ctl.wait_closed()
+            # one report per answer: the registration and the echo
+            reported = [e["request"]["method"] for e in ctl.events if e["event"] == "response"]
+            assert reported == ["channels/register", "channels/incoming"]
