@@ -13,8 +13,8 @@ as events and takes commands that make it send things, so that a host's tests ca
   for ``channels/register`` whose result lists the channels the host accepted.
 * commands: ``ping``, ``crash``, ``hang`` (stdio: no more reading or writing),
   ``incoming``, ``incoming_batch``, ``push``, ``flood`` (then ``flood_done`` {accepted,
-  count}), ``register``, ``model_info``, ``raw`` (a request keeps its id, and its answer is
-  reported as a ``response``), ``line``, and the modes of :mod:`examples.lobby_kit_modes`:
+  count}), ``register``, ``infer``, ``model_info``, ``raw`` (a request keeps its id, and its
+  answer is reported as a ``response``), ``line``, and the modes of :mod:`examples.lobby_kit_modes`:
   ``open_mode`` (acknowledged with ``open_mode`` {mode}), ``fsu_mode`` and ``manifest``.
   What they send goes out in the order the commands came.
 
@@ -399,6 +399,25 @@ class KitControl:
         if not isinstance(cmd["channels"], list):
             raise TypeError("channels must be a list")
         self.send_request("channels/register", {"channels": cmd["channels"]})
+
+    def _cmd_infer(self, cmd: dict[str, Any]) -> None:
+        """``inference/request`` (``stream`` asks for chunks, which are not checked here)."""
+        messages, stream = cmd["messages"], cmd.get("stream", False)
+        feature_set = cmd.get("featureSet", "lobby.assist")
+        if not isinstance(messages, list):
+            raise TypeError("messages must be a list")
+        if not isinstance(stream, bool):
+            raise TypeError("stream must be a boolean")
+        if not isinstance(feature_set, str):
+            raise TypeError("featureSet must be a string")
+        params: dict[str, Any] = {"featureSet": feature_set, "messages": messages, "stream": stream}
+        if cmd.get("conversationId") is not None:
+            params["conversationId"] = cmd["conversationId"]
+        if cmd.get("maxTokens") is not None:
+            if type(cmd["maxTokens"]) is not int:
+                raise TypeError("maxTokens must be an integer")
+            params["preferences"] = {"maxTokens": cmd["maxTokens"]}
+        self.send_request("inference/request", params)
 
     def _cmd_model_info(self, cmd: dict[str, Any]) -> None:
         self.send_request("model/info", {})

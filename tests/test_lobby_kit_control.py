@@ -175,7 +175,7 @@ async def test_ping_hang_and_crash() -> None:
             assert await lobby.proc.wait() == 1
 
 
-async def test_flood_register_and_model_info() -> None:
+async def test_flood_register_infer_and_model_info() -> None:
     with trio.fail_after(TIMEOUT):
         async with controlled_kit() as (lobby, ctl):
             await lobby.handshake()
@@ -195,6 +195,22 @@ async def test_flood_register_and_model_info() -> None:
             ctl.send({"cmd": "register", "channels": [extra]})
             register = await lobby.server_request("channels/register")
             assert register["params"] == {"channels": [extra]}
+            ask = [{"role": "user", "content": "sum up"}]
+            ctl.send({"cmd": "infer", "messages": ask, "maxTokens": 50, "conversationId": "c1"})
+            infer = await lobby.server_request("inference/request")
+            assert infer["params"] == {
+                "featureSet": "lobby.assist",
+                "messages": ask,
+                "stream": False,
+                "conversationId": "c1",
+                "preferences": {"maxTokens": 50},
+            }
+            result = {"content": "ok", "model": "m", "finishReason": "end_turn"}
+            await lobby.answer(infer, result)
+            event = await ctl.wait_for(
+                lambda e: e["event"] == "response" and e["method"] == "inference/request", "infer"
+            )
+            assert event["response"]["result"] == result
             ctl.send({"cmd": "model_info"})
             info = await lobby.server_request("model/info")
             await lobby.answer_error(info, -32601, "no model here")
