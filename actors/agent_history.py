@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from protocol.authors import author_line, guard_body_start, shown_author, stored_author
 from protocol.folds import FoldingTail, is_summary, render_summary
-from store import Append, MessageRecord, Reader
+from store import Append, CorruptRecord, MessageRecord, Reader
 
 from .channel_envelope import new_id
 from .coalescer import Assembled, is_hidden_marker
@@ -41,6 +41,8 @@ if TYPE_CHECKING:
 MIN_MESSAGE_TOKENS = 8
 #: Messages read from the store at a time while assembling a context (newest first).
 CONTEXT_PAGE = 64
+#: Messages rendered between two shares of the interpreter when a turn reads a big batch.
+RENDER_SLICE = 64
 #: Messages read from the store at a time by :func:`read_history`.
 HISTORY_PAGE = 512
 #: The share of its budget a context is trimmed down to once it outgrows the budget.
@@ -322,10 +324,20 @@ class ContextReader:
                 Assembled(context=self.agent, occurrences=occurrences), timeout=60
             )
             live = [m for m in live if m["metadata"].get("occurrence") not in hidden]
-        span = self._tail.extend([self._render(m) for m in live])
+        span = self._tail.extend(await self._render_all(live))
         if span and self.folder is not None:
             await self._fold(span)
         return self._tail.messages()
+
+    async def _render_all(self, live: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+        """``live`` rendered, sharing the interpreter between slices of a big batch (a turn
+        reading a flooding server's backlog does not hold up the other agents' turns)."""
+        shown: list[dict[str, Any]] = []
+        for start in range(0, len(live), RENDER_SLICE):
+            if start:
+                await self.ctx.turns.share()
+            shown.extend(self._render(m) for m in live[start : start + RENDER_SLICE])
+        return shown
 
     def _render(self, message: Mapping[str, Any]) -> dict[str, Any]:
         shown = self.renders.render(message, _rendered)
@@ -357,9 +369,20 @@ class ContextReader:
         ``budget // MIN_MESSAGE_TOKENS + 1`` messages (no message costs less, so older ones
         could never fit)."""
         store = self.ctx.store
-        taken = store.feeds.take(self.agent, self._seen_seq)
+        taken = store.feeds.take_rows(self.agent, self._seen_seq)
         if taken is not None:  # the rows of recent commits: no trip to the reading thread
-            return taken
+            rows, newest = taken
+            messages: list[dict[str, Any]] = []
+            try:
+                for start in range(0, len(rows), RENDER_SLICE):
+                    if start:
+                        await self.ctx.turns.share()
+                    messages.extend(
+                        store.feeds.decode(r) for r in rows[start : start + RENDER_SLICE]
+                    )
+                return messages, newest
+            except CorruptRecord:
+                store.feeds.forget(self.agent)  # the store read reports it and reads on
         return await store.read(
             _read_fresh, store.reader, self.agent, self._seen_seq, self.budget
         )  # one hand-over to the reading thread, however many pages it takes

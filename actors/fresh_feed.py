@@ -77,18 +77,36 @@ class FreshFeeds:
         """The messages of ``agent`` stored after ``after_seq`` (oldest first) and the newest
         seq among them (``after_seq`` when there are none), taken out of the feed; ``None``
         when the feed cannot tell (the caller reads the store) or a body does not decode."""
+        taken = self.take_rows(agent, after_seq)
+        if taken is None:
+            return None
+        rows, newest = taken
+        try:
+            return [self.decode(row) for row in rows], newest
+        except CorruptRecord:
+            self.forget(agent)  # the store read reports it and reads on
+            return None
+
+    def take_rows(self, agent: str, after_seq: int) -> tuple[list[WrittenRow], int] | None:
+        """:meth:`take` without decoding: the rows, to be decoded a slice at a time with
+        :meth:`decode` (on :class:`~store.CorruptRecord` the caller calls :meth:`forget` and
+        reads the store after ``after_seq``)."""
         feed = self._feeds.get(agent)
         if feed is None or feed.complete_after > after_seq:
             return None
         rows = [row for row in feed.rows if row[0] > after_seq]
-        try:
-            messages = [decode_row(row, self._bodies) for row in rows]
-        except CorruptRecord:
-            del self._feeds[agent]  # the store read reports it and reads on
-            return None
         newest = rows[-1][0] if rows else after_seq
         feed.rows.clear()
         feed.complete_after = newest
         del self._feeds[agent]
         self._feeds[agent] = feed  # the most recently taken from goes last
-        return messages, newest
+        return rows, newest
+
+    def decode(self, row: WrittenRow) -> dict[str, Any]:
+        """One taken row as a stored message (bodies shared between agents). Raises
+        :class:`~store.CorruptRecord` when its body does not decode."""
+        return decode_row(row, self._bodies)
+
+    def forget(self, agent: str) -> None:
+        """Drop ``agent``'s feed: its next take reads the store."""
+        self._feeds.pop(agent, None)

@@ -278,12 +278,11 @@ class ScriptedModel:
     async def complete(
         self, request: ModelRequest, on_delta: DeltaSink | None = None
     ) -> ModelReply:
-        messages = list(request.messages)
+        messages = request.messages
         if request.purpose == "summary":
             return self._summarize(request)
         # the host's own notices (a delivery receipt after a reply) do not count as new input
-        said = [m for m in messages if m.get("role") != "system"]
-        last = said[-1].get("role") if said else None
+        last = next((r for m in reversed(messages) if (r := m.get("role")) != "system"), None)
         # saying nothing, it still read its context: the usage counts what it read
         silence = ModelReply(blocks=(), model=self.name, usage=self._usage(request, ""))
         if last == "assistant":

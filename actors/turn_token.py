@@ -8,6 +8,12 @@ it works in the host (reading its context, a local model, storing, routing) and 
 whenever it waits for something outside the host (a remote model, a server's answer to a
 publish, a hook or a render, a tool call), so that wait never holds up another agent.
 
+A turn's work in the host is long when it reads a big batch (an agent hearing a flooding server
+reads hundreds of messages in one turn). Such work calls :meth:`TurnToken.share` between its
+parts: it lets every other task run (trio runs nothing else until a task yields), and when
+another turn waits for the token and this one has held it for ``SHARE_AFTER_S``, it hands the
+token over and queues for it again, so a short turn never waits out a long one.
+
 The token is fair (first come, first served) and never a stall: a turn that has waited
 ``MAX_WAIT_S`` for it goes on without it, so a turn stuck while holding it delays the others
 by at most that much, and a host under more load than turns can share still runs every turn.
@@ -22,13 +28,18 @@ import trio
 
 #: The longest a turn waits for the token before it goes on without it.
 MAX_WAIT_S = 0.25
+#: How long a turn holds the token before :meth:`TurnToken.share` hands it to a waiting turn.
+SHARE_AFTER_S = 0.002
 
 
 class TurnToken:
-    def __init__(self, max_wait: float = MAX_WAIT_S) -> None:
+    def __init__(self, max_wait: float = MAX_WAIT_S, share_after: float = SHARE_AFTER_S) -> None:
         self.max_wait = max_wait
+        self.share_after = share_after
         self._lock = trio.Lock()  # FIFO: the first turn to ask is the first served
+        self._since = 0.0  # when the holder took the token
         self.gave_up = 0  # how many waits ended without the token (went on without it)
+        self.shared = 0  # how many times a holder handed the token to a waiting turn
 
     def held(self) -> bool:
         """Whether the current task holds the token."""
@@ -37,6 +48,7 @@ class TurnToken:
     async def _take(self) -> bool:
         with trio.move_on_after(self.max_wait):
             await self._lock.acquire()
+            self._since = trio.current_time()
             return True
         self.gave_up += 1
         return False
@@ -50,6 +62,20 @@ class TurnToken:
         finally:
             if self.held():
                 self._lock.release()
+
+    async def share(self) -> None:
+        """A point between parts of a turn's work: every other task runs before this returns,
+        and a turn that waits for the token gets it first when this one has held it for
+        ``share_after``. Never cancelled here (work between two shares stays whole): it returns
+        within ``max_wait``."""
+        with trio.CancelScope(shield=True):
+            waiting = self._lock.statistics().tasks_waiting
+            if self.held() and waiting and trio.current_time() - self._since >= self.share_after:
+                self.shared += 1
+                self._lock.release()  # the first waiter has it now; this turn queues again
+                await self._take()
+            else:
+                await trio.lowlevel.cancel_shielded_checkpoint()
 
     @asynccontextmanager
     async def away(self) -> AsyncIterator[None]:

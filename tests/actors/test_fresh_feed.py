@@ -18,7 +18,8 @@ from actors.agent_history import ContextReader
 from actors.fresh_feed import FreshFeeds
 from actors.kernel import Work
 from actors.storage import DB_NAME, StoreClient
-from store import Append, Database, MessageRecord, encode_body
+from actors.turn_token import TurnToken
+from store import Append, CorruptRecord, Database, MessageRecord, encode_body
 from store.items import WrittenRow
 from tests.actors.test_context_pages import Counting, Expected, record, shown
 
@@ -172,9 +173,9 @@ async def reading(data: Path) -> AsyncIterator[tuple[StoreClient, Counting, Cont
     store = StoreClient(data, Work())
     store.start()
     counting = Counting(store)
-    ctx = SimpleNamespace(store=counting, coalescer=None)
+    ctx = SimpleNamespace(store=counting, coalescer=None, turns=TurnToken())
     try:
-        yield store, counting, ContextReader(ctx, "Ada", 400)  # type: ignore[arg-type]
+        yield store, counting, ContextReader(ctx, "Ada", 4_000)  # type: ignore[arg-type]
     finally:
         await store.aclose()
         store.reader.close()
@@ -187,7 +188,7 @@ async def test_an_agent_reads_its_new_messages_from_the_feed_with_the_same_conte
     async with reading(data) as (store, counting, reader):
         with trio.fail_after(60):
             await store.write(Append(records=(record("Ada", "user", "first"),)))
-            reference = Expected(data, "Ada", 400)
+            reference = Expected(data, "Ada", 4_000)
             await reader.read()  # from the store: nothing was read before
             reference.read()
             reads = counting.decoded
@@ -205,7 +206,7 @@ async def test_after_a_gap_the_reader_goes_back_to_the_store(tmp_path: Path) -> 
     async with reading(data) as (store, counting, reader):
         with trio.fail_after(60):
             await store.write(Append(records=(record("Ada", "user", "first"),)))
-            reference = Expected(data, "Ada", 400)
+            reference = Expected(data, "Ada", 4_000)
             await reader.read()
             reference.read()
             taken = record("Ada", "user", "taken id")
@@ -220,3 +221,50 @@ async def test_after_a_gap_the_reader_goes_back_to_the_store(tmp_path: Path) -> 
             assert shown(context) == reference.read()
             assert "kept" in str(context)
             assert counting.decoded > before  # read from the store
+
+
+async def test_a_big_batch_is_decoded_a_slice_at_a_time_with_the_same_context(
+    tmp_path: Path,
+) -> None:
+    data = tmp_path / "data"
+    async with reading(data) as (store, counting, reader):
+        with trio.fail_after(60):
+            await store.write(Append(records=(record("Ada", "user", "first"),)))
+            reference = Expected(data, "Ada", 4_000)
+            await reader.read()
+            reference.read()
+            reads = counting.decoded
+            batch = tuple(record("Ada", "user", f"flood {i}") for i in range(200))
+            await store.write(Append(records=batch))  # more than one slice (RENDER_SLICE)
+            assert shown(await reader.read()) == reference.read()
+            assert counting.decoded == reads  # from the feed, slice by slice
+
+
+async def test_a_body_that_does_not_decode_midway_sends_the_reader_to_the_store(
+    tmp_path: Path,
+) -> None:
+    data = tmp_path / "data"
+    async with reading(data) as (store, counting, reader):
+        with trio.fail_after(60):
+            await store.write(Append(records=(record("Ada", "user", "first"),)))
+            reference = Expected(data, "Ada", 4_000)
+            await reader.read()
+            reference.read()
+            feeds = counting.feeds
+            decode = feeds.decode
+            seen = 0
+
+            def failing(row: WrittenRow) -> dict[str, Any]:
+                nonlocal seen
+                seen += 1
+                if seen == 100:  # in the second slice: what the feed gave so far is let go
+                    raise CorruptRecord("a body that does not decode")
+                return decode(row)
+
+            feeds.decode = failing  # type: ignore[method-assign]
+            batch = tuple(record("Ada", "user", f"flood {i}") for i in range(200))
+            await store.write(Append(records=batch))
+            before = counting.decoded
+            assert shown(await reader.read()) == reference.read()
+            assert counting.decoded > before  # read from the store instead
+            assert seen == 100

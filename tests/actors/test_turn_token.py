@@ -103,3 +103,82 @@ async def test_away_without_the_token_just_waits(
     async with token.away():
         await trio.sleep(wait)
     assert not token.held()
+
+
+async def test_a_long_turn_hands_the_token_to_a_waiting_turn_at_its_next_share(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    token = TurnToken(max_wait=60, share_after=0.5)
+    order: list[str] = []
+
+    async def long() -> None:
+        async with token.turn():
+            for part in range(3):
+                await trio.sleep(1.0)  # a part of its work in the host, token held
+                order.append(f"long part {part}")
+                await token.share()
+
+    async def short() -> None:
+        async with token.turn():
+            order.append("short")
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(long)
+        await trio.testing.wait_all_tasks_blocked()
+        nursery.start_soon(short)  # asks while the long turn is in its first part
+    assert order == ["long part 0", "short", "long part 1", "long part 2"]
+    assert token.shared == 1
+    assert token.gave_up == 0
+
+
+async def test_share_keeps_the_token_when_held_briefly_or_nobody_waits(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    token = TurnToken(max_wait=60, share_after=5.0)
+    order: list[str] = []
+
+    async def holder() -> None:
+        async with token.turn():
+            await trio.sleep(1.0)
+            await token.share()  # held 1 s < share_after: keeps it though another waits
+            order.append("holder kept it")
+
+    async def other() -> None:
+        async with token.turn():
+            order.append("other")
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(holder)
+        await trio.testing.wait_all_tasks_blocked()
+        nursery.start_soon(other)
+    assert order == ["holder kept it", "other"]
+    async with token.turn():  # alone, long past share_after: nobody to hand it to
+        await trio.sleep(10.0)
+        await token.share()
+        assert token.held()
+    assert token.shared == 0
+
+
+async def test_share_is_not_cancelled_and_the_next_checkpoint_is(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    token = TurnToken(max_wait=60, share_after=0.0)
+    ran: list[str] = []
+
+    async def waiter() -> None:
+        async with token.turn():
+            ran.append("waiter")
+
+    async with trio.open_nursery() as nursery:
+        with trio.CancelScope() as scope:
+            async with token.turn():
+                nursery.start_soon(waiter)
+                await trio.testing.wait_all_tasks_blocked()
+                scope.cancel()
+                await token.share()  # hands over and takes it back, cancelled meanwhile
+                ran.append("after share")
+                assert token.held()
+                await trio.lowlevel.checkpoint()  # the cancellation lands here
+                ran.append("never")
+    assert ran == ["waiter", "after share"]
+    assert not token.held()
