@@ -159,8 +159,14 @@ class LinkPolicy:
             cursor = result.get("nextCursor") if isinstance(result, Mapping) else None
             if not cursor:
                 break
+        before = [str(t["name"]) for t in link.tools]
         link.tools = tuple(tools)
         owner.publish_status()
+        names = [str(t["name"]) for t in tools]
+        if not handshake and names != before:
+            added = [n for n in names if n not in before]
+            removed = [n for n in before if n not in names]
+            owner.trace("tools-changed", tools=names, added=added, removed=removed)
 
     # -- manifest changes (SPEC §17) ---------------------------------------------------------------
     def on_manifest_changed(self, link: Link, params: Any) -> None:

@@ -156,7 +156,14 @@ class MCPLServer(Declarations, ServeMixin):
         max_pending: int = 64,
         default_feature_sets: bool = True,
     ) -> None:
-        """``max_pending`` caps this server's own requests awaiting the host's answer on one
+        """``name`` is the server's name in the manifest and its main feature set's name;
+        ``version`` goes in ``serverInfo``. ``push_events`` declares ``pushEvents`` (for
+        :meth:`push_event`); ``inference=True`` declares ``inferenceRequest`` and
+        ``modelInfo`` (for :meth:`infer` and :meth:`model_info`). ``request_timeout`` bounds
+        each wait for the host's answer to one of this server's requests (a push is retried
+        after it).
+
+        ``max_pending`` caps this server's own requests awaiting the host's answer on one
         connection (a further one waits for a slot); raise it for a server that pipelines
         many requests without waiting.
 

@@ -15,6 +15,7 @@ with :attr:`Publish.targeted` telling ``null`` from absent) and the content.
 from __future__ import annotations
 
 import itertools
+import secrets
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Final
 
@@ -144,11 +145,14 @@ PublishHandler = Callable[[Publish], Awaitable[Any] | Any]
 OpenHandler = Callable[[OpenRequest], Awaitable[Any] | Any]
 
 _message_numbers = itertools.count(1)
+#: Tells this process's ids from those of the server's earlier runs, which the host still holds.
+_RUN = secrets.token_hex(4)
 
 
 def new_message_id(prefix: str) -> str:
-    """A message id unique in this process."""
-    return f"{prefix}-{next(_message_numbers)}"
+    """A message id unique across the server's runs: the host drops a message whose id it
+    has already stored from this server, so a restarted server must not count from 1 again."""
+    return f"{prefix}-{_RUN}-{next(_message_numbers)}"
 
 
 class Channel:
@@ -187,6 +191,13 @@ class Channel:
     ) -> dict[str, Any]:
         """Deliver one message from ``author`` into this channel (``channels/incoming``).
 
+        ``author`` is a display name, or ``{"id", "name"}`` (an id the server keeps for the
+        person; an agent's echo uses ``Publish.conversation_id`` and ``Publish.agent``).
+        ``message_id`` left out, a new id unique across runs is made up. The host stores a
+        message once per id: an id it already holds from this server is answered as accepted
+        and not stored again (so a retry is safe, and a server that sets its own ids must keep
+        them unique across restarts).
+
         Returns the host's result entry for it (``{"messageId", "accepted", ...}``). Raises
         :class:`protocol.server_session.NotGranted` before sending anything when the host has
         not granted ``channels.incoming`` or has not accepted this channel.
@@ -208,8 +219,12 @@ class Channel:
         return await self._server.send_incoming(self, message)
 
     async def update(self, **changes: Any) -> None:
-        """Change the descriptor (``label=``, ``initially_open=``, ...) and tell the host
-        (``channels/changed``)."""
+        """Change the descriptor and tell the host (``channels/changed`` with ``updated``).
+
+        The keys are :class:`ChannelSpec`'s fields but ``id``: ``label``, ``type``,
+        ``direction``, ``initially_open``, ``publish_target``, ``address`` and ``metadata``
+        (free-form, kept by the host with the channel); any other key raises TypeError. The
+        same as ``server.channels_changed(updated=[channel])`` after changing ``spec``."""
         self.spec = attrs.evolve(self.spec, **changes)
         await self._server.channels_changed(updated=[self])
 

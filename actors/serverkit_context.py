@@ -75,7 +75,12 @@ class BeforeInference:
 
 @attrs.frozen(kw_only=True)
 class Injection:
-    """One context injection: where it goes and what it says."""
+    """One context injection: where it goes and what it says.
+
+    ``position`` is ``"system"`` (appended to the system prompt), ``"beforeUser"`` (a message
+    just before the newest user message) or ``"afterUser"`` (just after it). Each is fresh for one
+    inference and never stored. ``namespace`` labels it: the agent sees ``[context from
+    <server> · <namespace>]`` above it (a label only: it authorizes nothing)."""
 
     content: str | Sequence[Mapping[str, Any]]
     position: str = "beforeUser"

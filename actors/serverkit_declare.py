@@ -75,7 +75,14 @@ class Declarations:
     # -- declarations ------------------------------------------------------------------------
     def tool(self, name: str | None = None, *, description: str | None = None) -> Callable[[F], F]:
         """Decorator: register a function (sync or async) as a tool; its schema comes from its
-        type hints, its description from its docstring."""
+        type hints, its description from its docstring.
+
+        Tools belong to the server's main feature set (``<name>``), or, with
+        ``default_feature_sets=False``, to the first declared set that uses ``tools``. Adding
+        one while the server runs changes the tool list, not the manifest: announce it with
+        :meth:`MCPLServer.tools_changed` (the host lists the tools again). The manifest changes
+        only with the capabilities or feature sets (:meth:`feature_set`); then call
+        :meth:`MCPLServer.manifest_changed`."""
 
         def register(fn: F) -> F:
             t = tool_from_function(fn, name=name, description=description)
@@ -156,7 +163,17 @@ class Declarations:
 
     def on_rollback(self, fn: Callable[[Rollback], Any]) -> Callable[[Rollback], Any]:
         """Decorator: the ``state/rollback`` handler; declares the main feature set with
-        ``rollback: true``."""
+        ``rollback: true``.
+
+        ``fn(rollback)`` (sync or async) gets a :class:`Rollback` (``feature_set``,
+        ``checkpoint``: an id a tool returned in ``ToolResult(state={"checkpoint": ...,
+        "parent": ...})``; ``parent`` is None for the first) and returns True (or None) when
+        the state is back at that checkpoint, a string to name the new checkpoint it is now
+        at, or False for "not rolled back"; it raises :class:`CheckpointNotFound` for an id it
+        does not know. The host may ask from another run than the one that made the
+        checkpoint (``mcplive rollback`` starts the server anew): keep checkpoints where a new
+        process finds them (a file), not only in memory. A rollback to a point before the first
+        checkpoint sends nothing to the server."""
         self.rollback_handler = fn
         return fn
 

@@ -134,7 +134,21 @@ def _check(value: Any, schema: Mapping[str, Any], where: str) -> None:
     if "anyOf" in schema:
         ok = any(_fits(value, s) for s in schema["anyOf"])
     if not ok:
-        raise RpcError(code=INVALID_PARAMS, message=f"{where}: expected {_name(schema)}")
+        raise RpcError(
+            code=INVALID_PARAMS, message=f"{where}: expected {_name(schema)}, got {_given(value)}"
+        )
+
+
+#: The JSON name of each Python type a decoded argument can have.
+_JSON_TYPES = {str: "string", int: "integer", float: "number", bool: "boolean"}
+_JSON_TYPES.update({list: "array", dict: "object", type(None): "null"})
+
+
+def _given(value: Any) -> str:
+    """What an argument was, for an error: its JSON type, and the value itself when short."""
+    kind = _JSON_TYPES.get(type(value), type(value).__name__)
+    shown = json.dumps(value, ensure_ascii=False, default=str)
+    return f"{kind} {shown}" if len(shown) <= 40 else kind
 
 
 def _fits(value: Any, schema: Mapping[str, Any]) -> bool:

@@ -94,6 +94,13 @@ def format_event(e: TraceEvent) -> str | None:
         mode = "MCP-only (tools only)" if d.get("mcp_only") else "MCPL"
         tools = ", ".join(t for t in d.get("tools", []) if t) or "no tools"
         return f"· {e.server_id} ready: {mode}; {tools}"
+    if k == "tools-changed":
+        change = [f"+{n}" for n in d.get("added", [])] + [f"-{n}" for n in d.get("removed", [])]
+        tools = ", ".join(d.get("tools", [])) or "no tools"
+        return f"· {e.server_id} tools now: {tools} ({' '.join(change) or 'changed'})"
+    if k == "manifest-changed":
+        grant = ", ".join(d.get("grant", [])) or "nothing"
+        return f"· {e.server_id} manifest changed ({d.get('digest')}); granted: {grant}"
     if k == "mcp-only":
         return f"! {e.server_id} runs MCP-only: {d.get('reason')}"
     if k == "incoming":
