@@ -39,7 +39,17 @@ from store import StoreError
 
 from .coalescer import ADVERTISED
 from .handshake import note_refused_use
-from .link import TAKE_LIMIT, Link, LinkOwner, Trace, admit, as_rpc_error, refusal_reason, utc_now
+from .link import (
+    INGEST_SLICE,
+    TAKE_LIMIT,
+    Link,
+    LinkOwner,
+    Trace,
+    admit,
+    as_rpc_error,
+    refusal_reason,
+    utc_now,
+)
 from .messages import IngestBatch, Prepared, Wake, Wakes
 from .tally import SkipTally
 
@@ -93,6 +103,8 @@ class HotLanes:
         while the channels convert and the writes commit."""
         owner = self.owner
         accepted_at = utc_now()  # one timestamp for what was read together
+        # a server with a backlog is flooding: its writes may gather in the store (bulk)
+        bulk = len(link.requests) >= INGEST_SLICE
         out = [Pending(req) for req in requests]
         groups: dict[str | None, list[tuple[Pending, Any, Any, Trace]]] = {}
         admitted: set[tuple[str, str | None]] = set()  # the link does not change meanwhile
@@ -123,7 +135,7 @@ class HotLanes:
             specs = tuple([spec for _, _, spec, _ in entries])
             coalesced = any(spec is not None for spec in specs)
             if coalesced:  # its writes go after those of the channels before it
-                await self._write(unwritten)
+                await self._write(unwritten, bulk)
             try:
                 chan = await owner.ctx.channel(owner.sid, cid)
                 results = await chan.ask(
@@ -144,16 +156,19 @@ class HotLanes:
                     pending.items.append((result, trace))
                 else:
                     _refuse(pending, trace, result)
-        await self._write(unwritten)
+        await self._write(unwritten, bulk)
         return out
 
-    async def _write(self, unwritten: list[tuple[Pending, Prepared, Trace]]) -> None:
+    async def _write(self, unwritten: list[tuple[Pending, Prepared, Trace]], bulk: bool) -> None:
         """Hand the channels' writes to the store in one piece, in order, and give each item
-        its pending write (emptying ``unwritten``)."""
+        its pending write (emptying ``unwritten``); ``bulk`` writes may gather a little in the
+        store (:mod:`store.writer`)."""
         if not unwritten:
             return
         try:
-            futures = await self.owner.ctx.store.submit_many([p.op for _, p, _ in unwritten])
+            futures = await self.owner.ctx.store.submit_many(
+                [p.op for _, p, _ in unwritten], bulk=bulk
+            )
         except Exception as exc:
             error = as_rpc_error(exc, "ingest")
             for pending, _, trace in unwritten:

@@ -134,13 +134,14 @@ class StoreClient:
         (fut,) = await self.submit_many([op])
         return fut
 
-    async def submit_many(self, ops: list[Any]) -> list[StoreFuture]:
-        """Hand several ops to the writer in one go; waits only while no slot is free."""
+    async def submit_many(self, ops: list[Any], *, bulk: bool = False) -> list[StoreFuture]:
+        """Hand several ops to the writer in one go; waits only while no slot is free.
+        ``bulk`` ops (a flooding server's) may gather a little before their commit."""
         n = len(ops)
         if n > MAX_IN_FLIGHT:  # more than may ever be in flight: hand it over in parts
             futures: list[StoreFuture] = []
             for i in range(0, n, MAX_IN_FLIGHT):
-                futures.extend(await self.submit_many(ops[i : i + MAX_IN_FLIGHT]))
+                futures.extend(await self.submit_many(ops[i : i + MAX_IN_FLIGHT], bulk=bulk))
             return futures
         while self._in_flight + n > MAX_IN_FLIGHT:
             await self._room.wait()
@@ -149,7 +150,7 @@ class StoreClient:
         self.work.inc(len(ops))
         try:
             done = batch.done
-            self.writer.submit_many([(op, done) for op in ops])
+            self.writer.submit_many([(op, done) for op in ops], bulk=bulk)
         except BaseException:
             self._free(n)
             self.work.dec(n)

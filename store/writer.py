@@ -5,6 +5,13 @@ oldest waiting op plus every other op already waiting (up to ``max_batch``), app
 transaction, commits once, and only then calls each ``done(outcome)`` in submission order. An op
 is therefore durable when its callback runs, and ops reach the database in submission order.
 
+Bulk ops (``bulk=True``: a flooding server's backlog) are committed with the others in order,
+but ops that are all bulk wait up to ``bulk_gap`` seconds after the previous commit to gather
+(:func:`bulk_wait`): a commit's cost is mostly its sync to disk, so a flood then costs a few
+large commits instead of many small ones, and the thread is free far more often when a prompt
+op (a quieter server's message, an agent's reply) comes in. A prompt op ends any wait at once
+and is committed with every op queued before it.
+
 Bound: at most ``max_queue`` ops wait for the thread; :meth:`~GroupCommitWriter.submit` raises
 :class:`~store.errors.StoreFull` at that cap and the caller applies backpressure. Ops the thread
 has taken (at most ``max_batch``) no longer count as waiting.
@@ -15,6 +22,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -37,6 +45,21 @@ Done = Callable[[object], None]
 CommitObserver = Callable[[list[WrittenRow], bool], None]
 
 
+#: How long ops that are all bulk may gather after a commit before they are committed.
+BULK_GAP_S = 0.01
+
+
+def bulk_wait(
+    *, queued: int, prompt: int, max_batch: int, since_commit: float, gap: float
+) -> float:
+    """How long the writer waits before taking a batch from ``queued`` ops, ``prompt`` of
+    them not bulk, ``since_commit`` seconds after its previous commit: none while a prompt op
+    waits or a full batch is there, else what is left of ``gap``."""
+    if prompt > 0 or queued >= max_batch:
+        return 0.0
+    return max(0.0, gap - since_commit)
+
+
 @attrs.frozen(kw_only=True)
 class WriterStats:
     """Counters of a writer: ops applied, batches committed, and the largest batch."""
@@ -54,15 +77,24 @@ class GroupCommitWriter:
     """
 
     def __init__(
-        self, path: str | os.PathLike[str], *, max_queue: int = 4096, max_batch: int = 512
+        self,
+        path: str | os.PathLike[str],
+        *,
+        max_queue: int = 4096,
+        max_batch: int = 512,
+        bulk_gap: float = BULK_GAP_S,
     ) -> None:
         if max_queue < 1 or max_batch < 1:
             raise ValueError("max_queue and max_batch must be at least 1")
         self.path = Path(path)
         self.max_queue = max_queue
         self.max_batch = max_batch
+        self.bulk_gap = bulk_gap
         self._cond = threading.Condition()
         self._queue: deque[tuple[Op, Done]] = deque()
+        self._bulk: deque[bool] = deque()  # beside each queued op: whether it is bulk
+        self._prompt = 0  # queued ops that are not bulk
+        self._committed_at = 0.0  # time.monotonic() at the end of the previous commit
         self._closing = False
         self._thread: threading.Thread | None = None
         self._ops = 0
@@ -109,10 +141,13 @@ class GroupCommitWriter:
             if len(self._queue) >= self.max_queue:
                 raise StoreFull(f"{self.max_queue} store ops are already waiting")
             self._queue.append((op, done))
+            self._bulk.append(False)
+            self._prompt += 1
             self._cond.notify()
 
-    def submit_many(self, items: Sequence[tuple[Op, Done]]) -> None:
-        """Queue several ops at once (one lock, one wake-up of the thread), all or none.
+    def submit_many(self, items: Sequence[tuple[Op, Done]], *, bulk: bool = False) -> None:
+        """Queue several ops at once (one lock, one wake-up of the thread), all or none;
+        ``bulk`` ops may gather a little before they are committed (see the module docstring).
 
         Raises :class:`StoreFull` when they do not all fit under ``max_queue``, and
         :class:`StoreClosed` after :meth:`close`; then no ``done`` will be called.
@@ -126,7 +161,12 @@ class GroupCommitWriter:
             if len(self._queue) + len(items) > self.max_queue:
                 raise StoreFull(f"{len(items)} ops do not fit under max_queue {self.max_queue}")
             self._queue.extend(items)
-            self._cond.notify()
+            self._bulk.extend([bulk] * len(items))
+            if not bulk:
+                self._prompt += len(items)
+                self._cond.notify()
+            elif self._prompt == 0 and len(self._queue) == len(items):
+                self._cond.notify()  # the thread waits for any op, or gathers bulk ones
 
     def close(self, timeout: float | None = None) -> bool:
         """Stop accepting ops, apply and commit every queued op, and join the thread.
@@ -162,11 +202,27 @@ class GroupCommitWriter:
 
     def _take(self) -> list[tuple[Op, Done]] | None:
         with self._cond:
-            while not self._queue and not self._closing:
-                self._cond.wait()
-            if not self._queue:
-                return None
+            while True:
+                while not self._queue and not self._closing:
+                    self._cond.wait()
+                if not self._queue:
+                    return None
+                if self._closing:
+                    break
+                wait = bulk_wait(
+                    queued=len(self._queue),
+                    prompt=self._prompt,
+                    max_batch=self.max_batch,
+                    since_commit=time.monotonic() - self._committed_at,
+                    gap=self.bulk_gap,
+                )
+                if wait <= 0:
+                    break
+                self._cond.wait(wait)  # a prompt op or close wakes it sooner
             count = min(len(self._queue), self.max_batch)
+            for _ in range(count):
+                if not self._bulk.popleft():
+                    self._prompt -= 1
             return [self._queue.popleft() for _ in range(count)]
 
     def _run(self, database: Database) -> None:
@@ -196,6 +252,7 @@ class GroupCommitWriter:
             except Exception:
                 log.exception("store commit observer failed")
         with self._cond:
+            self._committed_at = time.monotonic()
             self._ops += len(batch)
             self._batches += 1
             self._largest = max(self._largest, len(batch))
@@ -205,6 +262,8 @@ class GroupCommitWriter:
     def _take_all_locked(self) -> list[tuple[Op, Done]]:
         waiting = list(self._queue)
         self._queue.clear()
+        self._bulk.clear()
+        self._prompt = 0
         return waiting
 
 

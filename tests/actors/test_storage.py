@@ -24,7 +24,9 @@ class HeldWriter:
         self.held: list[tuple[Any, Callable[[object], None]]] = []
         self.committed: list[Any] = []
 
-    def submit_many(self, items: list[tuple[Any, Callable[[object], None]]]) -> None:
+    def submit_many(
+        self, items: list[tuple[Any, Callable[[object], None]]], *, bulk: bool = False
+    ) -> None:
         self.held.extend(items)
 
     def commit(self, n: int) -> None:

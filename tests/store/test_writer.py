@@ -4,6 +4,8 @@ import threading
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from store import (
     Append,
@@ -17,6 +19,7 @@ from store import (
     StoreFull,
     WriterStats,
 )
+from store.writer import bulk_wait
 
 from .conftest import record
 
@@ -256,3 +259,54 @@ def test_start_on_unopenable_path_raises(tmp_path: Path) -> None:
     with pytest.raises(StoreError):
         writer.close()
     assert len(out.items) == 1 and isinstance(out.items[0][1], StoreError)
+
+
+@given(
+    queued=st.integers(1, 1_000),
+    prompt=st.integers(0, 1_000),
+    max_batch=st.integers(1, 1_000),
+    since=st.floats(0, 10, allow_nan=False),
+    gap=st.floats(0, 10, allow_nan=False),
+)
+def test_bulk_ops_wait_only_while_all_bulk_and_short_of_a_batch_within_the_gap(
+    queued: int, prompt: int, max_batch: int, since: float, gap: float
+) -> None:
+    prompt = min(prompt, queued)
+    wait = bulk_wait(queued=queued, prompt=prompt, max_batch=max_batch, since_commit=since, gap=gap)
+    if prompt or queued >= max_batch or since >= gap:
+        assert wait == 0
+    else:
+        assert 0 < wait <= gap
+        assert wait == pytest.approx(gap - since)
+
+
+def test_a_prompt_op_takes_the_gathering_bulk_ops_with_it_in_order(path: Path) -> None:
+    out = Outcomes()
+    gate = Gate()
+    prompt_done = threading.Event()
+    with GroupCommitWriter(path, bulk_gap=3_600) as writer:
+        writer.submit(_append("first"), gate)
+        assert gate.entered.wait(GUARD)
+        bulk = [f"b{i}" for i in range(5)]
+        writer.submit_many([(_append(t), out.done(t)) for t in bulk], bulk=True)
+        gate.release.set()  # the bulk ops now gather: the gap is an hour
+
+        def prompt(outcome: object) -> None:
+            out.done("p")(outcome)
+            prompt_done.set()
+
+        writer.submit(_append("p"), prompt)
+        assert prompt_done.wait(GUARD)  # not held: it ended the gathering at once
+    assert [tag for tag, _ in out.items] == [*bulk, "p"]
+    assert writer.stats() == WriterStats(ops=7, batches=2, largest_batch=6)
+    with Reader(path) as reader:
+        assert [m["id"] for m in reader.history()] == ["first", *bulk, "p"]
+
+
+def test_close_commits_gathering_bulk_ops_at_once(path: Path) -> None:
+    out = Outcomes()
+    writer = GroupCommitWriter(path, bulk_gap=3_600)
+    writer.start()
+    writer.submit_many([(_append(t), out.done(t)) for t in ("b0", "b1")], bulk=True)
+    assert writer.close(GUARD)
+    assert [tag for tag, _ in out.items] == ["b0", "b1"]
