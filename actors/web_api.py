@@ -260,7 +260,11 @@ class ConsoleApi:
 
 
 def _message(m: Mapping[str, Any]) -> dict[str, Any]:
-    return {"id": m.get("id"), "role": m.get("role"), "line": history_line(m)}
+    """A stored message as the history page lists it: its id, role and the line ``mcplive
+    history`` prints for it, less the id, agent and role the page shows apart."""
+    line = history_line(m)
+    shown = line.removeprefix(f"{m.get('id')} {m.get('agent')} {m.get('role')}").lstrip()
+    return {"id": m.get("id"), "role": m.get("role"), "line": shown}
 
 
 def _int(value: str | None, default: int, name: str, cap: int) -> int:

@@ -131,12 +131,12 @@ function renderAgents(agents) {
         el("dt", { text: "queued wakes" }), el("dd", { text: text(a.queued) }),
         el("dt", { text: "turns" }), el("dd", { text: text(a.turns) }),
         el("dt", { text: "last turn" }),
-        el("dd", { text: a.last_turn_at ? `${a.last_turn_at} (${text(a.last_outcome)})` : "none yet" }),
+        el("dd", { text: a.last_turn_at ? `${dateTimeOf(a.last_turn_at)} (${text(a.last_outcome)})` : "none yet" }),
         el("dt", { text: "paused" }), el("dd", { text: a.paused ? text(a.paused) : "no" }),
         el("dt", { text: "usage (all)" }), el("dd", { text: usageLine(a.usage) })
       ),
       turns.length ? el("h2", { text: "Last turns" }) : null,
-      turns.length ? el("ol", {}, ...turns.map((t) => el("li", { class: "muted", text: `${text(t.ts)} · ${usageLine(t)}` }))) : null,
+      turns.length ? el("ol", {}, ...turns.map((t) => el("li", { class: "muted", text: `${timeOf(t.ts)} · ${usageLine(t)}` }))) : null,
       drafts.length ? el("h2", { text: "Drafts" }) : null,
       drafts.length ? el("ol", {}, ...drafts) : null
     );
@@ -221,9 +221,23 @@ function timeOf(ts) {
   return Number.isNaN(d.getTime()) ? "" : d.toLocaleTimeString([], { hour12: false });
 }
 
+function dateTimeOf(ts) {
+  const d = new Date(ts);
+  return Number.isNaN(d.getTime()) ? text(ts) : d.toLocaleString([], { hour12: false });
+}
+
+// Kinds whose line is the agent's own doing: the agent is named as their source.
+const AGENT_KINDS = new Set(["published", "speech-held", "tool-call", "tool-result", "turn-usage",
+  "local", "asleep", "awake", "turn-aborted", "agent-paused", "agent-resumed", "context-fold",
+  "rolled-back", "model-retry", "turn-start", "error"]);
+
 function sourceOf(r) {
-  if (r.server_id && r.channel_id) return `${r.server_id} ${r.channel_id}`;
-  return text(r.server_id || r.agent || "host");
+  const first = AGENT_KINDS.has(r.kind) ? r.agent || r.server_id : r.server_id || r.agent;
+  return text(first || "host");
+}
+
+function placeOf(r) {
+  return [r.server_id, r.channel_id, r.agent].filter(Boolean).map(text).join(" · ") || "host";
 }
 
 function row(r) {
@@ -231,7 +245,7 @@ function row(r) {
     "li",
     { class: `k-${text(r.kind)} l-${text(r.level)}`, "data-agent": text(r.agent), "data-kind": text(r.kind) },
     el("span", { class: "time", text: timeOf(r.ts) }),
-    el("span", { class: "src", title: sourceOf(r), text: sourceOf(r) }),
+    el("span", { class: "src", title: placeOf(r), text: sourceOf(r) }),
     el("span", { class: "text", text: text(r.line) })
   );
   const draft = r.kind === "speech-held" && r.data && r.data.draft;
@@ -266,7 +280,12 @@ function addRecords(records) {
   }
   while (list.childElementCount > MAX_ROWS) list.firstElementChild.remove();
   if (atEnd) list.scrollTop = list.scrollHeight;
-  if (records.some((r) => r.kind !== "tokens")) refresh();
+  if (!refreshSoon.timer) refreshSoon.timer = setTimeout(refreshSoon, 500);
+}
+
+function refreshSoon() {
+  refreshSoon.timer = null;
+  refresh();
 }
 
 function follow(delay) {
@@ -291,7 +310,7 @@ async function loadHistory(older) {
   const answer = await getJSON(`/api/history/${encodeURIComponent(agent)}?${params}`);
   const list = document.getElementById("history");
   const rows = answer.messages.map((m) =>
-    el("li", {}, el("span", { class: "muted", text: `${text(m.id)} ${text(m.role)}` }), el("span", { text: text(m.line) }))
+    el("li", { title: text(m.id) }, el("span", { class: "muted", text: text(m.role) }), el("span", { text: text(m.line) }))
   );
   if (older) list.prepend(...rows);
   else list.replaceChildren(...rows);
