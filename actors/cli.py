@@ -68,7 +68,8 @@ async def _run(
         if web is not None:
             from .web import open_console
 
-            console = await stack.enter_async_context(open_console(host, web.address, web.token))
+            serving = open_console(host, web.address, web.token, level=options.level)
+            console = await stack.enter_async_context(serving)
             printer.note(console_note(console.url, web.token_env), trio.current_time())
 
         async def stop_on_signal(scope: trio.CancelScope) -> None:

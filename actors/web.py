@@ -39,6 +39,7 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from .errors import ConfigError
 from .printer import TranscriptOptions
+from .transcript import INFO
 from .web_api import ConsoleApi
 from .web_auth import COOKIE, DEFAULT_WEB, Guard, is_loopback, parse_web_address
 from .web_feed import Feed, TooManyClients
@@ -69,11 +70,11 @@ class Console:
 
 @asynccontextmanager
 async def open_console(
-    host: Any, address: str | None = None, token: str | None = None
+    host: Any, address: str | None = None, token: str | None = None, *, level: int = INFO
 ) -> AsyncIterator[Console]:
     """Serve the console of ``host`` on ``address`` (default ``DEFAULT_WEB``; port 0 picks a
-    free port) until the block ends. Without ``token`` the address must be a loopback one (a
-    ``ConfigError`` says so otherwise)."""
+    free port) until the block ends; its transcript shows events of ``level`` and up. Without
+    ``token`` the address must be a loopback one (a ``ConfigError`` says so otherwise)."""
     where = address or DEFAULT_WEB
     try:
         name, port = parse_web_address(where)
@@ -92,7 +93,8 @@ async def open_console(
     app = _Gate(build_app(api, feed, guard), guard)
     async with trio.open_nursery() as nursery:
         stream = host.ctx.trace.subscribe_nowait(replay=True)
-        nursery.start_soon(feed.run, stream, TranscriptOptions(redactor=host.ctx.redactor))
+        options = TranscriptOptions(level=level, redactor=host.ctx.redactor)
+        nursery.start_soon(feed.run, stream, options)
         binds = await nursery.start(partial(serve, app, _server_config(name, port)))
         url = binds[0].rstrip("/") + "/"
         bound = int(url.rsplit(":", 1)[1].strip("/"))
