@@ -4,6 +4,7 @@ in their own modules, the transcript in ``transcript``."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import signal
@@ -35,6 +36,7 @@ from .printer import TranscriptOptions, TranscriptPrinter, run_printer
 from .reload import ignore_sighup_until_ready, reload_on_sighup
 from .transcript import LEVEL_NAMES
 from .version import installed_version
+from .web_run import WebOptions, console_note, web_options
 
 
 def bundled_example() -> Path:
@@ -48,19 +50,27 @@ async def _run(
     options: TranscriptOptions | None = None,
     notes: Sequence[str] = (),
     reload_from: Callable[[], HostConfig] | None = None,
+    web: WebOptions | None = None,
 ) -> None:
     """Run the host and print its transcript to ``out`` until ``duration`` is over or a signal
-    comes; then print what the host said while it stopped."""
+    comes; then print what the host said while it stopped. With ``web``, the operator console
+    is served meanwhile."""
     from .host import Host
 
     options = options if options is not None else TranscriptOptions()
-    async with Host.open(config) as host:
+    async with Host.open(config) as host, contextlib.AsyncExitStack() as stack:
         stream = host.ctx.trace.subscribe_nowait(replay=True)  # from the start, drained whole
         redactor = host.ctx.redactor
         redact_logs(redactor)
         printer = TranscriptPrinter(out, attrs.evolve(options, redactor=redactor))
         for note in notes:
             printer.note(note, trio.current_time())
+        if web is not None:
+            from .web import open_console
+
+            serving = open_console(host, web.address, web.token, level=options.level)
+            console = await stack.enter_async_context(serving)
+            printer.note(console_note(console.url, web.token_env), trio.current_time())
 
         async def stop_on_signal(scope: trio.CancelScope) -> None:
             with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
@@ -107,7 +117,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         cfg = _host_config(args)  # report problems before anything starts
         ignore_sighup_until_ready()
         reload_from = None if args.config is None else (lambda: _host_config(args))
-        _run_while_read(cfg, args.duration, options, notes, reload_from)
+        web = web_options(cfg, args.web)
+        _run_while_read(cfg, args.duration, options, notes, reload_from, web)
     except ConfigError as exc:
         return _config_problems(exc)
     except KeyboardInterrupt:
@@ -135,11 +146,12 @@ def _run_while_read(
     options: TranscriptOptions,
     notes: Sequence[str],
     reload_from: Callable[[], HostConfig] | None = None,
+    web: WebOptions | None = None,
 ) -> None:
     """Run the host until it is told to stop, or until whoever reads the transcript stops
     reading (``mcplive run | head``): then the host stops cleanly, with one line saying why."""
     try:
-        trio.run(_run, config, duration, sys.stdout, options, notes, reload_from)
+        trio.run(_run, config, duration, sys.stdout, options, notes, reload_from, web)
     except* BrokenPipeError:
         # nothing more can be written there; later writes (at exit) go nowhere
         devnull = os.open(os.devnull, os.O_WRONLY)
@@ -285,6 +297,11 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="print one trace event per line as JSON (keys ts, kind, level, agent, server_id, "
         "channel_id, data) instead of the transcript",
+    )
+    run.add_argument(
+        "--web",
+        action="store_true",
+        help="serve the operator console (at [host] web, else 127.0.0.1:7340)",
     )
     levels = run.add_mutually_exclusive_group()
     levels.add_argument(

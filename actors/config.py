@@ -25,6 +25,7 @@ from protocol.redact import Redactor
 from protocol.uri import McplUriError, parse_endpoint
 
 from .errors import ConfigError
+from .web_auth import address_problem
 
 PROSE_MODES = ("locus", "explicit", "hybrid", "disabled")
 REQUEST_TIMEOUT_S = 60.0
@@ -115,6 +116,8 @@ class HostConfig:
     agents: tuple[AgentConfig, ...]
     base_dir: Path
     inference_model: str | None = None  # the model for inference requests no route names
+    web: str | None = None  # the operator console's address; None: no console
+    web_token_env: str | None = None  # the variable holding the console's access token
 
     def server(self, server_id: str) -> ServerConfig | None:
         return next((s for s in self.servers if s.id == server_id), None)
@@ -167,7 +170,7 @@ def unknown_key(where: str, key: str, known: Collection[str], fallback: str) -> 
     return f"{where}.{key}: unknown key; {hint}" if where else f"{key}: unknown key; {hint}"
 
 
-_HOST_KEYS = ("data_dir", "inference_model")
+_HOST_KEYS = ("data_dir", "inference_model", "web", "web_token_env")
 _TOP_KEYS = ("host", "servers", "agents")
 
 
@@ -194,6 +197,9 @@ def load_config(
     inference_model = _model_spec(
         "host.inference_model", host.get("inference_model"), base, problems
     )
+    web_problem = address_problem(host.get("web"), host.get("web_token_env"))
+    if web_problem is not None:
+        problems.append(web_problem)
     configured = host.get("data_dir")
     if data_dir is not None and configured is not None:
         problems.append(
@@ -247,6 +253,8 @@ def load_config(
         agents=tuple(a for a in agents if a is not None),
         base_dir=base,
         inference_model=inference_model,
+        web=host.get("web"),
+        web_token_env=host.get("web_token_env"),
     )
 
 

@@ -60,7 +60,8 @@ from .link import MANIFEST_FETCHES, Link, RequestTimeout
 from .link_end import StderrTail, ending
 from .link_io import new_link
 from .link_run import LinkRun
-from .messages import Call, CancelCall, ConnStatus, Notify, Reconfigure, Status
+from .messages import Call, CancelCall, ConnStatus, Notify, Reconfigure, Reconnect, Status
+from .reconnect import ReconnectSwitch
 from .server_requests import ServerRequests
 from .transport import Transport, open_transport
 
@@ -90,6 +91,7 @@ class ConnectionActor(Actor):
         self.lanes = HotLanes(self)
         self.requests = ServerRequests(self)
         self.life = LinkRun(self, self.policy, self.lanes, self.requests)
+        self.switch = ReconnectSwitch()
 
     # -- tracing ----------------------------------------------------------------------------
     def trace(self, kind: str, channel_id: str | None = None, **data: Any) -> None:
@@ -142,6 +144,8 @@ class ConnectionActor(Actor):
             reply.value(None)
         elif isinstance(msg, Reconfigure):
             self._reconfigure(msg.cfg, reply)
+        elif isinstance(msg, Reconnect):
+            reply.value(self.switch.request(self.link))
         else:
             raise TypeError(f"unexpected message {msg!r}")
 
@@ -355,7 +359,7 @@ class ConnectionActor(Actor):
                 attempt=attempt,
                 **report,
             )
-            await trio.sleep(delay)
+            await self.switch.wait(delay)
 
     def _on_stderr(self, line: str) -> None:
         self.tail.add(line)

@@ -34,6 +34,7 @@ from .datadir import DataDirLock
 from .errors import ConfigError
 from .inference import InferenceRouter
 from .kernel import Work
+from .messages import Reconnect
 from .models import Model
 from .providers import make_model, model_from_spec
 from .references import ReferenceRegistry
@@ -201,6 +202,15 @@ class Host:
     async def abort_turn(self, agent: str) -> bool:
         """Cancel the agent's running turn (its servers hear ``aborted``); False if none ran."""
         return bool(await self._agent(agent).ask(AbortTurn(), timeout=60))
+
+    async def reconnect(self, server_id: str) -> str:
+        """End the server's link in force and dial a new one now (its backoff cut short):
+        ``"closing"`` when a link was ended, ``"dialling"`` when none was up. An unknown server
+        raises KeyError."""
+        ref = self.ctx.connections.get(server_id)
+        if ref is None:
+            raise KeyError(f"no server with id {server_id!r}")
+        return str(await ref.ask(Reconnect(), timeout=60))
 
     async def rollback(self, agent: str, to: str) -> dict[str, Any]:
         """Set aside the agent's messages after message ``to`` (they stay stored) and ask each

@@ -267,3 +267,10 @@ class Reconfigure:
     connection answers the grant in force after re-applying its masks (None: not connected)."""
 
     cfg: Any
+
+
+@attrs.frozen(kw_only=True)
+class Reconnect:
+    """An operator's request to a connection: end the link in force (if any) and open a new one
+    now, without waiting out the backoff. The answer says what was ended (see
+    ``actors.reconnect``)."""

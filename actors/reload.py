@@ -65,7 +65,7 @@ def _differing(old: Any, new: Any, skip: tuple[str, ...]) -> list[str]:
 def plan_reload(old: HostConfig, new: HostConfig) -> ReloadPlan:
     changed: list[str] = []
     restart: list[str] = []
-    for key in ("data_dir", "inference_model"):
+    for key in ("data_dir", "inference_model", "web", "web_token_env"):
         if getattr(old, key) != getattr(new, key):
             restart.append(key)
     new_servers = {s.id: s for s in new.servers}

@@ -1,0 +1,354 @@
+// The mcplive operator console. Everything a server, a sender or an agent wrote is set as text
+// (textContent, never markup), and the page builds its elements one by one.
+"use strict";
+
+const ACTION_KEY = document.querySelector('meta[name="mcplive-action-key"]').content;
+const MAX_ROWS = 2000; // transcript rows kept on the page; the oldest go first
+const POLL_MS = 2000;
+
+const state = { page: "transcript", lastSeq: 0, agents: [], filter: "", historyMore: null };
+
+function el(tag, props, ...children) {
+  const node = document.createElement(tag);
+  for (const [key, value] of Object.entries(props || {})) {
+    if (key === "class") node.className = value;
+    else if (key === "text") node.textContent = value;
+    else if (key.startsWith("on")) node.addEventListener(key.slice(2), value);
+    else node.setAttribute(key, value);
+  }
+  for (const child of children) {
+    if (child === null || child === undefined) continue;
+    node.append(typeof child === "string" ? document.createTextNode(child) : child);
+  }
+  return node;
+}
+
+function text(value) {
+  return value === null || value === undefined ? "" : String(value);
+}
+
+function toast(message) {
+  const box = document.getElementById("toast");
+  box.textContent = message;
+  box.classList.add("show");
+  clearTimeout(toast.timer);
+  toast.timer = setTimeout(() => box.classList.remove("show"), 3500);
+}
+
+async function getJSON(path) {
+  const response = await fetch(path, { credentials: "same-origin" });
+  if (!response.ok) throw new Error(`${path}: ${response.status}`);
+  return response.json();
+}
+
+async function act(path, body) {
+  const response = await fetch(path, {
+    method: "POST",
+    credentials: "same-origin",
+    headers: { "content-type": "application/json", "x-mcplive-action": ACTION_KEY },
+    body: JSON.stringify(body || {}),
+  });
+  const answer = await response.json().catch(() => ({}));
+  if (!response.ok) {
+    toast(text(answer.error) || `refused (${response.status})`);
+    throw new Error(text(answer.error));
+  }
+  return answer;
+}
+
+// -- pages ------------------------------------------------------------------------------------
+function show(page) {
+  state.page = page;
+  for (const button of document.querySelectorAll("nav button")) {
+    button.classList.toggle("active", button.dataset.page === page);
+  }
+  for (const section of document.querySelectorAll(".page")) {
+    section.classList.toggle("active", section.id === `page-${page}`);
+  }
+  refresh();
+}
+
+async function refresh() {
+  try {
+    const agents = await getJSON("/api/agents");
+    state.agents = agents;
+    renderSummary(agents);
+    if (state.page === "agents") renderAgents(agents);
+    if (state.page === "servers") renderServers(await getJSON("/api/servers"));
+    if (state.page === "channels") renderChannels(await getJSON("/api/channels"));
+  } catch (error) {
+    document.getElementById("link").textContent = "the host does not answer";
+  }
+}
+
+function chip(value) {
+  return el("span", { class: `chip s-${text(value)}`, text: text(value) });
+}
+
+function renderSummary(agents) {
+  const box = document.getElementById("summary");
+  box.replaceChildren(
+    ...agents.map((a) => el("div", { class: "row" }, el("span", { text: a.name }), chip(a.state)))
+  );
+}
+
+function usageLine(usage) {
+  const u = usage || {};
+  const parts = [`in ${u.input_tokens || 0}`, `out ${u.output_tokens || 0}`];
+  parts.push(`cache read ${u.cache_read_input_tokens || 0}`);
+  parts.push(`cache write ${u.cache_creation_input_tokens || 0}`);
+  return parts.join(" · ");
+}
+
+function renderAgents(agents) {
+  const cards = agents.map((a) => {
+    const held = a.state === "held" || a.state === "paused";
+    const toggle = held
+      ? el("button", { onclick: () => agentAction(a.name, "resume"), text: "Resume" })
+      : el("button", { onclick: () => agentAction(a.name, "pause"), text: "Pause" });
+    const turns = (a.turn_usage || []).slice(-5).reverse();
+    const drafts = (a.drafts || []).map((d) =>
+      el(
+        "li",
+        {},
+        el("span", { class: "muted", text: `[${text(d.id)}] ${text(d.reason)} ` }),
+        el("span", { text: text(d.text) }),
+        el(
+          "span",
+          { class: "actions" },
+          el("button", { class: "small", onclick: () => draftAction(a.name, d.id, "resend"), text: "Resend" }),
+          el("button", { class: "small", onclick: () => draftAction(a.name, d.id, "dismiss"), text: "Dismiss" })
+        )
+      )
+    );
+    return el(
+      "div",
+      { class: "card", "data-agent": a.name },
+      el("div", { class: "head" }, el("h2", { text: a.name }), chip(a.state), toggle),
+      el(
+        "dl",
+        {},
+        el("dt", { text: "queued wakes" }), el("dd", { text: text(a.queued) }),
+        el("dt", { text: "turns" }), el("dd", { text: text(a.turns) }),
+        el("dt", { text: "last turn" }),
+        el("dd", { text: a.last_turn_at ? `${dateTimeOf(a.last_turn_at)} (${text(a.last_outcome)})` : "none yet" }),
+        el("dt", { text: "paused" }), el("dd", { text: a.paused ? text(a.paused) : "no" }),
+        el("dt", { text: "usage (all)" }), el("dd", { text: usageLine(a.usage) })
+      ),
+      turns.length ? el("h2", { text: "Last turns" }) : null,
+      turns.length ? el("ol", {}, ...turns.map((t) => el("li", { class: "muted", text: `${timeOf(t.ts)} · ${usageLine(t)}` }))) : null,
+      drafts.length ? el("h2", { text: "Drafts" }) : null,
+      drafts.length ? el("ol", {}, ...drafts) : null
+    );
+  });
+  document.getElementById("agents").replaceChildren(el("div", { class: "cards" }, ...cards));
+}
+
+function renderServers(servers) {
+  const cards = servers.map((s) =>
+    el(
+      "div",
+      { class: "card", "data-server": s.id },
+      el(
+        "div",
+        { class: "head" },
+        el("h2", { text: s.id }),
+        chip(s.state),
+        el("button", { onclick: () => serverAction(s.id), text: "Reconnect" })
+      ),
+      el(
+        "dl",
+        {},
+        el("dt", { text: "grant" }), el("dd", { text: (s.grant || []).join(", ") || "none" }),
+        el("dt", { text: "feature sets" }), el("dd", { text: (s.feature_sets || []).join(", ") || "none" }),
+        el("dt", { text: "tools" }), el("dd", { text: text(s.tools) }),
+        el("dt", { text: "channels" }), el("dd", { text: text(s.channel_count) }),
+        el("dt", { text: "reconnects" }), el("dd", { text: text(s.reconnects) }),
+        el("dt", { text: "last error" }), el("dd", { text: text(s.last_error) || "none" })
+      ),
+      (s.mismatches || []).length ? el("h2", { text: "Declaration mismatches" }) : null,
+      ...(s.mismatches || []).map((m) => el("pre", { text: text(m.text) })),
+      (s.stderr_tail || []).length ? el("h2", { text: "stderr" }) : null,
+      (s.stderr_tail || []).length ? el("pre", { text: s.stderr_tail.map(text).join("\n") }) : null
+    )
+  );
+  document.getElementById("servers").replaceChildren(el("div", { class: "cards" }, ...cards));
+}
+
+function renderChannels(channels) {
+  const names = [...new Set(channels.flatMap((c) => Object.keys(c.open_for || {})))];
+  const head = el("tr", {}, ...["server", "channel", "label", "publish to", ...names].map((h) => el("th", { text: h })));
+  const rows = channels.map((c) =>
+    el(
+      "tr",
+      {},
+      el("td", { text: text(c.server_id) }),
+      el("td", { text: text(c.id) }),
+      el("td", { text: text(c.label) }),
+      el("td", { text: text(c.publish) }),
+      ...names.map((n) => {
+        const open = (c.open_for || {})[n];
+        return el("td", {}, open === undefined ? "" : chip(open ? "open" : "closed"));
+      })
+    )
+  );
+  const table = channels.length ? el("table", {}, el("thead", {}, head), el("tbody", {}, ...rows)) : el("p", { class: "muted", text: "No channels registered." });
+  document.getElementById("channels").replaceChildren(table);
+}
+
+async function agentAction(name, action) {
+  await act(`/api/agents/${encodeURIComponent(name)}/${action}`);
+  toast(`${name}: ${action === "pause" ? "paused" : "resumed"}`);
+  refresh();
+}
+
+async function serverAction(id) {
+  const answer = await act(`/api/servers/${encodeURIComponent(id)}/reconnect`);
+  toast(`${id}: ${text(answer.reconnect)}`);
+  refresh();
+}
+
+async function draftAction(agent, id, action) {
+  const answer = await act(`/api/agents/${encodeURIComponent(agent)}/drafts/${encodeURIComponent(id)}/${action}`);
+  toast(text(answer.result) || action);
+  refresh();
+}
+
+// -- the live transcript ----------------------------------------------------------------------
+function timeOf(ts) {
+  if (!ts) return "";
+  const d = new Date(ts);
+  return Number.isNaN(d.getTime()) ? "" : d.toLocaleTimeString([], { hour12: false });
+}
+
+function dateTimeOf(ts) {
+  const d = new Date(ts);
+  return Number.isNaN(d.getTime()) ? text(ts) : d.toLocaleString([], { hour12: false });
+}
+
+// Kinds whose line is the agent's own doing: the agent is named as their source.
+const AGENT_KINDS = new Set(["published", "speech-held", "tool-call", "tool-result", "turn-usage",
+  "local", "asleep", "awake", "turn-aborted", "agent-paused", "agent-resumed", "context-fold",
+  "rolled-back", "model-retry", "turn-start", "error"]);
+
+function sourceOf(r) {
+  const first = AGENT_KINDS.has(r.kind) ? r.agent || r.server_id : r.server_id || r.agent;
+  return text(first || "host");
+}
+
+function placeOf(r) {
+  return [r.server_id, r.channel_id, r.agent].filter(Boolean).map(text).join(" · ") || "host";
+}
+
+function row(r) {
+  const item = el(
+    "li",
+    { class: `k-${text(r.kind)} l-${text(r.level)}`, "data-agent": text(r.agent), "data-kind": text(r.kind) },
+    el("span", { class: "time", text: timeOf(r.ts) }),
+    el("span", { class: "src", title: placeOf(r), text: sourceOf(r) }),
+    el("span", { class: "text", text: text(r.line) })
+  );
+  const draft = r.kind === "speech-held" && r.data && r.data.draft;
+  if (draft && r.agent) {
+    item.lastChild.append(
+      el(
+        "span",
+        { class: "actions" },
+        el("button", { class: "small", onclick: () => draftAction(r.agent, draft, "resend"), text: "Resend" }),
+        el("button", { class: "small", onclick: () => draftAction(r.agent, draft, "dismiss"), text: "Dismiss" })
+      )
+    );
+  }
+  item.hidden = !visible(item);
+  return item;
+}
+
+function visible(item) {
+  return !state.filter || item.dataset.agent === state.filter || item.dataset.agent === "";
+}
+
+function addRecords(records) {
+  const list = document.getElementById("transcript");
+  const atEnd = list.scrollTop + list.clientHeight >= list.scrollHeight - 40;
+  for (const r of records) {
+    if (typeof r.seq === "number") {
+      if (r.seq <= state.lastSeq) continue;
+      state.lastSeq = r.seq;
+    }
+    if (r.line === null || r.line === undefined) continue;
+    list.append(row(r));
+  }
+  while (list.childElementCount > MAX_ROWS) list.firstElementChild.remove();
+  if (atEnd) list.scrollTop = list.scrollHeight;
+  if (!refreshSoon.timer) refreshSoon.timer = setTimeout(refreshSoon, 500);
+}
+
+function refreshSoon() {
+  refreshSoon.timer = null;
+  refresh();
+}
+
+function follow(delay) {
+  const scheme = location.protocol === "https:" ? "wss" : "ws";
+  const socket = new WebSocket(`${scheme}://${location.host}/api/feed`);
+  const link = document.getElementById("link");
+  socket.onopen = () => { link.textContent = "live"; delay = 1000; };
+  socket.onmessage = (message) => addRecords(JSON.parse(message.data));
+  socket.onclose = () => {
+    link.textContent = "feed closed; retrying…";
+    setTimeout(() => follow(Math.min(delay * 2, 30000)), delay);
+  };
+}
+
+// -- history ----------------------------------------------------------------------------------
+async function loadHistory(older) {
+  const agent = document.getElementById("history-agent").value;
+  const q = document.getElementById("history-q").value;
+  const params = new URLSearchParams({ limit: "50" });
+  if (q) params.set("q", q);
+  if (older && state.historyMore) params.set("before", state.historyMore);
+  const answer = await getJSON(`/api/history/${encodeURIComponent(agent)}?${params}`);
+  const list = document.getElementById("history");
+  const rows = answer.messages.map((m) =>
+    el("li", { title: text(m.id) }, el("span", { class: "muted", text: text(m.role) }), el("span", { text: text(m.line) }))
+  );
+  if (older) list.prepend(...rows);
+  else list.replaceChildren(...rows);
+  if (!older) list.scrollTop = list.scrollHeight;
+  state.historyMore = answer.more;
+  document.getElementById("history-more").hidden = !answer.more;
+}
+
+// -- start ------------------------------------------------------------------------------------
+async function start() {
+  for (const button of document.querySelectorAll("nav button")) {
+    button.addEventListener("click", () => show(button.dataset.page));
+  }
+  const info = await getJSON("/api/console");
+  for (const id of ["compose-agent", "history-agent", "filter-agent"]) {
+    const select = document.getElementById(id);
+    for (const name of info.agents) select.append(el("option", { value: name, text: name }));
+  }
+  document.getElementById("filter-agent").addEventListener("change", (event) => {
+    state.filter = event.target.value;
+    for (const item of document.getElementById("transcript").children) item.hidden = !visible(item);
+  });
+  document.getElementById("compose").addEventListener("submit", async (event) => {
+    event.preventDefault();
+    const input = document.getElementById("compose-text");
+    const agent = document.getElementById("compose-agent").value;
+    if (!input.value.trim()) return;
+    await act(`/api/agents/${encodeURIComponent(agent)}/post`, { text: input.value });
+    input.value = "";
+  });
+  document.getElementById("history-form").addEventListener("submit", (event) => {
+    event.preventDefault();
+    loadHistory(false);
+  });
+  document.getElementById("history-more").addEventListener("click", () => loadHistory(true));
+  follow(1000);
+  refresh();
+  setInterval(refresh, POLL_MS);
+}
+
+start();

@@ -1,0 +1,149 @@
+"""The console in a real browser: headless Chromium (the system's, ``/usr/bin/chromium``) opens
+the console of a host running the bundled lobby example on its scripted models, sees Ada's reply
+arrive live, posts a local message, pauses an agent, and runs none of the hostile text shown.
+
+The host runs on its own trio loop in a thread; Playwright's synchronous API drives the browser
+from the test. With ``MCPLIVE_SCREENSHOT=PATH`` the test also saves a screenshot of the console
+there (how the README's picture is made).
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from actors import Host
+from actors.cli import _bundled_config
+from actors.web import open_console
+
+pytestmark = pytest.mark.slow
+
+CHROMIUM = Path("/usr/bin/chromium")
+ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+HOSTILE = '<script>window.__pwned = 1</script><img src=x onerror="window.__pwned = 2">'
+TIMEOUT_MS = 60_000
+
+sync_api = pytest.importorskip("playwright.sync_api", reason="the playwright package is missing")
+if not CHROMIUM.exists():
+    pytest.skip(
+        f"no browser: {CHROMIUM} is missing (apt-get install chromium)", allow_module_level=True
+    )
+
+
+class HostThread:
+    """The bundled lobby host with its console, on a trio loop in a thread of its own."""
+
+    def __init__(self, data_dir: Path) -> None:
+        self.data_dir = data_dir
+        self.started: queue.Queue[Any] = queue.Queue(maxsize=1)
+        self.thread = threading.Thread(target=self._run, name="host", daemon=True)
+        self.token: trio.lowlevel.TrioToken | None = None
+        self.stop: trio.Event | None = None
+        self.host: Host | None = None
+
+    def _run(self) -> None:
+        try:
+            trio.run(self._main)
+        except BaseException as exc:  # reported to the test, which is waiting
+            self.started.put(exc)
+
+    async def _main(self) -> None:
+        async with Host.open(_bundled_config(self.data_dir)) as host:
+            async with open_console(host, "127.0.0.1:0") as console:
+                self.host = host
+                self.token = trio.lowlevel.current_trio_token()
+                self.stop = trio.Event()
+                self.started.put(console.url)
+                await self.stop.wait()
+
+    def call(self, fn: Any, *args: Any) -> Any:
+        return trio.from_thread.run_sync(fn, *args, trio_token=self.token)
+
+    def emit(self, kind: str, **fields: Any) -> None:
+        assert self.host is not None
+        self.call(lambda: self.host.ctx.trace.emit(kind, **fields))
+
+
+@contextmanager
+def running_host(data_dir: Path) -> Iterator[tuple[HostThread, str]]:
+    runner = HostThread(data_dir)
+    runner.thread.start()
+    got = runner.started.get(timeout=120)
+    if isinstance(got, BaseException):
+        raise got
+    try:
+        yield runner, got
+    finally:
+        if runner.stop is not None:
+            runner.call(runner.stop.set)
+        runner.thread.join(timeout=60)
+
+
+def test_the_console_in_a_browser(tmp_path: Path) -> None:
+    with running_host(tmp_path / "data") as (runner, url), sync_api.sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=str(CHROMIUM), args=ARGS, headless=True)
+        try:
+            page = browser.new_page(viewport={"width": 1280, "height": 760})
+            dialogs: list[str] = []
+            page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
+            page.set_default_timeout(TIMEOUT_MS)
+            page.goto(url)
+            transcript = page.locator("#transcript")
+            # the lobby's Alice says hello; Ada's answer appears without a reload
+            transcript.get_by_text("Ada → Hi there! Ada here.").first.wait_for()
+            assert page.locator("#link").text_content() == "live"
+            shot = os.environ.get("MCPLIVE_SCREENSHOT")
+            if shot:  # the README's picture: the lobby a little later, before the hostile text
+                transcript.get_by_text("Ada → I looked up Paris for you.").first.wait_for()
+                page.screenshot(path=shot)
+
+            # hostile text in every field the transcript shows: sender, channel, tool result
+            runner.emit(
+                "incoming",
+                server_id="lobby",
+                channel_id=HOSTILE,
+                data={"author": HOSTILE, "text": HOSTILE},
+            )
+            runner.emit(
+                "tool-result",
+                agent="Ada",
+                data={"tool": HOSTILE, "content": [{"type": "text", "text": HOSTILE}]},
+            )
+            # and through a real path: the operator's own input, posted from the page
+            page.select_option("#compose-agent", "Ada")
+            page.fill("#compose-text", f"a note for Ada {HOSTILE}")
+            page.click("#compose button[type=submit]")
+            transcript.get_by_text(f"operator → Ada: a note for Ada {HOSTILE}").wait_for()
+            transcript.get_by_text(f"{HOSTILE} | {HOSTILE}: {HOSTILE}").wait_for()
+            assert page.locator("#transcript img").count() == 0
+            assert page.locator("#transcript script").count() == 0
+
+            # pause Grace from the agents page; her card says so, and so does the host
+            page.click("nav button[data-page=agents]")
+            grace = page.locator(".card[data-agent=Grace]")
+            grace.get_by_role("button", name="Pause").click()
+            grace.locator(".chip", has_text="held").wait_for()
+            assert runner.host is not None
+            assert runner.host.ctx.agent_statuses["Grace"].held is True
+
+            assert page.evaluate("typeof window.__pwned") == "undefined"
+            assert dialogs == []
+        finally:
+            browser.close()
