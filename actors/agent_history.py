@@ -26,7 +26,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from protocol.authors import author_line, guard_body_start, shown_author, stored_author
-from protocol.folds import FoldingTail, is_summary, render_summary
+from protocol.folds import FoldingTail, covered_ends, is_summary, render_summary
 from store import Append, CorruptRecord, MessageRecord, Reader
 
 from .channel_envelope import new_id
@@ -312,9 +312,14 @@ class ContextReader:
         live = [m for m in live_messages(fresh) if not is_summary(m)]
         if summaries:
             live = _after_covered(live, summaries)
+            merged = [s for s in summaries if s["metadata"]["summarizes"].get("summaries")]
             for summary in summaries:
+                if summary not in merged:
+                    shown = render_summary(summary)
+                    self._tail.add_summary(shown, estimate_tokens(shown))
+            for summary in merged:  # first, as when it was made
                 shown = render_summary(summary)
-                self._tail.add_summary(shown, estimate_tokens(shown))
+                self._tail.add_front(shown, estimate_tokens(shown))
         occurrences = tuple(
             o for m in live if isinstance(o := m["metadata"].get("occurrence"), str)
         )
@@ -355,9 +360,28 @@ class ContextReader:
         finally:
             if not done:
                 self._tail, self._seen_seq = self._new_tail(), 0
-        if summary is not None:
-            shown = render_summary(summary)
-            self._tail.add_summary(shown, estimate_tokens(shown))
+        if summary is None:
+            return
+        shown = render_summary(summary)
+        gone = self._tail.add_summary(shown, estimate_tokens(shown))
+        if gone:
+            await self._merge(gone)
+
+    async def _merge(self, gone: list[Mapping[str, Any]]) -> None:
+        """Merge the summaries that left the view into one shown first (the rest's room in the
+        summaries' share); when that fails they stay out of view (the folder says so)."""
+        assert self.folder is not None
+        room = self._tail.summary_cap - self._tail.summary_total
+        done = False
+        try:
+            merged = await self.folder.merge(gone, room)
+            done = True
+        finally:
+            if not done:
+                self._tail, self._seen_seq = self._new_tail(), 0
+        if merged is not None:
+            shown = render_summary(merged)
+            self._tail.add_front(shown, estimate_tokens(shown))
 
     async def _fresh(self) -> tuple[list[dict[str, Any]], int]:
         """What was stored since the last read, oldest first, and the newest seq among it.
@@ -421,25 +445,43 @@ def _read_fresh(
 
 
 def _read_summaries(reader: Reader, agent: str, cap: int) -> list[dict[str, Any]]:
-    """The agent's newest stored summaries that fit in ``cap`` tokens (at least one, if any),
-    oldest first, looked for among its newest ``SUMMARY_SCAN`` system messages; a summary a
-    rollback set aside is left out."""
+    """The summaries that open the agent's context, oldest first, looked for among its newest
+    ``SUMMARY_SCAN`` system messages (a summary a rollback set aside is left out): its newest
+    summary of summaries (shown first) and every summary newer than what that one merged; with
+    none merged yet, the newest summaries that fit in ``cap`` tokens (at least one, if any)."""
     found: list[dict[str, Any]] = []
     hidden: set[str] = set()  # set aside by a rollback (a marker is newer than what it hides)
-    total = 0
+    merged: dict[str, Any] | None = None
+    taken_in: set[str] = set()  # what the newest summary of summaries stands for
     for row in reader.walk(agent=agent, roles=("system",), newest_first=True, limit=SUMMARY_SCAN):
         m = row.message
         if is_rollback(m):
             hidden.update(m["metadata"].get("set_aside", ()))
         if not is_summary(m) or m["id"] in hidden:
             continue
+        parts = m["metadata"]["summarizes"].get("summaries") or ()
+        if m["id"] in taken_in:
+            if not parts:
+                break  # a span the newest merge took in: everything older is in it (or left)
+            taken_in.update(parts)  # an older merge, taken in by a newer one
+            continue
+        if parts:
+            merged = merged or m  # the newest: it took in every older one
+            taken_in.update(parts)
+            continue
+        found.append(m)  # newest first
+    if merged is not None:
+        return [merged, *reversed(found)]
+    kept: list[dict[str, Any]] = []
+    total = 0
+    for m in found:
         size = estimate_tokens(render_summary(m))
-        if found and total + size > cap:
+        if kept and total + size > cap:
             break
-        found.append(m)
+        kept.append(m)
         total += size
-    found.reverse()
-    return found
+    kept.reverse()
+    return kept
 
 
 def _after_covered(
@@ -448,5 +490,6 @@ def _after_covered(
     """The messages after the newest one the summaries cover (older ones were folded, or left
     the context before the newest fold)."""
     covered = {i for s in summaries for i in s["metadata"]["summarizes"].get("ids", ())}
+    covered.update(e for s in summaries for e in covered_ends(s["metadata"]["summarizes"]) if e)
     last = max((n for n, m in enumerate(live) if m["id"] in covered), default=-1)
     return live[last + 1 :]

@@ -31,7 +31,7 @@ import attrs
 
 from protocol.authors import shown_author, stored_author
 from protocol.display import one_line, well_formed
-from protocol.folds import is_summary, summary_header
+from protocol.folds import covered_ends, is_summary, summary_header
 from protocol.redact import NO_REDACTION, Redactor
 from store import Reader, StoredRow, body_text, db_path, text_matcher
 
@@ -317,8 +317,8 @@ def history_line(
     mark = " (set aside)" if set_aside else ""
     if is_summary(m):
         covers = meta["summarizes"]
-        ids = [str(i) for i in covers.get("ids", ())]
-        first_last = f"{ids[0]} … {ids[-1]}" if len(ids) > 1 else "".join(ids)
+        first, last = covered_ends(covers)
+        first_last = f"{first} … {last}" if first != last else str(first or "")
         where = f" {summary_header(covers)} (covers {first_last}):"
     text = " ".join(" ".join(parts).split())
     return f"{stamp}{m['id']} {m['agent']} {m['role']}{mark}{where} {text}"

@@ -75,9 +75,8 @@ async def recall(ctx: Any, agent: str, args: Mapping[str, Any]) -> dict[str, Any
 
 
 def _search(reader: Reader, agent: str, query: str, limit: int) -> list[dict[str, Any]]:
-    # a few more than asked, so that summaries left out do not leave the answer short
-    found = reader.search(query, agent=agent, limit=limit * 2)
-    return [m for m in found if not is_summary(m)][-limit:]
+    # the summaries are passed over: however many quote the text, the messages are found
+    return reader.search(query, agent=agent, limit=limit, keep=lambda m: not is_summary(m))
 
 
 def _around(reader: Reader, agent: str, message_id: str, limit: int) -> list[dict[str, Any]] | None:

@@ -168,6 +168,12 @@ def format_event(e: TraceEvent) -> str | None:
         return f"· {e.agent} resumed ({d.get('waiting')} waiting wakes)"
     if k == "model-retry":
         return f"? {e.agent}: {d.get('line')}"
+    if k == "context-fold" and d.get("summaries"):
+        return (
+            f"· {e.agent}: merged {d.get('summaries')} older summaries ({d.get('messages')} "
+            f"messages, ~{_count(d.get('folded_tokens'))} tokens) into one; "
+            f"{d.get('summary_model')} used {Usage.of(d).describe()} tokens"
+        )
     if k == "context-fold":
         n = d.get("messages")
         return (

@@ -11,8 +11,11 @@ the span and adds the summary (:meth:`FoldingTail.add_summary`), or, when summar
 lets the span go. Between two folds the context only grows at its end, so a provider's prompt
 cache keeps serving its start; only a fold changes it.
 
-Summaries take at most ``summary_share`` of the budget: past it, the oldest leave the view (they
-stay stored, as do the raw messages, for ``recall``).
+Summaries take at most ``summary_share`` of the budget: past it, the oldest leave the view, and
+the caller merges them into one summary of summaries shown first (:meth:`FoldingTail.add_front`,
+:func:`merged_covers`), so an agent of many months keeps a bounded but whole account of its
+past: one merged summary of everything old, then the newer summaries, then the raw tail. When a
+merge fails they just leave the view (they stay stored, as do the raw messages, for ``recall``).
 
 A summary is shown under a line only the host writes (:func:`summary_header`); a sender's text
 that opens the same way is marked (:func:`protocol.source.mark_openings`). What a summary covers
@@ -34,7 +37,9 @@ __all__ = [
     "SUMMARY_KIND",
     "SUMMARY_SHARE",
     "FoldingTail",
+    "covered_ends",
     "is_summary",
+    "merged_covers",
     "render_summary",
     "summarizes",
     "summary_header",
@@ -133,6 +138,13 @@ class FoldingTail:
             gone.append(old)
         return gone
 
+    def add_front(self, summary: Message, tokens: int) -> None:
+        """Show a merged summary first, before the others: it stands for the summaries that
+        last left the view (``add_summary``'s answer). It is never itself sent away here (a
+        later ``add_summary`` may send it away, to be merged again)."""
+        self._summaries.appendleft((summary, tokens))
+        self.summary_total += tokens
+
     def summaries(self) -> list[Message]:
         return [s for s, _ in self._summaries]
 
@@ -173,6 +185,56 @@ def summarizes(
         "first_at": min(times) if times else None,
         "last_at": max(times) if times else None,
     }
+
+
+def merged_covers(
+    covers: Sequence[Mapping[str, Any]], summary_ids: Sequence[str]
+) -> dict[str, Any]:
+    """What a summary of summaries covers, from what each of them covered (``covers``, oldest
+    first) and their ids: the summaries it merges (``summaries``), the first and last message
+    ids (``first_id``, ``last_id``), the channels in order of first appearance, the total
+    count, and the earliest and latest times. ``ids`` is empty: the messages are named by the
+    summaries it merges, so the record stays small however much it covers."""
+    channels: dict[str, None] = {}
+    for c in covers:
+        for where in c.get("channels") or ():
+            channels.setdefault(str(where), None)
+    firsts = [_time(c.get("first_at")) for c in covers if _is_time(c.get("first_at"))]
+    lasts = [_time(c.get("last_at")) for c in covers if _is_time(c.get("last_at"))]
+    ends = [(_end(c, "first_id", 0), _end(c, "last_id", -1)) for c in covers]
+    known = [e for e in ends if e[0] is not None]
+    return {
+        "ids": [],
+        "summaries": [str(i) for i in summary_ids],
+        "first_id": known[0][0] if known else None,
+        "last_id": known[-1][1] if known else None,
+        "channels": list(channels),
+        "count": sum(int(c.get("count", len(c.get("ids") or ())) or 0) for c in covers),
+        "first_at": min(firsts) if firsts else None,
+        "last_at": max(lasts) if lasts else None,
+    }
+
+
+def _is_time(at: Any) -> bool:
+    return isinstance(at, int | float) and not isinstance(at, bool)
+
+
+def _time(at: Any) -> float:
+    return float(at)
+
+
+def _end(covers: Mapping[str, Any], key: str, index: int) -> str | None:
+    """A summary's first or last message id: its own field when merged, else from ``ids``."""
+    value = covers.get(key)
+    if isinstance(value, str):
+        return value
+    ids = covers.get("ids") or ()
+    return str(ids[index]) if ids else None
+
+
+def covered_ends(covers: Mapping[str, Any]) -> tuple[str | None, str | None]:
+    """The first and last message ids a summary (merged or not) covers."""
+    return _end(covers, "first_id", 0), _end(covers, "last_id", -1)
 
 
 def _when(at: Any) -> str:

@@ -10,7 +10,7 @@ import os
 import sqlite3
 import threading
 from collections import deque
-from collections.abc import Generator, Iterable, Iterator
+from collections.abc import Callable, Generator, Iterable, Iterator
 from contextlib import closing
 from pathlib import Path
 from typing import Any
@@ -392,6 +392,7 @@ class Reader:
         agent: str | None = None,
         regex: bool = False,
         limit: int | None = None,
+        keep: Callable[[dict[str, Any]], bool] | None = None,
     ) -> list[dict[str, Any]]:
         """Messages whose body text (:func:`~store.bodytext.body_text`) matches, oldest first.
 
@@ -401,7 +402,8 @@ class Reader:
         case-insensitive and goes through the text index (:mod:`store.textindex`; a needle
         shorter than it can look up is scanned for); ``regex=True`` is a :mod:`re` search where
         ``^`` anchors at the body's start (a bad pattern raises :class:`re.error`), reading the
-        messages one at a time. ``limit`` keeps the newest N matches.
+        messages one at a time. ``limit`` keeps the newest N matches; with ``keep``, only
+        matches it keeps count (the others are passed over).
         """
         if limit is not None and limit < 0:
             raise ValueError(f"limit must be >= 0, got {limit}")
@@ -415,7 +417,7 @@ class Reader:
             found: deque[dict[str, Any]] = deque(maxlen=limit)  # only the newest matches kept
             with closing(self._scan(clauses, params, newest_first=False)) as messages:
                 for message in messages:
-                    if matches(body_text(message)):
+                    if matches(body_text(message)) and (keep is None or keep(message)):
                         found.append(message)
             return list(found)
         if text:
@@ -426,6 +428,8 @@ class Reader:
         if limit != 0:
             with closing(self._scan(clauses, params, newest_first=True)) as messages:
                 for message in messages:
+                    if keep is not None and not keep(message):
+                        continue
                     newest.append(message)
                     if len(newest) == limit:
                         break

@@ -86,6 +86,15 @@ def summaries_of(history: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [m for m in history if is_summary(m)]
 
 
+def is_merged(summary: dict[str, Any]) -> bool:
+    return bool(summary["metadata"]["summarizes"].get("summaries"))
+
+
+def spans_of(history: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The summaries of raw spans (not the summaries of summaries)."""
+    return [m for m in summaries_of(history) if not is_merged(m)]
+
+
 def shown_ids(context: list[dict[str, Any]]) -> list[str]:
     return [str(m.get("id")) for m in context]
 
@@ -108,13 +117,23 @@ async def test_the_oldest_span_folds_into_a_summary_at_the_budget_edge(
             await converse(host, 8, 40)
             history = host.history("Ada")
             nursery.cancel_scope.cancel()
-    stored = summaries_of(history)
+    everything = summaries_of(history)
+    stored = spans_of(history)
     assert len(stored) >= 2
+    merged = [s for s in everything if is_merged(s)]
     turns = model.turns()
     last = turns[-1]
     # the context: the summaries first (under the host's line), then raw messages
     heads = [m for m in last if (m.get("metadata") or {}).get("kind") == "summary"]
     assert heads and last[: len(heads)] == heads
+    # the older summaries left the view merged into one, shown first; it names what it merged
+    assert merged and heads[0]["id"] == merged[-1]["id"]
+    assert heads[0]["blocks"][0]["text"].startswith("[summary: ")
+    in_view = {h["id"] for h in heads}
+    newest_merge = merged[-1]["metadata"]["summarizes"]
+    assert set(newest_merge["summaries"]).isdisjoint(in_view)
+    span_count = sum(s["metadata"]["summarizes"]["count"] for s in stored if s["id"] not in in_view)
+    assert newest_merge["count"] == span_count  # every span that left the view, once
     assert all(m["blocks"][0]["text"].startswith("[summary: ") for m in heads)
     assert heads[-1]["blocks"][0]["text"].split(",")[0] == (
         f"[summary: {stored[-1]['metadata']['summarizes']['count']} messages"
@@ -139,7 +158,7 @@ async def test_the_oldest_span_folds_into_a_summary_at_the_budget_edge(
     assert "SUMMARY of" in line
     # within the budget, and the transcript tells of each fold and its cost
     folds = [e for e in events if e.kind == "context-fold"]
-    assert len(folds) == len(stored)
+    assert len(folds) == len(everything)
     said = format_event(folds[0])
     assert said is not None and "folded" in said and "tokens" in said
 
@@ -304,7 +323,7 @@ async def test_the_cached_prefix_is_the_same_bytes_from_fold_to_fold(
         else:
             folded += 1
     assert kept >= 20 and folded >= 1
-    assert folded == len(summaries_of(history))
+    assert folded == len(spans_of(history))  # a merge comes with a fold, in the same request
 
 
 def summary_ids(context: list[dict[str, Any]]) -> list[str]:
@@ -323,11 +342,29 @@ async def test_after_a_restart_the_stored_summaries_open_the_context_again(
             await converse(host, 40, 41)
             history = host.history("Ada")
     after_restart = model.turns()[-1]
-    assert summary_ids(after_restart) == summary_ids(before_restart) != []
-    covered = {i for s in summaries_of(history) for i in s["metadata"]["summarizes"]["ids"]}
-    raw = shown_ids(after_restart[len(summary_ids(after_restart)) :])
-    assert raw and not covered & set(raw)
+    assert summary_ids(before_restart) != [] and summary_ids(after_restart) != []
+    # the restart's context opens with the stored summaries, the merged one first: every
+    # message before the last input is raw in view or under exactly one summary in view
+    shown = summary_ids(after_restart)
+    by_id = {s["id"]: s for s in summaries_of(history)}
+    assert is_merged(by_id[shown[0]]) and not any(is_merged(by_id[i]) for i in shown[1:])
+    raw = shown_ids(after_restart[len(shown) :])
+    under = [m for i in shown for m in messages_under(by_id, i)]
+    assert len(under) == len(set(under)) and not set(under) & set(raw)
+    last_input = next(m for m in reversed(history) if m["role"] == "user")
+    for m in history[: history.index(last_input) + 1]:
+        if not is_summary(m):
+            assert m["id"] in raw or m["id"] in under, m
     assert "ping 40" in str(after_restart[-1])
+
+
+def messages_under(by_id: dict[str, dict[str, Any]], summary_id: str) -> list[str]:
+    """The message ids a summary covers, through the summaries it merged."""
+    covers = by_id[summary_id]["metadata"]["summarizes"]
+    out = [str(i) for i in covers["ids"]]
+    for part in covers.get("summaries") or ():
+        out.extend(messages_under(by_id, part))
+    return out
 
 
 async def test_a_rollback_behind_a_fold_sets_its_summary_aside(
@@ -338,7 +375,7 @@ async def test_a_rollback_behind_a_fold_sets_its_summary_aside(
         async with Host.open(cfg) as host:
             await converse(host, 0, 40)
             history = host.history("Ada")
-            newest = summaries_of(history)[-1]
+            newest = spans_of(history)[-1]
             shown_before = summary_ids(model.turns()[-1])
             assert newest["id"] in shown_before
             # back to the last message that summary covers: the summary itself is set aside

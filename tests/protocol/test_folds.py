@@ -22,16 +22,22 @@ def size(m: Any) -> int:
     return int(m["tokens"])
 
 
-@given(ops=OPS, budget=st.integers(50, 600), summary_tokens=st.integers(1, 80))
+@given(
+    ops=OPS,
+    budget=st.integers(50, 600),
+    summary_tokens=st.integers(1, 80),
+    merges=st.lists(st.booleans(), max_size=40),
+)
 def test_every_message_is_raw_in_view_or_in_exactly_one_summary_or_let_go(
-    ops: list[Any], budget: int, summary_tokens: int
+    ops: list[Any], budget: int, summary_tokens: int, merges: list[bool]
 ) -> None:
     tail = FoldingTail(budget, int(budget * 0.75), size)
     ids = itertools.count()
     arrived: list[str] = []
     pending: list[dict[str, Any]] = []
-    summaries: list[list[str]] = []  # every summary made, in view or not
+    covers: dict[str, list[str]] = {}  # summary id -> the message ids under it
     let_go: list[str] = []
+    merge_works = iter(merges)
     shown_before: list[Any] | None = None
     for op in ops:
         if isinstance(op, tuple):
@@ -46,27 +52,33 @@ def test_every_message_is_raw_in_view_or_in_exactly_one_summary_or_let_go(
             # whole units: no tool result or receipt is parted from the turn it belongs to
             assert _units(span + tail.raw()) == _units(span) + _units(tail.raw())
             if op:
-                summary = {"id": f"s{len(summaries)}", "role": "user", "tokens": summary_tokens}
-                summaries.append([m["id"] for m in span])
-                tail.add_summary(summary, summary_tokens)
+                summary = {"id": f"s{len(covers)}", "role": "user", "tokens": summary_tokens}
+                covers[summary["id"]] = [m["id"] for m in span]
+                gone = tail.add_summary(summary, summary_tokens)
+                if gone and next(merge_works, True):  # merged into one, shown first
+                    merged = {"id": f"s{len(covers)}", "role": "user", "tokens": summary_tokens}
+                    covers[merged["id"]] = [i for g in gone for i in covers[g["id"]]]
+                    tail.add_front(merged, summary_tokens)
+                    assert tail.summaries()[0] is merged
+                else:
+                    let_go.extend(i for g in gone for i in covers[g["id"]])
             else:
                 let_go.extend(m["id"] for m in span)
         elif shown_before is not None:
             # between folds the context only grows at its end: a cached prefix stays valid
             assert tail.messages()[: len(shown_before)] == shown_before
         shown_before = tail.messages()
-        # within budget, unless a single unit or a single summary is too large by itself
-        assert (
-            tail.total <= budget
-            or len(_units(tail.raw())) == 1
-            or (len(tail.summaries()) == 1 and tail.raw_total <= tail.target)
-        )
-        assert tail.summary_total <= tail.summary_cap or len(tail.summaries()) == 1
+        # within budget, unless a single unit or the summaries alone are too large
+        assert tail.total <= budget or len(_units(tail.raw())) == 1 or tail.raw_total <= tail.target
+        # the summaries' share holds but for the merged one shown first
+        first = tail.summaries()[0]["tokens"] if tail.summaries() else 0
+        assert tail.summary_total - first <= tail.summary_cap or len(tail.summaries()) <= 2
     raw = [m["id"] for m in tail.raw()]
+    in_view = [covers[s["id"]] for s in tail.summaries()]
     for message_id in arrived:
         places = (
             (message_id in raw)
-            + sum(message_id in s for s in summaries)
+            + sum(message_id in c for c in in_view)
             + (message_id in let_go)
             + (message_id in [m["id"] for m in pending])
         )

@@ -156,3 +156,19 @@ def test_an_index_row_updated_behind_the_store_is_still_read_from_the_body(path:
     with Reader(path) as reader:
         assert reader.search("alpha") == []  # it no longer decodes: skipped, and said so
         assert [s.key for s in reader.take_skipped()] == [ids[0]]
+
+
+@pytest.mark.parametrize("regex", [False, True])
+def test_matches_passed_over_do_not_count_towards_the_limit(path: Path, regex: bool) -> None:
+    ids = _stored(
+        path, ["the codeword is here"] + [f"quote {n}: the codeword is" for n in range(30)]
+    )
+
+    def keep(m: dict[str, Any]) -> bool:
+        return "quote" not in body_text(m)
+
+    with Reader(path) as reader:
+        found = reader.search("codeword is", regex=regex, limit=2, keep=keep)
+        assert [m["id"] for m in found] == [ids[0]]
+        newest = reader.search("codeword", regex=regex, limit=2)
+        assert [m["id"] for m in newest] == ids[-2:]
