@@ -156,6 +156,10 @@ async def test_the_oldest_span_folds_into_a_summary_at_the_budget_edge(
     line = history_line(stored[0])
     assert f"{summary_header(covers)} (covers {covers['ids'][0]} … {covers['ids'][-1]}):" in line
     assert "SUMMARY of" in line
+    newest_merge = merged[-1]["metadata"]["summarizes"]
+    assert newest_merge["first_id"] == covers["ids"][0]  # it reaches back to the first message
+    merged_line = history_line(merged[-1])
+    assert f"(covers {newest_merge['first_id']} … {newest_merge['last_id']}):" in merged_line
     # within the budget, and the transcript tells of each fold and its cost
     folds = [e for e in events if e.kind == "context-fold"]
     assert len(folds) == len(everything)
