@@ -6,7 +6,14 @@ const ACTION_KEY = document.querySelector('meta[name="mcplive-action-key"]').con
 const MAX_ROWS = 2000; // transcript rows kept on the page; the oldest go first
 const POLL_MS = 2000;
 
-const state = { page: "transcript", lastSeq: 0, agents: [], filter: "", historyMore: null };
+const state = {
+  page: "transcript",
+  lastSeq: 0,
+  agents: [],
+  filter: "",
+  historyMore: null,
+  historyShown: false,
+};
 
 function el(tag, props, ...children) {
   const node = document.createElement(tag);
@@ -65,6 +72,7 @@ function show(page) {
   for (const section of document.querySelectorAll(".page")) {
     section.classList.toggle("active", section.id === `page-${page}`);
   }
+  if (page === "history" && !state.historyShown) loadHistory(false); // the newest, at once
   refresh();
 }
 
@@ -316,6 +324,7 @@ async function loadHistory(older) {
   else list.replaceChildren(...rows);
   if (!older) list.scrollTop = list.scrollHeight;
   state.historyMore = answer.more;
+  state.historyShown = true;
   document.getElementById("history-more").hidden = !answer.more;
 }
 
@@ -346,6 +355,7 @@ async function start() {
     loadHistory(false);
   });
   document.getElementById("history-more").addEventListener("click", () => loadHistory(true));
+  document.getElementById("history-agent").addEventListener("change", () => loadHistory(false));
   follow(1000);
   refresh();
   setInterval(refresh, POLL_MS);

@@ -143,6 +143,11 @@ def test_the_console_in_a_browser(tmp_path: Path) -> None:
             assert runner.host is not None
             assert runner.host.ctx.agent_statuses["Grace"].held is True
 
+            # the history page opens on Ada's newest stored messages, the operator's note too
+            page.click("nav button[data-page=history]")
+            page.locator("#history").get_by_text("a note for Ada", exact=False).first.wait_for()
+            assert page.locator("#history img").count() == 0
+
             assert page.evaluate("typeof window.__pwned") == "undefined"
             assert dialogs == []
         finally:
