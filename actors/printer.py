@@ -109,6 +109,19 @@ def summary_event(summary: Summary, ts: float) -> TraceEvent:
     return TraceEvent(kind="collapsed", data=data, ts=ts, **fields)
 
 
+def event_record(event: TraceEvent, level: int, data: Any) -> dict[str, Any]:
+    """A trace event as one JSON record (``--json`` and the console's feed)."""
+    return {
+        "ts": utc_stamp(event.ts),
+        "kind": event.kind,
+        "level": level_name(level),
+        "agent": event.agent,
+        "server_id": event.server_id,
+        "channel_id": event.channel_id,
+        "data": data,
+    }
+
+
 class TranscriptPrinter:
     """Writes the transcript of one host run to ``out`` (see the module docstring)."""
 
@@ -198,15 +211,7 @@ class TranscriptPrinter:
 
     def _write(self, event: TraceEvent, level: int, line: str | None) -> None:
         if self.options.json:
-            record = {
-                "ts": utc_stamp(event.ts),
-                "kind": event.kind,
-                "level": level_name(level),
-                "agent": event.agent,
-                "server_id": event.server_id,
-                "channel_id": event.channel_id,
-                "data": event.data,
-            }
+            record = event_record(event, level, event.data)
             text = json_line(
                 json_safe(record, self.options.redactor.text), ascii_only=self.options.ascii_json
             )

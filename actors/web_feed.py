@@ -32,9 +32,8 @@ import trio
 
 from protocol.display import json_safe
 
-from .printer import TranscriptOptions, TranscriptPrinter, run_printer, utc_stamp
+from .printer import TranscriptOptions, TranscriptPrinter, event_record, run_printer
 from .trace import TraceEvent
-from .transcript import level_name
 
 RECENT_CAP = 500
 MAX_CLIENTS = 32
@@ -175,18 +174,7 @@ class FeedPrinter(TranscriptPrinter):
         data: Any = json_safe(event.data, redact)
         if len(json.dumps(data, ensure_ascii=False)) > MAX_DATA_CHARS:
             data = {"omitted": f"more than {MAX_DATA_CHARS:,} characters; see the line"}
-        self.feed.add(
-            {
-                "ts": utc_stamp(event.ts),
-                "kind": event.kind,
-                "level": level_name(level),
-                "agent": event.agent,
-                "server_id": event.server_id,
-                "channel_id": event.channel_id,
-                "line": line,
-                "data": data,
-            }
-        )
+        self.feed.add({**event_record(event, level, data), "line": line})
 
 
 def _as_records(options: TranscriptOptions) -> TranscriptOptions:

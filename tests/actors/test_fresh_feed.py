@@ -181,16 +181,23 @@ async def reading(data: Path) -> AsyncIterator[tuple[StoreClient, Counting, Cont
         store.reader.close()
 
 
+async def first_read(store: StoreClient, reader: ContextReader, data: Path) -> Expected:
+    """Store Ada's first message and read it (from the store: nothing was read before); the
+    reference reader, past the same read."""
+    await store.write(Append(records=(record("Ada", "user", "first"),)))
+    reference = Expected(data, "Ada", 4_000)
+    await reader.read()
+    reference.read()
+    return reference
+
+
 async def test_an_agent_reads_its_new_messages_from_the_feed_with_the_same_context(
     tmp_path: Path,
 ) -> None:
     data = tmp_path / "data"
     async with reading(data) as (store, counting, reader):
         with trio.fail_after(60):
-            await store.write(Append(records=(record("Ada", "user", "first"),)))
-            reference = Expected(data, "Ada", 4_000)
-            await reader.read()  # from the store: nothing was read before
-            reference.read()
+            reference = await first_read(store, reader, data)  # from the store
             reads = counting.decoded
             for n in range(30):
                 texts = [f"{n}:{i} " + "z" * (40 * i) for i in range(n % 4 + 1)]
@@ -205,10 +212,7 @@ async def test_after_a_gap_the_reader_goes_back_to_the_store(tmp_path: Path) -> 
     data = tmp_path / "data"
     async with reading(data) as (store, counting, reader):
         with trio.fail_after(60):
-            await store.write(Append(records=(record("Ada", "user", "first"),)))
-            reference = Expected(data, "Ada", 4_000)
-            await reader.read()
-            reference.read()
+            reference = await first_read(store, reader, data)
             taken = record("Ada", "user", "taken id")
             await store.write(Append(records=(taken,)))
             # a batch with a taken id: the writer undoes one op of it and reports a gap
@@ -229,10 +233,7 @@ async def test_a_big_batch_is_decoded_a_slice_at_a_time_with_the_same_context(
     data = tmp_path / "data"
     async with reading(data) as (store, counting, reader):
         with trio.fail_after(60):
-            await store.write(Append(records=(record("Ada", "user", "first"),)))
-            reference = Expected(data, "Ada", 4_000)
-            await reader.read()
-            reference.read()
+            reference = await first_read(store, reader, data)
             reads = counting.decoded
             batch = tuple(record("Ada", "user", f"flood {i}") for i in range(200))
             await store.write(Append(records=batch))  # more than one slice (RENDER_SLICE)
@@ -246,10 +247,7 @@ async def test_a_body_that_does_not_decode_midway_sends_the_reader_to_the_store(
     data = tmp_path / "data"
     async with reading(data) as (store, counting, reader):
         with trio.fail_after(60):
-            await store.write(Append(records=(record("Ada", "user", "first"),)))
-            reference = Expected(data, "Ada", 4_000)
-            await reader.read()
-            reference.read()
+            reference = await first_read(store, reader, data)
             feeds = counting.feeds
             decode = feeds.decode
             seen = 0
