@@ -346,6 +346,7 @@ class ConnectionActor(Actor):
             self.lanes.flush_skips()
             self.life.flush_ignored()
             self.ctx.hot_in_flight.pop(self.sid, None)  # what was in hand went with the link
+            self.ctx.last_read.pop(self.sid, None)
             self.last_error = reason
             self.publish_status()
             if trio.current_time() - started >= HEALTHY_AFTER_S:

@@ -13,6 +13,7 @@ from typing import Any
 
 import trio
 
+from protocol.fairness import ingest_slice
 from protocol.state import Lineages
 
 from .channel_directory import ChannelDirectory, SavedOpen, is_open
@@ -78,6 +79,9 @@ class HostContext:
         # configured server, each written only by its own connection (dropped when its link
         # ends).
         self.hot_in_flight: dict[str, int] = {}
+        # When each connection last read something from its server: one entry per configured
+        # server, written only by its own reader (dropped when its link ends).
+        self.last_read: dict[str, float] = {}
         # The record of agents told about source headers: its names once read (kept in step
         # with every write since), and the lock that orders its updates.
         self.explained_names: list[str] | None = None
@@ -85,6 +89,17 @@ class HostContext:
         # Renderings of stored messages, shared by the agents' context readers.
         self.renders = SharedRenders()
         self.turns = TurnToken()  # agents' turns take the interpreter one after another
+
+    def ingest_slice(self, server_id: str, full: int) -> int:
+        """``server_id``'s share of the host per scheduling step (see
+        :func:`protocol.fairness.ingest_slice`)."""
+        return ingest_slice(
+            full=full,
+            server=server_id,
+            now=trio.current_time(),
+            last_read=self.last_read,
+            others_turning=self.others_turning(server_id),
+        )
 
     def others_turning(self, server_id: str) -> bool:
         """Whether an agent that does not hear ``server_id`` is in a turn now."""

@@ -262,7 +262,7 @@ class HotLanes:
         then trace and wake: one wake per agent per batch, naming the newest conversation."""
         owner = self.owner
         while True:
-            answers = await link.answers.take(TAKE_LIMIT)
+            answers = await link.answers.take(owner.ctx.ingest_slice(owner.sid, TAKE_LIMIT))
             try:
                 lines: list[str] = []
                 done: list[tuple[Prepared, Trace]] = []

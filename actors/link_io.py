@@ -131,12 +131,15 @@ class LinkIO:
                 first = await link.transport.receive()
                 if first is None:
                     return
+                ctx, sid = self.owner.ctx, self.owner.sid
+                ctx.last_read[sid] = trio.current_time()
+                step = ctx.ingest_slice(sid, INGEST_SLICE)
                 # what the transport has already framed is handled without waiting for input,
                 # a slice at a time: between slices every other task has its turn
                 handled = 0
                 for item in [first, *link.transport.take_buffered()]:
                     handled += 1
-                    if handled % INGEST_SLICE == 0:
+                    if handled % step == 0:
                         if batch:
                             await self.queue_requests(link, batch)
                             batch = []
@@ -186,7 +189,9 @@ class LinkIO:
         slots = trio.Semaphore(MAX_HANDLERS)
         assert link.nursery is not None
         while True:
-            batch = await link.requests.take(TAKE_LIMIT)
+            batch = await link.requests.take(
+                self.owner.ctx.ingest_slice(self.owner.sid, TAKE_LIMIT)
+            )
             began = trio.current_time()
             hot: list[rpc.Request] = []
             for item in batch:
@@ -212,10 +217,11 @@ class LinkIO:
         (:func:`protocol.fairness.ingest_pause`): its share is what the others leave. A server
         alone, or heard by the agents in a turn, or the lighter of two, goes on at once."""
         ctx, sid = self.owner.ctx, self.owner.sid
+        step = ctx.ingest_slice(sid, INGEST_SLICE)
         pause = ingest_pause(
             waiting=len(link.requests),
             in_hand=ctx.hot_in_flight.get(sid, 0),
-            slice_size=INGEST_SLICE,
+            slice_size=step,
             others_turning=ctx.others_turning(sid),
             others_in_hand=[n for s, n in ctx.hot_in_flight.items() if s != sid],
             spent=spent,
@@ -224,8 +230,9 @@ class LinkIO:
             await trio.sleep(pause)
         if len(link.requests) >= INGEST_SLICE and any(s != sid for s in ctx.hot_in_flight):
             # while other servers deliver too, a flooding one keeps few writes queued ahead of
-            # theirs in the store: it prepares more once most of its own are answered
-            await link.answers.wait_below(SHARED_ANSWERS)
+            # theirs in the store: it prepares more once most of its own are answered (fewer
+            # still while they deliver right now)
+            await link.answers.wait_below(min(SHARED_ANSWERS, 2 * step))
 
     async def prepare_hot(self, link: Link, hot: list[rpc.Request]) -> None:
         """Admit, check and convert hot-lane requests (``prepare`` checks every one before it

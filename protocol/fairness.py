@@ -30,7 +30,7 @@ Pure: no I/O, no clock.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Hashable, Iterable
+from collections.abc import Hashable, Iterable, Mapping
 from typing import Any, Generic, TypeVar
 
 import attrs
@@ -168,6 +168,32 @@ class FairBuffer(Generic[T]):
 
 
 # -- a connection's share of ingest ------------------------------------------------------------
+
+#: A connection's slice (messages per scheduling step) while another server has delivered
+#: within ``RECENT_S`` or an agent that does not hear it is in a turn: smaller steps, so the
+#: other's message waits behind less of a flood at each of its hops through the host.
+SHARED_SLICE = 4
+#: How recent another server's delivery must be for a connection to take the shared slice.
+RECENT_S = 0.25
+
+
+def ingest_slice(
+    *,
+    full: int,
+    server: str,
+    now: float,
+    last_read: Mapping[str, float],
+    others_turning: bool,
+) -> int:
+    """A connection's slice: ``full`` while it has the host to itself, ``SHARED_SLICE`` (at
+    most ``full``) while an agent that does not hear it is in a turn (``others_turning``) or
+    another server read something within ``RECENT_S`` of ``now`` (``last_read``: the time of
+    each server's latest read)."""
+    shared = others_turning or any(
+        other != server and now - at < RECENT_S for other, at in last_read.items()
+    )
+    return min(full, SHARED_SLICE) if shared else full
+
 
 #: A flooding connection's pause after a slice, in multiples of the time the slice took.
 GIVE_WAY = 20.0

@@ -12,9 +12,12 @@ from protocol.fairness import (
     GIVE_WAY,
     MAX_PAUSE_S,
     OTHER_SOURCES,
+    RECENT_S,
+    SHARED_SLICE,
     Dropped,
     FairBuffer,
     ingest_pause,
+    ingest_slice,
 )
 
 SOURCES = ["flood", "lobby", "ada", "clock"]
@@ -205,3 +208,25 @@ def test_of_two_flooding_connections_only_the_heavier_gives_way() -> None:
     assert pause(500, [500]) == 0  # equals share the rounds
     assert pause(500, [0]) == 0  # an idle one needs nothing
     assert pause(10, [1]) == 0  # one keeping up never waits
+
+
+@given(
+    full=st.integers(1, 64),
+    last_read=st.dictionaries(
+        st.sampled_from(["a", "b", "c"]), st.floats(0, 10, allow_nan=False), max_size=3
+    ),
+    now=st.floats(0, 10, allow_nan=False),
+    others_turning=st.booleans(),
+)
+def test_a_connection_takes_the_shared_slice_only_while_another_needs_the_host(
+    full: int, last_read: dict[str, float], now: float, others_turning: bool
+) -> None:
+    step = ingest_slice(
+        full=full, server="a", now=now, last_read=last_read, others_turning=others_turning
+    )
+    others_lately = any(s != "a" and now - t < RECENT_S for s, t in last_read.items())
+    if others_turning or others_lately:
+        assert step == min(full, SHARED_SLICE)
+    else:
+        assert step == full  # its own reads never slow it down
+    assert 1 <= step <= full
