@@ -28,8 +28,10 @@ import trio
 
 #: The longest a turn waits for the token before it goes on without it.
 MAX_WAIT_S = 0.25
-#: How long a turn holds the token before :meth:`TurnToken.share` hands it to a waiting turn.
-SHARE_AFTER_S = 0.002
+#: How long a turn holds the token before :meth:`TurnToken.share` hands it to a waiting turn
+#: (longer than a usual turn's work in the host, so turns woken together still run one after
+#: another).
+SHARE_AFTER_S = 0.01
 
 
 class TurnToken:
