@@ -330,7 +330,7 @@ class Turn:
         """The model's reply; a model outside the host is waited for without the turn token."""
         model = self.owner.model
         if getattr(model, "local", False):
-            await self.ctx.turns.share()  # the context read is done: a waiting turn may go first
+            await self.ctx.turns.share(whole_turn=True)  # a waiting turn may go first
             return await model.complete(request, on_delta)
         async with self.ctx.turns.away():
             return await model.complete(request, on_delta)

@@ -28,16 +28,24 @@ import trio
 
 #: The longest a turn waits for the token before it goes on without it.
 MAX_WAIT_S = 0.25
-#: How long a turn holds the token before :meth:`TurnToken.share` hands it to a waiting turn
-#: (longer than a usual turn's work in the host, so turns woken together still run one after
-#: another).
-SHARE_AFTER_S = 0.01
+#: How long a turn reading a big batch holds the token before :meth:`TurnToken.share` between
+#: its slices hands it to a waiting turn.
+SHARE_AFTER_S = 0.002
+#: The same before a local model's call (``share(whole_turn=True)``): longer than a usual turn's
+#: work in the host, so turns woken together still run one after another.
+TURN_SHARE_AFTER_S = 0.01
 
 
 class TurnToken:
-    def __init__(self, max_wait: float = MAX_WAIT_S, share_after: float = SHARE_AFTER_S) -> None:
+    def __init__(
+        self,
+        max_wait: float = MAX_WAIT_S,
+        share_after: float = SHARE_AFTER_S,
+        turn_share_after: float = TURN_SHARE_AFTER_S,
+    ) -> None:
         self.max_wait = max_wait
         self.share_after = share_after
+        self.turn_share_after = turn_share_after
         self._lock = trio.Lock()  # FIFO: the first turn to ask is the first served
         self._since = 0.0  # when the holder took the token
         self.gave_up = 0  # how many waits ended without the token (went on without it)
@@ -65,14 +73,16 @@ class TurnToken:
             if self.held():
                 self._lock.release()
 
-    async def share(self) -> None:
+    async def share(self, *, whole_turn: bool = False) -> None:
         """A point between parts of a turn's work: every other task runs before this returns,
         and a turn that waits for the token gets it first when this one has held it for
-        ``share_after``. Never cancelled here (work between two shares stays whole): it returns
+        ``share_after`` (``turn_share_after`` for a share between whole parts of a turn,
+        ``whole_turn``). Never cancelled here (work between two shares stays whole): it returns
         within ``max_wait``."""
         with trio.CancelScope(shield=True):
             waiting = self._lock.statistics().tasks_waiting
-            if self.held() and waiting and trio.current_time() - self._since >= self.share_after:
+            after = self.turn_share_after if whole_turn else self.share_after
+            if self.held() and waiting and trio.current_time() - self._since >= after:
                 self.shared += 1
                 self._lock.release()  # the first waiter has it now; this turn queues again
                 await self._take()

@@ -182,3 +182,28 @@ async def test_share_is_not_cancelled_and_the_next_checkpoint_is(
                 ran.append("never")
     assert ran == ["waiter", "after share"]
     assert not token.held()
+
+
+async def test_a_share_between_whole_parts_of_a_turn_waits_longer(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    token = TurnToken(max_wait=60, share_after=1.0, turn_share_after=10.0)
+    order: list[str] = []
+
+    async def holder() -> None:
+        async with token.turn():
+            await trio.sleep(5.0)
+            await token.share(whole_turn=True)  # 5 s < 10 s: kept
+            order.append("kept before the model")
+            await token.share()  # 5 s >= 1 s between slices: handed over
+            order.append("back after the other")
+
+    async def other() -> None:
+        async with token.turn():
+            order.append("other")
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(holder)
+        await trio.testing.wait_all_tasks_blocked()
+        nursery.start_soon(other)
+    assert order == ["kept before the model", "other", "back after the other"]

@@ -25,7 +25,7 @@ async def test_agents_woken_together_take_their_turns_one_after_another(tmp_path
     with trio.fail_after(20):
         async with running_lobby(tmp_path, agents) as lb:
             lb.host.ctx.turns.max_wait = 60  # on a slow machine no waiter may give up
-            lb.host.ctx.turns.share_after = 60  # nor a slow turn hand its place over
+            lb.host.ctx.turns.turn_share_after = 60  # nor a slow turn hand its place over
             send_incoming(lb.ctl, "lobby:#general", "h1", "hello everyone")
             for _ in NAMES:
                 await wait_trace(lb.stream, lambda e: e.kind == "published", "a reply", seen)
