@@ -325,8 +325,12 @@ class MCPLServer(Declarations, ServeMixin):
         """Push an event to the host (``push/event``) and return its result.
 
         The event gets an ``eventId`` (made up unless given) that every retry reuses, so the
-        host stores it once. Raises :class:`protocol.server_session.NotGranted`, before
-        anything is written, when the host has not granted ``pushEvents`` or the feature set.
+        host stores it once. ``origin`` is free-form provenance the host keeps but never
+        trusts; two members are read: ``author`` (``{"id", "name"}`` or a bare name: who the
+        agent is told the event is from) and ``mcplChannelId`` (a channel of this server the
+        event belongs to). At most 32 levels of nesting are accepted. Raises
+        :class:`protocol.server_session.NotGranted`, before anything is written, when the host
+        has not granted ``pushEvents`` or the feature set.
         """
         params = push_params(
             content,
