@@ -23,23 +23,21 @@ import functools
 import itertools
 import random
 import sys
-from collections.abc import Mapping
-from typing import Any
 
 import trio
 
 from actors.serverkit import (
     BeforeInference,
-    CheckpointNotFound,
     Injection,
     Lifecycle,
     MCPLServer,
     Publish,
-    Rollback,
+    PublishRefused,
     ToolError,
-    ToolResult,
 )
 from examples import lobby_faults, lobby_kit_control
+from examples.lobby_kit_notes import Notebook
+from examples.lobby_kit_places import Places
 from examples.lobby_server import (
     CHIME,
     PEOPLE,
@@ -77,8 +75,13 @@ def log(text: str) -> None:
     print(f"[lobby] {text}", file=sys.stderr, flush=True)
 
 
-def build(options: LobbyOptions) -> MCPLServer:
-    """The lobby server the options describe, ready to run."""
+def build(
+    options: LobbyOptions, places: Places | None = None, notebook: Notebook | None = None
+) -> MCPLServer:
+    """The lobby server the options describe, ready to run; ``places`` keeps the threads a
+    publish may target (:mod:`examples.lobby_kit_places`), ``notebook`` the notes of
+    ``--notes`` (:mod:`examples.lobby_kit_notes`)."""
+    places = places or Places()
     server = MCPLServer(
         "lobby", request_timeout=options.request_timeout, default_feature_sets=False
     )
@@ -114,18 +117,26 @@ def build(options: LobbyOptions) -> MCPLServer:
 
     @server.on_publish
     def post(publish: Publish) -> str:
-        """An agent spoke: log it and echo it under the agent's name."""
+        """An agent spoke: log it and echo it under the agent's name, in the place it asked
+        for (or refuse it, posting nothing)."""
+        channel = server.channels[publish.channel_id]
+        why = places.refusal(channel.spec.publish_target, publish)
+        if why is not None:
+            raise PublishRefused(why)
         author = publish_author(publish.conversation_id)
         message_id = options.make_id("out-", next(posts))
-        log(f"{publish.channel_id.removeprefix('lobby:')} <- {author['name']}: {publish.text}")
+        thread = publish.thread_id
+        where = f" [{thread}]" if thread is not None else ""
+        log(f"{channel.id.removeprefix('lobby:')}{where} <- {author['name']}: {publish.text}")
         if not options.no_echo:
-            echo = server.channels[publish.channel_id].send
-            server.spawn(
-                functools.partial(
-                    echo, list(publish.content), author=author, message_id=message_id
-                ),
-                "echo",
+            echo = functools.partial(
+                channel.send,
+                list(publish.content),
+                author=author,
+                message_id=message_id,
+                thread_id=thread,
             )
+            server.spawn(echo, "echo")
         return message_id
 
     # -- tools --------------------------------------------------------------------------------
@@ -151,7 +162,7 @@ def build(options: LobbyOptions) -> MCPLServer:
         raise AssertionError("unreachable")
 
     if options.notes:
-        add_notebook(server)
+        (notebook or Notebook()).add_to(server)
 
     # -- context: a status line before every inference ----------------------------------------
     if options.context:
@@ -209,44 +220,6 @@ def build(options: LobbyOptions) -> MCPLServer:
     return server
 
 
-def add_notebook(server: MCPLServer) -> None:
-    """``lobby.notes``: a shared notebook whose every note is a checkpoint to roll back to."""
-    server.feature_set(
-        "lobby.notes",
-        description="A shared lobby notebook; every note is a checkpoint to roll back to.",
-        uses=["tools"],
-        rollback=True,
-    )
-    checkpoints: dict[str, tuple[str | None, tuple[str, ...]]] = {}  # name: (parent, notes)
-    numbers = itertools.count(1)
-    current: list[str | None] = [None]
-
-    def notes_at(name: str | None) -> tuple[str, ...]:
-        return checkpoints[name][1] if name is not None else ()
-
-    @server.tool()
-    def note(text: str) -> ToolResult:
-        """Add a note to the lobby notebook; returns the notebook"""
-        if not text.strip():
-            raise ToolError("note needs a text")
-        parent, notes = current[0], (*notes_at(current[0]), text)
-        name = current[0] = f"cp-{next(numbers)}"
-        checkpoints[name] = (parent, notes)
-        log(f"notebook at {name} (parent {parent}, note): {list(notes)}")
-        state: Mapping[str, Any] = {"checkpoint": name, "parent": parent, "data": {"notes": notes}}
-        return ToolResult(
-            content=[{"type": "text", "text": "notes: " + "; ".join(notes)}], state=state
-        )
-
-    @server.on_rollback
-    def rollback(request: Rollback) -> bool:
-        if request.checkpoint not in checkpoints:
-            raise CheckpointNotFound(request.checkpoint)
-        current[0] = request.checkpoint
-        log(f"state/rollback to {request.checkpoint}: exact")
-        return True
-
-
 async def serve_ws(
     host: str,
     port: int,
@@ -269,12 +242,13 @@ async def serve_ws(
 async def serve(options: LobbyOptions) -> None:
     """Serve the lobby over stdio, or on ``--ws HOST:PORT`` until interrupted; with
     ``--control-connect`` a test drives it too (:mod:`examples.lobby_kit_control`)."""
-    server = build(options)
+    places, notebook = Places(), Notebook()
+    server = build(options, places, notebook)
     lobby_faults.apply(server, options)
     if options.run_id:
         log(f"ids made up by this run start with {options.run_id}-")
     if options.control_connect:
-        await lobby_kit_control.serve_controlled(server, options)
+        await lobby_kit_control.serve_controlled(server, options, places, notebook)
         return
     if not options.ws:
         await server.serve_stdio()

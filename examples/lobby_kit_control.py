@@ -25,6 +25,7 @@ that sends what it was not granted, to watch the host refuse it.
 from __future__ import annotations
 
 import functools
+import itertools
 import json
 import os
 import sys
@@ -36,11 +37,15 @@ import trio
 from actors.serverkit import MCPLServer
 from actors.serverkit_link import LinkLost, PendingRequest
 from actors.serverkit_transport import StdioTransport
+from examples.lobby_kit_answers import KitAnswers
+from examples.lobby_kit_checks import HostChecks
+from examples.lobby_kit_commands import MAX_RAW_PENDING, KitCommands, valid_id
 from examples.lobby_kit_modes import KitModes
+from examples.lobby_kit_notes import Notebook
+from examples.lobby_kit_places import Places
 from examples.lobby_server import (
     MAX_RETRIES,
     NOT_READY,
-    PEOPLE,
     RETRIED_METHODS,
     RETRY_DELAY,
     ControlLink,
@@ -48,8 +53,6 @@ from examples.lobby_server import (
     LobbyOptions,
     _open_control,
     display_host,
-    dumps,
-    now_iso,
     short,
     split_host_port,
 )
@@ -59,28 +62,10 @@ from protocol.server_session import NotGranted
 #: sends the commands asked for, waiting to be written (past it a command is refused)
 MAX_QUEUED = 1024
 #: raw requests whose answers are still awaited, by id (oldest dropped at the cap)
-MAX_RAW_PENDING = 1024
 
 
 def _log(text: str) -> None:
     print(f"[lobby] {text}", file=sys.stderr, flush=True)
-
-
-def _valid_id(value: Any) -> bool:
-    return isinstance(value, str) or (type(value) is int)
-
-
-def event_params(
-    event_id: str, text: str, feature_set: str, tags: list[Any] | None
-) -> dict[str, Any]:
-    """A ``push/event``'s params: one text block."""
-    return {
-        "featureSet": feature_set,
-        "eventId": event_id,
-        "timestamp": now_iso(),
-        "payload": {"content": [{"type": "text", "text": text}]},
-        "tags": list(tags or []),
-    }
 
 
 class Hangable:
@@ -110,13 +95,32 @@ class Hangable:
         await self._inner.aclose()
 
 
-class KitControl:
+class KitControl(KitCommands):
     """The lobby's side of one control connection, watching one toolkit server."""
 
-    def __init__(self, server: MCPLServer, options: LobbyOptions, link: ControlLink) -> None:
+    def __init__(
+        self,
+        server: MCPLServer,
+        options: LobbyOptions,
+        link: ControlLink,
+        places: Places | None = None,
+        notebook: Notebook | None = None,
+    ) -> None:
         self.server = server
+        self.options = options
         self.link = link
-        self.modes = KitModes(server, options, self.emit, self.send_line)
+        places = places or Places()
+        places.problem = self.problem
+        self.notebook = notebook or Notebook()
+        self.notebook.emit = self.emit
+        self.modes = KitModes(server, options, self.emit, self.send_line, places)
+        self.checks = HostChecks(
+            server, context=options.context, problem=self.problem, emit=self.emit
+        )
+        self._shares = itertools.count(1)
+        self.answers = KitAnswers(
+            server, self.checks, context=options.context, emit=self.emit, ask=self.send_request
+        )
         self.transport: Hangable | None = None
         self._sends, self._to_send = trio.open_memory_channel[
             tuple[Callable[[], Awaitable[Any]], str]
@@ -146,6 +150,7 @@ class KitControl:
             self.problem(f"malformed JSON from the host ({exc!r}): {short(line)}")
             return
         self.emit({"event": "received", "message": message})
+        self.checks.seen(message)
         for answer in message if isinstance(message, list) else [message]:
             if isinstance(answer, dict) and "method" not in answer:
                 self._raw_answer(answer)
@@ -159,21 +164,22 @@ class KitControl:
         except (ValueError, RecursionError):
             return
         rid = message.get("id") if isinstance(message, dict) else None
-        if _valid_id(rid) and isinstance(message.get("method"), str) and rid not in self._raw:
+        if valid_id(rid) and isinstance(message.get("method"), str) and rid not in self._raw:
             if len(self._sent) >= MAX_RAW_PENDING:
                 self._sent.pop(next(iter(self._sent)))
             self._sent[rid] = message
 
     def _raw_answer(self, answer: dict[str, Any]) -> None:
         rid = answer.get("id")
-        if _valid_id(rid) and rid in self._sent:
+        if valid_id(rid) and rid in self._sent:
             request = self._sent.pop(rid)
             if rid in self._mine:  # a command's request: reported once settled
                 self._mine.discard(rid)
             else:
                 self.emit(self._response_event(request["method"], request, answer))
+                self.checks.answer(request["method"], request, answer)
             return
-        if not _valid_id(rid) or rid not in self._raw:
+        if not valid_id(rid) or rid not in self._raw:
             return
         request = self._raw.pop(rid)
         # the toolkit's session did not send it, so it will call this an unknown answer
@@ -250,6 +256,8 @@ class KitControl:
                 response = {"jsonrpc": "2.0", "id": pending.id, "result": pending.result}
             event = self._response_event(method, request, response)
             self.emit({**event, "attempts": attempts})
+            if response is not None:
+                self.checks.answer(method, request, response)
             if on_answer is not None:
                 on_answer(response)
 
@@ -317,9 +325,11 @@ class KitControl:
         if self.transport is not None and self.transport.hung.is_set():
             _log(f"ignoring control command {name!r}: hung")
             return
-        handler = getattr(self, f"_cmd_{name}", None) or getattr(
-            self.modes, f"{name}_command", None
-        )
+        handler = getattr(self, f"_cmd_{name}", None)
+        for helper in (self.modes, self.answers):
+            handler = handler or getattr(helper, f"{name}_command", None)
+        if name == "rollback_mode":
+            handler = lambda cmd: self.notebook.set_mode(cmd["mode"])  # noqa: E731
         if handler is None:
             raise ValueError(f"unknown command {name!r}")
         handler(cmd)
@@ -331,117 +341,13 @@ class KitControl:
         self.transport.hung.set()
         self.emit({"event": "hung"})
 
-    def _cmd_incoming(self, cmd: dict[str, Any]) -> None:
-        event_id = cmd.get("eventId")
-        if event_id is not None and not (isinstance(event_id, str) and event_id):
-            raise TypeError("eventId must be a non-empty string")
-        for key in ("channelId", "messageId", "text"):
-            if not isinstance(cmd[key], str):
-                raise TypeError(f"{key} must be a string")
-        message: dict[str, Any] = {
-            "channelId": cmd["channelId"],
-            "messageId": cmd["messageId"],
-            "author": cmd.get("author") or dict(PEOPLE[0]),
-            "timestamp": now_iso(),
-            "content": [{"type": "text", "text": cmd["text"]}],
-            "tags": list(cmd.get("tags") or []),
-        }
-        for key in ("threadId", "eventId", "coalesce"):
-            if cmd.get(key) is not None:
-                message[key] = cmd[key]
-        self.send_request("channels/incoming", {"messages": [message]})
-
-    def _cmd_incoming_batch(self, cmd: dict[str, Any]) -> None:
-        messages = cmd["messages"]
-        if not isinstance(messages, list):
-            raise TypeError("messages must be a list")
-        self.send_request("channels/incoming", {"messages": messages})
-
-    def _cmd_push(self, cmd: dict[str, Any]) -> None:
-        event_id, text = cmd["eventId"], cmd["text"]
-        feature_set = cmd.get("featureSet", "lobby.events")
-        if not all(isinstance(v, str) for v in (event_id, text, feature_set)):
-            raise TypeError("eventId, text and featureSet must be strings")
-        params = event_params(event_id, text, feature_set, cmd.get("tags"))
-        for key in ("origin", "coalesce"):
-            if cmd.get(key) is not None:
-                params[key] = cmd[key]
-        self.send_request("push/event", params)
-
-    def _cmd_flood(self, cmd: dict[str, Any]) -> None:
-        """``count`` push events ``f1`` ... at once; ``flood_done`` once all are answered."""
-        count, text = cmd["count"], cmd.get("text", "flood")
-        if type(count) is not int or not 0 <= count <= 100_000:
-            raise ValueError("count must be an integer from 0 to 100000")
-        if not isinstance(text, str):
-            raise TypeError("text must be a string")
-        tally = {"answered": 0, "accepted": 0}
-
-        def answered(response: dict[str, Any] | None) -> None:
-            result = response.get("result") if response else None
-            if isinstance(result, dict) and result.get("accepted") is True:
-                tally["accepted"] += 1
-            tally["answered"] += 1
-            if tally["answered"] == count:
-                _log(f"flood of {count}: {tally['accepted']} accepted")
-                self.emit({"event": "flood_done", "accepted": tally["accepted"], "count": count})
-
-        async def flood() -> None:
-            if count == 0:
-                self.emit({"event": "flood_done", "accepted": 0, "count": 0})
-            for i in range(1, count + 1):
-                params = event_params(f"f{i}", text, "lobby.events", None)
-                await self._sender("push/event", params, 1, answered)()
-
-        self._queue(flood, "a flood")
-
-    def _cmd_register(self, cmd: dict[str, Any]) -> None:
-        if not isinstance(cmd["channels"], list):
-            raise TypeError("channels must be a list")
-        self.send_request("channels/register", {"channels": cmd["channels"]})
-
-    def _cmd_infer(self, cmd: dict[str, Any]) -> None:
-        """``inference/request`` (``stream`` asks for chunks, which are not checked here)."""
-        messages, stream = cmd["messages"], cmd.get("stream", False)
-        feature_set = cmd.get("featureSet", "lobby.assist")
-        if not isinstance(messages, list):
-            raise TypeError("messages must be a list")
-        if not isinstance(stream, bool):
-            raise TypeError("stream must be a boolean")
-        if not isinstance(feature_set, str):
-            raise TypeError("featureSet must be a string")
-        params: dict[str, Any] = {"featureSet": feature_set, "messages": messages, "stream": stream}
-        if cmd.get("conversationId") is not None:
-            params["conversationId"] = cmd["conversationId"]
-        if cmd.get("maxTokens") is not None:
-            if type(cmd["maxTokens"]) is not int:
-                raise TypeError("maxTokens must be an integer")
-            params["preferences"] = {"maxTokens": cmd["maxTokens"]}
-        self.send_request("inference/request", params)
-
-    def _cmd_model_info(self, cmd: dict[str, Any]) -> None:
-        self.send_request("model/info", {})
-
-    def _cmd_raw(self, cmd: dict[str, Any]) -> None:
-        message = cmd["message"]
-        if (
-            isinstance(message, dict)
-            and isinstance(message.get("method"), str)
-            and _valid_id(message.get("id"))
-        ):
-            if len(self._raw) >= MAX_RAW_PENDING:
-                self._raw.pop(next(iter(self._raw)))
-            self._raw[message["id"]] = message
-        self.send_line(dumps(message))
-
-    def _cmd_line(self, cmd: dict[str, Any]) -> None:
-        if not isinstance(cmd["text"], str):
-            raise TypeError("text must be a string")
-        self.send_line(cmd["text"])
-
 
 async def open_control(
-    server: MCPLServer, options: LobbyOptions, transport: str
+    server: MCPLServer,
+    options: LobbyOptions,
+    transport: str,
+    places: Places | None = None,
+    notebook: Notebook | None = None,
 ) -> KitControl | None:
     """Connect to the control listener ``options.control_connect`` and say hello; None if
     unreachable."""
@@ -449,15 +355,20 @@ async def open_control(
     if link is None:
         return None
     link.emit({"event": "hello", "pid": os.getpid(), "transport": transport})
-    return KitControl(server, options, link)
+    return KitControl(server, options, link, places, notebook)
 
 
-async def serve_controlled(server: MCPLServer, options: LobbyOptions) -> None:
+async def serve_controlled(
+    server: MCPLServer,
+    options: LobbyOptions,
+    places: Places | None = None,
+    notebook: Notebook | None = None,
+) -> None:
     """Serve ``server`` over stdio (or on ``--ws``, for as long as the process lives) with the
     control connection ``options.control_connect``; stdio ends when the host closes stdin."""
     assert options.control_connect is not None
     transport = "ws" if options.ws else "stdio"
-    control = await open_control(server, options, transport)
+    control = await open_control(server, options, transport, places, notebook)
     if control is None:
         sys.exit(f"cannot reach the control listener at {options.control_connect}")
     async with trio.open_nursery() as nursery:
