@@ -31,8 +31,10 @@ from examples.lobby_kit_checks import HostChecks
 from examples.lobby_kit_modes import KitModes
 from examples.lobby_server import (
     PEOPLE,
+    REGISTER_CHUNK,
     LobbyOptions,
     builtin_files,
+    channel_descriptor,
     dumps,
     now_iso,
     short,
@@ -309,6 +311,33 @@ class KitCommands:
             _log(f"registering {short(descriptor)} without taking it: {exc}")
             return
         self.server.channels[spec.id] = Channel(self.server, spec)
+
+    def register_extra(self, count: int) -> None:
+        """``--channels N``: register ``lobby:#c1`` ... ``lobby:#cN`` in requests of at most
+        :data:`REGISTER_CHUNK`; once all are answered, a ``channels`` event {accepted,
+        refused: [{id, reason}]}."""
+        extra = [channel_descriptor(f"c{i}") for i in range(1, count + 1)]
+        chunks = [extra[i : i + REGISTER_CHUNK] for i in range(0, count, REGISTER_CHUNK)]
+        tally: dict[str, Any] = {"accepted": 0, "refused": [], "answered": 0}
+
+        def answered(response: dict[str, Any] | None) -> None:
+            self._accepted(response)
+            result = (response or {}).get("result")
+            for entry in result.get("results", []) if isinstance(result, dict) else []:
+                if isinstance(entry, dict) and entry.get("accepted") is True:
+                    tally["accepted"] += 1
+                elif isinstance(entry, dict):
+                    tally["refused"].append({"id": entry.get("id"), "reason": entry.get("reason")})
+            tally["answered"] += 1
+            if tally["answered"] == len(chunks):
+                _log(f"{tally['accepted']} of {count} extra channels registered")
+                event = {"event": "channels", "accepted": tally["accepted"]}
+                self.emit({**event, "refused": tally["refused"]})
+
+        for descriptor in extra:
+            self._adopt(descriptor)
+        for chunk in chunks:
+            self.send_request("channels/register", {"channels": chunk}, on_answer=answered)
 
     def _cmd_threads(self, cmd: dict[str, Any]) -> None:
         """RFC-011: threads of a channel that a publish may target from now on."""

@@ -37,6 +37,7 @@ import trio
 from actors.serverkit import MCPLServer
 from actors.serverkit_link import LinkLost, PendingRequest
 from actors.serverkit_transport import StdioTransport
+from examples import lobby_faults
 from examples.lobby_kit_answers import KitAnswers
 from examples.lobby_kit_checks import HostChecks
 from examples.lobby_kit_commands import MAX_RAW_PENDING, KitCommands, valid_id
@@ -121,6 +122,8 @@ class KitControl(KitCommands):
         self.answers = KitAnswers(
             server, self.checks, context=options.context, emit=self.emit, ask=self.send_request
         )
+        if options.mcp_only:
+            lobby_faults.refuse_mcpl(server)  # over the modes: no MCPL is answered at all
         self.transport: Hangable | None = None
         self._sends, self._to_send = trio.open_memory_channel[
             tuple[Callable[[], Awaitable[Any]], str]
@@ -150,7 +153,11 @@ class KitControl(KitCommands):
             self.problem(f"malformed JSON from the host ({exc!r}): {short(line)}")
             return
         self.emit({"event": "received", "message": message})
-        self.checks.seen(message)
+        if self.options.mcp_only:
+            if lobby_faults.is_initialized(line):
+                self.emit({"event": "ready"})  # no grant is coming: ready as the host is
+        else:
+            self.checks.seen(message)
         for answer in message if isinstance(message, list) else [message]:
             if isinstance(answer, dict) and "method" not in answer:
                 self._raw_answer(answer)
@@ -197,6 +204,8 @@ class KitControl(KitCommands):
 
     async def _on_ready(self) -> None:
         self.emit({"event": "ready"})
+        if self.options.channels > 0:
+            self.register_extra(self.options.channels)
         if self.transport is not None:
             return  # the registration's answer is reported as it comes
         await self.server.registered.wait()

@@ -34,6 +34,8 @@ PORTED = (
     "test_incoming_with_event_id_and_coalesce",
     "test_incoming_coalesce_withheld_unless_advertised_or_forced",
     "test_push_response_carries_the_coalesce_result",
+    "test_mcp_only_has_no_mcpl_but_still_registers",
+    "test_render_is_mcpl_only",
 )
 
 
