@@ -35,7 +35,12 @@ from actors.serverkit import (
     PublishRefused,
     ToolError,
 )
+from actors.serverkit_files import Shelf
+from actors.serverkit_run import listen
+from actors.serverkit_transport import LineTransport
 from examples import lobby_faults, lobby_kit_control
+from examples.lobby_kit_commands import file_reference
+from examples.lobby_kit_files import LobbyFiles
 from examples.lobby_kit_notes import Notebook
 from examples.lobby_kit_places import Places
 from examples.lobby_server import (
@@ -46,7 +51,6 @@ from examples.lobby_server import (
     SHARE_FILE,
     SHARE_TEXT,
     LobbyOptions,
-    builtin_files,
     display_host,
     parse_args,
     publish_author,
@@ -189,7 +193,7 @@ def build(
         for tick in itertools.count(1):
             await trio.sleep(options.interval)
             server.spawn(functools.partial(say, tick), f"tick {tick}")
-            if tick == 2 and options.files and options.ws:
+            if tick == 2 and options.files and server.shelf.origin is not None:
                 server.spawn(share_photo)
 
     async def say(tick: int) -> None:
@@ -212,8 +216,7 @@ def build(
         await trio.sleep(options.interval / 2)
         if server.is_granted("pushEvents"):
             log(f"push/event {SHARE_EVENT_ID}: {SHARE_TEXT}")
-            board = builtin_files()[SHARE_FILE]
-            photo = server.reference(board.data, mime_type=board.mime_type, name=SHARE_FILE)
+            photo = file_reference(server.shelf.origin, SHARE_FILE)
             content = [{"type": "text", "text": SHARE_TEXT}, photo]
             await server.push_event(content, event_id=SHARE_EVENT_ID)
 
@@ -227,40 +230,62 @@ async def serve_ws(
     *,
     task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Serve the lobby on a websocket until cancelled; ``task_status`` gets the bound port."""
+    """Serve the lobby on a websocket until cancelled; ``task_status`` gets the bound port.
+
+    Every connection is a session of its own: its own server, counters and control link. With
+    ``options.files`` the port also answers ``GET /files/<name>``
+    (:mod:`examples.lobby_kit_files`)."""
     options = options or LobbyOptions()
-    server = build(options)
-    lobby_faults.apply(server, options)
-    token = options.token
+    files = LobbyFiles() if options.files else None
+    shelf = Shelf()
+
+    async def session(transport: LineTransport) -> None:
+        places, notebook = Places(), Notebook()
+        server = build(options, places, notebook)
+        server.shelf = shelf  # its origin: where the files are served
+        lobby_faults.apply(server, options)
+        if options.control_connect:
+            await lobby_kit_control.serve_controlled(
+                server, options, places, notebook, transport=transport, files=files
+            )
+        else:
+            await server.serve(transport)
+
+    http = [files.answer] if files is not None else []
     async with trio.open_nursery() as nursery:
         url = await nursery.start(
-            functools.partial(server.serve_websocket, host, port, token=token)
+            functools.partial(
+                listen, host, port, session, token=options.token, shelf=shelf, http=http
+            )
         )
+        if files is not None:
+            log(f"serving files at {shelf.origin}/files/: {', '.join(files.files)}")
         task_status.started(int(url.rstrip("/").rpartition(":")[2]))
 
 
 async def serve(options: LobbyOptions) -> None:
     """Serve the lobby over stdio, or on ``--ws HOST:PORT`` until interrupted; with
     ``--control-connect`` a test drives it too (:mod:`examples.lobby_kit_control`)."""
+    if options.run_id:
+        log(f"ids made up by this run start with {options.run_id}-")
+    if options.ws:
+        host, port = split_host_port(options.ws)
+        async with trio.open_nursery() as nursery:
+            bound = await nursery.start(serve_ws, host, port, options)
+            print(f"LISTENING ws://{display_host(host)}:{bound}", flush=True)
+            log(f"serving websockets on {host}:{bound}")
+        return
+    if options.token:
+        log("--token only applies to --ws; ignored")
+    if options.files:
+        log("--files only applies to --ws; ignored")
     places, notebook = Places(), Notebook()
     server = build(options, places, notebook)
     lobby_faults.apply(server, options)
-    if options.run_id:
-        log(f"ids made up by this run start with {options.run_id}-")
     if options.control_connect:
         await lobby_kit_control.serve_controlled(server, options, places, notebook)
-        return
-    if not options.ws:
+    else:
         await server.serve_stdio()
-        return
-    host, port = split_host_port(options.ws)
-    async with trio.open_nursery() as nursery:
-        url = await nursery.start(
-            functools.partial(server.serve_websocket, host, port, token=options.token)
-        )
-        bound = int(url.rstrip("/").rpartition(":")[2])
-        print(f"LISTENING ws://{display_host(host)}:{bound}", flush=True)
-        log(f"serving websockets on {host}:{bound}")
 
 
 def main(argv: list[str] | None = None) -> int:

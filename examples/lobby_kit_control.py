@@ -24,7 +24,6 @@ that sends what it was not granted, to watch the host refuse it.
 
 from __future__ import annotations
 
-import functools
 import itertools
 import json
 import os
@@ -36,11 +35,12 @@ import trio
 
 from actors.serverkit import MCPLServer
 from actors.serverkit_link import LinkLost, PendingRequest
-from actors.serverkit_transport import StdioTransport
+from actors.serverkit_transport import LineTransport, StdioTransport
 from examples import lobby_faults
 from examples.lobby_kit_answers import KitAnswers
 from examples.lobby_kit_checks import HostChecks
 from examples.lobby_kit_commands import MAX_RAW_PENDING, KitCommands, valid_id
+from examples.lobby_kit_files import LobbyFiles
 from examples.lobby_kit_modes import KitModes
 from examples.lobby_kit_notes import Notebook
 from examples.lobby_kit_places import Places
@@ -53,9 +53,7 @@ from examples.lobby_server import (
     InputError,
     LobbyOptions,
     _open_control,
-    display_host,
     short,
-    split_host_port,
 )
 from protocol.errors import RpcError
 from protocol.server_session import NotGranted
@@ -372,43 +370,46 @@ async def serve_controlled(
     options: LobbyOptions,
     places: Places | None = None,
     notebook: Notebook | None = None,
+    *,
+    transport: LineTransport | None = None,
+    files: LobbyFiles | None = None,
 ) -> None:
-    """Serve ``server`` over stdio (or on ``--ws``, for as long as the process lives) with the
-    control connection ``options.control_connect``; stdio ends when the host closes stdin."""
+    """Serve ``server`` with the control connection ``options.control_connect``: over stdio
+    (until the host closes stdin), or on ``transport``, one websocket session (until it ends;
+    the session hears of the HTTP requests ``files`` answers meanwhile)."""
     assert options.control_connect is not None
-    transport = "ws" if options.ws else "stdio"
-    control = await open_control(server, options, transport, places, notebook)
+    control = await open_control(
+        server, options, "stdio" if transport is None else "ws", places, notebook
+    )
     if control is None:
-        sys.exit(f"cannot reach the control listener at {options.control_connect}")
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(control.link.run_writer)
-        nursery.start_soon(control.run_sender)
-        commands = trio.CancelScope()
+        if transport is None:
+            sys.exit(f"cannot reach the control listener at {options.control_connect}")
+        await server.serve(transport)
+        return
+    if files is not None:
+        files.listeners.add(control.emit)
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(control.link.run_writer)
+            nursery.start_soon(control.run_sender)
+            commands = trio.CancelScope()
 
-        async def read_commands() -> None:
-            with commands:
-                await control.run()
+            async def read_commands() -> None:
+                with commands:
+                    await control.run()
 
-        nursery.start_soon(read_commands)
-        if options.ws:
-            await serve_ws_forever(server, options)
-        else:
-            control.transport = Hangable(StdioTransport(), control.on_sent)
-            await server.serve(control.transport)
-            if control.transport.hung.is_set():
-                await trio.sleep_forever()
-        commands.cancel()
-        control.link.finish()  # the last events still go out
-        nursery.cancel_scope.deadline = trio.current_time() + 1.0
+            nursery.start_soon(read_commands)
+            if transport is not None:
+                await server.serve(transport)
+            else:
+                control.transport = Hangable(StdioTransport(), control.on_sent)
+                await server.serve(control.transport)
+                if control.transport.hung.is_set():
+                    await trio.sleep_forever()
+            commands.cancel()
+            control.link.finish()  # the last events still go out
+            nursery.cancel_scope.deadline = trio.current_time() + 1.0
+    finally:
+        if files is not None:
+            files.listeners.discard(control.emit)
     await control.link.aclose()
-
-
-async def serve_ws_forever(server: MCPLServer, options: LobbyOptions) -> None:
-    host, port = split_host_port(options.ws or "")
-    async with trio.open_nursery() as nursery:
-        url = await nursery.start(
-            functools.partial(server.serve_websocket, host, port, token=options.token)
-        )
-        bound = int(url.rstrip("/").rpartition(":")[2])
-        print(f"LISTENING ws://{display_host(host)}:{bound}", flush=True)
-        _log(f"serving websockets on {host}:{bound}")

@@ -36,6 +36,10 @@ PORTED = (
     "test_push_response_carries_the_coalesce_result",
     "test_mcp_only_has_no_mcpl_but_still_registers",
     "test_render_is_mcpl_only",
+    "test_share_carries_coalesce_when_advertised",
+    "test_websocket_sessions_are_independent",
+    "test_websocket_bearer_token",
+    "test_serve_ws_in_process",
 )
 
 
