@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import trio
 import trio.testing
 
@@ -214,3 +215,16 @@ async def test_a_publish_handler_knows_whether_the_host_waits_for_its_answer(
             assert answer["result"] == {"delivered": True, "messageId": "m-asked"}
             await trio.testing.wait_all_tasks_blocked()
             assert sorted(seen) == [("asked", False), ("told", True)]
+
+
+def test_a_capability_no_feature_set_uses_can_be_advertised() -> None:
+    server = own_sets()
+    system = "contextHooks.beforeInference.inject.system"
+    assert system not in server.capabilities()
+    server.advertise(system)
+    assert system in server.capabilities()
+    hooks = server.manifest()["contextHooks"]["beforeInference"]
+    assert hooks["inject"]["system"] is True
+    assert all(system not in fs.uses for fs in server.feature_sets())
+    with pytest.raises(ValueError, match="teleport"):
+        server.advertise("teleport")
