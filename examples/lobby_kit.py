@@ -38,7 +38,7 @@ from actors.serverkit import (
 from actors.serverkit_files import Shelf
 from actors.serverkit_run import listen
 from actors.serverkit_transport import LineTransport
-from examples import lobby_faults, lobby_kit_control
+from examples import lobby_faults, lobby_kit_session
 from examples.lobby_kit_commands import file_reference
 from examples.lobby_kit_files import LobbyFiles
 from examples.lobby_kit_notes import Notebook
@@ -57,6 +57,8 @@ from examples.lobby_server import (
     split_host_port,
 )
 
+#: the lobby's requests awaiting the host's answer at once (tests send thousands in a burst)
+MAX_PENDING = 1024
 STATUS = "Lobby status: Alice and Bob are online. Topic: board games."
 CHAT_USES = (
     "channels.register",
@@ -87,7 +89,10 @@ def build(
     ``--notes`` (:mod:`examples.lobby_kit_notes`)."""
     places = places or Places()
     server = MCPLServer(
-        "lobby", request_timeout=options.request_timeout, default_feature_sets=False
+        "lobby",
+        request_timeout=options.request_timeout,
+        default_feature_sets=False,
+        max_pending=MAX_PENDING,
     )
 
     # -- feature sets: what a host may grant or deny, one concern each -----------------------
@@ -105,6 +110,8 @@ def build(
             description="Lobby status (who is online, the current topic) before each inference.",
             uses=CONTEXT_USES,
         )
+        # advertised (as every hook position is) for hosts configured to grant it
+        server.advertise("contextHooks.beforeInference.inject.system")
     if options.assist:
         server.feature_set(
             "lobby.assist",
@@ -245,7 +252,7 @@ async def serve_ws(
         server.shelf = shelf  # its origin: where the files are served
         lobby_faults.apply(server, options)
         if options.control_connect:
-            await lobby_kit_control.serve_controlled(
+            await lobby_kit_session.serve_controlled(
                 server, options, places, notebook, transport=transport, files=files
             )
         else:
@@ -265,7 +272,7 @@ async def serve_ws(
 
 async def serve(options: LobbyOptions) -> None:
     """Serve the lobby over stdio, or on ``--ws HOST:PORT`` until interrupted; with
-    ``--control-connect`` a test drives it too (:mod:`examples.lobby_kit_control`)."""
+    ``--control-connect`` a test drives it too (:mod:`examples.lobby_kit_session`)."""
     if options.run_id:
         log(f"ids made up by this run start with {options.run_id}-")
     if options.ws:
@@ -283,7 +290,7 @@ async def serve(options: LobbyOptions) -> None:
     server = build(options, places, notebook)
     lobby_faults.apply(server, options)
     if options.control_connect:
-        await lobby_kit_control.serve_controlled(server, options, places, notebook)
+        await lobby_kit_session.serve_controlled(server, options, places, notebook)
     else:
         await server.serve_stdio()
 

@@ -41,7 +41,7 @@ from examples.lobby_server import (
 )
 
 #: raw requests whose answers are still awaited, by id (oldest dropped at the cap)
-MAX_RAW_PENDING = 1024
+MAX_RAW_PENDING = 65_536
 
 
 def _log(text: str) -> None:

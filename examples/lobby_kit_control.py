@@ -5,18 +5,21 @@ An ordinary server needs none of this. The lobby reports what happens on its hos
 as events and takes commands that make it send things, so that a host's tests can drive it:
 
 * events: ``hello`` {pid, transport}, ``ready``, ``received`` {message} (every line the host
-  sent, parsed), ``error`` {text} (what the toolkit's session refused or skipped, and bad
-  commands), ``response`` {method, request, response, attempts} (for each request a command
-  sent; ``response`` is None when the connection ended first), ``pong`` {id}, ``hung``;
-  over stdio also for each request the lobby itself sent (the registration, the people's
-  messages, the echoes); over a websocket, once the channels are registered, one ``response``
-  for ``channels/register`` whose result lists the channels the host accepted.
-* commands: ``ping``, ``crash``, ``hang`` (stdio: no more reading or writing),
-  ``incoming``, ``incoming_batch``, ``push``, ``flood`` (then ``flood_done`` {accepted,
-  count}), ``register``, ``infer``, ``model_info``, ``raw`` (a request keeps its id, and its
-  answer is reported as a ``response``), ``line``, and the modes of :mod:`examples.lobby_kit_modes`:
-  ``open_mode`` (acknowledged with ``open_mode`` {mode}), ``fsu_mode`` and ``manifest``.
-  What they send goes out in the order the commands came.
+  sent, parsed), ``error`` {text} (what the toolkit's session refused or skipped, what the
+  checks of :mod:`examples.lobby_kit_checks` found wrong, and bad commands), ``response``
+  {method, request, response, attempts} (for each request a command sent; ``response`` is None
+  when the connection ended first), ``pong`` {id}, ``hung``, ``channels`` {accepted, refused}
+  (with ``--channels N``), and those of the checks (``coalescing``, ``streamed``), of the
+  notebook (``notes``) and of the files (``http``); over stdio also ``response`` for each
+  request the lobby itself sent (the registration, the people's messages, the echoes); over a
+  websocket, once the channels are registered, one ``response`` for ``channels/register`` whose
+  result lists the channels the host accepted.
+* commands: ``ping``, ``crash``, ``hang`` (stdio: no more reading or writing), those of
+  :mod:`examples.lobby_kit_commands` (what the lobby sends), :mod:`examples.lobby_kit_modes`
+  (``open_mode``, ``fsu_mode``, ``manifest``, ``publish_echo_thread``),
+  :mod:`examples.lobby_kit_answers` (``hook``, ``render_mode``) and
+  :mod:`examples.lobby_kit_notes` (``rollback_mode``). What they send goes out in the order the
+  commands came.
 
 The requests commands send are not checked against the host's grant: a test may play a server
 that sends what it was not granted, to watch the host refuse it.
@@ -35,12 +38,10 @@ import trio
 
 from actors.serverkit import MCPLServer
 from actors.serverkit_link import LinkLost, PendingRequest
-from actors.serverkit_transport import LineTransport, StdioTransport
 from examples import lobby_faults
 from examples.lobby_kit_answers import KitAnswers
 from examples.lobby_kit_checks import HostChecks
 from examples.lobby_kit_commands import MAX_RAW_PENDING, KitCommands, valid_id
-from examples.lobby_kit_files import LobbyFiles
 from examples.lobby_kit_modes import KitModes
 from examples.lobby_kit_notes import Notebook
 from examples.lobby_kit_places import Places
@@ -52,15 +53,13 @@ from examples.lobby_server import (
     ControlLink,
     InputError,
     LobbyOptions,
-    _open_control,
     short,
 )
 from protocol.errors import RpcError
 from protocol.server_session import NotGranted
 
 #: sends the commands asked for, waiting to be written (past it a command is refused)
-MAX_QUEUED = 1024
-#: raw requests whose answers are still awaited, by id (oldest dropped at the cap)
+MAX_QUEUED = 65_536
 
 
 def _log(text: str) -> None:
@@ -202,7 +201,15 @@ class KitControl(KitCommands):
 
     async def _on_ready(self) -> None:
         self.emit({"event": "ready"})
+        if not self.server.grant.allows("channels.register"):
+            # registered all the same, as a server may: the host's refusal is reported
+            channels = [ch.spec.to_wire() for ch in self.server.channels.values()]
+            self.send_request("channels/register", {"channels": channels})
+            return
         if self.options.channels > 0:
+            # after the lobby's own registration, which would otherwise take them along
+            with trio.move_on_after(self.server.request_timeout):
+                await self.server.registered.wait()
             self.register_extra(self.options.channels)
         if self.transport is not None:
             return  # the registration's answer is reported as it comes
@@ -347,69 +354,3 @@ class KitControl(KitCommands):
         _log("hang requested: no more reading or answering")
         self.transport.hung.set()
         self.emit({"event": "hung"})
-
-
-async def open_control(
-    server: MCPLServer,
-    options: LobbyOptions,
-    transport: str,
-    places: Places | None = None,
-    notebook: Notebook | None = None,
-) -> KitControl | None:
-    """Connect to the control listener ``options.control_connect`` and say hello; None if
-    unreachable."""
-    link = await _open_control(options, "")
-    if link is None:
-        return None
-    link.emit({"event": "hello", "pid": os.getpid(), "transport": transport})
-    return KitControl(server, options, link, places, notebook)
-
-
-async def serve_controlled(
-    server: MCPLServer,
-    options: LobbyOptions,
-    places: Places | None = None,
-    notebook: Notebook | None = None,
-    *,
-    transport: LineTransport | None = None,
-    files: LobbyFiles | None = None,
-) -> None:
-    """Serve ``server`` with the control connection ``options.control_connect``: over stdio
-    (until the host closes stdin), or on ``transport``, one websocket session (until it ends;
-    the session hears of the HTTP requests ``files`` answers meanwhile)."""
-    assert options.control_connect is not None
-    control = await open_control(
-        server, options, "stdio" if transport is None else "ws", places, notebook
-    )
-    if control is None:
-        if transport is None:
-            sys.exit(f"cannot reach the control listener at {options.control_connect}")
-        await server.serve(transport)
-        return
-    if files is not None:
-        files.listeners.add(control.emit)
-    try:
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(control.link.run_writer)
-            nursery.start_soon(control.run_sender)
-            commands = trio.CancelScope()
-
-            async def read_commands() -> None:
-                with commands:
-                    await control.run()
-
-            nursery.start_soon(read_commands)
-            if transport is not None:
-                await server.serve(transport)
-            else:
-                control.transport = Hangable(StdioTransport(), control.on_sent)
-                await server.serve(control.transport)
-                if control.transport.hung.is_set():
-                    await trio.sleep_forever()
-            commands.cancel()
-            control.link.finish()  # the last events still go out
-            nursery.cancel_scope.deadline = trio.current_time() + 1.0
-    finally:
-        if files is not None:
-            files.listeners.discard(control.emit)
-    await control.link.aclose()

@@ -70,7 +70,7 @@ class Notebook:
         )
 
         @server.tool()
-        def note(text: str) -> ToolResult:
+        async def note(text: str) -> ToolResult:  # async: in trio, not a worker thread
             """Add a note to the lobby notebook; returns the notebook"""
             if not text.strip():
                 raise ToolError("note needs a text")
