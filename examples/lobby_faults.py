@@ -29,7 +29,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from actors.serverkit import NO_ANSWER, HostRequest, MCPLServer, Publish, PublishRefused
-from examples.lobby_server import MCPL_METHODS, LobbyOptions
+from examples.lobby_options import LobbyOptions
+from examples.lobby_words import MCPL_METHODS
 from protocol.errors import METHOD_NOT_FOUND, RpcError
 
 STRAY_LINE = "[lobby] client initialized"

@@ -42,19 +42,16 @@ from examples import lobby_faults, lobby_kit_session
 from examples.lobby_kit_commands import file_reference
 from examples.lobby_kit_files import LobbyFiles
 from examples.lobby_kit_notes import Notebook
-from examples.lobby_kit_places import Places
-from examples.lobby_server import (
+from examples.lobby_kit_places import Places, open_by_address
+from examples.lobby_options import LobbyOptions, display_host, parse_args, split_host_port
+from examples.lobby_words import (
     CHIME,
     PEOPLE,
     SCRIPT_LINES,
     SHARE_EVENT_ID,
     SHARE_FILE,
     SHARE_TEXT,
-    LobbyOptions,
-    display_host,
-    parse_args,
     publish_author,
-    split_host_port,
 )
 
 #: the lobby's requests awaiting the host's answer at once (tests send thousands in a burst)
@@ -149,6 +146,8 @@ def build(
             )
             server.spawn(echo, "echo")
         return message_id
+
+    server.answer_for("channels/open")(functools.partial(open_by_address, server))
 
     # -- tools --------------------------------------------------------------------------------
     @server.tool()

@@ -30,7 +30,7 @@ import trio
 
 from actors.serverkit import NO_ANSWER, HostRequest, MCPLServer
 from examples.lobby_kit_checks import HostChecks
-from examples.lobby_server import (
+from examples.lobby_words import (
     ASSIST_FEATURE_SET,
     DEFAULT_INJECTIONS,
     DEFAULT_RENDER_DELAY,

@@ -28,7 +28,7 @@ from typing import Any
 import attrs
 
 from actors.serverkit import MCPLServer
-from examples.lobby_server import (
+from examples.lobby_words import (
     COALESCE_LEAVES,
     COALESCE_OUTCOMES,
     FINISH_REASONS,

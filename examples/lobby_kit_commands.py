@@ -29,10 +29,10 @@ from actors.serverkit import MCPLServer
 from actors.serverkit_channels import Channel, ChannelSpec
 from examples.lobby_kit_checks import HostChecks
 from examples.lobby_kit_modes import KitModes
-from examples.lobby_server import (
+from examples.lobby_options import LobbyOptions
+from examples.lobby_words import (
     PEOPLE,
     REGISTER_CHUNK,
-    LobbyOptions,
     builtin_files,
     channel_descriptor,
     dumps,

@@ -45,16 +45,9 @@ from examples.lobby_kit_commands import MAX_RAW_PENDING, KitCommands, valid_id
 from examples.lobby_kit_modes import KitModes
 from examples.lobby_kit_notes import Notebook
 from examples.lobby_kit_places import Places
-from examples.lobby_server import (
-    MAX_RETRIES,
-    NOT_READY,
-    RETRIED_METHODS,
-    RETRY_DELAY,
-    ControlLink,
-    InputError,
-    LobbyOptions,
-    short,
-)
+from examples.lobby_link import ControlLink, InputError
+from examples.lobby_options import LobbyOptions
+from examples.lobby_words import MAX_RETRIES, NOT_READY, RETRIED_METHODS, RETRY_DELAY, short
 from protocol.errors import RpcError
 from protocol.server_session import NotGranted
 
@@ -183,15 +176,18 @@ class KitControl(KitCommands):
                 self.emit(self._response_event(request["method"], request, answer))
                 self.checks.answer(request["method"], request, answer)
             return
-        if not valid_id(rid) or rid not in self._raw:
-            return
-        request = self._raw.pop(rid)
-        # the toolkit's session did not send it, so it will call this an unknown answer
-        if len(self._raw_answered) >= MAX_RAW_PENDING:
-            self._raw_answered.clear()
-        self._raw_answered.add(f"response to unknown or expired request {rid!r} ignored")
-        method = request["method"]
-        self.emit(self._response_event(method, request, answer))
+        if valid_id(rid):
+            # the toolkit's session will call this an unknown answer: said here instead
+            if len(self._raw_answered) >= MAX_RAW_PENDING:
+                self._raw_answered.clear()
+            self._raw_answered.add(f"response to unknown or expired request {rid!r} ignored")
+        if valid_id(rid) and rid in self._raw:
+            request = self._raw.pop(rid)
+            self.emit(self._response_event(request["method"], request, answer))
+        elif self.transport is not None:  # over stdio every request we wrote is known
+            self.problem("response to an unknown request id: " + short(answer))
+        elif valid_id(rid):
+            self._raw_answered.discard(f"response to unknown or expired request {rid!r} ignored")
 
     def _on_problem(self, text: str) -> None:
         if text in self._raw_answered:

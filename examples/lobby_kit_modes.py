@@ -11,13 +11,15 @@ back to the override the lobby had before (its command-line fault mode) or to th
 
 from __future__ import annotations
 
+import functools
 import sys
 from collections.abc import Callable
 from typing import Any
 
 from actors.serverkit import NO_ANSWER, HostRequest, MCPLServer
-from examples.lobby_kit_places import Places
-from examples.lobby_server import OPEN_MODES, LobbyOptions, dumps
+from examples.lobby_kit_places import Places, open_by_address
+from examples.lobby_options import LobbyOptions
+from examples.lobby_words import OPEN_MODES, dumps
 from protocol.errors import METHOD_NOT_FOUND, RpcError
 
 FSU_MODES = ("request", "notification-only", "never")
@@ -50,7 +52,8 @@ class KitModes:
         self.manifest: dict[str, Any] | None = None
         before = dict(server.answer_overrides)
         # the open mode starts as the command line's, so it replaces that override
-        server.answer_for("channels/open")(self._fallback(self._open, None))
+        opener = functools.partial(open_by_address, server)
+        server.answer_for("channels/open")(self._fallback(self._open, opener))
         server.answer_for("featureSets/update")(
             self._fallback(self._fsu, before.get("featureSets/update"))
         )

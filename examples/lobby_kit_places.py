@@ -7,6 +7,9 @@ lobby's incoming messages, or declared by the ``threads`` control command). Noth
 redirected. A publish *notification* carrying ``threadId`` is refused (a targeted publish must be
 a request) and reported as a problem.
 
+``channels/open`` names a channel by ``channelId`` or by ``address`` (``#general``,
+``lobby:#general`` or ``general``); an address naming no lobby channel fails with -32024.
+
 The ``publish_echo_thread`` control command makes results ``echo`` the ``threadId`` (the
 default), ``omit`` it, or falsify it (``wrong``), so that a host's tests can watch it notice.
 """
@@ -16,9 +19,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from actors.serverkit import Publish
+from actors.serverkit import HostRequest, MCPLServer, Publish
+from protocol.errors import RpcError
 
 ECHO_THREAD_MODES = ("echo", "omit", "wrong")
+CHANNEL_OPEN_FAILED = -32024
 #: threads remembered per channel, and channels with threads (past either cap: oldest dropped)
 MAX_THREADS = 10_000
 
@@ -78,3 +83,22 @@ class Places:
         if mode not in ECHO_THREAD_MODES:
             raise ValueError(f"publish_echo_thread mode must be one of {ECHO_THREAD_MODES}")
         self.echo_mode = mode
+
+
+async def open_by_address(server: MCPLServer, request: HostRequest) -> Any:
+    """Answer ``channels/open``, finding the channel by its ``address`` when the request
+    names no known ``channelId``."""
+    params = dict(request.params)
+    channel_id = params.get("channelId")
+    if not (isinstance(channel_id, str) and channel_id in server.channels):
+        wanted = params.get("address")
+        name = wanted.removeprefix("lobby:").removeprefix("#") if isinstance(wanted, str) else None
+        found = f"lobby:#{name}" if name else None
+        if found not in server.channels:
+            data = {"channelId": channel_id, "address": wanted, "reason": "no such lobby channel"}
+            raise RpcError(code=CHANNEL_OPEN_FAILED, message="Channel open failed", data=data)
+        params["channelId"] = found
+    link = server.link
+    if link is None:
+        raise RpcError(code=CHANNEL_OPEN_FAILED, message="Channel open failed")
+    return await server.host_call(link, "channels/open", params)

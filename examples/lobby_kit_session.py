@@ -15,7 +15,8 @@ from examples.lobby_kit_control import Hangable, KitControl
 from examples.lobby_kit_files import LobbyFiles
 from examples.lobby_kit_notes import Notebook
 from examples.lobby_kit_places import Places
-from examples.lobby_server import LobbyOptions, _open_control
+from examples.lobby_link import _open_control
+from examples.lobby_options import LobbyOptions
 
 
 async def open_control(
