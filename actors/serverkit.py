@@ -67,8 +67,9 @@ from actors.serverkit_context import (
     Rollback,
 )
 from actors.serverkit_declare import Declarations
+from actors.serverkit_files import HttpAnswer, HttpRequest
 from actors.serverkit_link import NO_ANSWER, HostRequest, LinkLost, RequestTimeout, ServerLink
-from actors.serverkit_run import ServeMixin
+from actors.serverkit_run import ServeMixin, serve_websocket_each
 from actors.serverkit_tools import ToolError, ToolResult
 from actors.serverkit_transport import warn
 from protocol.errors import CAPABILITY_DENIED, RpcError
@@ -84,6 +85,8 @@ __all__ = [
     "Channel",
     "CheckpointNotFound",
     "HostRequest",
+    "HttpAnswer",
+    "HttpRequest",
     "InferenceResult",
     "Injection",
     "Lifecycle",
@@ -100,6 +103,7 @@ __all__ = [
     "ToolResult",
     "manifest_revision",
     "parse_address",
+    "serve_websocket_each",
 ]
 
 #: How often a refused-while-not-ready (-32002) or lost send is tried, and the first pause.

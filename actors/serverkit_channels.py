@@ -96,6 +96,8 @@ class Publish:
     content: tuple[Mapping[str, Any], ...]
     thread_id: str | None = None
     targeted: bool = False
+    #: the host sent it as a notification: no answer goes back, so a refusal is not seen
+    notification: bool = False
     params: Mapping[str, Any] = attrs.field(factory=dict, repr=False)
 
     @property
@@ -110,8 +112,9 @@ class Publish:
         return _text(self.content)
 
     @classmethod
-    def from_params(cls, params: Mapping[str, Any]) -> Publish:
-        """Read ``channels/publish`` params; ``-32602`` for malformed ones."""
+    def from_params(cls, params: Mapping[str, Any], *, notification: bool = False) -> Publish:
+        """Read ``channels/publish`` params (``notification``: sent as a notification);
+        ``-32602`` for malformed ones."""
         cid = params.get("channelId")
         if not isinstance(cid, str):
             raise RpcError(code=INVALID_PARAMS, message="channelId must be a string")
@@ -129,6 +132,7 @@ class Publish:
             content=tuple(content),
             thread_id=thread if isinstance(thread, str) else None,
             targeted=targeted,
+            notification=notification,
             params=params,
         )
 

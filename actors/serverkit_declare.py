@@ -18,6 +18,7 @@ from actors.serverkit_channels import Channel, ChannelSpec, OpenHandler, Publish
 from actors.serverkit_context import BeforeInference, Lifecycle, Render, Rollback
 from actors.serverkit_link import HostRequest
 from actors.serverkit_tools import Tool, tool_from_function
+from protocol.mcpl import VOCABULARY
 from protocol.server_manifest import FeatureSetDecl, build_manifest
 
 if TYPE_CHECKING:
@@ -65,6 +66,7 @@ class Declarations:
         self.rollback_handler: Callable[[Rollback], Any] | None = None
         self.render_handler: Callable[[Render], Any] | None = None
         self._extra_sets: dict[str, FeatureSetDecl] = {}
+        self._advertised: set[str] = set()
         self._on_granted: list[tuple[str, Callable[[], Awaitable[Any]]]] = []
         self._on_ready: list[Callable[[], Awaitable[Any]]] = []
         #: per method, the function answering the host's request in place of the toolkit
@@ -297,9 +299,19 @@ class Declarations:
         out.extend(self._extra_sets.values())
         return out
 
+    def advertise(self, *paths: str) -> None:
+        """Advertise capability paths that no feature set uses, for a host to grant on its own
+        (e.g. ``contextHooks.beforeInference.inject.system``, which hosts grant only when
+        configured to); call :meth:`manifest_changed` when already running."""
+        unknown = [p for p in paths if p not in VOCABULARY]
+        if unknown:
+            raise ValueError(f"not MCPL capability paths: {', '.join(unknown)}")
+        self._advertised.update(paths)
+
     def capabilities(self) -> frozenset[str]:
-        """The advertised capability paths: every path a feature set uses."""
-        return frozenset(u for fs in self.feature_sets() for u in fs.uses)
+        """The advertised capability paths: every path a feature set uses, and those given to
+        :meth:`advertise`."""
+        return frozenset(u for fs in self.feature_sets() for u in fs.uses) | self._advertised
 
     def manifest(self) -> dict[str, Any]:
         """The current ``experimental.mcpl`` object."""

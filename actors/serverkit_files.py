@@ -4,8 +4,10 @@ A host fetches a reference only from the origin it dialled (the websocket's ``ht
 a stdio server has no address, so its references are never fetched). The websocket listener
 therefore answers plain HTTP too, on the same port: a request asking to upgrade goes to the
 websocket handshake (its bytes replayed), a ``GET /refs/<token>`` gets the bytes put on the
-:class:`Shelf`, anything else a 404 or 405. Tokens are unguessable, so a reference's URI is
-its own capability; the host's bearer token (when it has one) is not checked here.
+:class:`Shelf`, anything else a 404 or 405 -- unless one of the server's own HTTP handlers
+(:meth:`actors.serverkit.MCPLServer.on_http`) answers it first. Tokens are unguessable, so a
+reference's URI is its own capability; the host's bearer token (when it has one) is not checked
+here.
 
 The shelf is bounded: at most ``max_files`` entries and ``max_bytes`` bytes. Past either cap the
 oldest entries are dropped (a later fetch of one gets 404, which the host reports as a failed
@@ -16,7 +18,7 @@ from __future__ import annotations
 
 import collections
 import secrets
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -25,12 +27,37 @@ import trio
 
 from protocol.references import digest_of
 
-__all__ = ["ReplayStream", "Shelf", "serve_connection"]
+__all__ = ["HttpAnswer", "HttpHandler", "HttpRequest", "ReplayStream", "Shelf", "serve_connection"]
 
 #: The longest request head read before the connection is refused.
 MAX_HEAD_BYTES = 16 * 1024
 #: How long a client may take to send its request head.
 HEAD_TIMEOUT_S = 30.0
+
+
+@attrs.frozen(kw_only=True)
+class HttpRequest:
+    """A plain HTTP request to the websocket listener: the method, the path (no query), the
+    target as sent, and the headers (names lower-cased; a repeated one keeps its last value)."""
+
+    method: str
+    path: str
+    target: str
+    headers: Mapping[str, str]
+
+
+@attrs.frozen(kw_only=True)
+class HttpAnswer:
+    """What a :data:`HttpHandler` answers: a status, the body and its headers."""
+
+    status: int
+    body: bytes = b""
+    headers: Mapping[str, str] = attrs.field(factory=dict)
+
+
+#: Answers a plain HTTP request, or returns None to leave it to the next handler (and last to
+#: the toolkit: the shelf's ``/refs/`` payloads, else 404). Called before the answer is sent.
+HttpHandler = Callable[[HttpRequest], "HttpAnswer | None"]
 
 
 @attrs.frozen
@@ -155,12 +182,25 @@ async def _read_request(stream: trio.abc.Stream) -> tuple[h11.Connection, bytes,
             return conn, bytes(raw), None
 
 
+def _asked(event: h11.Request) -> HttpRequest:
+    target = event.target.decode("latin-1")
+    headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in event.headers}
+    return HttpRequest(
+        method=event.method.decode("latin-1"),
+        path=target.partition("?")[0],
+        target=target,
+        headers=headers,
+    )
+
+
 async def serve_connection(
     stream: trio.abc.Stream,
     shelf: Shelf,
     websocket: Callable[[trio.abc.Stream], Awaitable[None]],
+    http: Sequence[HttpHandler] = (),
 ) -> None:
-    """One connection to the listener: a websocket session, or one HTTP answer."""
+    """One connection to the listener: a websocket session, or one HTTP answer (from the
+    first of the ``http`` handlers that gives one, else from the shelf)."""
     try:
         event = None
         with trio.move_on_after(HEAD_TIMEOUT_S):
@@ -173,7 +213,14 @@ async def serve_connection(
             return
         path = event.target.decode("latin-1").partition("?")[0]
         entry = shelf.get(path) if event.method == b"GET" else None
-        if event.method != b"GET":
+        answer = None
+        for handler in http:
+            answer = handler(_asked(event))
+            if answer is not None:
+                break
+        if answer is not None:
+            reply = _answer(conn, answer.status, answer.body, answer.headers)
+        elif event.method != b"GET":
             reply = _answer(
                 conn, 405, b"only GET\n", {"Allow": "GET", "Content-Type": "text/plain"}
             )

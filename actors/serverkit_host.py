@@ -81,7 +81,7 @@ async def handle_notice(
     """Handle one host notification (an unknown one is ignored)."""
     if method == "channels/publish":
         try:
-            await _publish(server, params)
+            await _publish(server, params, notification=True)
         except (RpcError, PublishRefused) as exc:
             warn(f"channels/publish notification dropped: {exc}")
     elif method == "inference/lifecycle" and server.lifecycle_hook is not None:
@@ -92,9 +92,11 @@ async def handle_notice(
         await maybe_await(server.lifecycle_hook(event))
 
 
-async def _publish(server: MCPLServer, params: Mapping[str, Any]) -> dict[str, Any]:
+async def _publish(
+    server: MCPLServer, params: Mapping[str, Any], *, notification: bool = False
+) -> dict[str, Any]:
     try:
-        publish = Publish.from_params(params)
+        publish = Publish.from_params(params, notification=notification)
     except PublishRefused as exc:
         return {"delivered": False, "reason": str(exc)}
     channel = server.channels.get(publish.channel_id)

@@ -11,13 +11,13 @@ from __future__ import annotations
 import functools
 import hmac
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
 import trio
 import trio_websocket
 
-from actors.serverkit_files import HEAD_TIMEOUT_S, Shelf, serve_connection
+from actors.serverkit_files import HEAD_TIMEOUT_S, HttpHandler, Shelf, serve_connection
 from actors.serverkit_link import Dispatch, LinkTaps, Override, ServerLink
 from actors.serverkit_tools import Tool
 from actors.serverkit_transport import (
@@ -31,9 +31,10 @@ from protocol.server_manifest import FeatureSetDecl
 from protocol.server_session import ServerSession
 
 if TYPE_CHECKING:
+    from actors.serverkit import MCPLServer
     from actors.serverkit_channels import Channel
 
-__all__ = ["ServeMixin"]
+__all__ = ["ServeMixin", "listen", "serve_websocket_each"]
 
 #: The pure session's own cap on pending requests; the link's (smaller by default) applies first.
 SESSION_PENDING = 256
@@ -69,6 +70,7 @@ class ServeMixin:
         self.current_manifest: dict[str, Any] | None = None
         self._limiter: trio.CapacityLimiter | None = None
         self.shelf = Shelf()
+        self.http_handlers: list[HttpHandler] = []
 
     @property
     def thread_limiter(self) -> trio.CapacityLimiter:
@@ -151,6 +153,15 @@ class ServeMixin:
         """Serve the host on stdin/stdout until stdin closes."""
         await self.serve(StdioTransport())
 
+    def on_http(self, fn: HttpHandler) -> HttpHandler:
+        """Decorator: ``fn(request)`` (sync, quick) may answer a plain HTTP request to the
+        websocket listener (an :class:`actors.serverkit_files.HttpAnswer`) or return None to
+        leave it to the next handler and last to the toolkit (the payloads of
+        :meth:`reference`, else 404). For a server that serves files of its own, or logs
+        what is fetched."""
+        self.http_handlers.append(fn)
+        return fn
+
     async def serve_websocket(
         self,
         host: str = "127.0.0.1",
@@ -165,43 +176,15 @@ class ServeMixin:
         With a ``token``, a websocket handshake without ``Authorization: Bearer <token>`` (what
         a host configured with that ``token`` sends) is refused with 401.
         """
-        wanted = f"Bearer {token}".encode() if token is not None else None
-
-        async def websocket(stream: trio.abc.Stream) -> None:
-            async with trio.open_nursery() as nursery:
-                request = None
-                with trio.move_on_after(HEAD_TIMEOUT_S):
-                    request = await trio_websocket.wrap_server_stream(
-                        nursery, stream, max_message_size=MAX_LINE_BYTES
-                    )
-                if request is not None and wanted is not None:
-                    given = dict((k.lower(), v) for k, v in request.headers).get(b"authorization")
-                    if given is None or not hmac.compare_digest(given, wanted):
-                        warn("a websocket client without the right bearer token was refused")
-                        await request.reject(401, extra_headers=[(b"WWW-Authenticate", b"Bearer")])
-                        request = None
-                if request is not None:
-                    try:
-                        ws = await request.accept()
-                    except trio_websocket.ConnectionClosed:
-                        pass
-                    else:
-                        await self.serve(WsTransport(ws))
-                nursery.cancel_scope.cancel()
-
-        async def connection(stream: trio.SocketStream) -> None:
-            await serve_connection(stream, self.shelf, websocket)
-
-        listeners = await trio.open_tcp_listeners(port, host=host)
-        bound = listeners[0].socket.getsockname()[1]
-        shown = f"[{host}]" if ":" in host else host
-        self.shelf.origin = f"http://{shown}:{bound}"
-        try:
-            async with trio.open_nursery() as nursery:
-                await nursery.start(trio.serve_listeners, connection, listeners)
-                task_status.started(f"ws://{shown}:{bound}/")
-        finally:
-            self.shelf.origin = None
+        await listen(
+            host,
+            port,
+            self.serve,
+            token=token,
+            shelf=self.shelf,
+            http=self.http_handlers,
+            task_status=task_status,
+        )
 
     def reference(
         self,
@@ -249,3 +232,80 @@ class ServeMixin:
         else:
             raise ValueError(f"transport must be 'stdio' or 'websocket', not {transport!r}")
         sys.stdout.flush()
+
+
+async def listen(
+    host: str,
+    port: int,
+    serve: Callable[[LineTransport], Awaitable[None]],
+    *,
+    token: str | None = None,
+    shelf: Shelf | None = None,
+    http: Sequence[HttpHandler] = (),
+    task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Accept websocket connections on ``ws://host:port/`` and ``serve`` each (its transport)
+    until cancelled; plain HTTP requests on the same port go to the ``http`` handlers, then to
+    the ``shelf`` (whose origin this sets while listening). ``task_status`` gets the address."""
+    wanted = f"Bearer {token}".encode() if token is not None else None
+    shelf = shelf if shelf is not None else Shelf()
+
+    async def websocket(stream: trio.abc.Stream) -> None:
+        async with trio.open_nursery() as nursery:
+            request = None
+            with trio.move_on_after(HEAD_TIMEOUT_S):
+                request = await trio_websocket.wrap_server_stream(
+                    nursery, stream, max_message_size=MAX_LINE_BYTES
+                )
+            if request is not None and wanted is not None:
+                given = dict((k.lower(), v) for k, v in request.headers).get(b"authorization")
+                if given is None or not hmac.compare_digest(given, wanted):
+                    warn("a websocket client without the right bearer token was refused")
+                    await request.reject(401, extra_headers=[(b"WWW-Authenticate", b"Bearer")])
+                    request = None
+            if request is not None:
+                try:
+                    ws = await request.accept()
+                except trio_websocket.ConnectionClosed:
+                    pass
+                else:
+                    await serve(WsTransport(ws))
+            nursery.cancel_scope.cancel()
+
+    async def connection(stream: trio.SocketStream) -> None:
+        await serve_connection(stream, shelf, websocket, http)
+
+    listeners = await trio.open_tcp_listeners(port, host=host)
+    bound = listeners[0].socket.getsockname()[1]
+    shown = f"[{host}]" if ":" in host else host
+    shelf.origin = f"http://{shown}:{bound}"
+    try:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(trio.serve_listeners, connection, listeners)
+            task_status.started(f"ws://{shown}:{bound}/")
+    finally:
+        shelf.origin = None
+
+
+async def serve_websocket_each(
+    factory: Callable[[], MCPLServer],
+    host: str = "127.0.0.1",
+    port: int = 0,
+    *,
+    token: str | None = None,
+    http: Sequence[HttpHandler] = (),
+    task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Accept host connections on ``ws://host:port/``, each served by a server of its own
+    (``factory()``), so that several hosts are served at once and independently (where
+    :meth:`ServeMixin.serve_websocket` serves one host at a time, a new connection taking
+    over). The servers share one shelf, so each one's :meth:`~ServeMixin.reference` payloads
+    are fetched from the listener's origin."""
+    shelf = Shelf()
+
+    async def serve(transport: LineTransport) -> None:
+        server = factory()
+        server.shelf = shelf
+        await server.serve(transport)
+
+    await listen(host, port, serve, token=token, shelf=shelf, http=http, task_status=task_status)

@@ -13,6 +13,9 @@ Each mode replaces one of the toolkit's own answers through
   ``never`` a publish notification is dropped too.
 * ``--open-mode never``: ``channels/open`` is never answered.
 * ``--stray-stdout`` (stdio): a line that is not JSON goes out once the host's grant arrived.
+* ``--mcp-only``: no MCPL at all: ``initialize`` advertises tools only, every MCPL request is
+  refused with -32601, and right after ``notifications/initialized`` the lobby registers its
+  channels all the same (a server that does not wait for a grant it will never get).
 * ``--feature-sets-form array``: the manifest is shown in the 0.4 form (``featureSets`` an
   array of named sets, ``version`` 0.4, no ``revision``) in ``initialize`` and
   ``mcpl/manifest``.
@@ -20,15 +23,23 @@ Each mode replaces one of the toolkit's own answers through
 
 from __future__ import annotations
 
+import json
 import sys
 from collections.abc import Mapping
 from typing import Any
 
 from actors.serverkit import NO_ANSWER, HostRequest, MCPLServer, Publish, PublishRefused
-from examples.lobby_server import LobbyOptions
+from examples.lobby_options import LobbyOptions
+from examples.lobby_words import MCPL_METHODS
 from protocol.errors import METHOD_NOT_FOUND, RpcError
 
 STRAY_LINE = "[lobby] client initialized"
+#: the MCPL requests a host may send (an ``--mcp-only`` lobby refuses each)
+MCPL_REQUESTS = sorted(
+    MCPL_METHODS
+    - {"inference/lifecycle", "inference/chunk", "channels/typing"}
+    - {"channels/outgoing/chunk", "channels/outgoing/complete"}
+)
 
 
 def _log(text: str) -> None:
@@ -73,8 +84,51 @@ def show_legacy_manifest(server: MCPLServer) -> None:
         return legacy_manifest(request.default)
 
 
+def refuse_mcpl(server: MCPLServer) -> None:
+    """Refuse every MCPL request with -32601 (the ``--mcp-only`` answers)."""
+    for method in MCPL_REQUESTS:
+        refuse_or_withhold(server, method, "notification-only")
+
+
+def mcp_only(server: MCPLServer) -> None:
+    """Advertise no MCPL, refuse its requests, and register the channels unasked once the host
+    said it is initialized."""
+
+    @server.answer_for("initialize")
+    def initialize(request: HostRequest) -> dict[str, Any]:
+        return {**request.default, "capabilities": {"tools": {}}}
+
+    refuse_mcpl(server)
+
+    @server.on_line
+    def initialized(line: str) -> None:
+        if '"notifications/initialized"' in line and is_initialized(line):
+            server.spawn(register, "channels/register")
+
+    async def register() -> None:
+        link = server.link
+        if link is not None:
+            channels = [c.spec.to_wire() for c in server.channels.values()]
+            await link.start_request("channels/register", {"channels": channels}, check=False)
+
+
+def is_initialized(line: str) -> bool:
+    """Whether a host line is the ``notifications/initialized`` notification."""
+    try:
+        message = json.loads(line)
+    except (ValueError, RecursionError):
+        return False
+    return (
+        isinstance(message, dict)
+        and message.get("method") == "notifications/initialized"
+        and "id" not in message
+    )
+
+
 def apply(server: MCPLServer, options: LobbyOptions) -> None:
     """Switch on the fault modes ``options`` asks for."""
+    if options.mcp_only:
+        mcp_only(server)
     refuse_or_withhold(server, "featureSets/update", options.fsu_mode)
     refuse_or_withhold(server, "channels/publish", options.publish_mode)
     if options.publish_mode == "never" and server.default_publish_handler is not None:

@@ -23,38 +23,39 @@ import functools
 import itertools
 import random
 import sys
-from collections.abc import Mapping
-from typing import Any
 
 import trio
 
 from actors.serverkit import (
     BeforeInference,
-    CheckpointNotFound,
     Injection,
     Lifecycle,
     MCPLServer,
     Publish,
-    Rollback,
+    PublishRefused,
     ToolError,
-    ToolResult,
 )
-from examples import lobby_faults, lobby_kit_control
-from examples.lobby_server import (
+from actors.serverkit_files import Shelf
+from actors.serverkit_run import listen
+from actors.serverkit_transport import LineTransport
+from examples import lobby_faults, lobby_kit_session
+from examples.lobby_kit_commands import file_reference
+from examples.lobby_kit_files import LobbyFiles
+from examples.lobby_kit_notes import Notebook
+from examples.lobby_kit_places import Places, open_by_address
+from examples.lobby_options import LobbyOptions, display_host, parse_args, split_host_port
+from examples.lobby_words import (
     CHIME,
     PEOPLE,
     SCRIPT_LINES,
     SHARE_EVENT_ID,
     SHARE_FILE,
     SHARE_TEXT,
-    LobbyOptions,
-    builtin_files,
-    display_host,
-    parse_args,
     publish_author,
-    split_host_port,
 )
 
+#: the lobby's requests awaiting the host's answer at once (tests send thousands in a burst)
+MAX_PENDING = 1024
 STATUS = "Lobby status: Alice and Bob are online. Topic: board games."
 CHAT_USES = (
     "channels.register",
@@ -77,10 +78,18 @@ def log(text: str) -> None:
     print(f"[lobby] {text}", file=sys.stderr, flush=True)
 
 
-def build(options: LobbyOptions) -> MCPLServer:
-    """The lobby server the options describe, ready to run."""
+def build(
+    options: LobbyOptions, places: Places | None = None, notebook: Notebook | None = None
+) -> MCPLServer:
+    """The lobby server the options describe, ready to run; ``places`` keeps the threads a
+    publish may target (:mod:`examples.lobby_kit_places`), ``notebook`` the notes of
+    ``--notes`` (:mod:`examples.lobby_kit_notes`)."""
+    places = places or Places()
     server = MCPLServer(
-        "lobby", request_timeout=options.request_timeout, default_feature_sets=False
+        "lobby",
+        request_timeout=options.request_timeout,
+        default_feature_sets=False,
+        max_pending=MAX_PENDING,
     )
 
     # -- feature sets: what a host may grant or deny, one concern each -----------------------
@@ -98,6 +107,8 @@ def build(options: LobbyOptions) -> MCPLServer:
             description="Lobby status (who is online, the current topic) before each inference.",
             uses=CONTEXT_USES,
         )
+        # advertised (as every hook position is) for hosts configured to grant it
+        server.advertise("contextHooks.beforeInference.inject.system")
     if options.assist:
         server.feature_set(
             "lobby.assist",
@@ -114,19 +125,29 @@ def build(options: LobbyOptions) -> MCPLServer:
 
     @server.on_publish
     def post(publish: Publish) -> str:
-        """An agent spoke: log it and echo it under the agent's name."""
+        """An agent spoke: log it and echo it under the agent's name, in the place it asked
+        for (or refuse it, posting nothing)."""
+        channel = server.channels[publish.channel_id]
+        why = places.refusal(channel.spec.publish_target, publish)
+        if why is not None:
+            raise PublishRefused(why)
         author = publish_author(publish.conversation_id)
         message_id = options.make_id("out-", next(posts))
-        log(f"{publish.channel_id.removeprefix('lobby:')} <- {author['name']}: {publish.text}")
+        thread = publish.thread_id
+        where = f" [{thread}]" if thread is not None else ""
+        log(f"{channel.id.removeprefix('lobby:')}{where} <- {author['name']}: {publish.text}")
         if not options.no_echo:
-            echo = server.channels[publish.channel_id].send
-            server.spawn(
-                functools.partial(
-                    echo, list(publish.content), author=author, message_id=message_id
-                ),
-                "echo",
+            echo = functools.partial(
+                channel.send,
+                list(publish.content),
+                author=author,
+                message_id=message_id,
+                thread_id=thread,
             )
+            server.spawn(echo, "echo")
         return message_id
+
+    server.answer_for("channels/open")(functools.partial(open_by_address, server))
 
     # -- tools --------------------------------------------------------------------------------
     @server.tool()
@@ -151,7 +172,7 @@ def build(options: LobbyOptions) -> MCPLServer:
         raise AssertionError("unreachable")
 
     if options.notes:
-        add_notebook(server)
+        (notebook or Notebook()).add_to(server)
 
     # -- context: a status line before every inference ----------------------------------------
     if options.context:
@@ -178,7 +199,7 @@ def build(options: LobbyOptions) -> MCPLServer:
         for tick in itertools.count(1):
             await trio.sleep(options.interval)
             server.spawn(functools.partial(say, tick), f"tick {tick}")
-            if tick == 2 and options.files and options.ws:
+            if tick == 2 and options.files and server.shelf.origin is not None:
                 server.spawn(share_photo)
 
     async def say(tick: int) -> None:
@@ -201,50 +222,11 @@ def build(options: LobbyOptions) -> MCPLServer:
         await trio.sleep(options.interval / 2)
         if server.is_granted("pushEvents"):
             log(f"push/event {SHARE_EVENT_ID}: {SHARE_TEXT}")
-            board = builtin_files()[SHARE_FILE]
-            photo = server.reference(board.data, mime_type=board.mime_type, name=SHARE_FILE)
+            photo = file_reference(server.shelf.origin, SHARE_FILE)
             content = [{"type": "text", "text": SHARE_TEXT}, photo]
             await server.push_event(content, event_id=SHARE_EVENT_ID)
 
     return server
-
-
-def add_notebook(server: MCPLServer) -> None:
-    """``lobby.notes``: a shared notebook whose every note is a checkpoint to roll back to."""
-    server.feature_set(
-        "lobby.notes",
-        description="A shared lobby notebook; every note is a checkpoint to roll back to.",
-        uses=["tools"],
-        rollback=True,
-    )
-    checkpoints: dict[str, tuple[str | None, tuple[str, ...]]] = {}  # name: (parent, notes)
-    numbers = itertools.count(1)
-    current: list[str | None] = [None]
-
-    def notes_at(name: str | None) -> tuple[str, ...]:
-        return checkpoints[name][1] if name is not None else ()
-
-    @server.tool()
-    def note(text: str) -> ToolResult:
-        """Add a note to the lobby notebook; returns the notebook"""
-        if not text.strip():
-            raise ToolError("note needs a text")
-        parent, notes = current[0], (*notes_at(current[0]), text)
-        name = current[0] = f"cp-{next(numbers)}"
-        checkpoints[name] = (parent, notes)
-        log(f"notebook at {name} (parent {parent}, note): {list(notes)}")
-        state: Mapping[str, Any] = {"checkpoint": name, "parent": parent, "data": {"notes": notes}}
-        return ToolResult(
-            content=[{"type": "text", "text": "notes: " + "; ".join(notes)}], state=state
-        )
-
-    @server.on_rollback
-    def rollback(request: Rollback) -> bool:
-        if request.checkpoint not in checkpoints:
-            raise CheckpointNotFound(request.checkpoint)
-        current[0] = request.checkpoint
-        log(f"state/rollback to {request.checkpoint}: exact")
-        return True
 
 
 async def serve_ws(
@@ -254,39 +236,62 @@ async def serve_ws(
     *,
     task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Serve the lobby on a websocket until cancelled; ``task_status`` gets the bound port."""
+    """Serve the lobby on a websocket until cancelled; ``task_status`` gets the bound port.
+
+    Every connection is a session of its own: its own server, counters and control link. With
+    ``options.files`` the port also answers ``GET /files/<name>``
+    (:mod:`examples.lobby_kit_files`)."""
     options = options or LobbyOptions()
-    server = build(options)
-    lobby_faults.apply(server, options)
-    token = options.token
+    files = LobbyFiles() if options.files else None
+    shelf = Shelf()
+
+    async def session(transport: LineTransport) -> None:
+        places, notebook = Places(), Notebook()
+        server = build(options, places, notebook)
+        server.shelf = shelf  # its origin: where the files are served
+        lobby_faults.apply(server, options)
+        if options.control_connect:
+            await lobby_kit_session.serve_controlled(
+                server, options, places, notebook, transport=transport, files=files
+            )
+        else:
+            await server.serve(transport)
+
+    http = [files.answer] if files is not None else []
     async with trio.open_nursery() as nursery:
         url = await nursery.start(
-            functools.partial(server.serve_websocket, host, port, token=token)
+            functools.partial(
+                listen, host, port, session, token=options.token, shelf=shelf, http=http
+            )
         )
+        if files is not None:
+            log(f"serving files at {shelf.origin}/files/: {', '.join(files.files)}")
         task_status.started(int(url.rstrip("/").rpartition(":")[2]))
 
 
 async def serve(options: LobbyOptions) -> None:
     """Serve the lobby over stdio, or on ``--ws HOST:PORT`` until interrupted; with
-    ``--control-connect`` a test drives it too (:mod:`examples.lobby_kit_control`)."""
-    server = build(options)
-    lobby_faults.apply(server, options)
+    ``--control-connect`` a test drives it too (:mod:`examples.lobby_kit_session`)."""
     if options.run_id:
         log(f"ids made up by this run start with {options.run_id}-")
+    if options.ws:
+        host, port = split_host_port(options.ws)
+        async with trio.open_nursery() as nursery:
+            bound = await nursery.start(serve_ws, host, port, options)
+            print(f"LISTENING ws://{display_host(host)}:{bound}", flush=True)
+            log(f"serving websockets on {host}:{bound}")
+        return
+    if options.token:
+        log("--token only applies to --ws; ignored")
+    if options.files:
+        log("--files only applies to --ws; ignored")
+    places, notebook = Places(), Notebook()
+    server = build(options, places, notebook)
+    lobby_faults.apply(server, options)
     if options.control_connect:
-        await lobby_kit_control.serve_controlled(server, options)
-        return
-    if not options.ws:
+        await lobby_kit_session.serve_controlled(server, options, places, notebook)
+    else:
         await server.serve_stdio()
-        return
-    host, port = split_host_port(options.ws)
-    async with trio.open_nursery() as nursery:
-        url = await nursery.start(
-            functools.partial(server.serve_websocket, host, port, token=options.token)
-        )
-        bound = int(url.rstrip("/").rpartition(":")[2])
-        print(f"LISTENING ws://{display_host(host)}:{bound}", flush=True)
-        log(f"serving websockets on {host}:{bound}")
 
 
 def main(argv: list[str] | None = None) -> int:

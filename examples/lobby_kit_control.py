@@ -5,18 +5,21 @@ An ordinary server needs none of this. The lobby reports what happens on its hos
 as events and takes commands that make it send things, so that a host's tests can drive it:
 
 * events: ``hello`` {pid, transport}, ``ready``, ``received`` {message} (every line the host
-  sent, parsed), ``error`` {text} (what the toolkit's session refused or skipped, and bad
-  commands), ``response`` {method, request, response, attempts} (for each request a command
-  sent; ``response`` is None when the connection ended first), ``pong`` {id}, ``hung``;
-  over stdio also for each request the lobby itself sent (the registration, the people's
-  messages, the echoes); over a websocket, once the channels are registered, one ``response``
-  for ``channels/register`` whose result lists the channels the host accepted.
-* commands: ``ping``, ``crash``, ``hang`` (stdio: no more reading or writing),
-  ``incoming``, ``incoming_batch``, ``push``, ``flood`` (then ``flood_done`` {accepted,
-  count}), ``register``, ``infer``, ``model_info``, ``raw`` (a request keeps its id, and its
-  answer is reported as a ``response``), ``line``, and the modes of :mod:`examples.lobby_kit_modes`:
-  ``open_mode`` (acknowledged with ``open_mode`` {mode}), ``fsu_mode`` and ``manifest``.
-  What they send goes out in the order the commands came.
+  sent, parsed), ``error`` {text} (what the toolkit's session refused or skipped, what the
+  checks of :mod:`examples.lobby_kit_checks` found wrong, and bad commands), ``response``
+  {method, request, response, attempts} (for each request a command sent; ``response`` is None
+  when the connection ended first), ``pong`` {id}, ``hung``, ``channels`` {accepted, refused}
+  (with ``--channels N``), and those of the checks (``coalescing``, ``streamed``), of the
+  notebook (``notes``) and of the files (``http``); over stdio also ``response`` for each
+  request the lobby itself sent (the registration, the people's messages, the echoes); over a
+  websocket, once the channels are registered, one ``response`` for ``channels/register`` whose
+  result lists the channels the host accepted.
+* commands: ``ping``, ``crash``, ``hang`` (stdio: no more reading or writing), those of
+  :mod:`examples.lobby_kit_commands` (what the lobby sends), :mod:`examples.lobby_kit_modes`
+  (``open_mode``, ``fsu_mode``, ``manifest``, ``publish_echo_thread``),
+  :mod:`examples.lobby_kit_answers` (``hook``, ``render_mode``) and
+  :mod:`examples.lobby_kit_notes` (``rollback_mode``). What they send goes out in the order the
+  commands came.
 
 The requests commands send are not checked against the host's grant: a test may play a server
 that sends what it was not granted, to watch the host refuse it.
@@ -24,7 +27,7 @@ that sends what it was not granted, to watch the host refuse it.
 
 from __future__ import annotations
 
-import functools
+import itertools
 import json
 import os
 import sys
@@ -35,52 +38,25 @@ import trio
 
 from actors.serverkit import MCPLServer
 from actors.serverkit_link import LinkLost, PendingRequest
-from actors.serverkit_transport import StdioTransport
+from examples import lobby_faults
+from examples.lobby_kit_answers import KitAnswers
+from examples.lobby_kit_checks import HostChecks
+from examples.lobby_kit_commands import MAX_RAW_PENDING, KitCommands, valid_id
 from examples.lobby_kit_modes import KitModes
-from examples.lobby_server import (
-    MAX_RETRIES,
-    NOT_READY,
-    PEOPLE,
-    RETRIED_METHODS,
-    RETRY_DELAY,
-    ControlLink,
-    InputError,
-    LobbyOptions,
-    _open_control,
-    display_host,
-    dumps,
-    now_iso,
-    short,
-    split_host_port,
-)
+from examples.lobby_kit_notes import Notebook
+from examples.lobby_kit_places import Places
+from examples.lobby_link import ControlLink, InputError
+from examples.lobby_options import LobbyOptions
+from examples.lobby_words import MAX_RETRIES, NOT_READY, RETRIED_METHODS, RETRY_DELAY, short
 from protocol.errors import RpcError
 from protocol.server_session import NotGranted
 
 #: sends the commands asked for, waiting to be written (past it a command is refused)
-MAX_QUEUED = 1024
-#: raw requests whose answers are still awaited, by id (oldest dropped at the cap)
-MAX_RAW_PENDING = 1024
+MAX_QUEUED = 65_536
 
 
 def _log(text: str) -> None:
     print(f"[lobby] {text}", file=sys.stderr, flush=True)
-
-
-def _valid_id(value: Any) -> bool:
-    return isinstance(value, str) or (type(value) is int)
-
-
-def event_params(
-    event_id: str, text: str, feature_set: str, tags: list[Any] | None
-) -> dict[str, Any]:
-    """A ``push/event``'s params: one text block."""
-    return {
-        "featureSet": feature_set,
-        "eventId": event_id,
-        "timestamp": now_iso(),
-        "payload": {"content": [{"type": "text", "text": text}]},
-        "tags": list(tags or []),
-    }
 
 
 class Hangable:
@@ -110,13 +86,34 @@ class Hangable:
         await self._inner.aclose()
 
 
-class KitControl:
+class KitControl(KitCommands):
     """The lobby's side of one control connection, watching one toolkit server."""
 
-    def __init__(self, server: MCPLServer, options: LobbyOptions, link: ControlLink) -> None:
+    def __init__(
+        self,
+        server: MCPLServer,
+        options: LobbyOptions,
+        link: ControlLink,
+        places: Places | None = None,
+        notebook: Notebook | None = None,
+    ) -> None:
         self.server = server
+        self.options = options
         self.link = link
-        self.modes = KitModes(server, options, self.emit, self.send_line)
+        places = places or Places()
+        places.problem = self.problem
+        self.notebook = notebook or Notebook()
+        self.notebook.emit = self.emit
+        self.modes = KitModes(server, options, self.emit, self.send_line, places)
+        self.checks = HostChecks(
+            server, context=options.context, problem=self.problem, emit=self.emit
+        )
+        self._shares = itertools.count(1)
+        self.answers = KitAnswers(
+            server, self.checks, context=options.context, emit=self.emit, ask=self.send_request
+        )
+        if options.mcp_only:
+            lobby_faults.refuse_mcpl(server)  # over the modes: no MCPL is answered at all
         self.transport: Hangable | None = None
         self._sends, self._to_send = trio.open_memory_channel[
             tuple[Callable[[], Awaitable[Any]], str]
@@ -146,6 +143,11 @@ class KitControl:
             self.problem(f"malformed JSON from the host ({exc!r}): {short(line)}")
             return
         self.emit({"event": "received", "message": message})
+        if self.options.mcp_only:
+            if lobby_faults.is_initialized(line):
+                self.emit({"event": "ready"})  # no grant is coming: ready as the host is
+        else:
+            self.checks.seen(message)
         for answer in message if isinstance(message, list) else [message]:
             if isinstance(answer, dict) and "method" not in answer:
                 self._raw_answer(answer)
@@ -159,29 +161,33 @@ class KitControl:
         except (ValueError, RecursionError):
             return
         rid = message.get("id") if isinstance(message, dict) else None
-        if _valid_id(rid) and isinstance(message.get("method"), str) and rid not in self._raw:
+        if valid_id(rid) and isinstance(message.get("method"), str) and rid not in self._raw:
             if len(self._sent) >= MAX_RAW_PENDING:
                 self._sent.pop(next(iter(self._sent)))
             self._sent[rid] = message
 
     def _raw_answer(self, answer: dict[str, Any]) -> None:
         rid = answer.get("id")
-        if _valid_id(rid) and rid in self._sent:
+        if valid_id(rid) and rid in self._sent:
             request = self._sent.pop(rid)
             if rid in self._mine:  # a command's request: reported once settled
                 self._mine.discard(rid)
             else:
                 self.emit(self._response_event(request["method"], request, answer))
+                self.checks.answer(request["method"], request, answer)
             return
-        if not _valid_id(rid) or rid not in self._raw:
-            return
-        request = self._raw.pop(rid)
-        # the toolkit's session did not send it, so it will call this an unknown answer
-        if len(self._raw_answered) >= MAX_RAW_PENDING:
-            self._raw_answered.clear()
-        self._raw_answered.add(f"response to unknown or expired request {rid!r} ignored")
-        method = request["method"]
-        self.emit(self._response_event(method, request, answer))
+        if valid_id(rid):
+            # the toolkit's session will call this an unknown answer: said here instead
+            if len(self._raw_answered) >= MAX_RAW_PENDING:
+                self._raw_answered.clear()
+            self._raw_answered.add(f"response to unknown or expired request {rid!r} ignored")
+        if valid_id(rid) and rid in self._raw:
+            request = self._raw.pop(rid)
+            self.emit(self._response_event(request["method"], request, answer))
+        elif self.transport is not None:  # over stdio every request we wrote is known
+            self.problem("response to an unknown request id: " + short(answer))
+        elif valid_id(rid):
+            self._raw_answered.discard(f"response to unknown or expired request {rid!r} ignored")
 
     def _on_problem(self, text: str) -> None:
         if text in self._raw_answered:
@@ -191,6 +197,16 @@ class KitControl:
 
     async def _on_ready(self) -> None:
         self.emit({"event": "ready"})
+        if not self.server.grant.allows("channels.register"):
+            # registered all the same, as a server may: the host's refusal is reported
+            channels = [ch.spec.to_wire() for ch in self.server.channels.values()]
+            self.send_request("channels/register", {"channels": channels})
+            return
+        if self.options.channels > 0:
+            # after the lobby's own registration, which would otherwise take them along
+            with trio.move_on_after(self.server.request_timeout):
+                await self.server.registered.wait()
+            self.register_extra(self.options.channels)
         if self.transport is not None:
             return  # the registration's answer is reported as it comes
         await self.server.registered.wait()
@@ -250,6 +266,8 @@ class KitControl:
                 response = {"jsonrpc": "2.0", "id": pending.id, "result": pending.result}
             event = self._response_event(method, request, response)
             self.emit({**event, "attempts": attempts})
+            if response is not None:
+                self.checks.answer(method, request, response)
             if on_answer is not None:
                 on_answer(response)
 
@@ -317,9 +335,11 @@ class KitControl:
         if self.transport is not None and self.transport.hung.is_set():
             _log(f"ignoring control command {name!r}: hung")
             return
-        handler = getattr(self, f"_cmd_{name}", None) or getattr(
-            self.modes, f"{name}_command", None
-        )
+        handler = getattr(self, f"_cmd_{name}", None)
+        for helper in (self.modes, self.answers):
+            handler = handler or getattr(helper, f"{name}_command", None)
+        if name == "rollback_mode":
+            handler = lambda cmd: self.notebook.set_mode(cmd["mode"])  # noqa: E731
         if handler is None:
             raise ValueError(f"unknown command {name!r}")
         handler(cmd)
@@ -330,165 +350,3 @@ class KitControl:
         _log("hang requested: no more reading or answering")
         self.transport.hung.set()
         self.emit({"event": "hung"})
-
-    def _cmd_incoming(self, cmd: dict[str, Any]) -> None:
-        event_id = cmd.get("eventId")
-        if event_id is not None and not (isinstance(event_id, str) and event_id):
-            raise TypeError("eventId must be a non-empty string")
-        for key in ("channelId", "messageId", "text"):
-            if not isinstance(cmd[key], str):
-                raise TypeError(f"{key} must be a string")
-        message: dict[str, Any] = {
-            "channelId": cmd["channelId"],
-            "messageId": cmd["messageId"],
-            "author": cmd.get("author") or dict(PEOPLE[0]),
-            "timestamp": now_iso(),
-            "content": [{"type": "text", "text": cmd["text"]}],
-            "tags": list(cmd.get("tags") or []),
-        }
-        for key in ("threadId", "eventId", "coalesce"):
-            if cmd.get(key) is not None:
-                message[key] = cmd[key]
-        self.send_request("channels/incoming", {"messages": [message]})
-
-    def _cmd_incoming_batch(self, cmd: dict[str, Any]) -> None:
-        messages = cmd["messages"]
-        if not isinstance(messages, list):
-            raise TypeError("messages must be a list")
-        self.send_request("channels/incoming", {"messages": messages})
-
-    def _cmd_push(self, cmd: dict[str, Any]) -> None:
-        event_id, text = cmd["eventId"], cmd["text"]
-        feature_set = cmd.get("featureSet", "lobby.events")
-        if not all(isinstance(v, str) for v in (event_id, text, feature_set)):
-            raise TypeError("eventId, text and featureSet must be strings")
-        params = event_params(event_id, text, feature_set, cmd.get("tags"))
-        for key in ("origin", "coalesce"):
-            if cmd.get(key) is not None:
-                params[key] = cmd[key]
-        self.send_request("push/event", params)
-
-    def _cmd_flood(self, cmd: dict[str, Any]) -> None:
-        """``count`` push events ``f1`` ... at once; ``flood_done`` once all are answered."""
-        count, text = cmd["count"], cmd.get("text", "flood")
-        if type(count) is not int or not 0 <= count <= 100_000:
-            raise ValueError("count must be an integer from 0 to 100000")
-        if not isinstance(text, str):
-            raise TypeError("text must be a string")
-        tally = {"answered": 0, "accepted": 0}
-
-        def answered(response: dict[str, Any] | None) -> None:
-            result = response.get("result") if response else None
-            if isinstance(result, dict) and result.get("accepted") is True:
-                tally["accepted"] += 1
-            tally["answered"] += 1
-            if tally["answered"] == count:
-                _log(f"flood of {count}: {tally['accepted']} accepted")
-                self.emit({"event": "flood_done", "accepted": tally["accepted"], "count": count})
-
-        async def flood() -> None:
-            if count == 0:
-                self.emit({"event": "flood_done", "accepted": 0, "count": 0})
-            for i in range(1, count + 1):
-                params = event_params(f"f{i}", text, "lobby.events", None)
-                await self._sender("push/event", params, 1, answered)()
-
-        self._queue(flood, "a flood")
-
-    def _cmd_register(self, cmd: dict[str, Any]) -> None:
-        if not isinstance(cmd["channels"], list):
-            raise TypeError("channels must be a list")
-        self.send_request("channels/register", {"channels": cmd["channels"]})
-
-    def _cmd_infer(self, cmd: dict[str, Any]) -> None:
-        """``inference/request`` (``stream`` asks for chunks, which are not checked here)."""
-        messages, stream = cmd["messages"], cmd.get("stream", False)
-        feature_set = cmd.get("featureSet", "lobby.assist")
-        if not isinstance(messages, list):
-            raise TypeError("messages must be a list")
-        if not isinstance(stream, bool):
-            raise TypeError("stream must be a boolean")
-        if not isinstance(feature_set, str):
-            raise TypeError("featureSet must be a string")
-        params: dict[str, Any] = {"featureSet": feature_set, "messages": messages, "stream": stream}
-        if cmd.get("conversationId") is not None:
-            params["conversationId"] = cmd["conversationId"]
-        if cmd.get("maxTokens") is not None:
-            if type(cmd["maxTokens"]) is not int:
-                raise TypeError("maxTokens must be an integer")
-            params["preferences"] = {"maxTokens": cmd["maxTokens"]}
-        self.send_request("inference/request", params)
-
-    def _cmd_model_info(self, cmd: dict[str, Any]) -> None:
-        self.send_request("model/info", {})
-
-    def _cmd_raw(self, cmd: dict[str, Any]) -> None:
-        message = cmd["message"]
-        if (
-            isinstance(message, dict)
-            and isinstance(message.get("method"), str)
-            and _valid_id(message.get("id"))
-        ):
-            if len(self._raw) >= MAX_RAW_PENDING:
-                self._raw.pop(next(iter(self._raw)))
-            self._raw[message["id"]] = message
-        self.send_line(dumps(message))
-
-    def _cmd_line(self, cmd: dict[str, Any]) -> None:
-        if not isinstance(cmd["text"], str):
-            raise TypeError("text must be a string")
-        self.send_line(cmd["text"])
-
-
-async def open_control(
-    server: MCPLServer, options: LobbyOptions, transport: str
-) -> KitControl | None:
-    """Connect to the control listener ``options.control_connect`` and say hello; None if
-    unreachable."""
-    link = await _open_control(options, "")
-    if link is None:
-        return None
-    link.emit({"event": "hello", "pid": os.getpid(), "transport": transport})
-    return KitControl(server, options, link)
-
-
-async def serve_controlled(server: MCPLServer, options: LobbyOptions) -> None:
-    """Serve ``server`` over stdio (or on ``--ws``, for as long as the process lives) with the
-    control connection ``options.control_connect``; stdio ends when the host closes stdin."""
-    assert options.control_connect is not None
-    transport = "ws" if options.ws else "stdio"
-    control = await open_control(server, options, transport)
-    if control is None:
-        sys.exit(f"cannot reach the control listener at {options.control_connect}")
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(control.link.run_writer)
-        nursery.start_soon(control.run_sender)
-        commands = trio.CancelScope()
-
-        async def read_commands() -> None:
-            with commands:
-                await control.run()
-
-        nursery.start_soon(read_commands)
-        if options.ws:
-            await serve_ws_forever(server, options)
-        else:
-            control.transport = Hangable(StdioTransport(), control.on_sent)
-            await server.serve(control.transport)
-            if control.transport.hung.is_set():
-                await trio.sleep_forever()
-        commands.cancel()
-        control.link.finish()  # the last events still go out
-        nursery.cancel_scope.deadline = trio.current_time() + 1.0
-    await control.link.aclose()
-
-
-async def serve_ws_forever(server: MCPLServer, options: LobbyOptions) -> None:
-    host, port = split_host_port(options.ws or "")
-    async with trio.open_nursery() as nursery:
-        url = await nursery.start(
-            functools.partial(server.serve_websocket, host, port, token=options.token)
-        )
-        bound = int(url.rstrip("/").rpartition(":")[2])
-        print(f"LISTENING ws://{display_host(host)}:{bound}", flush=True)
-        _log(f"serving websockets on {host}:{bound}")

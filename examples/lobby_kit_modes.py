@@ -1,7 +1,9 @@
 """How :mod:`examples.lobby_kit` answers some host requests, switched by control commands
 (:mod:`examples.lobby_kit_control`): ``open_mode`` (``channels/open`` answered or never),
 ``fsu_mode`` (``featureSets/update`` answered, refused with -32601, or never answered) and
-``manifest`` (a new manifest served from now on, announced with ``mcpl/manifestChanged``).
+``manifest`` (a new manifest served from now on, announced with ``mcpl/manifestChanged``) and
+``publish_echo_thread`` (how a publish result echoes its ``threadId``, acknowledged with a
+``publish_echo_thread`` event; :mod:`examples.lobby_kit_places`).
 
 Each mode is an answer override (:meth:`actors.serverkit.MCPLServer.answer_for`) that falls
 back to the override the lobby had before (its command-line fault mode) or to the toolkit.
@@ -9,12 +11,15 @@ back to the override the lobby had before (its command-line fault mode) or to th
 
 from __future__ import annotations
 
+import functools
 import sys
 from collections.abc import Callable
 from typing import Any
 
 from actors.serverkit import NO_ANSWER, HostRequest, MCPLServer
-from examples.lobby_server import OPEN_MODES, LobbyOptions, dumps
+from examples.lobby_kit_places import Places, open_by_address
+from examples.lobby_options import LobbyOptions
+from examples.lobby_words import OPEN_MODES, dumps
 from protocol.errors import METHOD_NOT_FOUND, RpcError
 
 FSU_MODES = ("request", "notification-only", "never")
@@ -35,22 +40,41 @@ class KitModes:
         options: LobbyOptions,
         emit: Callable[[dict[str, Any]], None],
         send_line: Callable[[str], None],
+        places: Places,
     ) -> None:
         self.server = server
         self.emit = emit
         self.send_line = send_line
+        self.places = places
+        self.threads = places.threads
         self.open_mode = options.open_mode
         self.fsu_mode: str | None = None  # None: as the command line (or the toolkit) says
         self.manifest: dict[str, Any] | None = None
         before = dict(server.answer_overrides)
         # the open mode starts as the command line's, so it replaces that override
-        server.answer_for("channels/open")(self._fallback(self._open, None))
+        opener = functools.partial(open_by_address, server)
+        server.answer_for("channels/open")(self._fallback(self._open, opener))
         server.answer_for("featureSets/update")(
             self._fallback(self._fsu, before.get("featureSets/update"))
         )
         server.answer_for("mcpl/manifest")(
             self._fallback(self._manifest, before.get("mcpl/manifest"))
         )
+        publish = self._fallback(lambda request: None, before.get("channels/publish"))
+
+        async def echoed(request: HostRequest) -> Any:
+            result = await publish(request)
+            if not isinstance(result, dict):
+                return result
+            if result.get("delivered") is False:
+                _log(f"channels/publish refused, nothing posted: {result.get('reason')}")
+            return places.echoed(result)
+
+        server.answer_for("channels/publish")(echoed)
+
+    def note_thread(self, channel_id: Any, thread: Any) -> None:
+        """A thread of a channel exists from now on (a publish may target it)."""
+        self.places.note_thread(channel_id, thread)
 
     def _fallback(
         self, mine: Callable[[HostRequest], Any], previous: Callable[[HostRequest], Any] | None
@@ -102,6 +126,11 @@ class KitModes:
         self.open_mode = mode
         _log(f"channels/open mode: {mode}")
         self.emit({"event": "open_mode", "mode": mode})
+
+    def publish_echo_thread_command(self, cmd: dict[str, Any]) -> None:
+        self.places.set_echo_mode(cmd["mode"])
+        _log(f"publish results: threadId echo {cmd['mode']}")
+        self.emit({"event": "publish_echo_thread", "mode": cmd["mode"]})
 
     def fsu_mode_command(self, cmd: dict[str, Any]) -> None:
         mode = cmd["mode"]

@@ -71,65 +71,108 @@ one (on a lane the host advertised) is a problem.
 
 from __future__ import annotations
 
-import argparse
-import base64
 import copy
 import datetime as dt
-import hashlib
 import hmac
 import itertools
 import json
 import math
 import os
 import random
-import struct
 import sys
-import unicodedata
-import zlib
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 import trio
 import trio_websocket
 
-SERVER_NAME = "lobby"
-SERVER_VERSION = "0.1.0"
-PROTOCOL_VERSION = "2024-11-05"
-
-# JSON-RPC and MCPL error codes used here.
-INVALID_REQUEST = -32600
-METHOD_NOT_FOUND = -32601
-INVALID_PARAMS = -32602
-INTERNAL_ERROR = -32603
-NOT_READY = -32002
-UNKNOWN_FEATURE_SET = -32003
-CHECKPOINT_NOT_FOUND = -32005
-UNKNOWN_CHANNEL = -32023
-CHANNEL_OPEN_FAILED = -32024
-
-# Requests of ours that are retried when the host answers -32002 (not ready yet).
-RETRIED_METHODS = frozenset({"push/event", "channels/incoming", "channels/register"})
-MAX_RETRIES = 5
-RETRY_DELAY = 0.5
-
-MAX_LINE_BYTES = 16 * 1024 * 1024
-REGISTER_CHUNK = 100  # channels per channels/register request (the most a host takes at once)
-MODES = ("request", "notification-only", "never")
-HOOK_MODES = ("answer", "never", "error", "infer-first")
-ROLLBACK_MODES = ("exact", "forward")
-OPEN_MODES = ("answer", "never")
-ECHO_THREAD_MODES = ("echo", "omit", "wrong")
-PUBLISH_TARGETS = ("exact", "root")
-LIFECYCLE_PHASES = ("started", "completed", "aborted", "failed")
-FINISH_REASONS = ("end_turn", "max_tokens", "stop_sequence")
-# RFC-006 event coalescing
-RENDER_MODES = ("result", "empty", "error", "never", "slow")
-DEFAULT_RENDER_DELAY = 10.0  # "slow" renders: beyond the host's recommended 5 s timeout
-COALESCE_LEAVES = ("pushEvents", "channelsIncoming", "deferred", "channelScopedPush")
-MIN_RETRY_WINDOW_MS = 3_600_000
-COALESCE_OUTCOMES = ("first", "replaced", "appended", "retracted", "noted", "consumed")
-MAX_COALESCE_KEY_BYTES = 256
+from examples.lobby_link import (
+    ControlLink,
+    InputError,
+    _open_control,
+)
+from examples.lobby_options import (  # noqa: F401
+    RUN_ID_ALPHABET,
+    RUN_ID_CHARS,
+    LobbyOptions,
+    _host_port_arg,
+    _positive_float,
+    build_parser,
+    display_host,
+    new_run_id,
+    parse_args,
+    split_host_port,
+)
+from examples.lobby_words import (  # noqa: F401
+    AGENT_PREFIX,
+    ASSIST_FEATURE_SET,
+    CHANNEL_OPEN_FAILED,
+    CHECKPOINT_NOT_FOUND,
+    CHIME,
+    COALESCE_LEAVES,
+    COALESCE_OUTCOMES,
+    DEFAULT_INJECTIONS,
+    DEFAULT_RENDER_DELAY,
+    ECHO_THREAD_MODES,
+    FINISH_REASONS,
+    HOOK_FEATURE_SET,
+    HOOK_MODES,
+    HOOK_PATHS,
+    HOST_AUTHOR,
+    INFER_FIRST_MESSAGES,
+    INTERNAL_ERROR,
+    INVALID_PARAMS,
+    INVALID_REQUEST,
+    LIFECYCLE_PHASES,
+    MAX_AGENT_NAME_CHARS,
+    MAX_COALESCE_KEY_BYTES,
+    MAX_LINE_BYTES,
+    MAX_RETRIES,
+    MAX_TRACKED,
+    MCPL_METHODS,
+    METHOD_NOT_FOUND,
+    MIN_RETRY_WINDOW_MS,
+    MODES,
+    NOT_READY,
+    NOTES_FEATURE_SET,
+    NOTES_TXT,
+    OPEN_MODES,
+    PEOPLE,
+    PROTOCOL_VERSION,
+    PUBLISH_TARGETS,
+    REGISTER_CHUNK,
+    RENDER_MODES,
+    RETRIED_METHODS,
+    RETRY_DELAY,
+    ROLLBACK_MODES,
+    SCRIPT_LINES,
+    SERVER_NAME,
+    SERVER_VERSION,
+    SHARE_EVENT_ID,
+    SHARE_FILE,
+    SHARE_TEXT,
+    UNKNOWN_CHANNEL,
+    UNKNOWN_FEATURE_SET,
+    LobbyFile,
+    _fold,
+    _png,
+    builtin_files,
+    channel_descriptor,
+    channel_label,
+    digest_of,
+    dumps,
+    log,
+    now_iso,
+    publish_author,
+    publish_target,
+    read_coalescing,
+    read_timestamp,
+    render_summary,
+    short,
+    text_of,
+    valid_id,
+    valid_thread,
+)
 
 FEATURE_SETS: dict[str, dict[str, Any]] = {
     "lobby.chat": {
@@ -179,368 +222,6 @@ OPTIONAL_FEATURE_SETS: dict[str, tuple[str, dict[str, Any]]] = {
         },
     ),
 }
-
-HOOK_FEATURE_SET = "lobby.context"
-ASSIST_FEATURE_SET = "lobby.assist"
-NOTES_FEATURE_SET = "lobby.notes"
-DEFAULT_INJECTIONS: list[dict[str, Any]] = [
-    {
-        "namespace": "lobby",
-        "position": "beforeUser",
-        "content": "Lobby status: Alice and Bob are online. Topic: board games.",
-    }
-]
-INFER_FIRST_MESSAGES: list[dict[str, Any]] = [{"role": "user", "content": "summarize"}]
-HOOK_PATHS = (
-    "contextHooks.beforeInference.observe",
-    "contextHooks.beforeInference.inject.system",
-    "contextHooks.beforeInference.inject.beforeUser",
-    "contextHooks.beforeInference.inject.afterUser",
-)
-
-# Methods that only an MCPL server knows; an --mcp-only lobby answers them with -32601.
-MCPL_METHODS = frozenset(
-    {
-        "featureSets/update",
-        "mcpl/manifest",
-        "channels/publish",
-        "channels/open",
-        "channels/close",
-        "channels/list",
-        "context/beforeInference",
-        "state/rollback",
-        "inference/lifecycle",
-        "inference/chunk",
-        "channels/outgoing/chunk",
-        "channels/outgoing/complete",
-        "channels/typing",
-        "push/render",
-    }
-)
-
-PEOPLE = ({"id": "alice", "name": "Alice"}, {"id": "bob", "name": "Bob"})
-HOST_AUTHOR = {"id": "host", "name": "mcplive"}
-AGENT_PREFIX = "agent:"  # mcplive's conversationId for an agent: "agent:<name>"
-MAX_AGENT_NAME_CHARS = 64
-SCRIPT_LINES: tuple[tuple[str, list[str]], ...] = (
-    ("hello everyone!", []),
-    ("what's the weather in Paris?", []),
-    ("anyone here?", []),
-    ("@Ada are you around?", ["chat:mention"]),
-    ("I just rolled a 20!", []),
-    ("brb, coffee", []),
-    ("@Ada can you roll a die for me?", ["chat:mention"]),
-)
-CHIME = "The lobby clock chimes."
-# Stable across runs and reconnects (no run id): a host that already stored it skips it, and
-# says so in its transcript ("1 already-stored item skipped from lobby").
-SHARE_EVENT_ID = "share-board"
-SHARE_FILE = "board.png"
-SHARE_TEXT = "Alice shared a photo of the board game night."
-
-
-def _fold(text: str) -> str:
-    return unicodedata.normalize("NFKC", text).casefold()
-
-
-def publish_author(
-    conversation_id: Any, people: Iterable[Mapping[str, str]] = PEOPLE
-) -> dict[str, str]:
-    """Who a post the host published is shown as: the agent its ``conversationId`` names.
-
-    mcplive sends ``"agent:<name>"`` for each agent's conversation; that gives the author
-    ``{"id": "agent:<name>", "name": "<name>"}``: one id per agent, the same on every post, and
-    never a person's id (no person's id starts with ``agent:``). Anything else (absent, not a
-    string, another form, a name that is empty, longer than ``MAX_AGENT_NAME_CHARS``, padded,
-    unprintable, or the name or id of one of ``people`` after NFKC case folding) gives
-    ``HOST_AUTHOR``: the lobby cannot check what a host claims, so no claim makes a post read
-    as a person's.
-    """
-    if not isinstance(conversation_id, str) or not conversation_id.startswith(AGENT_PREFIX):
-        return dict(HOST_AUTHOR)
-    name = conversation_id[len(AGENT_PREFIX) :]
-    if not (0 < len(name) <= MAX_AGENT_NAME_CHARS and name.isprintable() and name == name.strip()):
-        return dict(HOST_AUTHOR)
-    taken = {_fold(p[key]) for p in people for key in ("id", "name")}
-    if _fold(name) in taken:
-        return dict(HOST_AUTHOR)
-    return {"id": conversation_id, "name": name}
-
-
-# --------------------------------------------------------------------------------------------
-# options
-
-RUN_ID_ALPHABET = "abcdefghjkmnpqrstuvwxyz23456789"  # no 0/o, 1/l/i: easy to read back
-RUN_ID_CHARS = 4
-
-
-def new_run_id() -> str:
-    """A short random tag for this process's ids (messages, events, posts)."""
-    return "".join(random.SystemRandom().choice(RUN_ID_ALPHABET) for _ in range(RUN_ID_CHARS))
-
-
-@dataclass
-class LobbyOptions:
-    """Everything the command line can set; also usable in-process with :func:`serve_ws`."""
-
-    ws: str | None = None
-    token: str | None = None
-    feature_sets_form: str = "object"
-    mcp_only: bool = False
-    stray_stdout: bool = False
-    fsu_mode: str = "request"
-    publish_mode: str = "request"
-    open_mode: str = "answer"
-    no_echo: bool = False
-    script: str | None = None  # None: "default", or "none" when control_connect is set
-    interval: float = 3.0
-    control_connect: str | None = None
-    request_timeout: float = 30.0
-    context: bool = False  # lobby.context: context hooks and inference lifecycle
-    assist: bool = False  # lobby.assist: inference/request and model/info
-    notes: bool = False  # lobby.notes: the note tool, checkpoints and state/rollback
-    files: bool = False  # --ws only: plain HTTP GET /files/<name> on the websocket port
-    channels: int = 0  # extra channels lobby:#c1 ... registered once ready
-    # The prefix of the ids the lobby makes up (``k3xq-m1``, ``k3xq-e1``, ``k3xq-out-1``): a new
-    # one per process, so a second run's messages are new to a host that kept the first run's;
-    # "" gives the bare form (``m1``).
-    run_id: str = field(default_factory=new_run_id)
-
-    def make_id(self, kind: str, n: int) -> str:
-        return f"{self.run_id}-{kind}{n}" if self.run_id else f"{kind}{n}"
-
-    @property
-    def effective_script(self) -> str:
-        if self.script is not None:
-            return self.script
-        return "none" if self.control_connect else "default"
-
-
-def split_host_port(text: str) -> tuple[str, int]:
-    host, sep, port = text.rpartition(":")
-    if not sep or not port.isdigit():
-        raise ValueError(f"expected HOST:PORT, got {text!r}")
-    host = host.strip("[]") or "127.0.0.1"
-    return host, int(port)
-
-
-def _host_port_arg(text: str) -> str:
-    try:
-        split_host_port(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-    return text
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not value > 0 or math.isinf(value):
-        raise argparse.ArgumentTypeError(f"must be a positive number: {text!r}")
-    return value
-
-
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="python -m examples.lobby_server",
-        description="A chat lobby MCPL server (stdio by default). channels/publish honours an "
-        "RFC-011 threadId exactly or refuses it ({delivered: false, reason}); streamed "
-        "channels/outgoing/* and channels/typing notifications are checked. RFC-006: coalesce "
-        "members are sent only where the host's initialize advertised eventCoalescing; "
-        "push/render is checked and answered as the render_mode control command says "
-        "(default: a text summarizing the notices).",
-    )
-    p.add_argument("--ws", metavar="HOST:PORT", type=_host_port_arg, help="serve websockets")
-    p.add_argument("--token", metavar="T", help="websocket clients must send 'Bearer T'")
-    p.add_argument(
-        "--feature-sets-form",
-        choices=("object", "array"),
-        default="object",
-        help="'array' sends the 0.4 array form with version 0.4",
-    )
-    p.add_argument("--mcp-only", action="store_true", help="advertise no MCPL at all")
-    p.add_argument(
-        "--stray-stdout",
-        action="store_true",
-        help="print a non-JSON line on stdout after initialized (stdio only)",
-    )
-    p.add_argument(
-        "--fsu-mode",
-        choices=MODES,
-        default="request",
-        help="featureSets/update: answer the request (request), refuse the request form with "
-        "-32601 and take the notification (notification-only), or never answer (never)",
-    )
-    p.add_argument(
-        "--publish-mode",
-        choices=MODES,
-        default="request",
-        help="channels/publish, with the same three behaviours as --fsu-mode",
-    )
-    p.add_argument(
-        "--open-mode",
-        choices=OPEN_MODES,
-        default="answer",
-        help="channels/open: answer it (answer) or log it and never answer (never)",
-    )
-    p.add_argument("--no-echo", action="store_true", help="do not echo published messages")
-    p.add_argument(
-        "--script",
-        choices=("default", "none"),
-        default=None,
-        help="scripted people (default: 'default', or 'none' with --control-connect)",
-    )
-    p.add_argument(
-        "--interval", type=_positive_float, default=3.0, help="seconds between script ticks"
-    )
-    p.add_argument(
-        "--control-connect",
-        metavar="HOST:PORT",
-        type=_host_port_arg,
-        help="connect to a test control socket (JSON lines)",
-    )
-    p.add_argument(
-        "--request-timeout",
-        type=_positive_float,
-        default=30.0,
-        help="seconds to wait for the host's answer to one of our requests",
-    )
-    p.add_argument(
-        "--context",
-        action="store_true",
-        help="feature set lobby.context: answer context/beforeInference with a lobby status "
-        "line (beforeUser) and take inference/lifecycle notifications",
-    )
-    p.add_argument(
-        "--assist",
-        action="store_true",
-        help="feature set lobby.assist: inference/request (streaming too) and model/info, "
-        "sent on control commands",
-    )
-    p.add_argument(
-        "--notes",
-        action="store_true",
-        help="feature set lobby.notes (rollback): a 'note' tool whose results carry "
-        "checkpoints, and state/rollback",
-    )
-    p.add_argument(
-        "--files",
-        action="store_true",
-        help="with --ws: also answer plain HTTP 'GET /files/<name>' on the websocket port "
-        "(board.png, notes.txt), for references shared by push events",
-    )
-    p.add_argument(
-        "--channels",
-        type=int,
-        default=0,
-        metavar="N",
-        help="also register N more channels (lobby:#c1 ... lobby:#cN, label cN) once ready, "
-        f"in channels/register requests of at most {REGISTER_CHUNK}; the 'channels' control "
-        "event reports how many the host accepted and why it refused the others",
-    )
-    p.add_argument(
-        "--run-id",
-        metavar="TAG",
-        help="prefix of the ids the lobby makes up (TAG-m1, TAG-e1, TAG-out-1); default: a "
-        "random tag per process, so every run's messages are new; '' for the bare form (m1)",
-    )
-    return p
-
-
-def parse_args(argv: list[str] | None = None) -> LobbyOptions:
-    ns = build_parser().parse_args(argv)
-    return LobbyOptions(
-        ws=ns.ws,
-        token=ns.token,
-        feature_sets_form=ns.feature_sets_form,
-        mcp_only=ns.mcp_only,
-        stray_stdout=ns.stray_stdout,
-        fsu_mode=ns.fsu_mode,
-        publish_mode=ns.publish_mode,
-        open_mode=ns.open_mode,
-        no_echo=ns.no_echo,
-        script=ns.script,
-        interval=ns.interval,
-        control_connect=ns.control_connect,
-        request_timeout=ns.request_timeout,
-        context=ns.context,
-        assist=ns.assist,
-        notes=ns.notes,
-        files=ns.files,
-        channels=ns.channels,
-        run_id=new_run_id() if ns.run_id is None else ns.run_id,
-    )
-
-
-# --------------------------------------------------------------------------------------------
-# small helpers
-
-
-def log(text: str) -> None:
-    try:
-        print(f"[lobby] {text}", file=sys.stderr, flush=True)
-    except (OSError, ValueError):
-        pass
-
-
-def now_iso() -> str:
-    stamp = dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds")
-    return stamp.replace("+00:00", "Z")
-
-
-def dumps(obj: Any) -> str:
-    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
-
-
-def short(obj: Any, limit: int = 200) -> str:
-    text = obj if isinstance(obj, str) else dumps(obj)
-    return text if len(text) <= limit else text[:limit] + "…"
-
-
-def text_of(content: Any) -> str:
-    if isinstance(content, str):
-        return content
-    if not isinstance(content, list):
-        return short(content)
-    parts = []
-    for block in content:
-        if isinstance(block, dict) and block.get("type") == "text":
-            parts.append(str(block.get("text", "")))
-        elif isinstance(block, dict):
-            parts.append(f"[{block.get('type', '?')}]")
-        else:
-            parts.append(short(block))
-    return " ".join(parts)
-
-
-def channel_descriptor(name: str) -> dict[str, Any]:
-    return {
-        "id": f"lobby:#{name}",
-        "type": "chat",
-        "label": name,
-        "direction": "bidirectional",
-        "capabilities": {"publish": {"target": "root"}},
-    }
-
-
-def publish_target(descriptor: Any) -> str | None:
-    """A descriptor's RFC-011 ``capabilities.publish.target``: "exact", "root" or None."""
-    caps = descriptor.get("capabilities") if isinstance(descriptor, dict) else None
-    publish = caps.get("publish") if isinstance(caps, dict) else None
-    target = publish.get("target") if isinstance(publish, dict) else None
-    return target if target in PUBLISH_TARGETS else None
-
-
-def valid_thread(value: Any) -> bool:
-    """A place inside a channel: a non-empty string (a thread) or None (the root)."""
-    return value is None or (isinstance(value, str) and value != "")
-
-
-def channel_label(channel_id: Any) -> str:
-    text = str(channel_id)
-    return text.removeprefix("lobby:")
 
 
 def feature_sets(options: LobbyOptions) -> dict[str, dict[str, Any]]:
@@ -600,56 +281,6 @@ def is_granted(granted: list[str], path: str) -> bool:
     return any(path_matches(p, path) for p in granted)
 
 
-def read_coalescing(value: Any) -> tuple[dict[str, Any], list[str]]:
-    """The host's ``eventCoalescing`` advertisement as leaves, and what is wrong with it.
-
-    ``true`` advertises every leaf (retry window one hour); in the object form an omitted leaf
-    is not advertised; absent (None) or ``false`` advertises nothing.
-    """
-    leaves: dict[str, Any] = {leaf: value is True for leaf in COALESCE_LEAVES}
-    leaves["retryWindowMs"] = MIN_RETRY_WINDOW_MS if value is True else None
-    if value is None or isinstance(value, bool):
-        return leaves, []
-    if not isinstance(value, dict):
-        return leaves, [f"eventCoalescing must be true or an object, got {short(value, 60)}"]
-    problems = []
-    for leaf in COALESCE_LEAVES:
-        given = value.get(leaf, False)
-        if type(given) is not bool:
-            problems.append(f"eventCoalescing.{leaf} must be a boolean, got {short(given, 60)}")
-        leaves[leaf] = given is True
-    window = value.get("retryWindowMs", MIN_RETRY_WINDOW_MS)
-    if type(window) is not int or window < MIN_RETRY_WINDOW_MS:
-        problems.append(
-            f"eventCoalescing.retryWindowMs must be an integer >= {MIN_RETRY_WINDOW_MS}, "
-            f"got {short(window, 60)}"
-        )
-    leaves["retryWindowMs"] = window
-    return leaves, problems
-
-
-def read_timestamp(value: Any) -> dt.datetime | None:
-    """An RFC 3339 timestamp (no zone: UTC), or None if it is not one."""
-    if not isinstance(value, str):
-        return None
-    try:
-        stamp = dt.datetime.fromisoformat(value)
-    except ValueError:
-        return None
-    return stamp if stamp.tzinfo is not None else stamp.replace(tzinfo=dt.UTC)
-
-
-def render_summary(notices: Any, dropped: Any) -> str:
-    """The default rendering of a batch: how many notices, each one's data, how many dropped."""
-    items = notices if isinstance(notices, list) else []
-    parts = [dumps(n["data"]) if isinstance(n, dict) and "data" in n else "-" for n in items]
-    return f"{len(items)} updates: {', '.join(parts)}; {short(dropped, 40)} dropped"
-
-
-def valid_id(value: Any) -> bool:
-    return (type(value) is int) or isinstance(value, str)
-
-
 class RpcError(Exception):
     def __init__(self, code: int, message: str, data: Any = None) -> None:
         super().__init__(message)
@@ -666,10 +297,6 @@ class RpcError(Exception):
 
 NO_REPLY = object()  # a handler result meaning "deliberately never answer"
 LEGACY = object()  # a publish without threadId: lands at the channel root, no echo of a place
-
-
-class InputError(Exception):
-    """A line or frame from the host that could not be read; logged and skipped."""
 
 
 class TransportClosed(Exception):
@@ -775,69 +402,6 @@ class WsTransport:
 
 
 # --------------------------------------------------------------------------------------------
-# control link (tests only)
-
-
-class ControlLink:
-    """JSON lines to and from a test's control socket. Events are queued and never block."""
-
-    def __init__(self, stream: trio.SocketStream, label: str = "") -> None:
-        self._stream = stream
-        self._send, self._recv = trio.open_memory_channel[str](math.inf)
-        self._broken = False
-        self._prefix = f"{label}: " if label else ""
-
-    def emit(self, event: dict[str, Any]) -> None:
-        if self._broken:
-            return
-        try:
-            line = dumps(event)
-        except (TypeError, ValueError) as exc:
-            line = dumps({"event": "error", "text": f"unserializable event: {exc}"})
-        try:
-            self._send.send_nowait(line + "\n")
-        except (trio.ClosedResourceError, trio.BrokenResourceError):
-            pass
-
-    async def run_writer(self) -> None:
-        async for line in self._recv:
-            try:
-                await self._stream.send_all(line.encode("utf-8"))
-            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
-                self._broken = True
-                log(f"{self._prefix}control connection lost (writing)")
-                return
-
-    async def commands(self) -> Any:
-        """Yield parsed command objects (or InputError instances for unreadable lines)."""
-        buf = bytearray()
-        while True:
-            try:
-                data = await self._stream.receive_some(65536)
-            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
-                data = b""
-            if not data:
-                return
-            buf += data
-            while (nl := buf.find(b"\n")) >= 0:
-                raw = bytes(buf[:nl])
-                del buf[: nl + 1]
-                if not raw.strip():
-                    continue
-                try:
-                    yield json.loads(raw.decode("utf-8"))
-                except (ValueError, RecursionError) as exc:
-                    yield InputError(f"unreadable control line ({exc}): {short(repr(raw))}")
-
-    def finish(self) -> None:
-        """No more events: the writer drains what is queued, then stops."""
-        self._send.close()
-
-    async def aclose(self) -> None:
-        self._send.close()
-        with trio.move_on_after(1) as scope:
-            scope.shield = True
-            await self._stream.aclose()
 
 
 class _NoControl:
@@ -852,70 +416,6 @@ MAX_HEAD_BYTES = 16 * 1024
 HEAD_TIMEOUT = 30.0  # seconds for a connection to send its request head
 WS_HANDSHAKE_TIMEOUT = 60.0  # as trio_websocket.serve_websocket's connect timeout
 WS_CLOSE_TIMEOUT = 60.0  # as its disconnect timeout
-
-
-def _png(width: int, height: int, rgb: tuple[int, int, int]) -> bytes:
-    """A valid truecolour PNG of one solid colour."""
-
-    def chunk(kind: bytes, data: bytes) -> bytes:
-        crc = zlib.crc32(kind + data) & 0xFFFFFFFF
-        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", crc)
-
-    row = b"\x00" + bytes(rgb) * width  # filter type 0, then the pixels
-    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)  # 8-bit RGB
-    return (
-        b"\x89PNG\r\n\x1a\n"
-        + chunk(b"IHDR", header)
-        + chunk(b"IDAT", zlib.compress(row * height, 9))
-        + chunk(b"IEND", b"")
-    )
-
-
-NOTES_TXT = (
-    "Board game night -- notes\n"
-    "\n"
-    "* Alice won Carcassonne by 4 points.\n"
-    "* Bob rolled three 20s in a row (suspicious).\n"
-    "* Next time: Ticket to Ride; Bob brings snacks.\n"
-)
-
-
-def digest_of(data: bytes) -> str:
-    """The RFC-005 digest form: sha256, unpadded base64url."""
-    raw = hashlib.sha256(data).digest()
-    return "sha256:" + base64.urlsafe_b64encode(raw).rstrip(b"=").decode("ascii")
-
-
-@dataclass(frozen=True)
-class LobbyFile:
-    name: str
-    mime_type: str
-    data: bytes
-
-    @property
-    def size(self) -> int:
-        return len(self.data)
-
-    @property
-    def digest(self) -> str:
-        return digest_of(self.data)
-
-
-def builtin_files() -> dict[str, LobbyFile]:
-    files = [
-        LobbyFile("board.png", "image/png", _png(16, 16, (0x2E, 0x7D, 0x32))),
-        LobbyFile("notes.txt", "text/plain", NOTES_TXT.encode("utf-8")),
-    ]
-    return {f.name: f for f in files}
-
-
-def display_host(host: str) -> str:
-    """How a client dials a listener bound to ``host`` (as in the LISTENING line)."""
-    if host in ("0.0.0.0", "", "localhost"):
-        return "127.0.0.1"
-    if host == "::":
-        return "[::1]"
-    return f"[{host}]" if ":" in host else host
 
 
 class LobbyFiles:
@@ -1112,9 +612,6 @@ class _OutStream:
         self.deltas: list[str] = []
         self.thread = thread  # the first message's threadId, LEGACY when it had none
         self.completed = False
-
-
-MAX_TRACKED = 10_000  # inferences and streams remembered per session
 
 
 class Session:
@@ -2866,18 +2363,6 @@ NOTE_TOOL = {
 
 # --------------------------------------------------------------------------------------------
 # entry points
-
-
-async def _open_control(options: LobbyOptions, label: str) -> ControlLink | None:
-    if not options.control_connect:
-        return None
-    host, port = split_host_port(options.control_connect)
-    try:
-        stream = await trio.open_tcp_stream(host, port)
-    except OSError as exc:
-        log(f"{label + ': ' if label else ''}ERROR: cannot reach control {host}:{port}: {exc}")
-        return None
-    return ControlLink(stream, label)
 
 
 async def run_session(

@@ -285,3 +285,29 @@ async def test_the_answers_to_the_lobbys_own_requests_are_reported() -> None:
             # one report per answer: the registration and the echo
             reported = [e["request"]["method"] for e in ctl.events if e["event"] == "response"]
             assert reported == ["channels/register", "channels/incoming"]
+
+
+async def test_extra_channels_are_registered_in_chunks_and_their_outcome_reported() -> None:
+    with trio.fail_after(TIMEOUT):
+        async with controlled_kit("--channels", "150") as (lobby, ctl):
+            await lobby.handshake()
+            chunks = []
+            for _ in range(2):
+                register = await lobby.server_request("channels/register")
+                chunks.append([c["id"] for c in register["params"]["channels"]])
+                refused = {"accepted": False, "reason": "too many"}
+                results = [
+                    {"id": cid, **(refused if cid == "lobby:#c7" else {"accepted": True})}
+                    for cid in chunks[-1]
+                ]
+                await lobby.answer(register, {"results": results})
+            assert sorted(map(len, chunks)) == [50, 100]
+            ids = {cid for chunk in chunks for cid in chunk}
+            assert ids == {f"lobby:#c{i}" for i in range(1, 151)}
+            event = await ctl.wait_for(lambda e: e["event"] == "channels", "the outcome")
+            assert event == {
+                "event": "channels",
+                "accepted": 149,
+                "refused": [{"id": "lobby:#c7", "reason": "too many"}],
+            }
+            assert await lobby.close_stdin_and_wait() == 0

@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import trio
 import trio.testing
 
-from actors.serverkit import NO_ANSWER, HostRequest, MCPLServer
+from actors.serverkit import NO_ANSWER, HostRequest, MCPLServer, Publish
 from protocol.errors import RpcError
 from tests.actors.test_serverkit import serving
 
@@ -188,3 +189,42 @@ async def test_watchers_see_every_host_line_and_every_problem(
     assert methods[0] == "initialize" and methods[-1] == "ping"
     assert any('"id": 999' in line for line in lines)
     assert len(problems) == 1 and "999" in problems[0]
+
+
+async def test_a_publish_handler_knows_whether_the_host_waits_for_its_answer(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    server = MCPLServer("room", request_timeout=5)
+    server.channel("room:#a", publish_target="root")
+    seen: list[tuple[str, bool]] = []
+
+    @server.on_publish
+    def post(publish: Publish) -> str:
+        seen.append((publish.text, publish.notification))
+        return "m-" + publish.text
+
+    content = [{"type": "text", "text": "asked"}]
+    with trio.fail_after(30):
+        async with serving(server) as host:
+            await host.handshake(["channels.publish"])
+            params = {"channelId": "room:#a", "content": [{"type": "text", "text": "told"}]}
+            await host.send({"method": "channels/publish", "params": params})
+            answer = await host.answer_to(
+                await host.ask("channels/publish", {"channelId": "room:#a", "content": content})
+            )
+            assert answer["result"] == {"delivered": True, "messageId": "m-asked"}
+            await trio.testing.wait_all_tasks_blocked()
+            assert sorted(seen) == [("asked", False), ("told", True)]
+
+
+def test_a_capability_no_feature_set_uses_can_be_advertised() -> None:
+    server = own_sets()
+    system = "contextHooks.beforeInference.inject.system"
+    assert system not in server.capabilities()
+    server.advertise(system)
+    assert system in server.capabilities()
+    hooks = server.manifest()["contextHooks"]["beforeInference"]
+    assert hooks["inject"]["system"] is True
+    assert all(system not in fs.uses for fs in server.feature_sets())
+    with pytest.raises(ValueError, match="teleport"):
+        server.advertise("teleport")
