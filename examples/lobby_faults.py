@@ -1,5 +1,5 @@
 """The lobby's fault modes: how it misbehaves on purpose, so a host's tests can watch the host
-cope. An ordinary server needs none of this; :mod:`examples.lobby_kit` is the lobby itself.
+cope. An ordinary server needs none of this; :mod:`examples.lobby_server` is the lobby itself.
 
 Each mode replaces one of the toolkit's own answers through
 :meth:`actors.serverkit.MCPLServer.answer_for` (answer, refuse, or leave unanswered with

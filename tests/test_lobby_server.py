@@ -246,7 +246,7 @@ async def test_handshake_object_form_registration_and_clean_exit() -> None:
             result = init["result"]
             assert result["protocolVersion"] == "2024-11-05"
             assert result["serverInfo"]["name"] == "lobby"
-            assert result["capabilities"]["tools"] == {}
+            assert result["capabilities"]["tools"] == {"listChanged": True}  # it may add tools
             mcpl = result["capabilities"]["experimental"]["mcpl"]
             assert mcpl["version"] == "0.5"
             assert mcpl["pushEvents"] is True
@@ -259,7 +259,7 @@ async def test_handshake_object_form_registration_and_clean_exit() -> None:
                 "typing": True,
             }
             assert set(mcpl["featureSets"]) == {"lobby.chat", "lobby.events"}
-            assert mcpl["featureSets"]["lobby.chat"]["uses"] == CHAT_USES
+            assert sorted(mcpl["featureSets"]["lobby.chat"]["uses"]) == sorted(CHAT_USES)
             assert mcpl["featureSets"]["lobby.events"]["uses"] == ["pushEvents"]
             assert all(fs["description"] for fs in mcpl["featureSets"].values())
 
@@ -284,7 +284,7 @@ async def test_handshake_array_form_and_degradation_receipts() -> None:
             mcpl = init["result"]["capabilities"]["experimental"]["mcpl"]
             assert mcpl["version"] == "0.4"
             assert [fs["name"] for fs in mcpl["featureSets"]] == ["lobby.chat", "lobby.events"]
-            assert mcpl["featureSets"][0]["uses"] == CHAT_USES
+            assert sorted(mcpl["featureSets"][0]["uses"]) == sorted(CHAT_USES)
 
             await lobby.notify("notifications/initialized")
             # One-segment wildcards cover the channel leaves.
@@ -301,8 +301,9 @@ async def test_handshake_array_form_and_degradation_receipts() -> None:
                 "featureSet": "lobby.events",
                 "missingCapabilities": ["pushEvents"],
                 "effect": "disabled",
+                "reason": "capability_denied",
             }
-            assert unavailable["lobby.chat"]["missingCapabilities"] == CHAT_USES
+            assert sorted(unavailable["lobby.chat"]["missingCapabilities"]) == sorted(CHAT_USES)
             # A path both granted and denied is malformed.
             bad = await lobby.request(
                 "featureSets/update",
@@ -351,13 +352,13 @@ async def test_fsu_notification_only() -> None:
             await lobby.notify("notifications/initialized")
             refused = await lobby.request("featureSets/update", {"effectiveCapabilities": ALL_CAPS})
             assert refused["error"]["code"] == -32601
-            # Not ready yet: the ping answer comes with no registration before it.
-            await lobby.request("ping")
-            assert lobby.inbox == collections.deque()
-            await lobby.notify("featureSets/update", {"effectiveCapabilities": ALL_CAPS})
+            # The request is refused as a 0.4-era server would, yet its grant is taken: the
+            # host's notification that follows may only narrow it (SPEC §6.7).
             register = await lobby.server_request("channels/register")
             assert register["params"]["channels"] == [GENERAL, RANDOM]
+            await lobby.notify("featureSets/update", {"effectiveCapabilities": ALL_CAPS})
             await lobby.answer(register, registered(register))
+            assert (await lobby.request("ping"))["result"] == {}
             assert await lobby.close_stdin_and_wait() == 0
 
 
@@ -469,18 +470,21 @@ async def test_bad_input_is_logged_and_survived() -> None:
             await lobby.send({"jsonrpc": "2.0", "id": 4242, "result": {}})  # nobody asked
             await lobby.send({"jsonrpc": "2.0", "id": {"x": 1}, "method": "ping"})
 
-            batch = await lobby.wait_for(lambda m: m.get("id") is None, "batch refusal")
-            assert batch["error"]["code"] == -32600
             no_version = await lobby.response_to(77)
             assert no_version["error"]["code"] == -32600
-            bad_id = await lobby.wait_for(lambda m: m.get("id") is None, "bad id refusal")
-            assert bad_id["error"]["code"] == -32600
-            assert (await lobby.request("ping"))["result"] == {}
+            assert (await lobby.request("ping"))["result"] == {}  # all of it was read by now
+            # JSON-RPC 2.0 §5.1, with a null id: the line too deep to parse -32700, the batch
+            # and the object id -32600, in the order they came (lines that are not JSON at
+            # all, or not UTF-8, are only logged)
+            refused = [m["error"] for m in lobby.inbox if m.get("id") is None]
+            assert [e["code"] for e in refused] == [-32700, -32600, -32600]
+            assert "nested too deeply" in refused[0]["message"]
+            assert "batch" in refused[1]["message"]
             assert await lobby.close_stdin_and_wait() == 0
             stderr = lobby.stderr_text()
-            assert "malformed JSON" in stderr
+            assert "not JSON, skipped" in stderr
             assert "not UTF-8" in stderr
-            assert "unknown request id" in stderr
+            assert "response to unknown or expired request 4242" in stderr
 
 
 # ---- publish ----------------------------------------------------------------------------------
@@ -571,7 +575,7 @@ async def test_scripted_people_talk_and_the_clock_chimes() -> None:
             assert params["payload"] == {
                 "content": [{"type": "text", "text": "The lobby clock chimes."}]
             }
-            assert params["tags"] == []
+            assert params.get("tags", []) == []  # no tags: the member may be left out
             assert isinstance(params["timestamp"], str)
             await lobby.answer(push, {"accepted": True})
             assert await lobby.close_stdin_and_wait() == 0

@@ -38,14 +38,7 @@ from actors import Host
 from actors.references import LookupRefs
 from actors.trace import TraceEvent
 from examples.lobby_control import ControlListener, LobbyControl, open_control_listener
-from examples.lobby_server import (
-    LobbyFile,
-    ReplayStream,
-    RequestHead,
-    builtin_files,
-    now_iso,
-    read_head,
-)
+from examples.lobby_server import LobbyFile, builtin_files, now_iso
 from tests.helpers import (
     RecordingModel,
     Seen,
@@ -57,6 +50,7 @@ from tests.helpers import (
     scripted,
     ws_lobby,
 )
+from tests.http_head import ReplayStream, RequestHead, read_head
 from tests.origin import Origin, Route, serve_origin
 
 pytestmark = pytest.mark.slow

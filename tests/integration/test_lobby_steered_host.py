@@ -1,5 +1,5 @@
-"""The host against the toolkit lobby (``examples/lobby_kit.py``) as a real stdio subprocess,
-driven over its control link (``examples/lobby_kit_control.py``).
+"""The host against the lobby (``examples/lobby_server.py``) as a real stdio subprocess,
+driven over its control link (``examples/lobby_steering.py``).
 
 Real clock, generous deadlines, order-only assertions.
 """
@@ -37,14 +37,14 @@ HELLO = """
 when = "(?i)\\\\bhello\\\\b"
 say = "Hi there, hello to you!"
 """
-KIT = [sys.executable, "-m", "examples.lobby_kit", "--run-id", ""]
+KIT = [sys.executable, "-m", "examples.lobby_server", "--run-id", ""]
 
 
 @asynccontextmanager
 async def kit_host(
     tmp_path: Path, agents: dict[str, str]
 ) -> AsyncIterator[tuple[Host, LobbyControl]]:
-    """A host with ``lobby_kit`` as its one server, ready, and the lobby's control link."""
+    """A host with the lobby as its one server, ready, and the lobby's control link."""
     async with open_control_listener() as listener:
         server = {"id": "lobby", "command": [*KIT, "--control-connect", listener.address]}
         async with Host.open(config(tmp_path, [server], agent_configs(tmp_path, agents))) as host:

@@ -1,4 +1,4 @@
-"""One controlled session of the toolkit lobby: the lobby's server, its host connection (stdio
+"""One controlled session of the lobby: the lobby's server, its host connection (stdio
 or one websocket session) and the control link a test listens on (:mod:`examples.lobby_control`),
 run together until the host connection ends; the last events still go out after it."""
 
@@ -11,12 +11,12 @@ import trio
 
 from actors.serverkit import MCPLServer
 from actors.serverkit_transport import LineTransport, StdioTransport
-from examples.lobby_kit_control import Hangable, KitControl
-from examples.lobby_kit_files import LobbyFiles
-from examples.lobby_kit_notes import Notebook
-from examples.lobby_kit_places import Places
+from examples.lobby_files import LobbyFiles
 from examples.lobby_link import _open_control
+from examples.lobby_notes import Notebook
 from examples.lobby_options import LobbyOptions
+from examples.lobby_places import Places
+from examples.lobby_steering import Hangable, KitControl
 
 
 async def open_control(

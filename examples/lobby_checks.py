@@ -1,4 +1,4 @@
-"""What the toolkit lobby checks in the host's behaviour (:mod:`examples.lobby_kit`, under a
+"""What the lobby checks in the host's behaviour (:mod:`examples.lobby_server`, under a
 control link): the lobby is a peer that catches a host's mistakes, and reports each as an
 ``error`` control event.
 

@@ -1,4 +1,4 @@
-"""The control link of the toolkit lobby (``examples/lobby_kit_control.py``): ``lobby_kit`` as a
+"""The control link of the lobby (``examples/lobby_steering.py``): the lobby as a
 stdio subprocess driven by a raw JSON-RPC host side, with a test's control listener."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from contextlib import asynccontextmanager
 import trio
 
 from examples.lobby_control import LobbyControl, open_control_listener
-from tests.test_lobby_kit import kit_lobby
+from tests.test_lobby_features import lobby_run
 from tests.test_lobby_server import (
     GENERAL,
     INIT_PARAMS,
@@ -22,10 +22,10 @@ from tests.test_lobby_server import (
 
 @asynccontextmanager
 async def controlled_kit(*args: str) -> AsyncIterator[tuple[Lobby, LobbyControl]]:
-    """``lobby_kit`` with a control connection, accepted and said hello on."""
+    """the lobby with a control connection, accepted and said hello on."""
     async with (
         open_control_listener() as listener,
-        kit_lobby("--control-connect", listener.address, *args) as lobby,
+        lobby_run("--control-connect", listener.address, *args) as lobby,
     ):
         ctl = await listener.accept()
         async with ctl:

@@ -1,4 +1,4 @@
-"""The toolkit lobby's files (``--ws --files``): plain HTTP ``GET /files/<name>`` on the
+"""The lobby's files (``--ws --files``): plain HTTP ``GET /files/<name>`` on the
 websocket port, for the references its pushes carry (``board.png``, ``notes.txt``).
 
 Answered through the toolkit's HTTP hook (:meth:`actors.serverkit.MCPLServer.on_http`, here on

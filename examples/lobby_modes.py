@@ -1,9 +1,9 @@
-"""How :mod:`examples.lobby_kit` answers some host requests, switched by control commands
-(:mod:`examples.lobby_kit_control`): ``open_mode`` (``channels/open`` answered or never),
+"""How :mod:`examples.lobby_server` answers some host requests, switched by control commands
+(:mod:`examples.lobby_steering`): ``open_mode`` (``channels/open`` answered or never),
 ``fsu_mode`` (``featureSets/update`` answered, refused with -32601, or never answered) and
 ``manifest`` (a new manifest served from now on, announced with ``mcpl/manifestChanged``) and
 ``publish_echo_thread`` (how a publish result echoes its ``threadId``, acknowledged with a
-``publish_echo_thread`` event; :mod:`examples.lobby_kit_places`).
+``publish_echo_thread`` event; :mod:`examples.lobby_places`).
 
 Each mode is an answer override (:meth:`actors.serverkit.MCPLServer.answer_for`) that falls
 back to the override the lobby had before (its command-line fault mode) or to the toolkit.
@@ -17,8 +17,8 @@ from collections.abc import Callable
 from typing import Any
 
 from actors.serverkit import NO_ANSWER, HostRequest, MCPLServer
-from examples.lobby_kit_places import Places, open_by_address
 from examples.lobby_options import LobbyOptions
+from examples.lobby_places import Places, open_by_address
 from examples.lobby_words import OPEN_MODES, dumps
 from protocol.errors import METHOD_NOT_FOUND, RpcError
 

@@ -1,5 +1,5 @@
-"""How the toolkit lobby answers ``context/beforeInference`` and ``push/render`` under a control
-link, switched by control commands (:mod:`examples.lobby_kit_control`), so that a host's tests
+"""How the lobby answers ``context/beforeInference`` and ``push/render`` under a control
+link, switched by control commands (:mod:`examples.lobby_steering`), so that a host's tests
 can watch it cope with a hook or a renderer that is slow, failing or silent.
 
 * ``hook`` {mode, injections?, featureSet?} (with ``--context``; acknowledged with a
@@ -29,7 +29,7 @@ from typing import Any
 import trio
 
 from actors.serverkit import NO_ANSWER, HostRequest, MCPLServer
-from examples.lobby_kit_checks import HostChecks
+from examples.lobby_checks import HostChecks
 from examples.lobby_words import (
     ASSIST_FEATURE_SET,
     DEFAULT_INJECTIONS,

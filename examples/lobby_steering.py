@@ -1,4 +1,4 @@
-"""The control link of :mod:`examples.lobby_kit` (``--control-connect HOST:PORT``): JSON lines to
+"""The control link of :mod:`examples.lobby_server` (``--control-connect HOST:PORT``): JSON lines to
 and from a test's control listener (:mod:`examples.lobby_control`).
 
 An ordinary server needs none of this. The lobby reports what happens on its host connection
@@ -6,7 +6,7 @@ as events and takes commands that make it send things, so that a host's tests ca
 
 * events: ``hello`` {pid, transport}, ``ready``, ``received`` {message} (every line the host
   sent, parsed), ``error`` {text} (what the toolkit's session refused or skipped, what the
-  checks of :mod:`examples.lobby_kit_checks` found wrong, and bad commands), ``response``
+  checks of :mod:`examples.lobby_checks` found wrong, and bad commands), ``response``
   {method, request, response, attempts} (for each request a command sent; ``response`` is None
   when the connection ended first), ``pong`` {id}, ``hung``, ``channels`` {accepted, refused}
   (with ``--channels N``), and those of the checks (``coalescing``, ``streamed``), of the
@@ -15,10 +15,10 @@ as events and takes commands that make it send things, so that a host's tests ca
   websocket, once the channels are registered, one ``response`` for ``channels/register`` whose
   result lists the channels the host accepted.
 * commands: ``ping``, ``crash``, ``hang`` (stdio: no more reading or writing), those of
-  :mod:`examples.lobby_kit_commands` (what the lobby sends), :mod:`examples.lobby_kit_modes`
+  :mod:`examples.lobby_commands` (what the lobby sends), :mod:`examples.lobby_modes`
   (``open_mode``, ``fsu_mode``, ``manifest``, ``publish_echo_thread``),
-  :mod:`examples.lobby_kit_answers` (``hook``, ``render_mode``) and
-  :mod:`examples.lobby_kit_notes` (``rollback_mode``). What they send goes out in the order the
+  :mod:`examples.lobby_answers` (``hook``, ``render_mode``) and
+  :mod:`examples.lobby_notes` (``rollback_mode``). What they send goes out in the order the
   commands came.
 
 The requests commands send are not checked against the host's grant: a test may play a server
@@ -39,14 +39,14 @@ import trio
 from actors.serverkit import MCPLServer
 from actors.serverkit_link import LinkLost, PendingRequest
 from examples import lobby_faults
-from examples.lobby_kit_answers import KitAnswers
-from examples.lobby_kit_checks import HostChecks
-from examples.lobby_kit_commands import MAX_RAW_PENDING, KitCommands, valid_id
-from examples.lobby_kit_modes import KitModes
-from examples.lobby_kit_notes import Notebook
-from examples.lobby_kit_places import Places
+from examples.lobby_answers import KitAnswers
+from examples.lobby_checks import HostChecks
+from examples.lobby_commands import MAX_RAW_PENDING, KitCommands, valid_id
 from examples.lobby_link import ControlLink, InputError
+from examples.lobby_modes import KitModes
+from examples.lobby_notes import Notebook
 from examples.lobby_options import LobbyOptions
+from examples.lobby_places import Places
 from examples.lobby_words import MAX_RETRIES, NOT_READY, RETRIED_METHODS, RETRY_DELAY, short
 from protocol.errors import RpcError
 from protocol.server_session import NotGranted

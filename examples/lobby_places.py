@@ -1,4 +1,4 @@
-"""Where a publish into the toolkit lobby lands (RFC-011), and how its result says so.
+"""Where a publish into the lobby lands (RFC-011), and how its result says so.
 
 A ``channels/publish`` request's ``threadId`` is honoured exactly or refused: absent is legacy
 (the root, no ``threadId`` in the result); ``null`` is the root of a channel that declares a

@@ -1,0 +1,102 @@
+"""A peek at a plain HTTP request on a socket before deciding what to serve on it: read the
+request head (:func:`read_head`), parse it (:class:`RequestHead`), then hand the socket on with
+what was read put back in front (:class:`ReplayStream`), e.g. to a websocket server when the
+head asks for an upgrade. Test servers use it to serve files and a websocket on one port."""
+
+from __future__ import annotations
+
+import trio
+
+from examples.lobby_words import short
+
+#: The longest request head read before the request is refused.
+MAX_HEAD_BYTES = 16 * 1024
+
+
+class ReplayStream(trio.abc.Stream):
+    """A stream whose first reads return bytes already taken from the wrapped one."""
+
+    def __init__(self, stream: trio.SocketStream, buffered: bytes) -> None:
+        self.stream = stream
+        self._buffered = bytearray(buffered)
+
+    async def receive_some(self, max_bytes: int | None = None) -> bytes:
+        if self._buffered:
+            await trio.lowlevel.checkpoint()
+            n = len(self._buffered) if max_bytes is None else max_bytes
+            data = bytes(self._buffered[:n])
+            del self._buffered[:n]
+            return data
+        return await self.stream.receive_some(max_bytes)
+
+    async def send_all(self, data: bytes | bytearray | memoryview) -> None:
+        await self.stream.send_all(data)
+
+    async def wait_send_all_might_not_block(self) -> None:
+        await self.stream.wait_send_all_might_not_block()
+
+    async def aclose(self) -> None:
+        await self.stream.aclose()
+
+    def __repr__(self) -> str:  # trio_websocket shows it as the request's remote end
+        try:
+            addr, port, *_ = self.stream.socket.getpeername()
+        except OSError:
+            return "<closed connection>"
+        return f"{addr}:{port}"
+
+
+class RequestHead:
+    """The request line and headers of one HTTP/1.1 request."""
+
+    def __init__(self, raw: bytes) -> None:
+        lines = raw.decode("latin-1").split("\r\n")
+        parts = lines[0].split(" ")
+        if len(parts) != 3 or not parts[2].startswith("HTTP/"):
+            raise ValueError(f"bad request line {short(lines[0])}")
+        self.method, self.target, self.version = parts
+        self.headers: list[tuple[str, str]] = []
+        for line in lines[1:]:
+            if not line:
+                continue
+            name, sep, value = line.partition(":")
+            if not sep or not name or name != name.strip():
+                raise ValueError(f"bad header line {short(line)}")
+            self.headers.append((name.lower(), value.strip()))
+
+    def header(self, name: str) -> str | None:
+        for key, value in self.headers:
+            if key == name:
+                return value
+        return None
+
+    @property
+    def path(self) -> str:
+        target = self.target.partition("?")[0].partition("#")[0]
+        if "://" in target:  # absolute-form
+            target = "/" + target.partition("://")[2].partition("/")[2]
+        return target
+
+    def is_websocket_upgrade(self) -> bool:
+        return any(
+            key == "upgrade" and "websocket" in [t.strip().lower() for t in value.split(",")]
+            for key, value in self.headers
+        )
+
+
+async def read_head(stream: trio.abc.ReceiveStream) -> tuple[bytes, bytes | None]:
+    """Everything read so far, and the request head (None: too long, or the peer went away)."""
+    buf = bytearray()
+    while True:
+        end = buf.find(b"\r\n\r\n")
+        if 0 <= end <= MAX_HEAD_BYTES:
+            return bytes(buf), bytes(buf[:end])
+        if end > MAX_HEAD_BYTES or len(buf) > MAX_HEAD_BYTES:
+            return bytes(buf), None
+        try:
+            data = await stream.receive_some(65536)
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+            data = b""
+        if not data:
+            return bytes(buf), None
+        buf += data
