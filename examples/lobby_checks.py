@@ -21,6 +21,7 @@ tap, called in arrival order), so the checks see notifications in the order they
 
 from __future__ import annotations
 
+import json
 import sys
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -381,3 +382,23 @@ class HostChecks:
         if not carried:
             _log(f"{what}: a coalesce result for an occurrence sent without coalesce")
         return f" (coalesce {outcome}" + (f", prior {prior}" if prior is not None else "") + ")"
+
+
+def watch(server: MCPLServer, *, context: bool) -> HostChecks:
+    """Run the checks on every line the host sends ``server`` when no test drives the lobby:
+    what they find goes to stderr only (``ERROR: …``), as does what they log."""
+
+    def problem(text: str) -> None:
+        _log(f"ERROR: {text}")
+
+    checks = HostChecks(server, context=context, problem=problem, emit=lambda _event: None)
+
+    def seen(line: str) -> None:
+        try:
+            message = json.loads(line)
+        except (ValueError, RecursionError):
+            return  # the toolkit has already said so
+        checks.seen(message)
+
+    server.on_line(seen)
+    return checks

@@ -38,7 +38,7 @@ from actors.serverkit import (
 from actors.serverkit_files import Shelf
 from actors.serverkit_run import listen
 from actors.serverkit_transport import LineTransport
-from examples import lobby_faults, lobby_session
+from examples import lobby_checks, lobby_faults, lobby_session
 from examples.lobby_commands import file_reference
 from examples.lobby_files import LobbyFiles
 from examples.lobby_notes import Notebook
@@ -272,6 +272,7 @@ async def serve_ws(
                 server, options, places, notebook, transport=transport, files=files
             )
         else:
+            lobby_checks.watch(server, context=options.context)
             await server.serve(transport)
 
     http = [files.answer] if files is not None else []
@@ -308,6 +309,7 @@ async def serve(options: LobbyOptions) -> None:
     if options.control_connect:
         await lobby_session.serve_controlled(server, options, places, notebook)
     else:
+        lobby_checks.watch(server, context=options.context)
         await server.serve_stdio()
 
 
