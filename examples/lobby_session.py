@@ -77,6 +77,7 @@ async def serve_controlled(
                 if control.transport.hung.is_set():
                     await trio.sleep_forever()
             commands.cancel()
+            control.finish_sending()
             control.link.finish()  # the last events still go out
             nursery.cancel_scope.deadline = trio.current_time() + 1.0
     finally:

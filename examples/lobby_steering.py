@@ -300,6 +300,12 @@ class KitControl(KitCommands):
             self._sends.send_nowait((fn, name))
         except trio.WouldBlock:
             self.problem(f"not sending {name}: {MAX_QUEUED} sends are already waiting")
+        except trio.ClosedResourceError:
+            _log(f"not sending {name}: the host connection has ended")
+
+    def finish_sending(self) -> None:
+        """No more commands: the sender sends what is queued (or says why not), then stops."""
+        self._sends.close()
 
     async def run_sender(self) -> None:
         """Send what the commands queued, in order, to whichever host is connected."""
