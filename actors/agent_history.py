@@ -43,6 +43,9 @@ MIN_MESSAGE_TOKENS = 8
 CONTEXT_PAGE = 64
 #: Messages rendered between two shares of the interpreter when a turn reads a big batch.
 RENDER_SLICE = 64
+#: A batch shares the interpreter only past this many messages: turns woken by the same busy
+#: channel read less each and stay one after another; a flooded agent's backlog is shared.
+SHARE_FROM = 2 * RENDER_SLICE
 #: Messages read from the store at a time by :func:`read_history`.
 HISTORY_PAGE = 512
 #: The share of its budget a context is trimmed down to once it outgrows the budget.
@@ -339,7 +342,7 @@ class ContextReader:
         reading a flooding server's backlog does not hold up the other agents' turns)."""
         shown: list[dict[str, Any]] = []
         for start in range(0, len(live), RENDER_SLICE):
-            if start:
+            if start >= SHARE_FROM:
                 await self.ctx.turns.share()
             shown.extend(self._render(m) for m in live[start : start + RENDER_SLICE])
         return shown
@@ -399,7 +402,7 @@ class ContextReader:
             messages: list[dict[str, Any]] = []
             try:
                 for start in range(0, len(rows), RENDER_SLICE):
-                    if start:
+                    if start >= SHARE_FROM:
                         await self.ctx.turns.share()
                     messages.extend(
                         store.feeds.decode(r) for r in rows[start : start + RENDER_SLICE]
