@@ -7,43 +7,13 @@ from __future__ import annotations
 
 import trio
 
+from actors.serverkit_files import ReplayStream
 from examples.lobby_words import short
+
+__all__ = ["MAX_HEAD_BYTES", "ReplayStream", "RequestHead", "read_head"]
 
 #: The longest request head read before the request is refused.
 MAX_HEAD_BYTES = 16 * 1024
-
-
-class ReplayStream(trio.abc.Stream):
-    """A stream whose first reads return bytes already taken from the wrapped one."""
-
-    def __init__(self, stream: trio.SocketStream, buffered: bytes) -> None:
-        self.stream = stream
-        self._buffered = bytearray(buffered)
-
-    async def receive_some(self, max_bytes: int | None = None) -> bytes:
-        if self._buffered:
-            await trio.lowlevel.checkpoint()
-            n = len(self._buffered) if max_bytes is None else max_bytes
-            data = bytes(self._buffered[:n])
-            del self._buffered[:n]
-            return data
-        return await self.stream.receive_some(max_bytes)
-
-    async def send_all(self, data: bytes | bytearray | memoryview) -> None:
-        await self.stream.send_all(data)
-
-    async def wait_send_all_might_not_block(self) -> None:
-        await self.stream.wait_send_all_might_not_block()
-
-    async def aclose(self) -> None:
-        await self.stream.aclose()
-
-    def __repr__(self) -> str:  # trio_websocket shows it as the request's remote end
-        try:
-            addr, port, *_ = self.stream.socket.getpeername()
-        except OSError:
-            return "<closed connection>"
-        return f"{addr}:{port}"
 
 
 class RequestHead:
