@@ -292,6 +292,9 @@ async def test_handshake_array_form_and_degradation_receipts() -> None:
                 "featureSets/update", {"effectiveCapabilities": ["pushEvents", "channels.*"]}
             )
             assert receipt["result"] == {"accepted": True}
+            # Granted the channels, it registers them.
+            register = await lobby.server_request("channels/register")
+            await lobby.answer(register, registered(register))
             # An update without effectiveCapabilities grants nothing: both sets degrade.
             receipt = await lobby.request("featureSets/update", {})
             assert receipt["result"]["accepted"] is True
@@ -310,9 +313,6 @@ async def test_handshake_array_form_and_degradation_receipts() -> None:
                 {"effectiveCapabilities": ["pushEvents"], "deniedCapabilities": ["pushEvents"]},
             )
             assert bad["error"]["code"] == -32602
-
-            register = await lobby.server_request("channels/register")
-            await lobby.answer(register, registered(register))
             assert await lobby.close_stdin_and_wait() == 0
 
 
