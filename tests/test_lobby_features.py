@@ -4,12 +4,6 @@ echoes what an agent publishes, and its fault modes (``examples/lobby_faults.py`
 
 from __future__ import annotations
 
-import subprocess
-import sys
-import tempfile
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
-
 import trio
 
 from tests.test_lobby_server import (
@@ -18,38 +12,15 @@ from tests.test_lobby_server import (
     GENERAL,
     INIT_PARAMS,
     RANDOM,
-    ROOT,
     TIMEOUT,
-    Lobby,
+    lobby_process,
     registered,
 )
 
 
-@asynccontextmanager
-async def lobby_run(*args: str) -> AsyncIterator[Lobby]:
-    """``python -m examples.lobby_server --run-id '' ARGS`` (bare ids: ``m1``, ``e1``)."""
-    with tempfile.TemporaryFile() as stderr:
-        proc = await trio.lowlevel.open_process(
-            [sys.executable, "-m", "examples.lobby_server", "--run-id", "", *args],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=stderr,
-            cwd=ROOT,
-        )
-        try:
-            yield Lobby(proc, stderr)
-        finally:
-            if proc.returncode is None:
-                proc.kill()
-            with trio.CancelScope(shield=True):
-                await proc.wait()
-                await proc.stdin.aclose()  # type: ignore[union-attr]
-                await proc.stdout.aclose()  # type: ignore[union-attr]
-
-
 async def test_handshake_declares_the_lobby_sets_and_registers_both_channels() -> None:
     with trio.fail_after(TIMEOUT):
-        async with lobby_run("--script", "none") as lobby:
+        async with lobby_process("--script", "none") as lobby:
             init = await lobby.request("initialize", INIT_PARAMS)
             result = init["result"]
             assert result["serverInfo"]["name"] == "lobby"
@@ -70,7 +41,7 @@ async def test_handshake_declares_the_lobby_sets_and_registers_both_channels() -
 
 async def test_people_talk_in_turn_and_the_clock_chimes_on_the_third_tick() -> None:
     with trio.fail_after(TIMEOUT):
-        async with lobby_run("--interval", "0.05") as lobby:
+        async with lobby_process("--interval", "0.05") as lobby:
             await lobby.handshake()
             messages = []
             for _ in range(3):
@@ -98,7 +69,7 @@ async def test_people_talk_in_turn_and_the_clock_chimes_on_the_third_tick() -> N
 
 async def test_a_publish_is_answered_then_echoed_under_the_agents_name() -> None:
     with trio.fail_after(TIMEOUT):
-        async with lobby_run("--script", "none") as lobby:
+        async with lobby_process("--script", "none") as lobby:
             await lobby.handshake()
             content = [{"type": "text", "text": "hi all"}]
             params = {"channelId": "lobby:#random", "content": content}
@@ -121,7 +92,7 @@ async def test_a_publish_is_answered_then_echoed_under_the_agents_name() -> None
 
 async def test_tools_answer() -> None:
     with trio.fail_after(TIMEOUT):
-        async with lobby_run("--script", "none") as lobby:
+        async with lobby_process("--script", "none") as lobby:
             await lobby.handshake()
             listed = await lobby.request("tools/list")
             assert [t["name"] for t in listed["result"]["tools"]] == ["forecast", "roll", "stall"]
@@ -135,7 +106,7 @@ async def test_tools_answer() -> None:
 
 async def test_fsu_never_takes_the_grant_but_leaves_the_update_unanswered() -> None:
     with trio.fail_after(TIMEOUT):
-        async with lobby_run("--script", "none", "--fsu-mode", "never") as lobby:
+        async with lobby_process("--script", "none", "--fsu-mode", "never") as lobby:
             await lobby.request("initialize", INIT_PARAMS)
             await lobby.notify("notifications/initialized")
             update = await lobby.send_request(
@@ -152,7 +123,7 @@ async def test_fsu_never_takes_the_grant_but_leaves_the_update_unanswered() -> N
 async def test_notification_only_modes_refuse_the_request_forms() -> None:
     args = ("--script", "none", "--fsu-mode", "notification-only", "--publish-mode")
     with trio.fail_after(TIMEOUT):
-        async with lobby_run(*args, "notification-only") as lobby:
+        async with lobby_process(*args, "notification-only") as lobby:
             await lobby.request("initialize", INIT_PARAMS)
             await lobby.notify("notifications/initialized")
             refused = await lobby.request("featureSets/update", {"effectiveCapabilities": ALL_CAPS})
@@ -166,7 +137,7 @@ async def test_notification_only_modes_refuse_the_request_forms() -> None:
 async def test_open_never_and_a_stray_stdout_line() -> None:
     args = ("--script", "none", "--open-mode", "never", "--stray-stdout")
     with trio.fail_after(TIMEOUT):
-        async with lobby_run(*args) as lobby:
+        async with lobby_process(*args) as lobby:
             await lobby.handshake()
             opened = await lobby.send_request("channels/open", {"channelId": "lobby:#general"})
             assert (await lobby.request("ping"))["result"] == {}
@@ -177,7 +148,7 @@ async def test_open_never_and_a_stray_stdout_line() -> None:
 
 async def test_the_array_form_shows_the_04_manifest() -> None:
     with trio.fail_after(TIMEOUT):
-        async with lobby_run("--script", "none", "--feature-sets-form", "array") as lobby:
+        async with lobby_process("--script", "none", "--feature-sets-form", "array") as lobby:
             init = await lobby.request("initialize", INIT_PARAMS)
             mcpl = init["result"]["capabilities"]["experimental"]["mcpl"]
             assert mcpl["version"] == "0.4" and "revision" not in mcpl

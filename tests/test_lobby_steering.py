@@ -9,7 +9,6 @@ from contextlib import asynccontextmanager
 import trio
 
 from examples.lobby_control import LobbyControl, open_control_listener
-from tests.test_lobby_features import lobby_run
 from tests.test_lobby_server import (
     GENERAL,
     INIT_PARAMS,
@@ -17,6 +16,7 @@ from tests.test_lobby_server import (
     TIMEOUT,
     Lobby,
     is_response_to,
+    lobby_process,
 )
 
 
@@ -25,7 +25,7 @@ async def controlled_kit(*args: str) -> AsyncIterator[tuple[Lobby, LobbyControl]
     """the lobby with a control connection, accepted and said hello on."""
     async with (
         open_control_listener() as listener,
-        lobby_run("--control-connect", listener.address, *args) as lobby,
+        lobby_process("--control-connect", listener.address, *args) as lobby,
     ):
         ctl = await listener.accept()
         async with ctl:
