@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 import time
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from protocol.authors import author_line, guard_body_start, shown_author, stored_author
@@ -332,20 +332,23 @@ class ContextReader:
                 Assembled(context=self.agent, occurrences=occurrences), timeout=60
             )
             live = [m for m in live if m["metadata"].get("occurrence") not in hidden]
-        span = self._tail.extend(await self._render_all(live))
+        span = self._tail.extend(await self._in_slices(live, self._render))
         if span and self.folder is not None:
             await self._fold(span)
         return self._tail.messages()
 
-    async def _render_all(self, live: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-        """``live`` rendered, sharing the interpreter between slices of a big batch (a turn
-        reading a flooding server's backlog does not hold up the other agents' turns)."""
-        shown: list[dict[str, Any]] = []
-        for start in range(0, len(live), RENDER_SLICE):
+    async def _in_slices(
+        self, items: Sequence[Any], convert: Callable[[Any], dict[str, Any]]
+    ) -> list[dict[str, Any]]:
+        """``convert`` applied to each of ``items`` in order, sharing the interpreter between
+        slices of a big batch (a turn reading a flooding server's backlog does not hold up the
+        other agents' turns). An error of ``convert`` ends it."""
+        out: list[dict[str, Any]] = []
+        for start in range(0, len(items), RENDER_SLICE):
             if start >= SHARE_FROM:
                 await self.ctx.turns.share()
-            shown.extend(self._render(m) for m in live[start : start + RENDER_SLICE])
-        return shown
+            out.extend(convert(item) for item in items[start : start + RENDER_SLICE])
+        return out
 
     def _render(self, message: Mapping[str, Any]) -> dict[str, Any]:
         shown = self.renders.render(message, _rendered)
@@ -399,15 +402,8 @@ class ContextReader:
         taken = store.feeds.take_rows(self.agent, self._seen_seq)
         if taken is not None:  # the rows of recent commits: no trip to the reading thread
             rows, newest = taken
-            messages: list[dict[str, Any]] = []
             try:
-                for start in range(0, len(rows), RENDER_SLICE):
-                    if start >= SHARE_FROM:
-                        await self.ctx.turns.share()
-                    messages.extend(
-                        store.feeds.decode(r) for r in rows[start : start + RENDER_SLICE]
-                    )
-                return messages, newest
+                return await self._in_slices(rows, store.feeds.decode), newest
             except CorruptRecord:
                 store.feeds.forget(self.agent)  # the store read reports it and reads on
         return await store.read(

@@ -13,7 +13,7 @@ from typing import Any
 
 import trio
 
-from protocol.fairness import ingest_slice
+from protocol.fairness import contended, ingest_slice
 from protocol.state import Lineages
 
 from .channel_directory import ChannelDirectory, SavedOpen, is_open
@@ -89,6 +89,16 @@ class HostContext:
         # Renderings of stored messages, shared by the agents' context readers.
         self.renders = SharedRenders()
         self.turns = TurnToken()  # agents' turns take the interpreter one after another
+
+    def contended(self, server_id: str) -> bool:
+        """Whether others need the host beside ``server_id`` (see
+        :func:`protocol.fairness.contended`)."""
+        return contended(
+            server=server_id,
+            now=trio.current_time(),
+            last_read=self.last_read,
+            others_turning=self.others_turning(server_id),
+        )
 
     def ingest_slice(self, server_id: str, full: int) -> int:
         """``server_id``'s share of the host per scheduling step (see

@@ -105,10 +105,7 @@ class HotLanes:
         accepted_at = utc_now()  # one timestamp for what was read together
         # a server with a backlog is flooding: while others need the host too, its writes may
         # gather in the store (bulk); alone, its own messages are what agents wait for
-        bulk = (
-            len(link.requests) >= INGEST_SLICE
-            and owner.ctx.ingest_slice(owner.sid, INGEST_SLICE) < INGEST_SLICE
-        )
+        bulk = len(link.requests) >= INGEST_SLICE and owner.ctx.contended(owner.sid)
         out = [Pending(req) for req in requests]
         groups: dict[str | None, list[tuple[Pending, Any, Any, Trace]]] = {}
         admitted: set[tuple[str, str | None]] = set()  # the link does not change meanwhile

@@ -177,6 +177,17 @@ SHARED_SLICE = 4
 RECENT_S = 0.25
 
 
+def contended(
+    *, server: str, now: float, last_read: Mapping[str, float], others_turning: bool
+) -> bool:
+    """Whether others need the host beside ``server``: an agent that does not hear it is in a
+    turn (``others_turning``), or another server read something within ``RECENT_S`` of
+    ``now`` (``last_read``: the time of each server's latest read)."""
+    return others_turning or any(
+        other != server and now - at < RECENT_S for other, at in last_read.items()
+    )
+
+
 def ingest_slice(
     *,
     full: int,
@@ -186,12 +197,8 @@ def ingest_slice(
     others_turning: bool,
 ) -> int:
     """A connection's slice: ``full`` while it has the host to itself, ``SHARED_SLICE`` (at
-    most ``full``) while an agent that does not hear it is in a turn (``others_turning``) or
-    another server read something within ``RECENT_S`` of ``now`` (``last_read``: the time of
-    each server's latest read)."""
-    shared = others_turning or any(
-        other != server and now - at < RECENT_S for other, at in last_read.items()
-    )
+    most ``full``) while it is :func:`contended`."""
+    shared = contended(server=server, now=now, last_read=last_read, others_turning=others_turning)
     return min(full, SHARED_SLICE) if shared else full
 
 
