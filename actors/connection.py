@@ -44,7 +44,6 @@ from collections.abc import Mapping
 from typing import Any
 
 import attrs
-import outcome
 import trio
 
 from protocol import jsonrpc as rpc
@@ -226,8 +225,7 @@ class ConnectionActor(Actor):
             ) from None
         except rpc.LocalProtocolError:
             raise NotConnected(f"server {self.sid} is not connected") from None
-        send, recv = trio.open_memory_channel[outcome.Outcome[Any]](1)
-        link.waiters[rid] = send
+        recv = link.expect(rid)
         try:
             with trio.fail_after(t):
                 try:  # queued at once while the outbox has room: the answer is the wait

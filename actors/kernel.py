@@ -318,10 +318,17 @@ class BatchQueue(Generic[M]):
         self._data.unpark_all()
         await trio.lowlevel.checkpoint()
 
-    async def wait_below(self, n: int) -> None:
-        """Wait until the queue holds fewer than ``n`` items (or is closed)."""
+    async def wait_below(self, n: int, unless: Callable[[], bool] | None = None) -> None:
+        """Wait until the queue holds fewer than ``n`` items (or is closed), or until
+        ``unless()`` holds: it is checked now and whenever :meth:`nudge` is called."""
         while len(self._items) >= n and not self._closed:
+            if unless is not None and unless():
+                return
             await self._space.park()
+
+    def nudge(self) -> None:
+        """Have every waiting producer look again (a condition of its ``unless`` changed)."""
+        self._space.unpark_all()
 
     async def take(self, limit: int) -> list[M]:
         while not self._items:

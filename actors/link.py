@@ -104,6 +104,15 @@ class Link:
     # a call runs to its deadline instead of being cancellable)
     calls: dict[str, trio.CancelScope] = attrs.field(factory=dict)
 
+    def expect(self, rid: rpc.Id) -> trio.MemoryReceiveChannel[outcome.Outcome[Any]]:
+        """Where the answer to our request ``rid`` will arrive. A reader holding back
+        (:meth:`actors.link_io.LinkIO.pass_on`) reads on from now: the answer may be behind
+        what it holds back."""
+        send, recv = trio.open_memory_channel[outcome.Outcome[Any]](1)
+        self.waiters[rid] = send
+        self.requests.nudge()
+        return recv
+
     def close(self, reason: str) -> None:
         """The host ends the link (the first reason given is the one reported)."""
         if self.close_reason is None:

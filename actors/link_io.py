@@ -53,6 +53,8 @@ REQUEST_QUEUE_CAP = 1024  # requests read, waiting for the dispatcher (reader wa
 ANSWER_QUEUE_CAP = 8 * INGEST_SLICE
 #: The answers a flooding connection may have queued while other connections deliver too.
 SHARED_ANSWERS = 2 * INGEST_SLICE
+#: The requests a reader keeps queued while others need the host (past it, it stops reading).
+SHARED_QUEUE = 4 * INGEST_SLICE
 # Every request the server may have in flight with us: the queues (each may overshoot its cap by
 # one batch), the batch in each worker's hands, the handlers and the pre-readiness buffer.
 INBOUND_CAP = REQUEST_QUEUE_CAP + ANSWER_QUEUE_CAP + 2 * READ_BATCH + 2 * TAKE_LIMIT
@@ -141,7 +143,7 @@ class LinkIO:
                     handled += 1
                     if handled % step == 0:
                         if batch:
-                            await self.queue_requests(link, batch)
+                            await self.pass_on(link, batch)
                             batch = []
                         await trio.lowlevel.checkpoint()
                     if isinstance(item, Oversize):
@@ -165,10 +167,10 @@ class LinkIO:
                         else:
                             await self.dispatch_event(link, event)
                     if len(batch) >= READ_BATCH:
-                        await self.queue_requests(link, batch)
+                        await self.pass_on(link, batch)
                         batch = []
                 if batch:  # nothing more is buffered: what was read goes on together
-                    await self.queue_requests(link, batch)
+                    await self.pass_on(link, batch)
                     batch = []
         except Exception as exc:
             self.owner.diagnostic(f"read failed: {describe(exc)}")
@@ -273,6 +275,15 @@ class LinkIO:
                 waiter.send_nowait(result)
             except (trio.WouldBlock, trio.BrokenResourceError, trio.ClosedResourceError):
                 pass
+
+    async def pass_on(self, link: Link, batch: list[rpc.Request | rpc.Notification]) -> None:
+        """The reader queues what it read. While others need the host, it then waits until
+        fewer than ``SHARED_QUEUE`` requests are queued: the rest stays unread in the
+        server's own transport instead of parsed here. It never waits while we await an
+        answer from the server (the answer may be behind them)."""
+        await self.queue_requests(link, batch)
+        if self.owner.ctx.contended(self.owner.sid):
+            await link.requests.wait_below(SHARED_QUEUE, unless=lambda: bool(link.waiters))
 
     async def queue_requests(self, link: Link, batch: list[rpc.Request | rpc.Notification]) -> None:
         try:

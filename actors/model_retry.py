@@ -38,11 +38,11 @@ def retry_after(headers: Mapping[str, str]) -> float | None:
         if raw is None:
             continue
         try:
-            value = float(raw) * scale
+            value = float(raw)
         except ValueError:
             continue
-        if math.isfinite(value) and value >= 0:
-            return value
+        if math.isfinite(value) and value >= 0:  # judged before scaling: a tiny negative
+            return value * scale  # number of milliseconds must not round to a wait of -0.0
     return None
 
 

@@ -24,7 +24,8 @@ context, with turns running (every message wakes the agent) and with the agent i
 in a closed channel, every K-th message a probe in an open one); coalescing 300 edits of one
 unread message (RFC-006); wake-to-reply latency (d) of one and ten agents hearing one channel at
 1,000 messages per second, and (e) of a healthy agent while another server floods the host with
-pipelined ``push/event`` requests (``--flood``).
+pipelined ``push/event`` requests (``--flood``); each of (d) and (e) pools three runs of each
+kind, alternated.
 
 Scale (``examples.bench_scale``): 1 / 10 / 50 / 200 agents hearing one channel (msg/s, and the
 CPU time and store bytes each additional agent adds per message); 1 / 1,000 / 10,000 registered
@@ -80,6 +81,7 @@ class Plan:
     replies: tuple[int, float] = (10_000, 1_000.0)  # (d): messages, rate
     healthy: tuple[int, float] = (300, 20.0)  # (e): messages, rate
     flood: int = 100_000
+    reply_rounds: int = 3  # (d) and (e): runs of each kind, pooled
 
 
 QUICK = Plan(
@@ -99,6 +101,7 @@ QUICK = Plan(
     replies=(800, 1_000.0),
     healthy=(30, 20.0),
     flood=10_000,
+    reply_rounds=1,
 )
 
 
@@ -257,22 +260,38 @@ def _ratio(loaded: list[float], alone: list[float]) -> str:
     return f"{p50:.2f}x / {p99:.2f}x (target <= 3x)"
 
 
+async def _paired(plan: Plan, base: str, loaded: str) -> tuple[list[float], list[float]]:
+    """Latencies of ``plan.reply_rounds`` runs of each kind, alternating (base, loaded, base…)
+    so a drift in the machine's speed weighs on both alike; pooled, so a p99 rests on a few
+    times more samples than one run gives."""
+    alone: list[float] = []
+    busy: list[float] = []
+    for _ in range(plan.reply_rounds):
+        alone += (await in_fresh_process(base))["latencies"]
+        busy += (await in_fresh_process(loaded))["latencies"]
+    return alone, busy
+
+
 async def replies_rows(plan: Plan) -> None:
     """(d) and (e): wake-to-reply latency."""
+    rounds = f"{plan.reply_rounds} alternating runs of each, pooled"
     sent, rate = plan.replies
-    one = (await in_fresh_process(f"replies-1-{sent}-{rate}-0"))["latencies"]
-    ten = (await in_fresh_process(f"replies-10-{sent}-{rate}-0"))["latencies"]
+    one, ten = await _paired(plan, f"replies-1-{sent}-{rate}-0", f"replies-10-{sent}-{rate}-0")
     seconds = sent / rate
-    print(f"(d) wake-to-reply, agents hearing one channel at {rate:.0f} msg/s for {seconds:.0f} s:")
+    print(
+        f"(d) wake-to-reply, agents hearing one channel at {rate:.0f} msg/s for {seconds:.0f} s "
+        f"({rounds}):"
+    )
     print(f"      1 agent:  {_ms(one)}  ({len(one)} replies)")
     print(f"     10 agents: {_ms(ten)}  ({len(ten)} replies)")
     print(f"     10 agents / 1 agent, p50 / p99: {_ratio(ten, one)}")
     sent, rate = plan.healthy
-    alone = (await in_fresh_process(f"replies-1-{sent}-{rate}-0"))["latencies"]
-    flooded = (await in_fresh_process(f"replies-1-{sent}-{rate}-{plan.flood}"))["latencies"]
+    alone, flooded = await _paired(
+        plan, f"replies-1-{sent}-{rate}-0", f"replies-1-{sent}-{rate}-{plan.flood}"
+    )
     print(
         f"(e) a healthy agent's wake-to-reply ({rate:.0f} msg/s for {sent / rate:.0f} s) while "
-        "another server floods:"
+        f"another server floods ({rounds}):"
     )
     print(f"     alone:               {_ms(alone)}  ({len(alone)} replies)")
     print(f"     with {plan.flood} pushes: {_ms(flooded)}  ({len(flooded)} replies)")

@@ -84,6 +84,35 @@ async def test_wait_below_returns_once_takes_bring_the_queue_under_the_mark(
     await q.wait_below(0)  # closed: never waits
 
 
+async def test_wait_below_ends_when_its_condition_holds_once_nudged(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    """A reader holding back stops waiting as soon as it must read on (an answer it awaits may
+    be behind what it holds back), though nothing was taken."""
+    q: BatchQueue[int] = BatchQueue(cap=10)
+    await q.put_many(list(range(5)))
+    must_read = False
+    passed = trio.Event()
+
+    async def producer() -> None:
+        await q.wait_below(2, unless=lambda: must_read)
+        passed.set()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(producer)
+        await trio.testing.wait_all_tasks_blocked()
+        q.nudge()  # nudged while the condition is false: waits on
+        await trio.testing.wait_all_tasks_blocked()
+        assert not passed.is_set()
+        must_read = True
+        await trio.testing.wait_all_tasks_blocked()
+        assert not passed.is_set()  # a changed condition is only seen when nudged
+        q.nudge()
+        await passed.wait()
+    assert len(q) == 5
+    await q.wait_below(2, unless=lambda: True)  # holds already: at once
+
+
 async def test_close_ends_the_consumer_and_refuses_producers(
     autojump_clock: trio.abc.Clock,
 ) -> None:
