@@ -194,8 +194,6 @@ def body_of(message: Mapping[str, Any]) -> str:
 
 #: What a scripted model says of its context window (it reads only the newest message).
 SCRIPTED_CONTEXT_WINDOW = 200_000
-#: Messages whose body length the model remembers (see ``ScriptedModel._length``).
-MAX_KNOWN_LENGTHS = 4096
 _PIECES = re.compile(r"\s*\S+\s*|\s+")
 
 
@@ -227,26 +225,24 @@ class ScriptedModel:
         self.rules, self.summary = load_script(path)
         #: Whether it can fold its agent's context (it has a ``[summary]`` rule).
         self.can_summarize = self.summary is not None
-        # the body length of messages read before, by identity (each entry holds its message,
-        # so the identity is not reused while it is kept; a turn's context shares the rendered
-        # messages of the turns before); the oldest entry is forgotten past the cap
+        # the body length of each message of the last request, by identity (each entry holds
+        # its message, so the identity is not reused while it is kept; a turn's context shares
+        # the rendered messages of the turns before, so most are found again)
         self._lengths: dict[int, tuple[Mapping[str, Any], int]] = {}
 
     def _usage(self, request: ModelRequest, output: str) -> dict[str, int]:
         """An estimate (a token per four characters read and written), so lifecycle,
         inference answers and the turn's usage carry numbers; no cache is ever used."""
-        seen = len(request.system) + sum(self._length(m) for m in request.messages)
+        known, lengths = self._lengths, {}
+        seen = len(request.system)
+        for m in request.messages:
+            entry = known.get(id(m))
+            if entry is None or entry[0] is not m:
+                entry = (m, len(body_of(m)))
+            lengths[id(m)] = entry
+            seen += entry[1]
+        self._lengths = lengths  # only this request's: what left the context is let go
         return {"input_tokens": seen // 4 + 1, "output_tokens": _tokens(output) if output else 0}
-
-    def _length(self, message: Mapping[str, Any]) -> int:
-        known = self._lengths.get(id(message))
-        if known is not None and known[0] is message:
-            return known[1]
-        length = len(body_of(message))
-        self._lengths[id(message)] = (message, length)
-        if len(self._lengths) > MAX_KNOWN_LENGTHS:
-            del self._lengths[next(iter(self._lengths))]
-        return length
 
     def _summarize(self, request: ModelRequest) -> ModelReply:
         if self.summary is None:

@@ -489,22 +489,17 @@ async def test_usage_counts_what_was_read_however_messages_are_shared(
 ) -> None:
     """Its input estimate is a token per four characters of the system prompt and every
     message's body, whether a message was read on an earlier turn (the same object) or not,
-    and its memory of lengths stays within its cap."""
+    and it remembers lengths only of the last request's messages: what left the context is let
+    go (it once kept 4,096 messages per agent alive, long after they left the context)."""
     import tempfile
-
-    import actors.scripted as scripted
 
     with tempfile.TemporaryDirectory() as folder:
         m = model(Path(folder), "")
     pool = [user(t, header="[source: lobby]") for t in texts]
-    original = scripted.MAX_KNOWN_LENGTHS
-    scripted.MAX_KNOWN_LENGTHS = 5
-    try:
-        for turn in range(3):
-            messages = [pool[i % len(pool)] for i in picks] or pool
-            request = ModelRequest(agent="Ada", system="sys" * turn, messages=messages)
-            read = request.system + "".join(body_of(x) for x in messages)
-            assert m._usage(request, "")["input_tokens"] == len(read) // 4 + 1
-            assert len(m._lengths) <= 5
-    finally:
-        scripted.MAX_KNOWN_LENGTHS = original
+    for turn in range(3):
+        messages = [pool[(i + turn) % len(pool)] for i in picks] or pool
+        request = ModelRequest(agent="Ada", system="sys" * turn, messages=messages)
+        read = request.system + "".join(body_of(x) for x in messages)
+        assert m._usage(request, "")["input_tokens"] == len(read) // 4 + 1
+        held = [entry[0] for entry in m._lengths.values()]
+        assert all(any(h is x for x in messages) for h in held)
