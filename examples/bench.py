@@ -127,10 +127,12 @@ async def measure(kind: str, messages: int) -> dict[str, Any]:
             return await bench_wakes.run_model_latency(work, messages, 1000.0, int(params[0]))
         if name == "replies":
             agents, sent, per_s, flood = params
+            cpu, wall = time.process_time(), time.perf_counter()
             lat = await bench_wakes.run_replies(
                 work, int(agents), int(sent), float(per_s), int(flood)
             )
-            return {"latencies": lat}
+            busy = (time.process_time() - cpu) / (time.perf_counter() - wall)
+            return {"latencies": lat, "busy": busy}
         if name == "agents":
             return await bench_scale.run_agents(work, int(params[0]), messages)
         if name == "channels":
@@ -260,21 +262,39 @@ def _ratio(loaded: list[float], alone: list[float]) -> str:
     return f"{p50:.2f}x / {p99:.2f}x (target <= 3x)"
 
 
-async def _paired(plan: Plan, base: str, loaded: str) -> tuple[list[float], list[float]]:
-    """Latencies of ``plan.reply_rounds`` runs of each kind, alternating (base, loaded, base…)
-    so a drift in the machine's speed weighs on both alike; pooled, so a p99 rests on a few
-    times more samples than one run gives."""
-    alone: list[float] = []
-    busy: list[float] = []
+@attrs.define
+class _Runs:
+    """The pooled latencies of one kind of run, and the host's CPU use in each: the CPU time of
+    the host's process (all its threads) over the run's wall time, so near 100% the host is
+    saturated and latency measures queueing more than work."""
+
+    latencies: list[float] = attrs.field(factory=list)
+    busy: list[float] = attrs.field(factory=list)
+
+    def add(self, result: dict[str, Any]) -> None:
+        self.latencies += result["latencies"]
+        self.busy.append(result["busy"])
+
+    def line(self, unit: str) -> str:
+        cpu = ", ".join(f"{b:.0%}" for b in self.busy)
+        return f"{_ms(self.latencies)}  ({len(self.latencies)} {unit}; host CPU {cpu})"
+
+
+async def _paired(plan: Plan, base: str, loaded: str) -> tuple[_Runs, _Runs]:
+    """``plan.reply_rounds`` runs of each kind, alternating (base, loaded, base…) so a drift
+    in the machine's speed weighs on both alike; pooled, so a p99 rests on a few times more
+    samples than one run gives."""
+    alone, busy = _Runs(), _Runs()
     for _ in range(plan.reply_rounds):
-        alone += (await in_fresh_process(base))["latencies"]
-        busy += (await in_fresh_process(loaded))["latencies"]
+        alone.add(await in_fresh_process(base))
+        busy.add(await in_fresh_process(loaded))
     return alone, busy
 
 
 async def replies_rows(plan: Plan) -> None:
     """(d) and (e): wake-to-reply latency."""
-    rounds = f"{plan.reply_rounds} alternating runs of each, pooled"
+    n = plan.reply_rounds
+    rounds = f"{n} alternating runs of each, pooled" if n > 1 else "one run of each"
     sent, rate = plan.replies
     one, ten = await _paired(plan, f"replies-1-{sent}-{rate}-0", f"replies-10-{sent}-{rate}-0")
     seconds = sent / rate
@@ -282,9 +302,9 @@ async def replies_rows(plan: Plan) -> None:
         f"(d) wake-to-reply, agents hearing one channel at {rate:.0f} msg/s for {seconds:.0f} s "
         f"({rounds}):"
     )
-    print(f"      1 agent:  {_ms(one)}  ({len(one)} replies)")
-    print(f"     10 agents: {_ms(ten)}  ({len(ten)} replies)")
-    print(f"     10 agents / 1 agent, p50 / p99: {_ratio(ten, one)}")
+    print(f"      1 agent:  {one.line('replies')}")
+    print(f"     10 agents: {ten.line('replies')}")
+    print(f"     10 agents / 1 agent, p50 / p99: {_ratio(ten.latencies, one.latencies)}")
     sent, rate = plan.healthy
     alone, flooded = await _paired(
         plan, f"replies-1-{sent}-{rate}-0", f"replies-1-{sent}-{rate}-{plan.flood}"
@@ -293,9 +313,9 @@ async def replies_rows(plan: Plan) -> None:
         f"(e) a healthy agent's wake-to-reply ({rate:.0f} msg/s for {sent / rate:.0f} s) while "
         f"another server floods ({rounds}):"
     )
-    print(f"     alone:               {_ms(alone)}  ({len(alone)} replies)")
-    print(f"     with {plan.flood} pushes: {_ms(flooded)}  ({len(flooded)} replies)")
-    print(f"     flooded / alone, p50 / p99: {_ratio(flooded, alone)}")
+    print(f"     alone:               {alone.line('replies')}")
+    print(f"     with {plan.flood} pushes: {flooded.line('replies')}")
+    print(f"     flooded / alone, p50 / p99: {_ratio(flooded.latencies, alone.latencies)}")
 
 
 async def agent_rows(plan: Plan) -> None:
