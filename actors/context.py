@@ -90,26 +90,24 @@ class HostContext:
         self.renders = SharedRenders()
         self.turns = TurnToken()  # agents' turns take the interpreter one after another
 
+    def _load(self, server_id: str) -> dict[str, Any]:
+        """What :mod:`protocol.fairness` weighs for ``server_id`` now."""
+        return {
+            "server": server_id,
+            "now": trio.current_time(),
+            "last_read": self.last_read,
+            "others_turning": self.others_turning(server_id),
+        }
+
     def contended(self, server_id: str) -> bool:
         """Whether others need the host beside ``server_id`` (see
         :func:`protocol.fairness.contended`)."""
-        return contended(
-            server=server_id,
-            now=trio.current_time(),
-            last_read=self.last_read,
-            others_turning=self.others_turning(server_id),
-        )
+        return contended(**self._load(server_id))
 
     def ingest_slice(self, server_id: str, full: int) -> int:
         """``server_id``'s share of the host per scheduling step (see
         :func:`protocol.fairness.ingest_slice`)."""
-        return ingest_slice(
-            full=full,
-            server=server_id,
-            now=trio.current_time(),
-            last_read=self.last_read,
-            others_turning=self.others_turning(server_id),
-        )
+        return ingest_slice(full=full, **self._load(server_id))
 
     def others_turning(self, server_id: str) -> bool:
         """Whether an agent that does not hear ``server_id`` is in a turn now."""

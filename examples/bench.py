@@ -284,11 +284,11 @@ async def _paired(plan: Plan, base: str, loaded: str) -> tuple[_Runs, _Runs]:
     """``plan.reply_rounds`` runs of each kind, alternating (base, loaded, base…) so a drift
     in the machine's speed weighs on both alike; pooled, so a p99 rests on a few times more
     samples than one run gives."""
-    alone, busy = _Runs(), _Runs()
+    base_runs, loaded_runs = _Runs(), _Runs()
     for _ in range(plan.reply_rounds):
-        alone.add(await in_fresh_process(base))
-        busy.add(await in_fresh_process(loaded))
-    return alone, busy
+        base_runs.add(await in_fresh_process(base))
+        loaded_runs.add(await in_fresh_process(loaded))
+    return base_runs, loaded_runs
 
 
 async def replies_rows(plan: Plan) -> None:
