@@ -1,9 +1,10 @@
 """How :mod:`examples.lobby_server` answers some host requests, switched by control commands
 (:mod:`examples.lobby_steering`): ``open_mode`` (``channels/open`` answered or never),
 ``fsu_mode`` (``featureSets/update`` answered, refused with -32601, or never answered) and
-``manifest`` (a new manifest served from now on, announced with ``mcpl/manifestChanged``) and
-``publish_echo_thread`` (how a publish result echoes its ``threadId``, acknowledged with a
-``publish_echo_thread`` event; :mod:`examples.lobby_places`).
+``manifest`` (a new manifest served from now on, announced with ``mcpl/manifestChanged``),
+``manifest_answers`` (``held``: answers to ``mcpl/manifest`` wait until the mode is ``at-once``
+again) and ``publish_echo_thread`` (how a publish result echoes its ``threadId``, acknowledged
+with a ``publish_echo_thread`` event; :mod:`examples.lobby_places`).
 
 Each mode is an answer override (:meth:`actors.serverkit.MCPLServer.answer_for`) that falls
 back to the override the lobby had before (its command-line fault mode) or to the toolkit.
@@ -16,6 +17,8 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+import trio
+
 from actors.serverkit import NO_ANSWER, HostRequest, MCPLServer
 from examples.lobby_options import LobbyOptions
 from examples.lobby_places import Places, open_by_address
@@ -23,6 +26,7 @@ from examples.lobby_words import OPEN_MODES, dumps
 from protocol.errors import METHOD_NOT_FOUND, RpcError
 
 FSU_MODES = ("request", "notification-only", "never")
+MANIFEST_ANSWER_MODES = ("held", "at-once")
 #: what a changed manifest announces as its revision: a placeholder no host may trust
 PLACEHOLDER_REVISION = "sha256:" + "A" * 43
 
@@ -50,6 +54,7 @@ class KitModes:
         self.open_mode = options.open_mode
         self.fsu_mode: str | None = None  # None: as the command line (or the toolkit) says
         self.manifest: dict[str, Any] | None = None
+        self.manifest_gate: trio.Event | None = None  # set: held answers go out
         before = dict(server.answer_overrides)
         # the open mode starts as the command line's, so it replaces that override
         opener = functools.partial(open_by_address, server)
@@ -83,6 +88,8 @@ class KitModes:
 
         async def answer(request: HostRequest) -> Any:
             result = mine(request)
+            if hasattr(result, "__await__"):
+                result = await result
             if result is not None:
                 return result
             if previous is not None:
@@ -116,6 +123,13 @@ class KitModes:
         return None
 
     def _manifest(self, request: HostRequest) -> Any:
+        if self.manifest_gate is None:
+            return self.manifest
+        return self._held_manifest(self.manifest_gate)
+
+    async def _held_manifest(self, gate: trio.Event) -> Any:
+        _log("holding the answer to mcpl/manifest (manifest answers held)")
+        await gate.wait()
         return self.manifest
 
     # -- the commands ------------------------------------------------------------------------
@@ -138,6 +152,17 @@ class KitModes:
             raise ValueError(f"mode must be one of {FSU_MODES}")
         self.fsu_mode = mode
         _log(f"featureSets/update mode: {mode}")
+
+    def manifest_answers_command(self, cmd: dict[str, Any]) -> None:
+        mode = cmd["mode"]
+        if mode not in MANIFEST_ANSWER_MODES:
+            raise ValueError(f"mode must be one of {MANIFEST_ANSWER_MODES}")
+        if mode == "held":
+            self.manifest_gate = self.manifest_gate or trio.Event()
+        elif self.manifest_gate is not None:
+            self.manifest_gate.set()  # the held answers go out
+            self.manifest_gate = None
+        _log(f"mcpl/manifest answers: {mode}")
 
     def manifest_command(self, cmd: dict[str, Any]) -> None:
         manifest, domains = cmd["manifest"], cmd.get("domains", ["capabilities"])

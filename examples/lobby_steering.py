@@ -16,7 +16,7 @@ as events and takes commands that make it send things, so that a host's tests ca
   result lists the channels the host accepted.
 * commands: ``ping``, ``crash``, ``hang`` (stdio: no more reading or writing), those of
   :mod:`examples.lobby_commands` (what the lobby sends), :mod:`examples.lobby_modes`
-  (``open_mode``, ``fsu_mode``, ``manifest``, ``publish_echo_thread``),
+  (``open_mode``, ``fsu_mode``, ``manifest``, ``manifest_answers``, ``publish_echo_thread``),
   :mod:`examples.lobby_answers` (``hook``, ``render_mode``) and
   :mod:`examples.lobby_notes` (``rollback_mode``). What they send goes out in the order the
   commands came.

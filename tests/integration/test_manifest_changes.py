@@ -30,6 +30,10 @@ def update_received(e) -> bool:
     return e["event"] == "received" and e["message"].get("method") == "featureSets/update"
 
 
+def fetch_received(e) -> bool:
+    return e["event"] == "received" and e["message"].get("method") == "mcpl/manifest"
+
+
 def lobby_manifest(**extra):
     return {"version": "0.5", "channels": dict(CHANNELS), "featureSets": dict(CHAT), **extra}
 
@@ -110,18 +114,27 @@ async def test_a_partly_invalid_manifest_still_applies_its_removals(tmp_path: Pa
             assert degraded == {"lobby.chat", "lobby.events"}
 
 
-async def test_a_burst_of_announcements_is_coalesced(tmp_path: Path) -> None:
+async def test_a_burst_during_a_fetch_is_coalesced_into_one_more(tmp_path: Path) -> None:
     with trio.fail_after(60):
         async with running_lobby(tmp_path, {"Ada": ""}) as lob:
+            lob.ctl.send({"cmd": "manifest_answers", "mode": "held"})  # fetch 1 stays in flight
             for _ in range(20):
                 lob.ctl.send({"cmd": "manifest", "manifest": lobby_manifest(pushEvents=True)})
-            await wait_trace(lob.stream, lambda e: e.kind == "manifest-changed", "a receipt")
+            # the host reads in order: once it answers this, it has read all 20 announcements
+            lob.ctl.send({"cmd": "model_info"})
+            await lob.ctl.wait_for(
+                lambda e: e["event"] == "response" and e["method"] == "model/info", "model/info"
+            )
+            await lob.ctl.wait_for(fetch_received, "the first fetch")
+            assert len(received(lob.ctl, "mcpl/manifest")) == 1  # the others wait for it
+            mark = lob.ctl.mark()
+            lob.ctl.send({"cmd": "manifest_answers", "mode": "at-once"})
+            await lob.ctl.wait_for(fetch_received, "the second fetch", since=mark)
             await lob.host.run_until_idle()
             mark = lob.ctl.mark()
-            lob.ctl.send({"cmd": "ping", "id": "sync"})  # everything sent before it was read
+            lob.ctl.send({"cmd": "ping", "id": "sync"})  # what the lobby saw before it is recorded
             await lob.ctl.wait_for(lambda e: e["event"] == "pong", "pong", since=mark)
-            await lob.host.run_until_idle()
-            assert 1 <= len(received(lob.ctl, "mcpl/manifest")) <= 2
+            assert len(received(lob.ctl, "mcpl/manifest")) == 2
 
 
 async def test_spaced_announcements_beyond_the_rate_limit_are_dropped(tmp_path: Path) -> None:
