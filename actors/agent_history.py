@@ -73,7 +73,8 @@ async def store_message(
 ) -> dict[str, Any]:
     """Append one message to the agent's history; the stored message once it is durable."""
     record = new_record(agent, role, blocks, **meta)
-    await ctx.store.write(Append(records=(record,)))
+    async with ctx.turns.away():  # the commit is the writer's work: another turn may run
+        await ctx.store.write(Append(records=(record,)))
     return {
         "id": record.id,
         "agent": record.agent,

@@ -14,9 +14,13 @@ parts: it lets every other task run (trio runs nothing else until a task yields)
 another turn waits for the token and this one has held it for ``SHARE_AFTER_S``, it hands the
 token over and queues for it again, so a short turn never waits out a long one.
 
-The token is fair (first come, first served) and never a stall: a turn that has waited
-``MAX_WAIT_S`` for it goes on without it, so a turn stuck while holding it delays the others
-by at most that much, and a host under more load than turns can share still runs every turn.
+A turn coming back from a wait (:meth:`TurnToken.away`) is served before turns that have not
+started: it has already done part of its work, and finishing the turns in hand first brings
+every answer sooner than starting them all and ending them together. Among each kind the token
+is first come, first served. It is never a stall: a turn that has waited ``MAX_WAIT_S`` for it
+goes on without it, so a turn stuck while holding it delays the others by at most that much,
+and a host under more load than turns can share still runs every turn (a new turn behind
+returning ones waits at most that long too).
 """
 
 from __future__ import annotations
@@ -46,22 +50,41 @@ class TurnToken:
         self.max_wait = max_wait
         self.share_after = share_after
         self.turn_share_after = turn_share_after
-        self._lock = trio.Lock()  # FIFO: the first turn to ask is the first served
+        self._owner: trio.lowlevel.Task | None = None
+        self._back = trio.lowlevel.ParkingLot()  # turns coming back from a wait: served first
+        self._new = trio.lowlevel.ParkingLot()  # turns starting or sharing, first come first
         self._since = 0.0  # when the holder took the token
         self.gave_up = 0  # how many waits ended without the token (went on without it)
         self.shared = 0  # how many times a holder handed the token to a waiting turn
 
     def held(self) -> bool:
         """Whether the current task holds the token."""
-        return self._lock.locked() and self._lock.statistics().owner is trio.lowlevel.current_task()
+        return self._owner is not None and self._owner is trio.lowlevel.current_task()
 
-    async def _take(self) -> bool:
+    def waiting(self) -> int:
+        """How many turns wait for the token."""
+        return len(self._back) + len(self._new)
+
+    async def _take(self, *, back: bool = False) -> bool:
+        task = trio.lowlevel.current_task()
+        if self._owner is None and not self.waiting():
+            self._owner, self._since = task, trio.current_time()
+            await trio.lowlevel.cancel_shielded_checkpoint()
+            return True
         with trio.move_on_after(self.max_wait):
-            await self._lock.acquire()
+            await (self._back if back else self._new).park()
+            # the releasing turn handed the token to this one
             self._since = trio.current_time()
             return True
         self.gave_up += 1
         return False
+
+    def _release(self) -> None:
+        for lot in (self._back, self._new):
+            if lot:
+                (self._owner,) = lot.unpark()
+                return
+        self._owner = None
 
     @asynccontextmanager
     async def turn(self) -> AsyncIterator[None]:
@@ -71,7 +94,7 @@ class TurnToken:
             yield
         finally:
             if self.held():
-                self._lock.release()
+                self._release()
 
     async def share(self, *, whole_turn: bool = False) -> None:
         """A point between parts of a turn's work: every other task runs before this returns,
@@ -80,11 +103,10 @@ class TurnToken:
         ``whole_turn``). Never cancelled here (work between two shares stays whole): it returns
         within ``max_wait``."""
         with trio.CancelScope(shield=True):
-            waiting = self._lock.statistics().tasks_waiting
             after = self.turn_share_after if whole_turn else self.share_after
-            if self.held() and waiting and trio.current_time() - self._since >= after:
+            if self.held() and self.waiting() and trio.current_time() - self._since >= after:
                 self.shared += 1
-                self._lock.release()  # the first waiter has it now; this turn queues again
+                self._release()  # the first waiter has it now; this turn queues again
                 await self._take()
             else:
                 await trio.lowlevel.cancel_shielded_checkpoint()
@@ -96,6 +118,6 @@ class TurnToken:
         if not self.held():
             yield
             return
-        self._lock.release()
+        self._release()
         yield  # an error or a cancellation leaves without the token
-        await self._take()
+        await self._take(back=True)

@@ -1,7 +1,10 @@
-"""``actors.turn_token.TurnToken``: first come, first served; let go while away; never a stall
-(a waiter gives up after ``max_wait`` and goes on). MockClock, no real time."""
+"""``actors.turn_token.TurnToken``: first come, first served, except that a turn coming back
+from a wait goes before turns not yet started; let go while away; never a stall (a waiter gives
+up after ``max_wait`` and goes on). MockClock, no real time."""
 
 from __future__ import annotations
+
+from typing import Any
 
 import pytest
 import trio
@@ -28,6 +31,40 @@ async def test_turns_are_served_in_the_order_they_asked(
             await trio.testing.wait_all_tasks_blocked()
     assert order == ["a in", "a out", "b in", "b out", "c in", "c out"]
     assert token.gave_up == 0
+
+
+async def test_a_turn_back_from_a_wait_goes_before_turns_that_asked_earlier(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    token = TurnToken(max_wait=60)
+    order: list[str] = []
+    committed = trio.Event()
+
+    async def storing(name: str) -> None:
+        async with token.turn():
+            async with token.away():  # e.g. its reply waiting for the store's commit
+                await committed.wait()
+            order.append(f"{name} back")
+
+    async def holder(name: str) -> None:
+        async with token.turn():
+            order.append(f"{name} in")
+            await trio.sleep(1.0)  # holds the token while the others queue
+            committed.set()  # the stored turn queues now, after "new" asked
+            await trio.testing.wait_all_tasks_blocked()
+
+    async def new(name: str) -> None:
+        async with token.turn():
+            order.append(f"{name} in")
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(storing, "a")
+        await trio.testing.wait_all_tasks_blocked()  # a is away
+        nursery.start_soon(holder, "b")
+        await trio.testing.wait_all_tasks_blocked()
+        nursery.start_soon(new, "c")  # asks before a comes back
+    assert order == ["b in", "a back", "c in"]
+    assert token.gave_up == 0 and token.waiting() == 0
 
 
 async def test_away_lets_the_others_in_and_takes_the_token_back_after(
@@ -207,3 +244,42 @@ async def test_a_share_between_whole_parts_of_a_turn_waits_longer(
         await trio.testing.wait_all_tasks_blocked()
         nursery.start_soon(other)
     assert order == ["kept before the model", "other", "back after the other"]
+
+
+async def test_a_stored_message_waits_for_its_commit_without_the_token(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    from types import SimpleNamespace
+
+    from actors.agent_history import store_message
+
+    committed = trio.Event()
+    written: list[Any] = []
+
+    class SlowStore:
+        async def write(self, op: Any) -> None:
+            written.append(op)
+            await committed.wait()  # the writer thread's commit
+
+    token = TurnToken(max_wait=60)
+    ctx = SimpleNamespace(store=SlowStore(), turns=token)
+    order: list[str] = []
+
+    async def replying() -> None:
+        async with token.turn():
+            said = await store_message(ctx, "Ada", "assistant", [{"type": "text", "text": "hi"}])
+            assert token.held()  # taken back once the commit is done
+            order.append(f"stored {said['blocks'][0]['text']}")
+
+    async def other() -> None:
+        async with token.turn():
+            order.append("other turn")
+            committed.set()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(replying)
+        await trio.testing.wait_all_tasks_blocked()
+        nursery.start_soon(other)
+    assert order == ["other turn", "stored hi"]
+    assert token.gave_up == 0  # the other turn had the token, it did not go on without it
+    assert len(written) == 1
