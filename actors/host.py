@@ -33,6 +33,7 @@ from .context import HostContext
 from .datadir import DataDirLock
 from .errors import ConfigError
 from .inference import InferenceRouter
+from .interpreter import short_switch_interval
 from .kernel import Work
 from .messages import Reconnect
 from .models import Model
@@ -75,10 +76,11 @@ class Host:
         lock = DataDirLock(cfg.data_dir)
         lock.acquire()  # one running host per data_dir; DataDirBusy names the holder
         try:
-            async with cls._opened(cfg, models, status_file) as host:
-                if isinstance(config, str | os.PathLike):
-                    host._source = config
-                yield host
+            with short_switch_interval():
+                async with cls._opened(cfg, models, status_file) as host:
+                    if isinstance(config, str | os.PathLike):
+                        host._source = config
+                    yield host
         finally:
             lock.release()
 
