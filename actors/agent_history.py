@@ -73,8 +73,7 @@ async def store_message(
 ) -> dict[str, Any]:
     """Append one message to the agent's history; the stored message once it is durable."""
     record = new_record(agent, role, blocks, **meta)
-    async with ctx.turns.away():  # the commit is the writer's work: another turn may run
-        await ctx.store.write(Append(records=(record,)))
+    await ctx.store.write(Append(records=(record,)))
     return {
         "id": record.id,
         "agent": record.agent,
@@ -82,6 +81,17 @@ async def store_message(
         "blocks": list(blocks),
         "metadata": meta,
     }
+
+
+async def store_said(
+    ctx: HostContext, agent: str, role: str, blocks: Sequence[Mapping[str, Any]], **meta: Any
+) -> dict[str, Any]:
+    """:func:`store_message` for what a turn said or got back (its reply, its tools' results):
+    the turn lets the turn token go while the commit is awaited, so the replies of turns in
+    hand commit together instead of one after another, and takes it back before turns that
+    have not started (:class:`actors.turn_token.TurnToken`)."""
+    async with ctx.turns.away():
+        return await store_message(ctx, agent, role, blocks, **meta)
 
 
 def read_history(

@@ -34,7 +34,13 @@ import trio
 from protocol.coalesce import inference_needed
 from protocol.gate import Drained
 
-from .agent_history import ContextReader, place_injections, render_for_model, store_message
+from .agent_history import (
+    ContextReader,
+    place_injections,
+    render_for_model,
+    store_message,
+    store_said,
+)
 from .calls import notify
 from .coalescer import RENDER_TIMEOUT_S, BeginAssembly, RenderWait, render
 from .config import AgentConfig
@@ -294,7 +300,7 @@ class Turn:
             self.usage += used
             if not reply.blocks:
                 break
-            said = await store_message(
+            said = await store_said(
                 self.ctx,
                 self.agent,
                 "assistant",
@@ -365,7 +371,7 @@ class Turn:
                 }
             )
         meta = {"checkpoints": checkpoints} if checkpoints else {}
-        stored = await store_message(self.ctx, self.agent, "tool", results, **meta)
+        stored = await store_said(self.ctx, self.agent, "tool", results, **meta)
         if checkpoints:
             await record_checkpoints(self.ctx, checkpoints)
         return stored

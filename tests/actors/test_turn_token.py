@@ -246,12 +246,12 @@ async def test_a_share_between_whole_parts_of_a_turn_waits_longer(
     assert order == ["kept before the model", "other", "back after the other"]
 
 
-async def test_a_stored_message_waits_for_its_commit_without_the_token(
+async def test_a_turns_reply_waits_for_its_commit_without_the_token(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     from types import SimpleNamespace
 
-    from actors.agent_history import store_message
+    from actors.agent_history import store_said
 
     committed = trio.Event()
     written: list[Any] = []
@@ -267,7 +267,7 @@ async def test_a_stored_message_waits_for_its_commit_without_the_token(
 
     async def replying() -> None:
         async with token.turn():
-            said = await store_message(ctx, "Ada", "assistant", [{"type": "text", "text": "hi"}])
+            said = await store_said(ctx, "Ada", "assistant", [{"type": "text", "text": "hi"}])
             assert token.held()  # taken back once the commit is done
             order.append(f"stored {said['blocks'][0]['text']}")
 
