@@ -59,7 +59,7 @@ class TurnToken:
 
     def held(self) -> bool:
         """Whether the current task holds the token."""
-        return self._owner is not None and self._owner is trio.lowlevel.current_task()
+        return self._owner is trio.lowlevel.current_task()
 
     def waiting(self) -> int:
         """How many turns wait for the token."""

@@ -20,6 +20,7 @@ from typing import Any
 import trio
 
 from actors.serverkit import NO_ANSWER, HostRequest, MCPLServer
+from actors.serverkit_host import maybe_await
 from examples.lobby_options import LobbyOptions
 from examples.lobby_places import Places, open_by_address
 from examples.lobby_words import OPEN_MODES, dumps
@@ -87,14 +88,11 @@ class KitModes:
         """``mine``, which returns None to leave the answer to ``previous`` or the toolkit."""
 
         async def answer(request: HostRequest) -> Any:
-            result = mine(request)
-            if hasattr(result, "__await__"):
-                result = await result
+            result = await maybe_await(mine(request))
             if result is not None:
                 return result
             if previous is not None:
-                result = previous(request)
-                return await result if hasattr(result, "__await__") else result
+                return await maybe_await(previous(request))
             if request.default is not None:
                 return request.default
             link = self.server.link

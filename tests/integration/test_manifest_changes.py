@@ -26,12 +26,13 @@ CHAT = {
 CHANNELS = {"register": True, "publish": True, "incoming": True, "lifecycle": True}
 
 
-def update_received(e) -> bool:
-    return e["event"] == "received" and e["message"].get("method") == "featureSets/update"
+def receiving(method: str):
+    """A control-event test: the lobby received a message of ``method`` from the host."""
+    return lambda e: e["event"] == "received" and e["message"].get("method") == method
 
 
-def fetch_received(e) -> bool:
-    return e["event"] == "received" and e["message"].get("method") == "mcpl/manifest"
+update_received = receiving("featureSets/update")
+fetch_received = receiving("mcpl/manifest")
 
 
 def lobby_manifest(**extra):
@@ -44,13 +45,7 @@ async def test_a_dropped_capability_is_revoked_before_the_receipt(tmp_path: Path
             lob.ctl.send({"cmd": "fsu_mode", "mode": "never"})  # the next receipt never comes
             mark = lob.ctl.mark()
             lob.ctl.send({"cmd": "manifest", "manifest": lobby_manifest()})  # pushEvents gone
-            update = await lob.ctl.wait_for(
-                lambda e: (
-                    e["event"] == "received" and e["message"].get("method") == "featureSets/update"
-                ),
-                "the update after the change",
-                since=mark,
-            )
+            update = await lob.ctl.wait_for(update_received, "the update after it", since=mark)
             assert "pushEvents" not in update["message"]["params"]["effectiveCapabilities"]
             # no receipt has arrived, yet the revocation is already in force
             lob.ctl.send({"cmd": "push", "eventId": "late", "text": "after the change"})
