@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 from protocol.authors import author_line, guard_body_start, shown_author, stored_author
 from protocol.folds import FoldingTail, covered_ends, is_summary, render_summary
 from store import Append, CorruptRecord, MessageRecord, Reader
+from store.items import WrittenRow
 
 from .channel_envelope import new_id
 from .coalescer import Assembled, is_hidden_marker
@@ -219,6 +220,20 @@ def render_for_model(message: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
+class _NotPlain(Exception):
+    """A fresh row whose message needs more than rendering (:func:`_plain`)."""
+
+
+def _plain(message: Mapping[str, Any]) -> bool:
+    """Whether a stored message is in context as it is rendered: not a rollback marker, a
+    summary or a hidden marker (:meth:`ContextReader.read` reads those in full), nor a coalesced
+    item (the coalescer says whether it is still shown)."""
+    meta = message.get("metadata")
+    if isinstance(meta, Mapping) and isinstance(meta.get("occurrence"), str):
+        return False
+    return not (is_rollback(message) or is_hidden_marker(message) or is_summary(message))
+
+
 def _rendered(message: Mapping[str, Any]) -> dict[str, Any]:
     """:func:`render_for_model` with its token estimate under ``tokens``."""
     out = render_for_model(message)
@@ -311,13 +326,25 @@ class ContextReader:
         whole units first, and what is trimmed is folded into a summary when the reader has a
         folder."""
         rebuild = self._seen_seq == 0
+        taken = self.ctx.store.feeds.take_rows(self.agent, self._seen_seq)
+        if taken is not None and not rebuild:
+            try:  # the common case: rows of recent commits that only need rendering
+                rendered = await self._in_slices(taken[0], self._render_row)
+            except _NotPlain:
+                pass  # read in full below
+            except CorruptRecord:
+                self.ctx.store.feeds.forget(self.agent)
+                taken = None  # read from the store below, which reports it and reads on
+            else:
+                self._seen_seq = taken[1]
+                return await self._extended(rendered)
         if rebuild and self.folder is not None:
             summaries = await self.ctx.store.read(
                 _read_summaries, self.ctx.store.reader, self.agent, self._tail.summary_cap
             )
         else:
             summaries = []
-        fresh, seen = await self._fresh()
+        fresh, seen = await self._fresh(taken)
         if any(is_rollback(m) for m in fresh) and self._seen_seq:
             # Something already in the tail was set aside: rebuild from the store.
             self._tail, self._seen_seq = self._new_tail(), 0
@@ -343,7 +370,12 @@ class ContextReader:
                 Assembled(context=self.agent, occurrences=occurrences), timeout=60
             )
             live = [m for m in live if m["metadata"].get("occurrence") not in hidden]
-        span = self._tail.extend(await self._in_slices(live, self._render))
+        return await self._extended(await self._in_slices(live, self._render))
+
+    async def _extended(self, shown: list[dict[str, Any]]) -> list[Mapping[str, Any]]:
+        """The context once ``shown`` (rendered, oldest first) is added to the kept tail, what
+        that trims off folded when there is a folder."""
+        span = self._tail.extend(shown)
         if span and self.folder is not None:
             await self._fold(span)
         return self._tail.messages()
@@ -364,6 +396,14 @@ class ContextReader:
     def _render(self, message: Mapping[str, Any]) -> dict[str, Any]:
         shown = self.renders.render(message, _rendered)
         shown["id"] = message["id"]
+        return shown
+
+    def _render_row(self, row: WrittenRow) -> dict[str, Any]:
+        """A fresh row rendered; :class:`_NotPlain` when its message needs more (see
+        :func:`_plain`)."""
+        shown = self.renders.render_row(row, self.ctx.store.feeds.decode, _plain, _rendered)
+        if shown is None:
+            raise _NotPlain
         return shown
 
     async def _fold(self, span: list[Mapping[str, Any]]) -> None:
@@ -400,8 +440,12 @@ class ContextReader:
             shown = render_summary(merged)
             self._tail.add_front(shown, estimate_tokens(shown))
 
-    async def _fresh(self) -> tuple[list[dict[str, Any]], int]:
-        """What was stored since the last read, oldest first, and the newest seq among it.
+    async def _fresh(
+        self, taken: tuple[list[WrittenRow], int] | None
+    ) -> tuple[list[dict[str, Any]], int]:
+        """What was stored since the last read, oldest first, and the newest seq among it:
+        the rows ``taken`` from the fresh feed when there are (decoded here), else read from
+        the store.
 
         Pages are read newest first and reading stops once the live messages read fill the
         budget from the start of a unit (older messages could only be trimmed away, as a whole
@@ -410,7 +454,6 @@ class ContextReader:
         ``budget // MIN_MESSAGE_TOKENS + 1`` messages (no message costs less, so older ones
         could never fit)."""
         store = self.ctx.store
-        taken = store.feeds.take_rows(self.agent, self._seen_seq)
         if taken is not None:  # the rows of recent commits: no trip to the reading thread
             rows, newest = taken
             try:

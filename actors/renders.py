@@ -7,7 +7,12 @@ identity of the objects it was made from. An entry holds those objects, so the i
 found by cannot be given to another object while the entry is kept. A message decoded on its own
 finds nothing and is rendered as usual.
 
-Bound: at most ``cap`` renderings (the oldest dropped first).
+The rows of recent commits (:mod:`actors.fresh_feed`) are rendered through :meth:`SharedRenders.
+render_row`, kept under the identity of the row's body: the copies of one item share that
+bytes object, so an agent's turn gets each of them with one look-up, its decoding and rendering
+done once for every agent. It keeps only what every reader shows as it is (see ``plain``).
+
+Bound: at most ``cap`` renderings and ``cap`` rendered rows (the oldest dropped first).
 """
 
 from __future__ import annotations
@@ -15,10 +20,14 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from store.items import WrittenRow
+
 #: Renderings kept; at 1,000 messages a second this covers the last two seconds.
 SHARED_RENDERS = 2048
 
 Render = Callable[[Mapping[str, Any]], dict[str, Any]]
+Decode = Callable[[WrittenRow], dict[str, Any]]
+Plain = Callable[[Mapping[str, Any]], bool]
 
 
 class SharedRenders:
@@ -27,9 +36,11 @@ class SharedRenders:
             raise ValueError("cap must be at least 1")
         self.cap = cap
         self._kept: dict[tuple[int, int, str], tuple[Any, Any, dict[str, Any]]] = {}
+        # by the identity of a row's body: (body, role, rendering or None when not plain)
+        self._rows: dict[int, tuple[bytes, str, dict[str, Any] | None]] = {}
 
     def __len__(self) -> int:
-        return len(self._kept)
+        return len(self._kept) + len(self._rows)
 
     def render(self, message: Mapping[str, Any], make: Render) -> dict[str, Any]:
         """``make(message)``, made once for the role, blocks and metadata objects of
@@ -43,3 +54,22 @@ class SharedRenders:
                 del self._kept[next(iter(self._kept))]
             kept = self._kept[key] = (blocks, metadata, make(message))
         return dict(kept[2])
+
+    def render_row(
+        self, row: WrittenRow, decode: Decode, plain: Plain, make: Render
+    ) -> dict[str, Any] | None:
+        """``make`` of the message of ``row`` (from ``decode``) under the row's own id, made
+        once for the row's body and role; ``None`` when ``plain`` says the message needs more
+        than rendering (the caller then reads it in full). ``decode``'s errors pass through."""
+        _seq, message_id, _agent, role, body = row
+        kept = self._rows.get(id(body))
+        if kept is None or kept[0] is not body or kept[1] != role:
+            message = decode(row)
+            if len(self._rows) >= self.cap:
+                del self._rows[next(iter(self._rows))]
+            kept = self._rows[id(body)] = (body, role, make(message) if plain(message) else None)
+        if kept[2] is None:
+            return None
+        shown = dict(kept[2])
+        shown["id"] = message_id
+        return shown

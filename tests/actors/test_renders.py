@@ -89,3 +89,66 @@ def test_at_the_cap_the_oldest_rendering_goes() -> None:
         renders.render(m, make)
     assert calls == ["a", "b", "c", "a"]
     assert len(renders) == 2
+
+
+# -- rows of recent commits ------------------------------------------------------------------
+
+
+def row_of(seq: int, agent: str, role: str, body: bytes) -> tuple[int, str, str, str, bytes]:
+    return (seq, f"m{seq}", agent, role, body)
+
+
+@given(
+    picks=st.lists(
+        st.tuples(st.integers(0, 4), st.sampled_from(["Ada", "Bo"]), st.booleans()), max_size=40
+    ),
+    cap=st.integers(1, 6),
+)
+def test_a_rendered_row_is_what_rendering_its_message_gives(
+    picks: list[tuple[int, str, bool]], cap: int
+) -> None:
+    bodies = [f"text {i}".encode() for i in range(5)]  # body 0 is not plain
+    renders = SharedRenders(cap)
+    decoded: list[bytes] = []
+
+    def decode(row: tuple[int, str, str, str, bytes]) -> dict[str, Any]:
+        decoded.append(row[4])
+        return {**item(row[4].decode(), row[3]), "id": row[1], "agent": row[2]}
+
+    def plain(m: Mapping[str, Any]) -> bool:
+        return m["blocks"][0]["text"] != "text 0"
+
+    for seq, (index, agent, encoded_alone) in enumerate(picks):
+        body = bytes(bytearray(bodies[index])) if encoded_alone else bodies[index]
+        row = row_of(seq, agent, "user", body)
+        out = renders.render_row(row, decode, plain, render_for_model)
+        if index == 0:
+            assert out is None
+            continue
+        assert out == {**render_for_model(decode(row)), "id": f"m{seq}"}
+        assert len(renders) <= cap
+
+
+def test_the_copies_of_one_row_are_decoded_and_rendered_once() -> None:
+    renders = SharedRenders()
+    body = b"hello"
+    decoded: list[str] = []
+    made: list[str] = []
+
+    def decode(row: tuple[int, str, str, str, bytes]) -> dict[str, Any]:
+        decoded.append(row[2])
+        return {**item(row[4].decode()), "id": row[1], "agent": row[2]}
+
+    def make(m: Mapping[str, Any]) -> dict[str, Any]:
+        made.append(m["agent"])
+        return render_for_model(m)
+
+    shown = [
+        renders.render_row(row_of(n, agent, "user", body), decode, lambda _m: True, make)
+        for n, agent in enumerate(["Ada", "Bo", "Cy"])
+    ]
+    assert decoded == made == ["Ada"]
+    assert [s["id"] for s in shown if s is not None] == ["m0", "m1", "m2"]
+    assert shown[1] is not shown[2] and shown[1] is not None and "agent" not in shown[1]
+    renders.render_row(row_of(3, "Ada", "assistant", body), decode, lambda _m: True, make)
+    assert made == ["Ada", "Ada"]  # another role is another message
