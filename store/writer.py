@@ -33,6 +33,7 @@ from store.errors import StoreClosed, StoreError, StoreFull
 from store.items import WrittenRow
 from store.records import Append, Op, Outcome, PutState, TrimJournal
 from store.sqlite import Database
+from store.writer_process import DatabaseProcess
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +84,7 @@ class GroupCommitWriter:
         max_queue: int = 4096,
         max_batch: int = 512,
         bulk_gap: float = BULK_GAP_S,
+        process: bool = True,
     ) -> None:
         if max_queue < 1 or max_batch < 1:
             raise ValueError("max_queue and max_batch must be at least 1")
@@ -90,6 +92,8 @@ class GroupCommitWriter:
         self.max_queue = max_queue
         self.max_batch = max_batch
         self.bulk_gap = bulk_gap
+        #: Whether the write connection lives in a child process (:mod:`store.writer_process`).
+        self.process = process
         self._cond = threading.Condition()
         self._queue: deque[tuple[Op, Done]] = deque()
         self._bulk: deque[bool] = deque()  # beside each queued op: whether it is bulk
@@ -100,6 +104,7 @@ class GroupCommitWriter:
         self._ops = 0
         self._batches = 0
         self._largest = 0
+        self._database: Database | DatabaseProcess | None = None
         #: Told of the message rows of each commit (set before :meth:`start`).
         self.on_commit: CommitObserver | None = None
 
@@ -120,12 +125,25 @@ class GroupCommitWriter:
             self._launch_locked()
 
     def _launch_locked(self) -> None:
-        database = Database(self.path)
+        """Start the thread, which opens the database (a child process is tied to the thread
+        that starts it), and wait for it to be open; raises what stopped it."""
+        opened: list[Database | DatabaseProcess | StoreError] = []
+        ready = threading.Event()
         thread = threading.Thread(
-            target=self._run, args=(database,), name="mcplive-store-writer", daemon=True
+            target=self._run, args=(opened, ready), name="mcplive-store-writer", daemon=True
         )
-        self._thread = thread
         thread.start()
+        ready.wait()
+        first = opened[0] if opened else StoreError("writer could not start")
+        if isinstance(first, StoreError):
+            thread.join()
+            raise first
+        self._thread = thread
+
+    def _open(self) -> Database | DatabaseProcess:
+        if self.process:
+            return DatabaseProcess(self.path)
+        return Database(self.path)
 
     def submit(self, op: Op, done: Done) -> None:
         """Queue ``op``; ``done(outcome)`` is called once it is committed (or has failed).
@@ -196,6 +214,12 @@ class GroupCommitWriter:
         thread.join(timeout)
         return not thread.is_alive()
 
+    @property
+    def store_pid(self) -> int | None:
+        """The process id of the child that holds the write connection, if there is one."""
+        database = self._database
+        return database.pid if isinstance(database, DatabaseProcess) else None
+
     def stats(self) -> WriterStats:
         with self._cond:
             return WriterStats(ops=self._ops, batches=self._batches, largest_batch=self._largest)
@@ -225,7 +249,20 @@ class GroupCommitWriter:
                     self._prompt -= 1
             return [self._queue.popleft() for _ in range(count)]
 
-    def _run(self, database: Database) -> None:
+    def _run(
+        self, opened: list[Database | DatabaseProcess | StoreError], ready: threading.Event
+    ) -> None:
+        try:
+            try:
+                database = self._open()
+            except Exception as exc:
+                error = exc if isinstance(exc, StoreError) else StoreError(f"cannot open: {exc}")
+                opened.append(error)
+                return
+            opened.append(database)
+            self._database = database
+        finally:
+            ready.set()
         try:
             while (batch := self._take()) is not None:
                 self._commit(database, batch)
@@ -237,7 +274,7 @@ class GroupCommitWriter:
                 leftover = self._take_all_locked()
             _fail(leftover, StoreClosed("writer thread stopped"))
 
-    def _commit(self, database: Database, batch: list[tuple[Op, Done]]) -> None:
+    def _commit(self, database: Database | DatabaseProcess, batch: list[tuple[Op, Done]]) -> None:
         ops = [op for op, _ in batch]
         outcomes: list[Outcome]
         try:

@@ -1,0 +1,165 @@
+"""The store's write connection in a process of its own.
+
+The writer thread (:mod:`store.writer`) spends most of a commit in SQLite, which lets go of the
+interpreter lock at every statement and must take it back before the next. While the host's
+event loop keeps the lock busy, each of those waits lasts up to the thread switch interval, and
+a commit of ten statements waits ten times. :class:`DatabaseProcess` runs the
+:class:`~store.sqlite.Database` in a child process instead: the writer thread hands it a whole
+batch and waits for the answer in two blocking pipe calls (which let go of the lock), and the
+child runs the statements under an interpreter lock of its own.
+
+It has the part of the :class:`~store.sqlite.Database` interface the writer uses: ``apply``,
+``items.take_committed`` and ``close``. A batch crosses the pipe pickled, as a length-prefixed
+frame; the child answers each with the batch's outcomes (or the exception ``apply`` raised) and
+the message rows it committed.
+
+The child (:mod:`store.writer_child`) ends when its pipe closes (the host closed the store),
+after the batch in hand. It is killed with the thread that started it (the writer thread; on
+Linux), so it never commits after the host died: a host started again finds the store as the
+dead one left it. It ignores SIGINT and SIGTERM: a signal sent to the whole process group does
+not cut off the commits the host still makes on its way out. When the child ends in the middle
+of a batch (killed), that batch fails with :class:`~store.errors.StoreError` (SQLite undid what
+it did not commit, so nothing acknowledged is lost), and the next batch starts a new child.
+
+Create it in the thread that will use it: the child's life is tied to that thread's.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import struct
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import IO, Any
+
+from store.errors import StoreError
+from store.items import WrittenRow
+from store.records import Op, Outcome
+
+_HEADER = struct.Struct("!I")
+#: The largest frame either side accepts (a batch of ``max_batch`` ops is far smaller).
+MAX_FRAME = 1 << 30
+
+
+def send(stream: IO[bytes], value: object) -> None:
+    data = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+    stream.write(_HEADER.pack(len(data)) + data)
+    stream.flush()
+
+
+def receive(stream: IO[bytes]) -> Any:
+    """The next value, or ``None`` when the pipe closed at a frame's start."""
+    header = stream.read(_HEADER.size)
+    if not header:
+        return None
+    if len(header) < _HEADER.size:
+        raise EOFError("pipe closed inside a frame header")
+    (size,) = _HEADER.unpack(header)
+    if size > MAX_FRAME:
+        raise ValueError(f"frame of {size} bytes is over {MAX_FRAME}")
+    data = stream.read(size)
+    if len(data) < size:
+        raise EOFError("pipe closed inside a frame")
+    return pickle.loads(data)
+
+
+class _Committed:
+    """What the last batch committed, as :class:`store.items.ItemWriter` reports it."""
+
+    def __init__(self) -> None:
+        self.rows: list[WrittenRow] = []
+        self.gap = False
+
+    def take_committed(self) -> tuple[list[WrittenRow], bool]:
+        rows, gap = self.rows, self.gap
+        self.rows, self.gap = [], False
+        return rows, gap
+
+
+class DatabaseProcess:
+    """A :class:`~store.sqlite.Database` in a child process (see the module docstring). Used by
+    one thread at a time. Raises :class:`StoreError` when the database cannot be opened."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+        self.items = _Committed()
+        self._child: subprocess.Popen[bytes] | None = None
+        self._start()
+
+    def _start(self) -> None:
+        child = subprocess.Popen(
+            [sys.executable, "-m", "store.writer_child", str(self.path), str(os.getpid())],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            env={**os.environ, "PYTHONPATH": _import_path()},
+        )
+        assert child.stdin is not None and child.stdout is not None
+        try:
+            answer = receive(child.stdout)
+        except (OSError, EOFError, ValueError, pickle.UnpicklingError) as exc:
+            answer = StoreError(f"store process failed to start: {exc}")
+        if answer != "ready":
+            _end(child)
+            if isinstance(answer, StoreError):
+                raise answer
+            raise StoreError(f"store process failed to start (code {child.returncode})")
+        self._child = child
+
+    @property
+    def pid(self) -> int | None:
+        """The child's process id (None between a child's end and the next batch)."""
+        return self._child.pid if self._child is not None else None
+
+    def apply(self, ops: Sequence[Op]) -> list[Outcome]:
+        """:meth:`store.sqlite.Database.apply` in the child; raises :class:`StoreError` when
+        the child ended (the next call starts a new one)."""
+        if self._child is None or self._child.poll() is not None:
+            self._child = None
+            self._start()  # the first batch, or the child ended between two
+        child = self._child
+        assert child is not None and child.stdin is not None and child.stdout is not None
+        try:
+            send(child.stdin, list(ops))
+            answer = receive(child.stdout)
+        except (OSError, EOFError, ValueError, pickle.UnpicklingError) as exc:
+            answer = StoreError(f"store process failed: {exc}")
+        if answer is None:
+            answer = StoreError("store process ended")
+        if isinstance(answer, StoreError):  # the child ended: the next batch starts another
+            self._child = None
+            _end(child)
+            self.items.gap = True  # what it committed last may not have been reported
+            raise answer
+        outcomes, rows, gap = answer
+        self.items.rows.extend(rows)
+        self.items.gap = self.items.gap or gap
+        if isinstance(outcomes, StoreError):
+            raise outcomes
+        result: list[Outcome] = outcomes
+        return result
+
+    def close(self) -> None:
+        child, self._child = self._child, None
+        if child is not None:
+            _end(child)
+
+
+def _end(child: subprocess.Popen[bytes]) -> None:
+    """Close the child's pipe and wait for it to finish its batch and end."""
+    for stream in (child.stdin, child.stdout):
+        if stream is not None:
+            try:
+                stream.close()
+            except OSError:
+                pass
+    child.wait()
+
+
+def _import_path() -> str:
+    """Where the child finds this package (first), then what the host's own path has."""
+    here = str(Path(__file__).resolve().parent.parent)
+    rest = os.environ.get("PYTHONPATH", "")
+    return here + (os.pathsep + rest if rest else "")

@@ -1,0 +1,190 @@
+"""The store's write connection in a child process (:mod:`store.writer_process`): the same
+outcomes as in the host's own interpreter, a child killed between or during batches replaced
+without losing what was committed, and no child left behind by a host that was killed."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import select
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import IO
+
+import pytest
+
+from store import (
+    Append,
+    AppendResult,
+    Database,
+    GroupCommitWriter,
+    Reader,
+    StoreError,
+    writer_process,
+)
+from store.writer_process import DatabaseProcess
+
+from .conftest import REPO, record
+
+#: Hang guard for a process to end; never reached in a passing run.
+GUARD = 60.0
+
+
+def _ops(*ids: str) -> list[Append]:
+    return [Append(records=(record(i, id=i),)) for i in ids]
+
+
+def _wait_gone(pid: int) -> None:
+    """Wait (at most ``GUARD`` seconds) until process ``pid`` has ended."""
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return
+    try:
+        readable, _, _ = select.select([fd], [], [], GUARD)
+        assert readable, f"process {pid} still runs"
+    finally:
+        os.close(fd)
+
+
+def test_a_batch_in_the_child_has_the_outcomes_it_has_in_the_host(tmp_path: Path) -> None:
+    ops = _ops("a", "b", "a", "c")  # the second "a" is a duplicate: it fails alone
+    here = Database(tmp_path / "here.db")
+    there = DatabaseProcess(tmp_path / "there.db")
+    try:
+        expected = [type(o) for o in here.apply(ops)]
+        got = there.apply(ops)
+        assert (
+            [type(o) for o in got]
+            == expected
+            == [
+                AppendResult,
+                AppendResult,
+                StoreError,
+                AppendResult,
+            ]
+        )
+        committed = there.items.take_committed()
+        assert committed == here.items.take_committed()
+        assert there.items.take_committed() == ([], False)
+    finally:
+        here.close()
+        there.close()
+    with Reader(tmp_path / "there.db") as reader:
+        assert [m["id"] for m in reader.history("alice")] == ["a", "b", "c"]
+
+
+def test_a_child_killed_between_batches_is_replaced(tmp_path: Path) -> None:
+    there = DatabaseProcess(tmp_path / "s.db")
+    try:
+        there.apply(_ops("a"))
+        first = there.pid
+        assert first is not None
+        os.kill(first, signal.SIGKILL)
+        _wait_gone(first)
+        assert [type(o) for o in there.apply(_ops("b"))] == [AppendResult]
+        assert there.pid not in (None, first)
+    finally:
+        there.close()
+    with Reader(tmp_path / "s.db") as reader:
+        assert [m["id"] for m in reader.history("alice")] == ["a", "b"]
+
+
+def test_a_batch_whose_child_dies_fails_and_the_next_one_goes_through(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    there = DatabaseProcess(tmp_path / "s.db")
+    try:
+        there.apply(_ops("a"))
+        assert [r[1] for r in there.items.take_committed()[0]] == ["a"]
+        pid = there.pid
+        assert pid is not None
+        real_send = writer_process.send
+
+        def send_then_kill(stream: IO[bytes], value: object) -> None:
+            real_send(stream, value)
+            os.kill(pid, signal.SIGKILL)  # it has the batch, and dies before it answers
+
+        monkeypatch.setattr(writer_process, "send", send_then_kill)
+        with pytest.raises(StoreError, match="ended"):
+            there.apply(_ops("b"))
+        monkeypatch.undo()
+        assert there.items.take_committed() == ([], True)  # the feeds start over
+        assert [type(o) for o in there.apply(_ops("c"))] == [AppendResult]
+        assert there.pid not in (None, pid)
+    finally:
+        there.close()
+    with Reader(tmp_path / "s.db") as reader:
+        assert "c" in [m["id"] for m in reader.history("alice")]
+
+
+def test_the_child_ignores_interrupts_sent_to_the_process_group(tmp_path: Path) -> None:
+    there = DatabaseProcess(tmp_path / "s.db")
+    try:
+        pid = there.pid
+        assert pid is not None
+        os.kill(pid, signal.SIGINT)
+        os.kill(pid, signal.SIGTERM)
+        assert [type(o) for o in there.apply(_ops("a"))] == [AppendResult]
+        assert there.pid == pid
+    finally:
+        there.close()
+
+
+def test_a_store_that_cannot_be_opened_fails_the_start(tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("not a folder")
+    writer = GroupCommitWriter(tmp_path / "file" / "s.db")
+    with pytest.raises(StoreError, match="file"):
+        writer.start()
+    assert writer.close(GUARD)
+
+
+_HOST = textwrap.dedent(
+    """
+    import sys, threading
+    from store import Append, GroupCommitWriter
+    from tests.store.conftest import record
+    writer = GroupCommitWriter(sys.argv[1])
+    writer.start()
+    done = threading.Event()
+    writer.submit(Append(records=(record("a", id="a"),)), lambda _o: done.set())
+    done.wait(60)
+    print(writer.store_pid, flush=True)
+    threading.Event().wait()
+    """
+)
+
+
+def test_a_killed_host_leaves_no_child_behind(tmp_path: Path) -> None:
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+    }
+    host = subprocess.Popen(
+        [sys.executable, "-c", _HOST, str(tmp_path / "s.db")],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
+        env=env,
+    )
+    child = 0
+    try:
+        assert host.stdout is not None
+        child = int(host.stdout.readline())
+        # stopped, it cannot notice its pipe close: only being killed with the host ends it
+        os.kill(child, signal.SIGSTOP)
+        host.send_signal(signal.SIGKILL)
+        host.wait(GUARD)
+        _wait_gone(child)
+    finally:
+        if host.poll() is None:
+            host.kill()
+            host.wait()
+        if child > 0:  # never left behind, even when the check failed
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(child, signal.SIGKILL)
+    with Reader(tmp_path / "s.db") as reader:
+        assert [m["id"] for m in reader.history("alice")] == ["a"]
