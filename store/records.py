@@ -86,6 +86,15 @@ def _role(_inst: object, _attribute: attrs.Attribute[Any], value: object) -> Non
         raise ValueError(f"role must be one of {sorted(ROLES)}, got {value!r}")
 
 
+def _trusted(cls: type[Any], names: tuple[str, ...], values: tuple[Any, ...]) -> Any:
+    """An instance of ``cls`` with ``values`` set, unchecked: how a record or op that was checked
+    when it was made is unpickled (the store's writer process gets them over its own pipe)."""
+    made = object.__new__(cls)
+    for name, value in zip(names, values, strict=True):
+        object.__setattr__(made, name, value)
+    return made
+
+
 @attrs.frozen(kw_only=True)
 class MessageRecord:
     """One stored message (DESIGN section 5) as it is written."""
@@ -115,6 +124,16 @@ class MessageRecord:
             object.__setattr__(copy, name, value)
         return copy
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        return _trusted_record, (
+            self.id,
+            self.agent,
+            self.role,
+            self.blocks,
+            self.metadata,
+            self.created_at,
+        )
+
     def as_message(self) -> dict[str, Any]:
         """The stored-message dict a reader would return for this record."""
         return {
@@ -127,6 +146,26 @@ class MessageRecord:
 
 
 _ID_FIELD, _AGENT_FIELD = attrs.fields(MessageRecord).id, attrs.fields(MessageRecord).agent
+
+
+def _trusted_record(
+    id: str,
+    agent: str,
+    role: str,
+    blocks: tuple[Mapping[str, Any], ...],
+    metadata: Mapping[str, Any],
+    created_at: float,
+) -> MessageRecord:
+    """:func:`_trusted` for the most common object of all (a copy per agent of every item)."""
+    made = object.__new__(MessageRecord)
+    setter = object.__setattr__
+    setter(made, "id", id)
+    setter(made, "agent", agent)
+    setter(made, "role", role)
+    setter(made, "blocks", blocks)
+    setter(made, "metadata", metadata)
+    setter(made, "created_at", created_at)
+    return made
 
 
 def _dedupe_key(_inst: object, _attribute: attrs.Attribute[Any], value: object) -> None:
@@ -156,6 +195,9 @@ class JournalEntry:
     stream: str = attrs.field(validator=_non_empty_str)
     record: Mapping[str, Any] = attrs.field(validator=_mapping)
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        return _trusted, (JournalEntry, ("stream", "record"), (self.stream, self.record))
+
 
 @attrs.frozen(kw_only=True)
 class Append:
@@ -175,6 +217,9 @@ class Append:
     )
     dedupe: tuple[str, str, str] | None = attrs.field(default=None, validator=_dedupe_key)
     journal: tuple[JournalEntry, ...] = attrs.field(default=(), validator=_journal_entries)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return _trusted, (Append, _APPEND_FIELDS, (self.records, self.dedupe, self.journal))
 
 
 @attrs.frozen(kw_only=True)
@@ -206,6 +251,8 @@ class TrimJournal:
     stream: str = attrs.field(validator=_non_empty_str)
     before_seq: int = attrs.field(validator=_seq_bound)
 
+
+_APPEND_FIELDS = ("records", "dedupe", "journal")
 
 #: A write operation.
 Op: TypeAlias = Append | PutState | TrimJournal

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import pickle
 import select
 import signal
 import subprocess
@@ -15,12 +16,17 @@ from pathlib import Path
 from typing import IO
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from store import (
     Append,
     AppendResult,
     Database,
     GroupCommitWriter,
+    JournalEntry,
+    MessageRecord,
+    PutState,
     Reader,
     StoreError,
     writer_process,
@@ -188,3 +194,37 @@ def test_a_killed_host_leaves_no_child_behind(tmp_path: Path) -> None:
                 os.kill(child, signal.SIGKILL)
     with Reader(tmp_path / "s.db") as reader:
         assert [m["id"] for m in reader.history("alice")] == ["a"]
+
+
+_texts = st.text(min_size=1, max_size=8)
+
+
+@given(
+    agents=st.lists(_texts, min_size=1, max_size=4, unique=True),
+    text=st.text(max_size=20),
+    dedupe=st.none() | st.tuples(_texts, _texts, _texts),
+    journal=st.lists(st.tuples(_texts, st.dictionaries(_texts, st.integers())), max_size=3),
+)
+def test_an_op_crosses_the_pipe_as_it_was_with_its_copies_sharing_one_body(
+    agents: list[str],
+    text: str,
+    dedupe: tuple[str, str, str] | None,
+    journal: list[tuple[str, dict[str, int]]],
+) -> None:
+    first = MessageRecord(
+        id="m0",
+        agent=agents[0],
+        role="user",
+        blocks=({"type": "text", "text": text},),
+        metadata={"lane": "incoming"},
+        created_at=1.5,
+    )
+    copies = (first, *(first.for_agent(a, f"m{n}") for n, a in enumerate(agents[1:], 1)))
+    op = Append(
+        records=copies,
+        dedupe=dedupe,
+        journal=tuple(JournalEntry(stream, record) for stream, record in journal),
+    )
+    again = pickle.loads(pickle.dumps([op, PutState(namespace="n", key="k", value=[1])]))
+    assert again == [op, PutState(namespace="n", key="k", value=[1])]
+    assert all(r.blocks is again[0].records[0].blocks for r in again[0].records)
