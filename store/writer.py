@@ -1,4 +1,5 @@
-"""The group-commit writer: one dedicated thread owns the only write connection.
+"""The group-commit writer: one dedicated thread owns the only write connection (kept in a
+child process by default, :mod:`store.writer_process`).
 
 Callers :meth:`~GroupCommitWriter.submit` ops with a ``done`` callback. The thread takes the
 oldest waiting op plus every other op already waiting (up to ``max_batch``), applies them in one

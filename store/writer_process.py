@@ -45,6 +45,7 @@ MAX_FRAME = 1 << 30
 
 
 def send(stream: IO[bytes], value: object) -> None:
+    """Write ``value`` as one frame."""
     data = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
     stream.write(_HEADER.pack(len(data)) + data)
     stream.flush()
@@ -102,7 +103,7 @@ class DatabaseProcess:
         except (OSError, EOFError, ValueError, pickle.UnpicklingError) as exc:
             answer = StoreError(f"store process failed to start: {exc}")
         if answer != "ready":
-            _end(child)
+            _end(child, kill=True)
             if isinstance(answer, StoreError):
                 raise answer
             raise StoreError(f"store process failed to start (code {child.returncode})")
@@ -130,7 +131,7 @@ class DatabaseProcess:
             answer = StoreError("store process ended")
         if isinstance(answer, StoreError):  # the child ended: the next batch starts another
             self._child = None
-            _end(child)
+            _end(child, kill=True)  # in whatever state it is, it is not trusted again
             self.items.gap = True  # what it committed last may not have been reported
             raise answer
         outcomes, rows, gap = answer
@@ -147,8 +148,11 @@ class DatabaseProcess:
             _end(child)
 
 
-def _end(child: subprocess.Popen[bytes]) -> None:
-    """Close the child's pipe and wait for it to finish its batch and end."""
+def _end(child: subprocess.Popen[bytes], *, kill: bool = False) -> None:
+    """Close the child's pipe and wait for it to finish its batch and end (``kill``: end it
+    at once)."""
+    if kill:
+        child.kill()
     for stream in (child.stdin, child.stdout):
         if stream is not None:
             try:
