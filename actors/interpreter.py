@@ -8,11 +8,13 @@ busy host each commit's few waits for the lock came on top of the commit itself.
 
 While at least one host runs, the interval is at most :data:`SWITCH_INTERVAL_S`; when the last
 one closes, the interval it found is put back (unless something else changed it meanwhile).
-Measured with ten agents hearing a channel at 1,000 msg/s (four alternating rounds): 0.2 ms
-gave a median wake-to-reply of 14 ms and a p99 of 35 ms, against 17.5 and 59 ms at 1 ms; one
-agent's stayed about the same (5.4 / 11.9 ms against 5.1 / 13.4 ms). Shorter still costs more
-switches than it saves (0.1 ms made one agent's p99 worse). When the writer ran SQLite in its
-own thread (about ten trips per commit), 1 ms was best.
+Measured with ten agents hearing a channel at 1,000 msg/s, alternating runs pooled: 0.2 ms
+brought the median wake-to-reply from 17.5 to 14.0 ms (four rounds) and from 28.6 to 21.5 ms
+(six rounds, a slower phase of the machine); its p99 was 35 against 59 ms in the first set and
+the same (about 104 ms) in the second. One agent's figures stayed within noise (5.4 / 11.9 ms
+against 5.1 / 13.4 ms; 7.0 / 22.4 against 6.5 / 22.1 ms). Shorter still costs more switches than
+it saves (0.1 ms made one agent's p99 worse). When the writer ran SQLite in its own thread
+(about ten trips per commit), 1 ms was best.
 """
 
 from __future__ import annotations

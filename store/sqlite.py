@@ -199,12 +199,6 @@ class Database:
             self._conn.close()
             self._conn = None
 
-    def set_autocheckpoint(self, pages: int) -> None:
-        """Move the write-ahead log into the database file at the commit that brings it past
-        ``pages`` pages (SQLite's ``wal_autocheckpoint``; 1,000 unless set); 0: never at a
-        commit (something else must checkpoint, or the log grows without end)."""
-        self._connection().execute(f"PRAGMA wal_autocheckpoint={int(pages)}")
-
     def __enter__(self) -> Database:
         return self
 

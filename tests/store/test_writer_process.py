@@ -31,7 +31,6 @@ from store import (
     StoreError,
     writer_process,
 )
-from store.writer_child import Checkpointer
 from store.writer_process import DatabaseProcess
 
 from .conftest import REPO, record
@@ -229,28 +228,3 @@ def test_an_op_crosses_the_pipe_as_it_was_with_its_copies_sharing_one_body(
     again = pickle.loads(pickle.dumps([op, PutState(namespace="n", key="k", value=[1])]))
     assert again == [op, PutState(namespace="n", key="k", value=[1])]
     assert all(r.blocks is again[0].records[0].blocks for r in again[0].records)
-
-
-def test_the_checkpointer_moves_the_log_into_the_store_file_beside_the_commits(
-    tmp_path: Path,
-) -> None:
-    path = tmp_path / "s.db"
-    database = Database(path)
-    database.set_autocheckpoint(0)  # as in the writer process: no commit checkpoints
-    checkpointer = Checkpointer(str(path), every=0.0)
-    try:
-        before = path.stat().st_size
-        for n in range(50):
-            database.apply([Append(records=(record(f"text {n} " * 100, id=f"m{n}"),))])
-        assert path.stat().st_size == before  # all of it still in the log
-        checkpointer.committed()
-        assert checkpointer.wait(1, GUARD)
-        assert path.stat().st_size > before
-        database.apply(_ops("after"))  # commits go on beside it
-        checkpointer.committed()
-        assert checkpointer.wait(2, GUARD)
-    finally:
-        checkpointer.close()
-        database.close()
-    with Reader(path) as reader:
-        assert len(reader.history("alice")) == 51
