@@ -112,17 +112,7 @@ class MessageRecord:
         checked: the rest was checked when this record was made."""
         _non_empty_str(self, _ID_FIELD, id)
         _non_empty_str(self, _AGENT_FIELD, agent)
-        copy = object.__new__(MessageRecord)
-        for name, value in (
-            ("id", id),
-            ("agent", agent),
-            ("role", self.role),
-            ("blocks", self.blocks),
-            ("metadata", self.metadata),
-            ("created_at", self.created_at),
-        ):
-            object.__setattr__(copy, name, value)
-        return copy
+        return _trusted_record(id, agent, self.role, self.blocks, self.metadata, self.created_at)
 
     def __reduce__(self) -> tuple[Any, ...]:
         return _trusted_record, (
@@ -156,7 +146,9 @@ def _trusted_record(
     metadata: Mapping[str, Any],
     created_at: float,
 ) -> MessageRecord:
-    """:func:`_trusted` for the most common object of all (a copy per agent of every item)."""
+    """A record with these values, unchecked (:func:`_trusted` for the most common object of
+    all, a copy per agent of every item): :meth:`MessageRecord.for_agent` checks only what it
+    changes, and unpickling checks nothing."""
     made = object.__new__(MessageRecord)
     setter = object.__setattr__
     setter(made, "id", id)

@@ -83,19 +83,25 @@ CHILD = Path(__file__).with_name("durability_child.py")
 REPO = Path(__file__).resolve().parents[2]
 
 
+def child_env() -> dict[str, str]:
+    """The environment of a child Python that imports this checkout first."""
+    return {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+    }
+
+
 def kill_child_after(path: Path, *args: str, acks: int, delay: float = 0.0) -> list[str]:
     """Run ``durability_child.py path *args``, SIGKILL it ``delay`` seconds after its
     ``acks``-th acknowledgement line, and return every acknowledgement it printed (those
     printed after the ones read were acknowledged too)."""
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
     child = subprocess.Popen(
         [sys.executable, str(CHILD), str(path), *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
         cwd=REPO,
-        env=env,
+        env=child_env(),
     )
     acked: list[str] = []
     try:

@@ -33,7 +33,7 @@ from store import (
 )
 from store.writer_process import DatabaseProcess
 
-from .conftest import REPO, record
+from .conftest import REPO, child_env, record
 
 #: Hang guard for a process to end; never reached in a passing run.
 GUARD = 60.0
@@ -165,16 +165,12 @@ _HOST = textwrap.dedent(
 
 
 def test_a_killed_host_leaves_no_child_behind(tmp_path: Path) -> None:
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
-    }
     host = subprocess.Popen(
         [sys.executable, "-c", _HOST, str(tmp_path / "s.db")],
         stdout=subprocess.PIPE,
         text=True,
         cwd=REPO,
-        env=env,
+        env=child_env(),
     )
     child = 0
     try:
