@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -80,6 +81,8 @@ def path(tmp_path: Path) -> Path:
 
 
 CHILD = Path(__file__).with_name("durability_child.py")
+#: Hang guard for a process to end; never reached in a passing run.
+GUARD = 60.0
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -91,10 +94,25 @@ def child_env() -> dict[str, str]:
     }
 
 
+def wait_gone(pid: int) -> None:
+    """Wait (at most ``GUARD`` seconds) until process ``pid`` has ended."""
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return
+    try:
+        readable, _, _ = select.select([fd], [], [], GUARD)
+        assert readable, f"process {pid} still runs"
+    finally:
+        os.close(fd)
+
+
 def kill_child_after(path: Path, *args: str, acks: int, delay: float = 0.0) -> list[str]:
     """Run ``durability_child.py path *args``, SIGKILL it ``delay`` seconds after its
     ``acks``-th acknowledgement line, and return every acknowledgement it printed (those
-    printed after the ones read were acknowledged too)."""
+    printed after the ones read were acknowledged too). Returns only once the child's store
+    process has ended as well: it dies with its host, but a commit it had begun may land after
+    the host is gone, and the caller must read the store as it will stay."""
     child = subprocess.Popen(
         [sys.executable, str(CHILD), str(path), *args],
         stdout=subprocess.PIPE,
@@ -106,6 +124,11 @@ def kill_child_after(path: Path, *args: str, acks: int, delay: float = 0.0) -> l
     acked: list[str] = []
     try:
         assert child.stdout is not None
+        first = child.stdout.readline().split()
+        if first[:1] != ["store"]:
+            error = child.stderr.read() if child.stderr else ""
+            raise AssertionError(f"child did not start: {error}")
+        store_pid = int(first[1])
         while len(acked) < acks:
             line = child.stdout.readline()
             assert line, f"child ended early: {child.stderr.read() if child.stderr else ''}"
@@ -115,6 +138,7 @@ def kill_child_after(path: Path, *args: str, acks: int, delay: float = 0.0) -> l
         child.send_signal(signal.SIGKILL)
         child.wait()
         assert child.returncode == -signal.SIGKILL
+        wait_gone(store_pid)
         acked.extend(line.strip() for line in child.stdout if line.endswith("\n"))
     finally:
         if child.poll() is None:

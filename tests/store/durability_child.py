@@ -8,6 +8,8 @@ for a free slot (instead of spinning on ``StoreFull``) by bounding its own in-fl
 With ``--journal`` append ``i`` is :func:`journal_op` instead: ``1 + i % 2`` messages and
 ``1 + i % 3`` journal entries, and ``m<i>`` is printed once it is stored; the appends start at
 ``START`` (default 0), so a restarted child can resend appends that are already stored.
+
+The first line printed is ``store <pid>``: the process that holds the store's write connection.
 """
 
 from __future__ import annotations
@@ -55,6 +57,8 @@ def main(path: str, journal: bool, start: int = 0) -> None:
     slots = threading.Semaphore(IN_FLIGHT)
     writer = GroupCommitWriter(path, max_queue=IN_FLIGHT, max_batch=64)
     writer.start()
+    sys.stdout.write(f"store {writer.store_pid}\n")
+    sys.stdout.flush()
 
     def done_for(record_id: str) -> Callable[[object], None]:
         def done(outcome: object) -> None:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import contextlib
 import os
 import pickle
-import select
 import signal
 import subprocess
 import sys
@@ -33,27 +32,11 @@ from store import (
 )
 from store.writer_process import DatabaseProcess
 
-from .conftest import REPO, child_env, record
-
-#: Hang guard for a process to end; never reached in a passing run.
-GUARD = 60.0
+from .conftest import GUARD, REPO, child_env, record, wait_gone
 
 
 def _ops(*ids: str) -> list[Append]:
     return [Append(records=(record(i, id=i),)) for i in ids]
-
-
-def _wait_gone(pid: int) -> None:
-    """Wait (at most ``GUARD`` seconds) until process ``pid`` has ended."""
-    try:
-        fd = os.pidfd_open(pid)
-    except ProcessLookupError:
-        return
-    try:
-        readable, _, _ = select.select([fd], [], [], GUARD)
-        assert readable, f"process {pid} still runs"
-    finally:
-        os.close(fd)
 
 
 def test_a_batch_in_the_child_has_the_outcomes_it_has_in_the_host(tmp_path: Path) -> None:
@@ -90,7 +73,7 @@ def test_a_child_killed_between_batches_is_replaced(tmp_path: Path) -> None:
         first = there.pid
         assert first is not None
         os.kill(first, signal.SIGKILL)
-        _wait_gone(first)
+        wait_gone(first)
         assert [type(o) for o in there.apply(_ops("b"))] == [AppendResult]
         assert there.pid not in (None, first)
     finally:
@@ -180,7 +163,7 @@ def test_a_killed_host_leaves_no_child_behind(tmp_path: Path) -> None:
         os.kill(child, signal.SIGSTOP)
         host.send_signal(signal.SIGKILL)
         host.wait(GUARD)
-        _wait_gone(child)
+        wait_gone(child)
     finally:
         if host.poll() is None:
             host.kill()
