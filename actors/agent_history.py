@@ -85,12 +85,22 @@ async def store_message(
 
 
 async def store_said(
-    ctx: HostContext, agent: str, role: str, blocks: Sequence[Mapping[str, Any]], **meta: Any
+    ctx: HostContext,
+    agent: str,
+    role: str,
+    blocks: Sequence[Mapping[str, Any]],
+    *,
+    last: bool = False,
+    **meta: Any,
 ) -> dict[str, Any]:
     """:func:`store_message` for what a turn said or got back (its reply, its tools' results):
     the turn lets the turn token go while the commit is awaited, so the replies of turns in
     hand commit together instead of one after another, and takes it back before turns that
-    have not started (:class:`actors.turn_token.TurnToken`)."""
+    have not started (:class:`actors.turn_token.TurnToken`); the ``last`` reply of a turn does
+    not take it back."""
+    if last:
+        ctx.turns.let_go()
+        return await store_message(ctx, agent, role, blocks, **meta)
     async with ctx.turns.away():
         return await store_message(ctx, agent, role, blocks, **meta)
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import re
 import tomllib
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -209,6 +210,25 @@ def _is_inbound(message: Mapping[str, Any]) -> bool:
     )
 
 
+#: Body lengths kept (:func:`_body_length`); the oldest go first.
+BODY_LENGTHS = 4096
+_body_lengths: OrderedDict[int, tuple[object, object, object, int]] = OrderedDict()
+
+
+def _body_length(message: Mapping[str, Any]) -> int:
+    """``len(body_of(message))``, counted once for a message's blocks, metadata and prefix:
+    the agents hearing one item are shown copies of one rendering, which share those objects,
+    so every scripted agent of the host finds the count made for the first. An entry holds its
+    objects, so the identity it is found by is not given to another object while it is kept."""
+    blocks, meta, prefix = message.get("blocks"), message.get("metadata"), message.get("prefix")
+    entry = _body_lengths.get(id(blocks))
+    if entry is None or entry[0] is not blocks or entry[1] is not meta or entry[2] != prefix:
+        if len(_body_lengths) >= BODY_LENGTHS:
+            _body_lengths.popitem(last=False)
+        entry = _body_lengths[id(blocks)] = (blocks, meta, prefix, len(body_of(message)))
+    return entry[3]
+
+
 class ScriptedModel:
     #: It runs in the host's own interpreter: a turn keeps the turn token while it answers.
     local = True
@@ -225,23 +245,11 @@ class ScriptedModel:
         self.rules, self.summary = load_script(path)
         #: Whether it can fold its agent's context (it has a ``[summary]`` rule).
         self.can_summarize = self.summary is not None
-        # the body length of each message of the last request, by identity (each entry holds
-        # its message, so the identity is not reused while it is kept; a turn's context shares
-        # the rendered messages of the turns before, so most are found again)
-        self._lengths: dict[int, tuple[Mapping[str, Any], int]] = {}
 
     def _usage(self, request: ModelRequest, output: str) -> dict[str, int]:
         """An estimate (a token per four characters read and written), so lifecycle,
         inference answers and the turn's usage carry numbers; no cache is ever used."""
-        known, lengths = self._lengths, {}
-        seen = len(request.system)
-        for m in request.messages:
-            entry = known.get(id(m))
-            if entry is None or entry[0] is not m:
-                entry = (m, len(body_of(m)))
-            lengths[id(m)] = entry
-            seen += entry[1]
-        self._lengths = lengths  # only this request's: what left the context is let go
+        seen = len(request.system) + sum(_body_length(m) for m in request.messages)
         return {"input_tokens": seen // 4 + 1, "output_tokens": _tokens(output) if output else 0}
 
     def _summarize(self, request: ModelRequest) -> ModelReply:
@@ -279,13 +287,10 @@ class ScriptedModel:
             return self._summarize(request)
         # the host's own notices (a delivery receipt after a reply) do not count as new input
         last = next((r for m in reversed(messages) if (r := m.get("role")) != "system"), None)
-        # saying nothing, it still read its context: the usage counts what it read
-        silence = ModelReply(blocks=(), model=self.name, usage=self._usage(request, ""))
-        if last == "assistant":
-            return silence  # it already spoke on this wake
-        hit = self._match(messages)
+        hit = None if last == "assistant" else self._match(messages)  # it already spoke
         if hit is None:
-            return silence
+            # saying nothing, it still read its context: the usage counts what it read
+            return ModelReply(blocks=(), model=self.name, usage=self._usage(request, ""))
         rule, found, author = hit
         if rule.calls and last != "tool":
             uses = tuple(

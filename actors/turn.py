@@ -300,18 +300,19 @@ class Turn:
             self.usage += used
             if not reply.blocks:
                 break
+            uses = reply.tool_uses
             said = await store_said(
                 self.ctx,
                 self.agent,
                 "assistant",
                 reply.blocks,
+                last=not uses,  # the turn ends at this reply: the token is not taken back
                 model=reply.model,
                 stop_reason=reply.stop_reason,
                 usage=used.as_dict(),
                 turn_usage=self.usage.as_dict(),
             )
             context.append(render_for_model(said))
-            uses = reply.tool_uses
             # The round's prose is queued before any of its calls runs, so whatever a call
             # says afterwards (the sleep announcement) follows it, where the newest pin points.
             silencer = next(
@@ -370,7 +371,7 @@ class Turn:
                     "is_error": outcome["is_error"],
                 }
             )
-        meta = {"checkpoints": checkpoints} if checkpoints else {}
+        meta: dict[str, Any] = {"checkpoints": checkpoints} if checkpoints else {}
         stored = await store_said(self.ctx, self.agent, "tool", results, **meta)
         if checkpoints:
             await record_checkpoints(self.ctx, checkpoints)

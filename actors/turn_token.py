@@ -6,7 +6,9 @@ burst; one after another, the first ends after one turn's work, the second after
 average answer comes about twice as soon for the same total work. A turn holds the token while
 it works in the host (reading its context, a local model, storing, routing) and lets it go
 whenever it waits for something outside the host (a remote model, a server's answer to a
-publish, a hook or a render, a tool call), so that wait never holds up another agent.
+publish, a hook or a render, a tool call), so that wait never holds up another agent. A turn
+storing its last reply lets it go for good (:meth:`TurnToken.let_go`): what follows the commit
+is queueing that reply for its channel and waiting for the server, nothing worth queueing for.
 
 A turn's work in the host is long when it reads a big batch (an agent hearing a flooding server
 reads hundreds of messages in one turn). Such work calls :meth:`TurnToken.share` between its
@@ -110,6 +112,13 @@ class TurnToken:
                 await self._take()
             else:
                 await trio.lowlevel.cancel_shielded_checkpoint()
+
+    def let_go(self) -> None:
+        """Let the token go for the rest of this turn: what is left of it waits outside the
+        host or is too small to queue for (a ``turn`` or ``away`` after this one does not take
+        it back)."""
+        if self.held():
+            self._release()
 
     @asynccontextmanager
     async def away(self) -> AsyncIterator[None]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
@@ -483,23 +484,59 @@ def test_a_missing_file_is_a_config_error(tmp_path: Path):
 @given(
     st.lists(st.text(max_size=30), min_size=1, max_size=12),
     st.lists(st.integers(min_value=0, max_value=11), max_size=30),
+    st.integers(min_value=1, max_value=6),
 )
 async def test_usage_counts_what_was_read_however_messages_are_shared(
-    texts: list[str], picks: list[int]
+    texts: list[str], picks: list[int], cap: int
 ) -> None:
     """Its input estimate is a token per four characters of the system prompt and every
-    message's body, whether a message was read on an earlier turn (the same object) or not,
-    and it remembers lengths only of the last request's messages: what left the context is let
-    go (it once kept 4,096 messages per agent alive, long after they left the context)."""
+    message's body, whether a message was read before (the same object, or another agent's
+    copy of the same rendering) or not, with any number of lengths kept."""
     import tempfile
 
+    from actors import scripted
+
     with tempfile.TemporaryDirectory() as folder:
-        m = model(Path(folder), "")
+        ada, bea = model(Path(folder), ""), model(Path(folder), "")
     pool = [user(t, header="[source: lobby]") for t in texts]
-    for turn in range(3):
-        messages = [pool[(i + turn) % len(pool)] for i in picks] or pool
-        request = ModelRequest(agent="Ada", system="sys" * turn, messages=messages)
-        read = request.system + "".join(body_of(x) for x in messages)
-        assert m._usage(request, "")["input_tokens"] == len(read) // 4 + 1
-        held = [entry[0] for entry in m._lengths.values()]
-        assert all(any(h is x for x in messages) for h in held)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(scripted, "BODY_LENGTHS", cap)
+        patch.setattr(scripted, "_body_lengths", OrderedDict())
+        for turn in range(3):
+            messages = [pool[(i + turn) % len(pool)] for i in picks] or pool
+            copies = [dict(x, id=f"bea-{n}") for n, x in enumerate(messages)]
+            read = "sys" * turn + "".join(body_of(x) for x in messages)
+            for m, shown in ((ada, messages), (bea, copies)):
+                request = ModelRequest(agent="Ada", system="sys" * turn, messages=shown)
+                assert m._usage(request, "")["input_tokens"] == len(read) // 4 + 1
+            assert len(scripted._body_lengths) <= cap
+
+
+async def test_a_body_is_measured_once_for_every_agent_shown_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ten agents shown copies of one rendering (shared blocks and metadata) measure its body
+    once; at the cap the oldest length goes first, and a body measured again is right."""
+    from actors import scripted
+
+    measured: list[str] = []
+
+    def counting(message: Any) -> str:
+        measured.append(str(message.get("id")))
+        return body_of(message)
+
+    monkeypatch.setattr(scripted, "body_of", counting)
+    monkeypatch.setattr(scripted, "BODY_LENGTHS", 2)
+    monkeypatch.setattr(scripted, "_body_lengths", OrderedDict())
+    rendered = [render_for_model(user(f"item {n}", header="[source: lobby]")) for n in range(3)]
+    agents = [model(tmp_path, "") for _ in range(10)]
+    for n, m in enumerate(agents):
+        shown = [dict(r, id=f"{n}-{k}") for k, r in enumerate(rendered[:2])]
+        m._usage(ModelRequest(agent=f"A{n}", system="", messages=shown), "")
+    assert measured == ["0-0", "0-1"]
+    agents[0]._usage(ModelRequest(agent="A0", system="", messages=[rendered[2]]), "")
+    assert len(scripted._body_lengths) == 2  # the cap: the first item's length went
+    request = ModelRequest(agent="A1", system="", messages=[dict(rendered[0], id="again")])
+    expected = len(body_of(rendered[0])) // 4 + 1
+    assert agents[1]._usage(request, "")["input_tokens"] == expected
+    assert measured[-1] == "again"

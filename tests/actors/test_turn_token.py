@@ -283,3 +283,47 @@ async def test_a_turns_reply_waits_for_its_commit_without_the_token(
     assert order == ["other turn", "stored hi"]
     assert token.gave_up == 0  # the other turn had the token, it did not go on without it
     assert len(written) == 1
+
+
+async def test_a_turns_last_reply_does_not_take_the_token_back(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """What follows a turn's last commit (queueing the reply, the server's answer) does not
+    wait for the token: the turn goes on while another turn holds it."""
+    from types import SimpleNamespace
+
+    from actors.agent_history import store_said
+
+    committed, other_done = trio.Event(), trio.Event()
+
+    class SlowStore:
+        async def write(self, op: Any) -> None:
+            await committed.wait()
+
+    token = TurnToken(max_wait=60)
+    ctx = SimpleNamespace(store=SlowStore(), turns=token)
+    order: list[str] = []
+
+    async def replying() -> None:
+        async with token.turn():
+            await store_said(ctx, "Ada", "assistant", [{"type": "text", "text": "hi"}], last=True)
+            assert not token.held()
+            order.append("stored, going on")
+            async with token.away():  # e.g. waiting for the publish: nothing to give back
+                await other_done.wait()
+            assert not token.held()
+
+    async def other() -> None:
+        async with token.turn():
+            order.append("other turn")
+            committed.set()
+            await trio.sleep(5)  # holds the token well past the commit
+            order.append("other turn ends")
+        other_done.set()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(replying)
+        await trio.testing.wait_all_tasks_blocked()
+        nursery.start_soon(other)
+    assert order == ["other turn", "stored, going on", "other turn ends"]
+    assert token.gave_up == 0
