@@ -21,7 +21,7 @@ dropped first). Decoded bodies are shared between agents through a cache of at m
 
 from __future__ import annotations
 
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Sequence
 from typing import Any
 
@@ -49,8 +49,8 @@ class FreshFeeds:
             raise ValueError("rows_per_agent and agents must be at least 1")
         self.rows_per_agent = rows_per_agent
         self.agents = agents
-        self._feeds: dict[str, _Feed] = {}  # least recently taken from or started first
-        self._bodies: dict[bytes, tuple[Any, Any]] = {}
+        self._feeds: OrderedDict[str, _Feed] = OrderedDict()  # least recently used first
+        self._bodies: OrderedDict[bytes, tuple[Any, Any]] = OrderedDict()
 
     def __len__(self) -> int:
         return len(self._feeds)
@@ -67,7 +67,7 @@ class FreshFeeds:
             feed = feeds.get(agent)
             if feed is None:
                 if len(feeds) >= self.agents:
-                    del feeds[next(iter(feeds))]
+                    feeds.popitem(last=False)
                 feed = feeds[agent] = _Feed(row[0] - 1)
             feed.rows.append(row)
             if len(feed.rows) > self.rows_per_agent:
@@ -98,8 +98,7 @@ class FreshFeeds:
         newest = rows[-1][0] if rows else after_seq
         feed.rows.clear()
         feed.complete_after = newest
-        del self._feeds[agent]
-        self._feeds[agent] = feed  # the most recently taken from goes last
+        self._feeds.move_to_end(agent)  # the most recently taken from goes last
         return rows, newest
 
     def decode(self, row: WrittenRow) -> dict[str, Any]:

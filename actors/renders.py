@@ -17,6 +17,7 @@ Bound: at most ``cap`` renderings and ``cap`` rendered rows (the oldest dropped 
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -35,9 +36,13 @@ class SharedRenders:
         if cap < 1:
             raise ValueError("cap must be at least 1")
         self.cap = cap
-        self._kept: dict[tuple[int, int, str], tuple[Any, Any, dict[str, Any]]] = {}
+        # ordered dicts: dropping the oldest entry of a plain dict means skipping every slot
+        # freed before it, so at the cap each drop would cost a walk over the whole table
+        self._kept: OrderedDict[tuple[int, int, str], tuple[Any, Any, dict[str, Any]]] = (
+            OrderedDict()
+        )
         # by the identity of a row's body: (body, role, rendering or None when not plain)
-        self._rows: dict[int, tuple[bytes, str, dict[str, Any] | None]] = {}
+        self._rows: OrderedDict[int, tuple[bytes, str, dict[str, Any] | None]] = OrderedDict()
 
     def __len__(self) -> int:
         return len(self._kept) + len(self._rows)
@@ -51,7 +56,7 @@ class SharedRenders:
         kept = self._kept.get(key)
         if kept is None or kept[0] is not blocks or kept[1] is not metadata:
             if len(self._kept) >= self.cap:
-                del self._kept[next(iter(self._kept))]
+                self._kept.popitem(last=False)
             kept = self._kept[key] = (blocks, metadata, make(message))
         return dict(kept[2])
 
@@ -66,7 +71,7 @@ class SharedRenders:
         if kept is None or kept[0] is not body or kept[1] != role:
             message = decode(row)
             if len(self._rows) >= self.cap:
-                del self._rows[next(iter(self._rows))]
+                self._rows.popitem(last=False)
             kept = self._rows[id(body)] = (body, role, make(message) if plain(message) else None)
         if kept[2] is None:
             return None

@@ -23,6 +23,7 @@ import datetime as dt
 import hashlib
 import json
 import re
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from typing import Any, Final, Protocol
 
@@ -589,7 +590,7 @@ class RegistryState:
         self._rng = rng
         self._max = max_records
         self._counter = counter_after
-        self._by_uri: dict[str, Record] = {}  # insertion order = first registration
+        self._by_uri: OrderedDict[str, Record] = OrderedDict()  # first registration first
         self._by_id: dict[str, Record] = {}
 
     def _new_id(self) -> str:
@@ -617,8 +618,8 @@ class RegistryState:
             self._by_uri[testimony.uri] = record
             self._by_id[record.ref_id] = record
             while len(self._by_uri) > self._max:
-                oldest = next(iter(self._by_uri))
-                del self._by_id[self._by_uri.pop(oldest).ref_id]
+                _, oldest = self._by_uri.popitem(last=False)
+                del self._by_id[oldest.ref_id]
             return record
         if server_id is not None and server_id not in record.server_ids:
             record.server_ids.append(server_id)

@@ -28,6 +28,7 @@ Pure: no I/O, no clock.
 from __future__ import annotations
 
 import re
+from collections import OrderedDict
 from collections.abc import Hashable
 
 import attrs
@@ -123,8 +124,9 @@ class RepeatCollapser:
         self.max_sources = max_sources
         self.shapes_per_source = shapes_per_source
         # (source, shape) -> entry, in the order the windows opened (so the first entry is the
-        # next to end, as long as ``now`` never goes back)
-        self._entries: dict[tuple[Hashable, Hashable], _Entry] = {}
+        # next to end, as long as ``now`` never goes back); ordered, so finding the first after
+        # others were deleted does not walk their freed slots
+        self._entries: OrderedDict[tuple[Hashable, Hashable], _Entry] = OrderedDict()
         self._per_source: dict[Hashable, int] = {}  # entries per source, its overflow included
 
     def __len__(self) -> int:

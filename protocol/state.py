@@ -8,6 +8,7 @@ means asking each affected lineage to roll back to the checkpoint in force at th
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from typing import Any, Final, TypeGuard
 
@@ -179,7 +180,7 @@ class Lineages:
     __slots__ = ("_current",)
 
     def __init__(self) -> None:
-        self._current: dict[Lineage, str] = {}  # least recently recorded first
+        self._current: OrderedDict[Lineage, str] = OrderedDict()  # least recently recorded first
 
     def __len__(self) -> int:
         return len(self._current)
@@ -198,7 +199,7 @@ class Lineages:
         self._current.pop(lineage, None)
         self._current[lineage] = checkpoint
         while len(self._current) > MAX_LINEAGES:
-            del self._current[next(iter(self._current))]
+            self._current.popitem(last=False)
 
     def current(self, lineage: tuple[str, str]) -> str | None:
         return self._current.get(lineage)

@@ -18,6 +18,7 @@ stops holding. A store upgraded from version 2 gets its rows from :func:`backfil
 from __future__ import annotations
 
 import sqlite3
+from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
@@ -75,7 +76,7 @@ class FactWriter:
         if cap < 1:
             raise ValueError("cap must be at least 1")
         self.cap = cap
-        self._known: dict[tuple[str, str], None] = {}  # insertion order: oldest first
+        self._known: OrderedDict[tuple[str, str], None] = OrderedDict()  # oldest first
         self._pending: set[tuple[str, str]] = set()
 
     def known(self) -> list[tuple[str, str]]:
@@ -105,7 +106,7 @@ class FactWriter:
         for pair in self._pending:
             self._known[pair] = None
             if len(self._known) > self.cap:
-                del self._known[next(iter(self._known))]
+                self._known.popitem(last=False)
         self._pending.clear()
 
     def rolled_back(self) -> None:

@@ -13,6 +13,7 @@ the seqs of its first and last copy; other messages may sit between them.
 from __future__ import annotations
 
 import sqlite3
+from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
@@ -66,7 +67,7 @@ class ItemWriter:
         if cap < 1:
             raise ValueError("cap must be at least 1")
         self.cap = cap
-        self._known: dict[str, int] = {}  # insertion order: oldest first
+        self._known: OrderedDict[str, int] = OrderedDict()  # insertion order: oldest first
         self._pending: dict[str, int] = {}
         self._written: list[WrittenRow] = []  # by the current transaction
         # the highest seq and item number written, once read (two queries fewer per write);
@@ -150,7 +151,7 @@ class ItemWriter:
     def _remember(self, name: str, number: int) -> None:
         self._known[name] = number
         if len(self._known) > self.cap:
-            del self._known[next(iter(self._known))]
+            self._known.popitem(last=False)
 
     def committed(self) -> None:
         """The current transaction committed: the numbers it assigned and the rows it wrote are

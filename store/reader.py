@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import sqlite3
 import threading
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable, Generator, Iterable, Iterator
 from contextlib import closing
 from pathlib import Path
@@ -104,7 +104,7 @@ class _SkipLog:
 
 
 def decode_row(
-    row: tuple[Any, ...], shared: dict[bytes, tuple[Any, Any]] | None = None
+    row: tuple[Any, ...], shared: OrderedDict[bytes, tuple[Any, Any]] | None = None
 ) -> dict[str, Any]:
     """The message of a ``(seq, id, agent, role, body)`` row; with ``shared``, a body already
     decoded there is not decoded again (its blocks and metadata are then the same objects as in
@@ -119,7 +119,7 @@ def decode_row(
             raise CorruptRecord(f"message {message_id!r} (seq {seq}): {exc}") from exc
         if shared is not None:
             if len(shared) >= MAX_SHARED_BODIES:
-                del shared[next(iter(shared))]  # the oldest goes first
+                shared.popitem(last=False)  # the oldest goes first (in constant time)
             shared[body] = decoded
     blocks, metadata = decoded
     return {"id": message_id, "agent": agent, "role": role, "blocks": blocks, "metadata": metadata}
@@ -151,7 +151,8 @@ class Reader:
         self.path = Path(path)
         self._lock = threading.Lock()
         self._skips = _SkipLog()
-        self._shared: dict[bytes, tuple[Any, Any]] = {}  # body -> (blocks, metadata), see rows
+        # body -> (blocks, metadata), see rows
+        self._shared: OrderedDict[bytes, tuple[Any, Any]] = OrderedDict()
         conn = connect_read_only(self.path) if read_only else connect(self.path)
         self._conn: sqlite3.Connection | None = conn
         try:
