@@ -4,6 +4,8 @@ up after ``max_wait`` and goes on). MockClock, no real time."""
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+from functools import partial
 from typing import Any
 
 import pytest
@@ -11,6 +13,26 @@ import trio
 import trio.testing
 
 from actors.turn_token import TurnToken
+
+
+async def one_after_another(*turns: Callable[[], Awaitable[None]]) -> None:
+    """Run ``turns`` side by side, each started once those before it wait."""
+    async with trio.open_nursery() as nursery:
+        for turn in turns:
+            nursery.start_soon(turn)
+            await trio.testing.wait_all_tasks_blocked()
+
+
+def slow_store(committed: trio.Event, written: list[Any]) -> Any:
+    """A store whose writes are done once ``committed`` is set (the commit), kept in
+    ``written``."""
+
+    class SlowStore:
+        async def write(self, op: Any) -> None:
+            written.append(op)
+            await committed.wait()
+
+    return SlowStore()
 
 
 async def test_turns_are_served_in_the_order_they_asked(
@@ -87,10 +109,7 @@ async def test_away_lets_the_others_in_and_takes_the_token_back_after(
             order.append(f"{name} works")
         server_answers.set()
 
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(slow, "a")
-        await trio.testing.wait_all_tasks_blocked()
-        nursery.start_soon(quick, "b")
+    await one_after_another(partial(slow, "a"), partial(quick, "b"))
     assert order == ["a works", "b works", "a works again"]
     assert not token.held()
 
@@ -159,10 +178,7 @@ async def test_a_long_turn_hands_the_token_to_a_waiting_turn_at_its_next_share(
         async with token.turn():
             order.append("short")
 
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(long)
-        await trio.testing.wait_all_tasks_blocked()
-        nursery.start_soon(short)  # asks while the long turn is in its first part
+    await one_after_another(long, short)  # asks while the long turn is in its first part
     assert order == ["long part 0", "short", "long part 1", "long part 2"]
     assert token.shared == 1
     assert token.gave_up == 0
@@ -184,10 +200,7 @@ async def test_share_keeps_the_token_when_held_briefly_or_nobody_waits(
         async with token.turn():
             order.append("other")
 
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(holder)
-        await trio.testing.wait_all_tasks_blocked()
-        nursery.start_soon(other)
+    await one_after_another(holder, other)
     assert order == ["holder kept it", "other"]
     async with token.turn():  # alone, long past share_after: nobody to hand it to
         await trio.sleep(10.0)
@@ -239,10 +252,7 @@ async def test_a_share_between_whole_parts_of_a_turn_waits_longer(
         async with token.turn():
             order.append("other")
 
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(holder)
-        await trio.testing.wait_all_tasks_blocked()
-        nursery.start_soon(other)
+    await one_after_another(holder, other)
     assert order == ["kept before the model", "other", "back after the other"]
 
 
@@ -253,16 +263,10 @@ async def test_a_turns_reply_waits_for_its_commit_without_the_token(
 
     from actors.agent_history import store_said
 
-    committed = trio.Event()
+    committed = trio.Event()  # the writer thread's commit
     written: list[Any] = []
-
-    class SlowStore:
-        async def write(self, op: Any) -> None:
-            written.append(op)
-            await committed.wait()  # the writer thread's commit
-
     token = TurnToken(max_wait=60)
-    ctx = SimpleNamespace(store=SlowStore(), turns=token)
+    ctx = SimpleNamespace(store=slow_store(committed, written), turns=token)
     order: list[str] = []
 
     async def replying() -> None:
@@ -276,10 +280,7 @@ async def test_a_turns_reply_waits_for_its_commit_without_the_token(
             order.append("other turn")
             committed.set()
 
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(replying)
-        await trio.testing.wait_all_tasks_blocked()
-        nursery.start_soon(other)
+    await one_after_another(replying, other)
     assert order == ["other turn", "stored hi"]
     assert token.gave_up == 0  # the other turn had the token, it did not go on without it
     assert len(written) == 1
@@ -295,13 +296,8 @@ async def test_a_turns_last_reply_does_not_take_the_token_back(
     from actors.agent_history import store_said
 
     committed, other_done = trio.Event(), trio.Event()
-
-    class SlowStore:
-        async def write(self, op: Any) -> None:
-            await committed.wait()
-
     token = TurnToken(max_wait=60)
-    ctx = SimpleNamespace(store=SlowStore(), turns=token)
+    ctx = SimpleNamespace(store=slow_store(committed, []), turns=token)
     order: list[str] = []
 
     async def replying() -> None:
@@ -321,9 +317,6 @@ async def test_a_turns_last_reply_does_not_take_the_token_back(
             order.append("other turn ends")
         other_done.set()
 
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(replying)
-        await trio.testing.wait_all_tasks_blocked()
-        nursery.start_soon(other)
+    await one_after_another(replying, other)
     assert order == ["other turn", "stored, going on", "other turn ends"]
     assert token.gave_up == 0
