@@ -210,8 +210,10 @@ def _is_inbound(message: Mapping[str, Any]) -> bool:
     )
 
 
-#: Body lengths kept (:func:`_body_length`); the oldest go first.
-BODY_LENGTHS = 4096
+#: Body lengths kept (:func:`_body_length`); the oldest go first. Enough for every agent's
+#: context at once (the agents hearing a channel mostly read the same items), and no more: an
+#: entry keeps its message's objects alive, for the collector to walk.
+BODY_LENGTHS = 1024
 _body_lengths: OrderedDict[int, tuple[object, object, object, int]] = OrderedDict()
 
 
