@@ -15,11 +15,13 @@ the message rows it committed.
 
 The child (:mod:`store.writer_child`) ends when its pipe closes (the host closed the store),
 after the batch in hand. It is killed with the thread that started it (the writer thread; on
-Linux), so it never commits after the host died: a host started again finds the store as the
-dead one left it. It ignores SIGINT and SIGTERM: a signal sent to the whole process group does
-not cut off the commits the host still makes on its way out. When the child ends in the middle
-of a batch (killed), that batch fails with :class:`~store.errors.StoreError` (SQLite undid what
-it did not commit, so nothing acknowledged is lost), and the next batch starts a new child.
+Linux), so it starts no batch after the host died: a host started again finds the store as the
+dead one left it, give or take the commit that was on its way to the disk at the kill (its ops
+were never acknowledged). It ignores SIGINT and SIGTERM: a signal sent to the whole process
+group does not cut off the commits the host still makes on its way out. When the child ends in
+the middle of a batch (killed), that batch fails with :class:`~store.errors.StoreError` (SQLite
+undid what it did not commit, so nothing acknowledged is lost), and the next batch starts a new
+child.
 
 Create it in the thread that will use it: the child's life is tied to that thread's.
 """
