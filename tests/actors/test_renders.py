@@ -24,6 +24,13 @@ def item(text: str, role: str = "user") -> dict[str, Any]:
     }
 
 
+#: Which of five items (or rows) each step reads, for which agent, and whether from objects of
+#: its own (decoded or encoded alone) instead of the shared ones.
+PICKS = st.lists(
+    st.tuples(st.integers(0, 4), st.sampled_from(["Ada", "Bo"]), st.booleans()), max_size=40
+)
+
+
 def copy_for(agent: str, of: Mapping[str, Any]) -> dict[str, Any]:
     """Another agent's copy of a stored item: its own message, the item's objects."""
     return {
@@ -33,12 +40,7 @@ def copy_for(agent: str, of: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-@given(
-    picks=st.lists(
-        st.tuples(st.integers(0, 4), st.sampled_from(["Ada", "Bo"]), st.booleans()), max_size=40
-    ),
-    cap=st.integers(1, 6),
-)
+@given(picks=PICKS, cap=st.integers(1, 6))
 def test_a_shared_rendering_is_what_rendering_the_copy_gives(
     picks: list[tuple[int, str, bool]], cap: int
 ) -> None:
@@ -98,12 +100,7 @@ def row_of(seq: int, agent: str, role: str, body: bytes) -> tuple[int, str, str,
     return (seq, f"m{seq}", agent, role, body)
 
 
-@given(
-    picks=st.lists(
-        st.tuples(st.integers(0, 4), st.sampled_from(["Ada", "Bo"]), st.booleans()), max_size=40
-    ),
-    cap=st.integers(1, 6),
-)
+@given(picks=PICKS, cap=st.integers(1, 6))
 def test_a_rendered_row_is_what_rendering_its_message_gives(
     picks: list[tuple[int, str, bool]], cap: int
 ) -> None:
