@@ -2,10 +2,11 @@
 was stored since its last read without a trip to the reading thread.
 
 Ten agents hearing one busy channel each read the same new messages at every turn; through the
-one reading thread those reads queue behind each other. The writer thread reports the rows of
-each commit (:data:`store.writer.CommitObserver`); the trio thread files them here, and
-:meth:`FreshFeeds.take` hands an agent its rows after a seq, or ``None`` when the feed cannot
-prove it holds every one of them (the reader then reads the store, as before).
+one reading thread those reads queue behind each other. The store writer
+(:mod:`actors.store_writer`) reports the rows of each commit
+(:data:`store.writer.CommitObserver`), which are filed here before any op of that commit is
+reported done; :meth:`FreshFeeds.take` hands an agent its rows after a seq, or ``None`` when the
+feed cannot prove it holds every one of them (the reader then reads the store, as before).
 
 A feed holds every row of its agent committed after its ``complete_after`` seq. It starts at
 the first row filed for the agent (all rows committed earlier have lower seqs: commits are

@@ -163,7 +163,7 @@ class HotLanes:
     async def _write(self, unwritten: list[tuple[Pending, Prepared, Trace]], bulk: bool) -> None:
         """Hand the channels' writes to the store in one piece, in order, and give each item
         its pending write (emptying ``unwritten``); ``bulk`` writes may gather a little in the
-        store (:mod:`store.writer`)."""
+        store (:mod:`actors.store_writer`)."""
         if not unwritten:
             return
         try:

@@ -1,10 +1,10 @@
 """The interpreter's thread switch interval while hosts run.
 
-The store's writer thread (:mod:`store.writer`) hands each batch to the writer process and
-waits for its answer; each of those pipe calls lets go of the interpreter lock, and taking it
-back while the trio thread runs Python code waits for the switch interval (Python's default is
-5 ms). Every acknowledgement to a server and every agent's reply waits for a commit, so on a
-busy host each commit's few waits for the lock came on top of the commit itself.
+The host's store reads run in a worker thread (``StoreClient.read``); each SQLite call there lets
+go of the interpreter lock, and taking it back while the trio thread runs Python code waits for
+the switch interval (Python's default is 5 ms). When the store's writer was a thread as well
+(its pipe calls to the store process waited the same way), every acknowledgement to a server and
+every agent's reply waited for those hand-offs on a busy host.
 
 While at least one host runs, the interval is at most :data:`SWITCH_INTERVAL_S`; when the last
 one closes, the interval it found is put back (unless something else changed it meanwhile).
@@ -14,7 +14,10 @@ brought the median wake-to-reply from 17.5 to 14.0 ms (four rounds) and from 28.
 the same (about 104 ms) in the second. One agent's figures stayed within noise (5.4 / 11.9 ms
 against 5.1 / 13.4 ms; 7.0 / 22.4 against 6.5 / 22.1 ms). Shorter still costs more switches than
 it saves (0.1 ms made one agent's p99 worse). When the writer ran SQLite in its own thread
-(about ten trips per commit), 1 ms was best.
+(about ten trips per commit), 1 ms was best. With the writer a trio task
+(:mod:`actors.store_writer`) the gain is smaller and not clear: over three rounds pooled, ten
+agents' p50 / p99 were 12.7 / 39.3 ms at 0.2 ms against 11.3 / 40.6 ms at 5 ms (after two rounds
+the p99 had been 29.6 against 43.4 ms), and one agent's 5.0 / 13.0 against 4.6 / 10.7 ms.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""The trio side of the store: one writer thread with group commit, reads in worker threads.
+"""The trio side of the store: one writer task with group commit (:mod:`actors.store_writer`),
+reads in worker threads.
 
 ``submit(op)`` waits only for an in-flight slot (backpressure at ``MAX_IN_FLIGHT`` writes not yet
 committed) and returns a ``StoreFuture`` at once, so an actor can hand a write over without
@@ -8,18 +9,17 @@ Writes are committed in submission order.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
 import trio
 
-from store import AppendResult, GroupCommitWriter, Reader, SkippedRecord
-from store.items import WrittenRow
+from store import AppendResult, Reader, SkippedRecord
 
 from .fresh_feed import FreshFeeds
 from .kernel import Work
+from .store_writer import StoreWriter
 
 T = TypeVar("T")
 
@@ -84,8 +84,8 @@ class SettledFuture:
 
 
 class _Completion:
-    """The results of one ``submit_many`` of ``n`` ops, gathered in the writer thread (which
-    calls ``done`` once per op, in order) and handed to the trio thread in one piece.
+    """The results of one ``submit_many`` of ``n`` ops, gathered as the writer calls ``done``
+    once per op, in order; the last one settles the batch.
 
     It holds no reference to its futures (they hold it), so a settled batch is freed as soon as
     its futures are dropped, without waiting for the cycle collector."""
@@ -101,7 +101,9 @@ class _Completion:
     def done(self, result: object) -> None:
         self.results.append(result)
         if len(self.results) == self.n:
-            self.client._completed_batch(self)
+            self.settled.set()
+            self.client._free(self.n)
+            self.client.work.dec(self.n)
 
 
 class StoreClient:
@@ -109,7 +111,7 @@ class StoreClient:
         data_dir.mkdir(parents=True, exist_ok=True)
         self.path = data_dir / DB_NAME
         self.work = work
-        self.writer = GroupCommitWriter(self.path)
+        self.writer = StoreWriter(self.path)
         self.reader = Reader(self.path)
         #: Told of each stored record the reader skipped because it does not decode (once per
         #: record); the host makes a ``record-skipped`` trace event of it.
@@ -117,15 +119,11 @@ class StoreClient:
         # writes handed over and not yet committed (at most MAX_IN_FLIGHT); counted per batch
         self._in_flight = 0
         self._room = trio.Event()  # set (and replaced) whenever commits free room
-        self._token = trio.lowlevel.current_trio_token()
         self._read_limiter = trio.CapacityLimiter(1)
-        self._lock = threading.Lock()
-        self._completed: list[_Completion] = []
-        self._committed: list[tuple[list[WrittenRow], bool]] = []
-        self._scheduled = False
-        #: The rows of recent commits, per agent (filed in the trio thread; see FreshFeeds).
+        #: The rows of recent commits, per agent, filed before any write of theirs is reported
+        #: done (see FreshFeeds).
         self.feeds = FreshFeeds()
-        self.writer.on_commit = self._committed_rows
+        self.writer.on_commit = self.feeds.file
 
     def start(self) -> None:
         self.writer.start()
@@ -157,40 +155,6 @@ class StoreClient:
             raise
         return [StoreFuture(batch, i) for i in range(n)]
 
-    def _completed_batch(self, batch: _Completion) -> None:
-        """Called in the writer thread once every op of ``batch`` has its result."""
-        with self._lock:
-            self._completed.append(batch)
-            self._schedule_locked()
-
-    def _committed_rows(self, rows: list[WrittenRow], gap: bool) -> None:
-        """Called in the writer thread after each commit, before its ops' results."""
-        with self._lock:
-            self._committed.append((rows, gap))
-            self._schedule_locked()
-
-    def _schedule_locked(self) -> None:
-        if self._scheduled:
-            return
-        self._scheduled = True
-        try:
-            # one wake-up of the trio thread for everything committed meanwhile
-            self._token.run_sync_soon(self._deliver)
-        except trio.RunFinishedError:
-            pass
-
-    def _deliver(self) -> None:
-        with self._lock:
-            completed, self._completed = self._completed, []
-            committed, self._committed = self._committed, []
-            self._scheduled = False
-        for rows, gap in committed:  # filed before any write of theirs is reported done
-            self.feeds.file(rows, gap)
-        for batch in completed:
-            batch.settled.set()
-            self._free(batch.n)
-            self.work.dec(batch.n)
-
     def _free(self, n: int) -> None:
         self._in_flight -= n
         room, self._room = self._room, trio.Event()
@@ -214,4 +178,4 @@ class StoreClient:
     async def aclose(self) -> None:
         with trio.move_on_after(10) as scope:
             scope.shield = True
-            await trio.to_thread.run_sync(self.writer.close, 10.0)
+            await self.writer.aclose()

@@ -1,7 +1,9 @@
 """Persistence: the embedded SQLite + CBOR store.
 
 Writes go through one :class:`GroupCommitWriter` thread (group commit, durable when acknowledged);
-reads use a :class:`Reader`. This package does not depend on any async framework.
+reads use a :class:`Reader`. This package does not depend on any async framework: the host keeps
+the writer's rules in a trio task of its own (``actors.store_writer``), on the same store process
+(:mod:`store.writer_process`).
 """
 
 from store.bodytext import body_text, text_matcher

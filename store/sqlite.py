@@ -1,8 +1,9 @@
 """The SQLite store: schema, connections and the batch-applying write side.
 
 One file, ``<data_dir>/store.sqlite3``, in WAL mode with ``synchronous=FULL``: a committed
-transaction is on disk when the commit returns. Only the writer thread (see
-:mod:`store.writer`) uses :class:`Database`; a :class:`~store.reader.Reader` has its own
+transaction is on disk when the commit returns. Only the one writer of a store (the
+store process of :mod:`store.writer_process`, or the thread of :mod:`store.writer`) uses
+:class:`Database`; a :class:`~store.reader.Reader` has its own
 connection and may be used from any thread.
 
 The schema and its upgrades are in :mod:`store.schema`; how messages are kept (each body

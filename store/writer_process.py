@@ -1,27 +1,27 @@
 """The store's write connection in a process of its own.
 
-The writer thread (:mod:`store.writer`) spends most of a commit in SQLite, which lets go of the
-interpreter lock at every statement and must take it back before the next. While the host's
-event loop keeps the lock busy, each of those waits lasts up to the thread switch interval, and
-a commit of ten statements waits ten times. :class:`DatabaseProcess` runs the
-:class:`~store.sqlite.Database` in a child process instead: the writer thread hands it a whole
-batch and waits for the answer in two blocking pipe calls (which let go of the lock), and the
-child runs the statements under an interpreter lock of its own.
+A writer spends most of a commit in SQLite, which lets go of the interpreter lock at every
+statement and must take it back before the next. While the host's event loop keeps the lock
+busy, each of those waits lasts up to the thread switch interval, and a commit of ten statements
+waits ten times. The child process runs the :class:`~store.sqlite.Database` under an interpreter
+lock of its own instead. :class:`DatabaseProcess` is that child for the writer thread
+(:mod:`store.writer`), which hands it a whole batch and waits for the answer in two blocking pipe
+calls; the host's trio writer (``actors.store_writer``) talks to the same child through
+:func:`spawn`, :func:`frame` and :func:`take_frame` on non-blocking pipes.
 
-It has the part of the :class:`~store.sqlite.Database` interface the writer uses: ``apply``,
-``items.take_committed`` and ``close``. A batch crosses the pipe pickled, as a length-prefixed
-frame; the child answers each with the batch's outcomes (or the exception ``apply`` raised) and
-the message rows it committed.
+:class:`DatabaseProcess` has the part of the :class:`~store.sqlite.Database` interface the
+writer uses: ``apply``, ``items.take_committed`` and ``close``. A batch crosses the pipe
+pickled, as a length-prefixed frame; the child answers each with the batch's outcomes (or the
+exception ``apply`` raised) and the message rows it committed.
 
 The child (:mod:`store.writer_child`) ends when its pipe closes (the host closed the store),
-after the batch in hand. It is killed with the thread that started it (the writer thread; on
-Linux), so it starts no batch after the host died: a host started again finds the store as the
-dead one left it, give or take the commit that was on its way to the disk at the kill (its ops
-were never acknowledged). It ignores SIGINT and SIGTERM: a signal sent to the whole process
-group does not cut off the commits the host still makes on its way out. When the child ends in
-the middle of a batch (killed), that batch fails with :class:`~store.errors.StoreError` (SQLite
-undid what it did not commit, so nothing acknowledged is lost), and the next batch starts a new
-child.
+after the batch in hand. It is killed with the thread that started it (on Linux), so it starts
+no batch after the host died: a host started again finds the store as the dead one left it,
+give or take the commit that was on its way to the disk at the kill (its ops were never
+acknowledged). It ignores SIGINT and SIGTERM: a signal sent to the whole process group does not
+cut off the commits the host still makes on its way out. When the child ends in the middle of a
+batch (killed), that batch fails with :class:`~store.errors.StoreError` (SQLite undid what it
+did not commit, so nothing acknowledged is lost), and the next batch starts a new child.
 
 Create it in the thread that will use it: the child's life is tied to that thread's.
 """
@@ -46,11 +46,37 @@ _HEADER = struct.Struct("!I")
 MAX_FRAME = 1 << 30
 
 
+def frame(value: object) -> bytes:
+    """``value`` as one frame: its pickle after its length."""
+    data = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+    return _HEADER.pack(len(data)) + data
+
+
 def send(stream: IO[bytes], value: object) -> None:
     """Write ``value`` as one frame."""
-    data = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
-    stream.write(_HEADER.pack(len(data)) + data)
+    stream.write(frame(value))
     stream.flush()
+
+
+#: What :func:`take_frame` returns while the buffer holds no whole frame.
+INCOMPLETE: Any = object()
+
+
+def take_frame(buffer: bytearray) -> Any:
+    """The value of the first whole frame in ``buffer``, removed from it, or
+    :data:`INCOMPLETE` (the buffer left as it was) while more bytes are needed. Raises
+    ``ValueError`` for a frame over :data:`MAX_FRAME`."""
+    if len(buffer) < _HEADER.size:
+        return INCOMPLETE
+    (size,) = _HEADER.unpack_from(buffer)
+    if size > MAX_FRAME:
+        raise ValueError(f"frame of {size} bytes is over {MAX_FRAME}")
+    end = _HEADER.size + size
+    if len(buffer) < end:
+        return INCOMPLETE
+    value = pickle.loads(memoryview(buffer)[_HEADER.size : end])
+    del buffer[:end]
+    return value
 
 
 def receive(stream: IO[bytes]) -> Any:
@@ -93,22 +119,13 @@ class DatabaseProcess:
         self._start()
 
     def _start(self) -> None:
-        child = subprocess.Popen(
-            [sys.executable, "-m", "store.writer_child", str(self.path), str(os.getpid())],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            env={**os.environ, "PYTHONPATH": _import_path()},
-        )
-        assert child.stdin is not None and child.stdout is not None
+        child = spawn(self.path)
+        assert child.stdout is not None
         try:
             answer = receive(child.stdout)
         except (OSError, EOFError, ValueError, pickle.UnpicklingError) as exc:
             answer = StoreError(f"store process failed to start: {exc}")
-        if answer != "ready":
-            _end(child, kill=True)
-            if isinstance(answer, StoreError):
-                raise answer
-            raise StoreError(f"store process failed to start (code {child.returncode})")
+        check_ready(child, answer)
         self._child = child
 
     @property
@@ -133,7 +150,7 @@ class DatabaseProcess:
             answer = StoreError("store process ended")
         if isinstance(answer, StoreError):  # the child ended: the next batch starts another
             self._child = None
-            _end(child, kill=True)  # in whatever state it is, it is not trusted again
+            end(child, kill=True)  # in whatever state it is, it is not trusted again
             self.items.gap = True  # what it committed last may not have been reported
             raise answer
         outcomes, rows, gap = answer
@@ -147,10 +164,32 @@ class DatabaseProcess:
     def close(self) -> None:
         child, self._child = self._child, None
         if child is not None:
-            _end(child)
+            end(child)
 
 
-def _end(child: subprocess.Popen[bytes], *, kill: bool = False) -> None:
+def spawn(path: Path) -> subprocess.Popen[bytes]:
+    """Start a child on the store at ``path``, tied to the calling thread; its first answer
+    says whether it opened the store (:func:`check_ready`)."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "store.writer_child", str(path), str(os.getpid())],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        env={**os.environ, "PYTHONPATH": _import_path()},
+    )
+
+
+def check_ready(child: subprocess.Popen[bytes], answer: object) -> None:
+    """Raise the :class:`StoreError` that stopped ``child`` unless its first ``answer`` says it
+    is ready (it is then ended)."""
+    if answer == "ready":
+        return
+    end(child, kill=True)
+    if isinstance(answer, StoreError):
+        raise answer
+    raise StoreError(f"store process failed to start (code {child.returncode})")
+
+
+def end(child: subprocess.Popen[bytes], *, kill: bool = False) -> None:
     """Close the child's pipe and wait for it to finish its batch and end (``kill``: end it
     at once)."""
     if kill:

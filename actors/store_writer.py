@@ -1,0 +1,296 @@
+"""The host's store writer: a trio task that hands batches to the store process.
+
+It keeps the rules of :class:`store.writer.GroupCommitWriter` (which stays for synchronous
+users): ops are committed in submission order, in batches of every op waiting (at most
+``max_batch``); ops that are all bulk gather up to ``bulk_gap`` seconds after the previous commit
+(:func:`store.writer.bulk_wait`, on trio's clock); each batch's message rows go to ``on_commit``
+before any of its ops' ``done`` callbacks run, and a ``done`` runs only once its op is committed
+(or has failed). At most ``max_queue`` ops wait; :meth:`StoreWriter.submit_many` raises
+:class:`~store.errors.StoreFull` past that.
+
+What differs is where it runs. The thread writer's pipe calls each waited for the interpreter
+lock, and its results reached trio through ``run_sync_soon``, one scheduling round later. Here a
+system task writes each pickled batch to the store process's stdin and reads the answer from its
+stdout through trio's own pipes, and calls the callbacks in the trio thread, so a commit costs the
+host no thread hand-off at all.
+
+The store process (:mod:`store.writer_child`) is started from the trio thread and dies with it
+(Linux). When it ends in the middle of a batch, that batch fails with
+:class:`~store.errors.StoreError`, ``on_commit`` is told there may be a gap, and the next batch
+starts a new process. :meth:`StoreWriter.aclose` commits every queued op, then lets the process
+end after its last batch.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import pickle
+import subprocess
+from collections import deque
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from store import StoreClosed, StoreError, StoreFull
+from store.items import WrittenRow
+from store.records import Append, Op, Outcome, PutState, TrimJournal
+from store.writer import BULK_GAP_S, CommitObserver, Done, WriterStats, bulk_wait
+from store.writer_process import INCOMPLETE, check_ready, end, frame, receive, spawn, take_frame
+
+log = logging.getLogger(__name__)
+
+#: How many bytes one read of the store process's answers asks for.
+READ_SIZE = 1 << 20
+
+
+class _Process:
+    """One store process and trio's ends of its pipes."""
+
+    def __init__(self, child: subprocess.Popen[bytes]) -> None:
+        assert child.stdin is not None and child.stdout is not None
+        self.child = child
+        self.to = trio.lowlevel.FdStream(os.dup(child.stdin.fileno()))
+        self.back = trio.lowlevel.FdStream(os.dup(child.stdout.fileno()))
+        child.stdin.close()
+        child.stdout.close()
+        self.buffer = bytearray()
+
+    async def receive(self) -> Any:
+        """The next answer, or None when the process closed its end."""
+        while (value := take_frame(self.buffer)) is INCOMPLETE:
+            data = await self.back.receive_some(READ_SIZE)
+            if not data:
+                if self.buffer:
+                    raise EOFError("pipe closed inside a frame")
+                return None
+            self.buffer += data
+        return value
+
+    def end(self, *, kill: bool = False) -> None:
+        """Close the pipes and wait for the process to end (after the batch in hand, unless
+        ``kill``)."""
+        self.to.close()
+        self.back.close()
+        end(self.child, kill=kill)
+
+
+class StoreWriter:
+    """Serializes the host's writes through one trio task, committing in groups (see the module
+    docstring). Ops may be submitted before :meth:`start`; they are committed once it runs."""
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        max_queue: int = 4096,
+        max_batch: int = 512,
+        bulk_gap: float = BULK_GAP_S,
+    ) -> None:
+        if max_queue < 1 or max_batch < 1:
+            raise ValueError("max_queue and max_batch must be at least 1")
+        self.path = Path(path)
+        self.max_queue = max_queue
+        self.max_batch = max_batch
+        self.bulk_gap = bulk_gap
+        #: Told of the message rows of each commit, before its ops' ``done`` callbacks.
+        self.on_commit: CommitObserver | None = None
+        self._queue: deque[tuple[Op, Done, bool]] = deque()  # (op, done, whether it is bulk)
+        self._prompt = 0  # queued ops that are not bulk
+        self._wake = trio.Event()  # set when an op that ends a wait is queued, or on close
+        self._committed_at = 0.0  # trio.current_time() at the end of the previous commit
+        self._closing = False
+        self._started = False
+        self._stopped = trio.Event()
+        self._process: _Process | None = None
+        self._gap = False  # a process ended before it reported what it committed last
+        self._ops = self._batches = self._largest = 0
+
+    def start(self) -> None:
+        """Start the store process and the task (in the trio thread). Raises
+        :class:`StoreError` when the store cannot be opened."""
+        if self._closing:
+            raise StoreClosed("writer is closed")
+        if self._started:
+            raise RuntimeError("writer already started")
+        child = spawn(self.path)
+        assert child.stdout is not None
+        try:
+            answer = receive(child.stdout)
+        except (OSError, EOFError, ValueError, pickle.UnpicklingError) as exc:
+            answer = StoreError(f"store process failed to start: {exc}")
+        check_ready(child, answer)
+        self._process = _Process(child)
+        self._started = True
+        self._committed_at = trio.current_time()
+        trio.lowlevel.spawn_system_task(self._run, name="mcplive-store-writer")
+
+    @property
+    def store_pid(self) -> int | None:
+        """The store process's id (None between a process's end and the next batch)."""
+        return self._process.child.pid if self._process is not None else None
+
+    def stats(self) -> WriterStats:
+        return WriterStats(ops=self._ops, batches=self._batches, largest_batch=self._largest)
+
+    def submit(self, op: Op, done: Done) -> None:
+        """Queue one prompt op (see :meth:`submit_many`)."""
+        self.submit_many([(op, done)])
+
+    def submit_many(self, items: Sequence[tuple[Op, Done]], *, bulk: bool = False) -> None:
+        """Queue ops, all or none; each ``done(outcome)`` runs once its op is committed or has
+        failed. Raises :class:`StoreFull` when they do not all fit under ``max_queue`` and
+        :class:`StoreClosed` after :meth:`aclose`; then no ``done`` will be called."""
+        for op, _ in items:
+            if not isinstance(op, Append | PutState | TrimJournal):
+                raise TypeError(f"not a store op: {op!r}")
+        if self._closing:
+            raise StoreClosed("writer is closed")
+        if len(self._queue) + len(items) > self.max_queue:
+            raise StoreFull(f"{len(items)} ops do not fit under max_queue {self.max_queue}")
+        first = not self._queue
+        self._queue.extend((op, done, bulk) for op, done in items)
+        if not bulk:
+            self._prompt += len(items)
+        if not bulk or first:
+            self._wake.set()  # a prompt op ends a wait; a first op starts one
+
+    async def aclose(self) -> None:
+        """Stop taking ops, commit every queued one, and let the store process end."""
+        if not self._started and self._queue:
+            try:
+                self.start()  # ops were queued before the start: they are committed too
+            except StoreError as exc:
+                self._closing = True
+                waiting = [(op, done) for op, done, _ in self._queue]
+                self._queue.clear()
+                _settle(waiting, [exc for _ in waiting])
+                raise
+        self._closing = True
+        self._wake.set()
+        if self._started:
+            await self._stopped.wait()
+
+    async def _run(self) -> None:
+        try:
+            while (batch := await self._take()) is not None:
+                await self._commit(batch)
+        finally:
+            self._closing = True
+            process, self._process = self._process, None
+            if process is not None:
+                process.end()
+            leftover = [(op, done) for op, done, _ in self._queue]  # only when cancelled
+            self._queue.clear()
+            _settle(leftover, [StoreClosed("writer stopped") for _ in leftover])
+            self._stopped.set()
+
+    async def _take(self) -> list[tuple[Op, Done]] | None:
+        while True:
+            while not self._queue and not self._closing:
+                await self._wait()
+            if not self._queue:
+                return None
+            if self._closing:
+                break
+            wait = bulk_wait(
+                queued=len(self._queue),
+                prompt=self._prompt,
+                max_batch=self.max_batch,
+                since_commit=trio.current_time() - self._committed_at,
+                gap=self.bulk_gap,
+            )
+            if wait <= 0:
+                break
+            with trio.move_on_after(wait):  # a prompt op or close ends it sooner
+                await self._wait()
+        batch = []
+        for _ in range(min(len(self._queue), self.max_batch)):
+            op, done, bulk = self._queue.popleft()
+            self._prompt -= not bulk
+            batch.append((op, done))
+        return batch
+
+    async def _wait(self) -> None:
+        self._wake = trio.Event()
+        await self._wake.wait()
+
+    async def _commit(self, batch: list[tuple[Op, Done]]) -> None:
+        outcomes: Sequence[object]
+        try:
+            outcomes, rows = await self._apply([op for op, _ in batch])
+        except StoreError as exc:
+            outcomes, rows = [StoreError(str(exc)) for _ in batch], []
+        except Exception as exc:
+            log.exception("store batch failed")
+            outcomes, rows = [StoreError(f"store write failed: {exc}") for _ in batch], []
+        gap, self._gap = self._gap, False
+        if self.on_commit is not None and (rows or gap):
+            try:
+                self.on_commit(rows, gap)
+            except Exception:
+                log.exception("store commit observer failed")
+        self._committed_at = trio.current_time()
+        self._ops += len(batch)
+        self._batches += 1
+        self._largest = max(self._largest, len(batch))
+        _settle(batch, outcomes)
+
+    async def _apply(self, ops: list[Op]) -> tuple[list[Outcome], list[WrittenRow]]:
+        """The batch's outcomes and committed rows, from the store process (a new one if the
+        last ended); raises :class:`StoreError` when the process ends before it answers."""
+        process = self._process
+        try:
+            if process is None or process.child.poll() is not None:
+                process = await self._restart(process)
+            await process.to.send_all(frame(ops))
+            answer = await process.receive()
+        except (
+            OSError,
+            EOFError,
+            ValueError,
+            pickle.UnpicklingError,
+            trio.BrokenResourceError,
+        ) as exc:
+            answer = StoreError(f"store process failed: {exc}")
+        if answer is None:
+            answer = StoreError("store process ended")
+        if isinstance(answer, StoreError):  # the process ended: the next batch starts another
+            self._drop()  # in whatever state it is, it is not trusted again
+            self._gap = True  # what it committed last may not have been reported
+            raise answer
+        outcomes, rows, gap = answer
+        self._gap = self._gap or gap
+        if isinstance(outcomes, StoreError):
+            raise outcomes
+        return outcomes, rows
+
+    async def _restart(self, ended: _Process | None) -> _Process:
+        """A new store process in place of one that ended between batches."""
+        if ended is not None:  # it had answered every batch it was given
+            self._drop()
+        process = _Process(spawn(self.path))
+        self._process = process
+        answer = await process.receive()
+        if answer != "ready":
+            self._process = None
+            process.to.close()
+            process.back.close()
+            check_ready(process.child, answer)
+        return process
+
+    def _drop(self) -> None:
+        """Kill the store process, if there is one."""
+        process, self._process = self._process, None
+        if process is not None:
+            process.end(kill=True)
+
+
+def _settle(batch: Sequence[tuple[Op, Done]], outcomes: Sequence[object]) -> None:
+    for (_, done), outcome in zip(batch, outcomes, strict=True):
+        try:
+            done(outcome)
+        except Exception:
+            log.exception("store done callback failed")
