@@ -15,9 +15,11 @@ the same (about 104 ms) in the second. One agent's figures stayed within noise (
 against 5.1 / 13.4 ms; 7.0 / 22.4 against 6.5 / 22.1 ms). Shorter still costs more switches than
 it saves (0.1 ms made one agent's p99 worse). When the writer ran SQLite in its own thread
 (about ten trips per commit), 1 ms was best. With the writer a trio task
-(:mod:`actors.store_writer`) the gain is smaller and not clear: over three rounds pooled, ten
-agents' p50 / p99 were 12.7 / 39.3 ms at 0.2 ms against 11.3 / 40.6 ms at 5 ms (after two rounds
-the p99 had been 29.6 against 43.4 ms), and one agent's 5.0 / 13.0 against 4.6 / 10.7 ms.
+(:mod:`actors.store_writer`) no gain is left to measure. In a slower phase (three rounds pooled)
+ten agents' p50 / p99 were 12.7 / 39.3 ms at 0.2 ms against 11.3 / 40.6 ms at 5 ms, one agent's
+5.0 / 13.0 against 4.6 / 10.7 ms; in a faster one (four rounds) 10.0 / 21.4 against
+9.6 / 21.3 ms, and 3.8 / 7.8 against 3.7 / 8.0 ms. The interval is kept short for the reading
+thread, whose reads a busy trio thread would otherwise hold back up to 5 ms each.
 """
 
 from __future__ import annotations

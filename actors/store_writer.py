@@ -69,6 +69,13 @@ class _Process:
             self.buffer += data
         return value
 
+    async def finish(self) -> None:
+        """Close the process's stdin and wait, without blocking trio, until it has ended."""
+        self.to.close()
+        while await self.back.receive_some(READ_SIZE):
+            pass  # it answers nothing more: its stdout closes as it exits
+        self.end()
+
     def end(self, *, kill: bool = False) -> None:
         """Close the pipes and wait for the process to end (after the batch in hand, unless
         ``kill``)."""
@@ -177,10 +184,13 @@ class StoreWriter:
         try:
             while (batch := await self._take()) is not None:
                 await self._commit(batch)
+            if self._process is not None:
+                await self._process.finish()
+                self._process = None
         finally:
             self._closing = True
             process, self._process = self._process, None
-            if process is not None:
+            if process is not None:  # cancelled with the run: end it after its batch
                 process.end()
             leftover = [(op, done) for op, done, _ in self._queue]  # only when cancelled
             self._queue.clear()

@@ -1,5 +1,5 @@
 """The store client's cap on writes in flight: a submit waits at the cap until commits make room,
-and a batch larger than the cap is handed over in parts. The writer thread is replaced by a
+and a batch larger than the cap is handed over in parts. The store writer is replaced by a
 stand-in that commits only when the test says so."""
 
 from __future__ import annotations
