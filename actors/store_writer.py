@@ -29,16 +29,15 @@ import pickle
 import subprocess
 from collections import deque
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import trio
 
-from store import StoreClosed, StoreError, StoreFull
+from store import StoreClosed, StoreError
 from store.items import WrittenRow
-from store.records import Append, Op, Outcome, PutState, TrimJournal
-from store.writer import BULK_GAP_S, CommitObserver, Done, WriterStats, bulk_wait
-from store.writer_process import INCOMPLETE, check_ready, end, frame, receive, spawn, take_frame
+from store.records import Op
+from store.writer import BULK_GAP_S, CommitObserver, Done, WriterRules, WriterStats
+from store.writer_process import INCOMPLETE, check_ready, end, frame, spawn, start_child, take_frame
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +83,7 @@ class _Process:
         end(self.child, kill=kill)
 
 
-class StoreWriter:
+class StoreWriter(WriterRules):
     """Serializes the host's writes through one trio task, committing in groups (see the module
     docstring). Ops may be submitted before :meth:`start`; they are committed once it runs."""
 
@@ -96,12 +95,7 @@ class StoreWriter:
         max_batch: int = 512,
         bulk_gap: float = BULK_GAP_S,
     ) -> None:
-        if max_queue < 1 or max_batch < 1:
-            raise ValueError("max_queue and max_batch must be at least 1")
-        self.path = Path(path)
-        self.max_queue = max_queue
-        self.max_batch = max_batch
-        self.bulk_gap = bulk_gap
+        super().__init__(path, max_queue=max_queue, max_batch=max_batch, bulk_gap=bulk_gap)
         #: Told of the message rows of each commit, before its ops' ``done`` callbacks.
         self.on_commit: CommitObserver | None = None
         self._queue: deque[tuple[Op, Done, bool]] = deque()  # (op, done, whether it is bulk)
@@ -122,14 +116,7 @@ class StoreWriter:
             raise StoreClosed("writer is closed")
         if self._started:
             raise RuntimeError("writer already started")
-        child = spawn(self.path)
-        assert child.stdout is not None
-        try:
-            answer = receive(child.stdout)
-        except (OSError, EOFError, ValueError, pickle.UnpicklingError) as exc:
-            answer = StoreError(f"store process failed to start: {exc}")
-        check_ready(child, answer)
-        self._process = _Process(child)
+        self._process = _Process(start_child(self.path))
         self._started = True
         self._committed_at = trio.current_time()
         trio.lowlevel.spawn_system_task(self._run, name="mcplive-store-writer")
@@ -150,13 +137,7 @@ class StoreWriter:
         """Queue ops, all or none; each ``done(outcome)`` runs once its op is committed or has
         failed. Raises :class:`StoreFull` when they do not all fit under ``max_queue`` and
         :class:`StoreClosed` after :meth:`aclose`; then no ``done`` will be called."""
-        for op, _ in items:
-            if not isinstance(op, Append | PutState | TrimJournal):
-                raise TypeError(f"not a store op: {op!r}")
-        if self._closing:
-            raise StoreClosed("writer is closed")
-        if len(self._queue) + len(items) > self.max_queue:
-            raise StoreFull(f"{len(items)} ops do not fit under max_queue {self.max_queue}")
+        self._admit(items, waiting=len(self._queue), closing=self._closing)
         first = not self._queue
         self._queue.extend((op, done, bulk) for op, done in items)
         if not bulk:
@@ -198,23 +179,17 @@ class StoreWriter:
             self._stopped.set()
 
     async def _take(self) -> list[tuple[Op, Done]] | None:
-        while True:
-            while not self._queue and not self._closing:
-                await self._wait()
-            if not self._queue:
-                return None
-            if self._closing:
-                break
-            wait = bulk_wait(
+        while (
+            wait := self._wait_before_take(
                 queued=len(self._queue),
                 prompt=self._prompt,
-                max_batch=self.max_batch,
+                closing=self._closing,
                 since_commit=trio.current_time() - self._committed_at,
-                gap=self.bulk_gap,
             )
-            if wait <= 0:
-                break
-            with trio.move_on_after(wait):  # a prompt op or close ends it sooner
+        ) != 0:
+            if wait is None:
+                return None
+            with trio.move_on_after(wait):  # an op that ends the wait, or close, ends it sooner
                 await self._wait()
         batch = []
         for _ in range(min(len(self._queue), self.max_batch)):
@@ -248,7 +223,7 @@ class StoreWriter:
         self._largest = max(self._largest, len(batch))
         _settle(batch, outcomes)
 
-    async def _apply(self, ops: list[Op]) -> tuple[list[Outcome], list[WrittenRow]]:
+    async def _apply(self, ops: list[Op]) -> tuple[Sequence[object], list[WrittenRow]]:
         """The batch's outcomes and committed rows, from the store process (a new one if the
         last ended); raises :class:`StoreError` when the process ends before it answers."""
         process = self._process
@@ -273,8 +248,8 @@ class StoreWriter:
             raise answer
         outcomes, rows, gap = answer
         self._gap = self._gap or gap
-        if isinstance(outcomes, StoreError):
-            raise outcomes
+        if isinstance(outcomes, StoreError):  # the batch failed as a whole, and was undone
+            return [StoreError(str(outcomes)) for _ in ops], rows
         return outcomes, rows
 
     async def _restart(self, ended: _Process | None) -> _Process:

@@ -21,6 +21,7 @@ has taken (at most ``max_batch``) no longer count as waiting.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import threading
 import time
@@ -71,7 +72,55 @@ class WriterStats:
     largest_batch: int
 
 
-class GroupCommitWriter:
+class WriterRules:
+    """What every store writer keeps (this thread's, and the host's trio task): its store, the
+    cap on ops waiting, the largest batch, the bulk gap, and the checks an op passes to wait."""
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        max_queue: int = 4096,
+        max_batch: int = 512,
+        bulk_gap: float = BULK_GAP_S,
+    ) -> None:
+        if max_queue < 1 or max_batch < 1:
+            raise ValueError("max_queue and max_batch must be at least 1")
+        self.path = Path(path)
+        self.max_queue = max_queue
+        self.max_batch = max_batch
+        self.bulk_gap = bulk_gap
+
+    def _admit(self, items: Sequence[tuple[Op, Done]], *, waiting: int, closing: bool) -> None:
+        """Raise unless ``items`` may join ``waiting`` ops: :class:`TypeError` for what is no
+        store op, :class:`StoreClosed` once ``closing``, :class:`StoreFull` past the cap."""
+        for op, _ in items:
+            if not isinstance(op, Append | PutState | TrimJournal):
+                raise TypeError(f"not a store op: {op!r}")
+        if closing:
+            raise StoreClosed("writer is closed")
+        if waiting + len(items) > self.max_queue:
+            raise StoreFull(f"{len(items)} ops do not fit under max_queue {self.max_queue}")
+
+    def _wait_before_take(
+        self, *, queued: int, prompt: int, closing: bool, since_commit: float
+    ) -> float | None:
+        """How long to wait before taking a batch: ``None`` to stop (closing, nothing queued),
+        ``inf`` while nothing is queued, 0 to take one now, else what is left of a bulk wait."""
+        if not queued:
+            return None if closing else math.inf
+        if closing:
+            return 0.0  # closing commits what is queued at once
+        return bulk_wait(
+            queued=queued,
+            prompt=prompt,
+            max_batch=self.max_batch,
+            since_commit=since_commit,
+            gap=self.bulk_gap,
+        )
+
+
+class GroupCommitWriter(WriterRules):
     """Serializes every write to the store through one thread, committing in groups.
 
     Ops may be submitted before :meth:`start`; they wait (within ``max_queue``) and are applied
@@ -87,12 +136,7 @@ class GroupCommitWriter:
         bulk_gap: float = BULK_GAP_S,
         process: bool = True,
     ) -> None:
-        if max_queue < 1 or max_batch < 1:
-            raise ValueError("max_queue and max_batch must be at least 1")
-        self.path = Path(path)
-        self.max_queue = max_queue
-        self.max_batch = max_batch
-        self.bulk_gap = bulk_gap
+        super().__init__(path, max_queue=max_queue, max_batch=max_batch, bulk_gap=bulk_gap)
         #: Whether the write connection lives in a child process (:mod:`store.writer_process`).
         self.process = process
         self._cond = threading.Condition()
@@ -152,13 +196,8 @@ class GroupCommitWriter:
         Raises :class:`StoreFull` when ``max_queue`` ops are waiting and :class:`StoreClosed`
         after :meth:`close`; in both cases ``done`` will not be called.
         """
-        if not isinstance(op, Append | PutState | TrimJournal):
-            raise TypeError(f"not a store op: {op!r}")
         with self._cond:
-            if self._closing:
-                raise StoreClosed("writer is closed")
-            if len(self._queue) >= self.max_queue:
-                raise StoreFull(f"{self.max_queue} store ops are already waiting")
+            self._admit([(op, done)], waiting=len(self._queue), closing=self._closing)
             self._queue.append((op, done))
             self._bulk.append(False)
             self._prompt += 1
@@ -171,14 +210,8 @@ class GroupCommitWriter:
         Raises :class:`StoreFull` when they do not all fit under ``max_queue``, and
         :class:`StoreClosed` after :meth:`close`; then no ``done`` will be called.
         """
-        for op, _ in items:
-            if not isinstance(op, Append | PutState | TrimJournal):
-                raise TypeError(f"not a store op: {op!r}")
         with self._cond:
-            if self._closing:
-                raise StoreClosed("writer is closed")
-            if len(self._queue) + len(items) > self.max_queue:
-                raise StoreFull(f"{len(items)} ops do not fit under max_queue {self.max_queue}")
+            self._admit(items, waiting=len(self._queue), closing=self._closing)
             self._queue.extend(items)
             self._bulk.extend([bulk] * len(items))
             if not bulk:
@@ -227,23 +260,17 @@ class GroupCommitWriter:
 
     def _take(self) -> list[tuple[Op, Done]] | None:
         with self._cond:
-            while True:
-                while not self._queue and not self._closing:
-                    self._cond.wait()
-                if not self._queue:
-                    return None
-                if self._closing:
-                    break
-                wait = bulk_wait(
+            while (
+                wait := self._wait_before_take(
                     queued=len(self._queue),
                     prompt=self._prompt,
-                    max_batch=self.max_batch,
+                    closing=self._closing,
                     since_commit=time.monotonic() - self._committed_at,
-                    gap=self.bulk_gap,
                 )
-                if wait <= 0:
-                    break
-                self._cond.wait(wait)  # a prompt op or close wakes it sooner
+            ) != 0:
+                if wait is None:
+                    return None
+                self._cond.wait(None if wait == math.inf else wait)  # an op or close wakes it
             count = min(len(self._queue), self.max_batch)
             for _ in range(count):
                 if not self._bulk.popleft():

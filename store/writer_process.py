@@ -119,14 +119,7 @@ class DatabaseProcess:
         self._start()
 
     def _start(self) -> None:
-        child = spawn(self.path)
-        assert child.stdout is not None
-        try:
-            answer = receive(child.stdout)
-        except (OSError, EOFError, ValueError, pickle.UnpicklingError) as exc:
-            answer = StoreError(f"store process failed to start: {exc}")
-        check_ready(child, answer)
-        self._child = child
+        self._child = start_child(self.path)
 
     @property
     def pid(self) -> int | None:
@@ -176,6 +169,19 @@ def spawn(path: Path) -> subprocess.Popen[bytes]:
         stdout=subprocess.PIPE,
         env={**os.environ, "PYTHONPATH": _import_path()},
     )
+
+
+def start_child(path: Path) -> subprocess.Popen[bytes]:
+    """A child on the store at ``path`` that has opened it (this waits for it), tied to the
+    calling thread; raises the :class:`StoreError` that stopped it."""
+    child = spawn(path)
+    assert child.stdout is not None
+    try:
+        answer = receive(child.stdout)
+    except (OSError, EOFError, ValueError, pickle.UnpicklingError) as exc:
+        answer = StoreError(f"store process failed to start: {exc}")
+    check_ready(child, answer)
+    return child
 
 
 def check_ready(child: subprocess.Popen[bytes], answer: object) -> None:

@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
@@ -20,7 +18,7 @@ from actors import store_writer
 from actors.store_writer import StoreWriter
 from store import Append, AppendResult, Done, Op, Reader, StoreClosed, StoreError, StoreFull
 from store.items import WrittenRow
-from tests.store.conftest import GUARD, REPO, child_env, record, wait_gone
+from tests.store.conftest import GUARD, kill_host_with_stopped_store, record, wait_gone
 
 #: Far longer than any test: bulk ops gather until something else ends their wait.
 FOREVER = 3600.0
@@ -342,30 +340,7 @@ _HOST = textwrap.dedent(
 
 
 def test_a_killed_host_leaves_no_store_process_behind(tmp_path: Path) -> None:
-    host = subprocess.Popen(
-        [sys.executable, "-c", _HOST, str(tmp_path / "s.db")],
-        stdout=subprocess.PIPE,
-        text=True,
-        cwd=REPO,
-        env=child_env(),
-    )
-    child = 0
-    try:
-        assert host.stdout is not None
-        child = int(host.stdout.readline())
-        os.kill(child, signal.SIGSTOP)  # stopped, only being killed with the host ends it
-        host.send_signal(signal.SIGKILL)
-        host.wait(GUARD)
-        wait_gone(child)
-    finally:
-        if host.poll() is None:
-            host.kill()
-            host.wait()
-        if child > 0:
-            try:
-                os.kill(child, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+    kill_host_with_stopped_store(_HOST, tmp_path / "s.db")
     assert _stored(tmp_path) == ["a"]
 
 

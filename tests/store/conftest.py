@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import select
@@ -148,3 +149,34 @@ def kill_child_after(path: Path, *args: str, acks: int, delay: float = 0.0) -> l
             if stream is not None:
                 stream.close()
     return acked
+
+
+def kill_host_with_stopped_store(script: str, path: Path) -> None:
+    """Run ``python -c script path`` (a host that prints its store process's pid once it has
+    stored something), stop that process, SIGKILL the host, and return once the store process
+    has ended as well: stopped, it cannot notice its pipe close, so only being killed with the
+    host ends it. No process is left behind, even when the check fails."""
+    host = subprocess.Popen(
+        [sys.executable, "-c", script, str(path)],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
+        env=child_env(),
+    )
+    child = 0
+    try:
+        assert host.stdout is not None
+        child = int(host.stdout.readline())
+        os.kill(child, signal.SIGSTOP)
+        host.send_signal(signal.SIGKILL)
+        host.wait(GUARD)
+        wait_gone(child)
+    finally:
+        if host.poll() is None:
+            host.kill()
+            host.wait()
+        if host.stdout is not None:
+            host.stdout.close()
+        if child > 0:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(child, signal.SIGKILL)

@@ -4,12 +4,9 @@ without losing what was committed, and no child left behind by a host that was k
 
 from __future__ import annotations
 
-import contextlib
 import os
 import pickle
 import signal
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 from typing import IO
@@ -32,7 +29,7 @@ from store import (
 )
 from store.writer_process import DatabaseProcess
 
-from .conftest import GUARD, REPO, child_env, record, wait_gone
+from .conftest import GUARD, kill_host_with_stopped_store, record, wait_gone
 
 
 def _ops(*ids: str) -> list[Append]:
@@ -148,29 +145,7 @@ _HOST = textwrap.dedent(
 
 
 def test_a_killed_host_leaves_no_child_behind(tmp_path: Path) -> None:
-    host = subprocess.Popen(
-        [sys.executable, "-c", _HOST, str(tmp_path / "s.db")],
-        stdout=subprocess.PIPE,
-        text=True,
-        cwd=REPO,
-        env=child_env(),
-    )
-    child = 0
-    try:
-        assert host.stdout is not None
-        child = int(host.stdout.readline())
-        # stopped, it cannot notice its pipe close: only being killed with the host ends it
-        os.kill(child, signal.SIGSTOP)
-        host.send_signal(signal.SIGKILL)
-        host.wait(GUARD)
-        wait_gone(child)
-    finally:
-        if host.poll() is None:
-            host.kill()
-            host.wait()
-        if child > 0:  # never left behind, even when the check failed
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(child, signal.SIGKILL)
+    kill_host_with_stopped_store(_HOST, tmp_path / "s.db")
     with Reader(tmp_path / "s.db") as reader:
         assert [m["id"] for m in reader.history("alice")] == ["a"]
 
