@@ -24,6 +24,8 @@ from .store_writer import StoreWriter
 T = TypeVar("T")
 
 MAX_IN_FLIGHT = 4096
+#: How long closing waits for the writes handed over to be committed.
+CLOSE_WAIT_S = 10.0
 DB_NAME = "store.sqlite3"
 
 
@@ -176,6 +178,4 @@ class StoreClient:
                 self.on_skip(record)
 
     async def aclose(self) -> None:
-        with trio.move_on_after(10) as scope:
-            scope.shield = True
-            await self.writer.aclose()
+        await self.writer.aclose(CLOSE_WAIT_S)

@@ -24,6 +24,7 @@ end after its last batch.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import pickle
 import subprocess
@@ -145,21 +146,25 @@ class StoreWriter(WriterRules):
         if not bulk or first:
             self._wake.set()  # a prompt op ends a wait; a first op starts one
 
-    async def aclose(self) -> None:
-        """Stop taking ops, commit every queued one, and let the store process end."""
+    async def aclose(self, timeout: float = math.inf) -> None:
+        """Stop taking ops, commit every queued one, and let the store process end; shielded
+        from cancellation. After ``timeout`` seconds it gives up (:meth:`abort`)."""
         if not self._started and self._queue:
             try:
                 self.start()  # ops were queued before the start: they are committed too
-            except StoreError as exc:
-                self._closing = True
-                waiting = [(op, done) for op, done, _ in self._queue]
-                self._queue.clear()
-                _settle(waiting, [exc for _ in waiting])
+            except StoreError:
+                self.abort()  # nothing queued waits forever
                 raise
         self._closing = True
         self._wake.set()
-        if self._started:
+        if not self._started:
+            return
+        with trio.move_on_after(timeout, shield=True) as scope:
             await self._stopped.wait()
+        if scope.cancelled_caught:  # the store process does not answer: give up on it
+            self.abort()
+            with trio.CancelScope(shield=True):
+                await self._stopped.wait()  # at once: its batch fails as the process dies
 
     async def _run(self) -> None:
         try:
@@ -170,13 +175,24 @@ class StoreWriter(WriterRules):
                 self._process = None
         finally:
             self._closing = True
-            process, self._process = self._process, None
-            if process is not None:  # cancelled with the run: end it after its batch
-                process.end()
-            leftover = [(op, done) for op, done, _ in self._queue]  # only when cancelled
-            self._queue.clear()
-            _settle(leftover, [StoreClosed("writer stopped") for _ in leftover])
+            self._drop()  # only when cancelled (the run ended without a close): nothing it
+            self._fail_queued()  # held or still waits was acknowledged
             self._stopped.set()
+
+    def abort(self) -> None:
+        """Give up on what is not committed yet (a close that took too long): every op still
+        queued fails with :class:`StoreClosed`, the store process is killed (the batch it held
+        fails, unacknowledged), and the task ends."""
+        self._closing = True
+        self._fail_queued()
+        self._drop()
+        self._wake.set()
+
+    def _fail_queued(self) -> None:
+        waiting = [(op, done) for op, done, _ in self._queue]
+        self._queue.clear()
+        self._prompt = 0
+        _settle(waiting, [StoreClosed("writer stopped") for _ in waiting])
 
     async def _take(self) -> list[tuple[Op, Done]] | None:
         while (
@@ -238,6 +254,7 @@ class StoreWriter(WriterRules):
             ValueError,
             pickle.UnpicklingError,
             trio.BrokenResourceError,
+            trio.ClosedResourceError,  # aborted meanwhile
         ) as exc:
             answer = StoreError(f"store process failed: {exc}")
         if answer is None:

@@ -14,7 +14,9 @@ import pytest
 import trio
 import trio.testing
 
-from actors import store_writer
+from actors import storage, store_writer
+from actors.kernel import Work
+from actors.storage import StoreClient
 from actors.store_writer import StoreWriter
 from store import Append, AppendResult, Done, Op, Reader, StoreClosed, StoreError, StoreFull
 from store.items import WrittenRow
@@ -69,8 +71,8 @@ def _submit(writer: StoreWriter, log: Log, *texts: str, bulk: bool = False) -> N
     writer.submit_many([(_append(t), log.done(t)) for t in texts], bulk=bulk)
 
 
-def _stored(path: Path) -> list[str]:
-    with Reader(path / "s.db") as reader:
+def _stored(path: Path, name: str = "s.db") -> list[str]:
+    with Reader(path / name) as reader:
         return [m["id"] for m in reader.history("alice")]
 
 
@@ -351,3 +353,27 @@ def test_ops_that_are_not_store_ops_are_refused(tmp_path: Path) -> None:
         writer.submit(op, lambda _o: None)
     with pytest.raises(ValueError):
         StoreWriter(tmp_path / "s.db", max_queue=0)
+
+
+async def test_a_close_the_store_process_never_answers_gives_up_on_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(storage, "CLOSE_WAIT_S", 0.5)
+    client = StoreClient(tmp_path / "data", Work())
+    client.start()
+    pid = client.writer.store_pid
+    assert pid is not None
+    with trio.fail_after(GUARD):
+        (kept,) = await client.submit_many([_append("a")])
+        await kept.wait()
+        os.kill(pid, signal.SIGSTOP)  # a store stuck on its disk
+        (held,) = await client.submit_many([_append("b")])
+        await trio.testing.wait_all_tasks_blocked()  # "b" is with the process
+        (queued,) = await client.submit_many([_append("c")])
+        await client.aclose()
+    wait_gone(pid)
+    with pytest.raises(StoreError):
+        held.result()  # never acknowledged
+    with pytest.raises(StoreClosed):
+        queued.result()
+    assert _stored(tmp_path / "data", "store.sqlite3") == ["a"]
