@@ -24,10 +24,10 @@ end after its last batch.
 from __future__ import annotations
 
 import logging
-import math
 import os
 import pickle
 import subprocess
+import threading
 from collections import deque
 from collections.abc import Sequence
 from typing import Any
@@ -72,8 +72,11 @@ class _Process:
     async def finish(self) -> None:
         """Close the process's stdin and wait, without blocking trio, until it has ended."""
         self.to.close()
-        while await self.back.receive_some(READ_SIZE):
-            pass  # it answers nothing more: its stdout closes as it exits
+        try:
+            while await self.back.receive_some(READ_SIZE):
+                pass  # it answers nothing more: its stdout closes as it exits
+        except trio.ClosedResourceError:
+            return  # aborted meanwhile: it was killed
         self.end()
 
     def end(self, *, kill: bool = False) -> None:
@@ -106,6 +109,7 @@ class StoreWriter(WriterRules):
         self._closing = False
         self._started = False
         self._stopped = trio.Event()
+        self._ended = threading.Event()  # set with _stopped, for a wait in real time
         self._process: _Process | None = None
         self._gap = False  # a process ended before it reported what it committed last
         self._ops = self._batches = self._largest = 0
@@ -146,9 +150,10 @@ class StoreWriter(WriterRules):
         if not bulk or first:
             self._wake.set()  # a prompt op ends a wait; a first op starts one
 
-    async def aclose(self, timeout: float = math.inf) -> None:
+    async def aclose(self, timeout: float | None = None) -> None:
         """Stop taking ops, commit every queued one, and let the store process end; shielded
-        from cancellation. After ``timeout`` seconds it gives up (:meth:`abort`)."""
+        from cancellation. After ``timeout`` seconds (real time; None: no limit) it gives up
+        (:meth:`abort`)."""
         if not self._started and self._queue:
             try:
                 self.start()  # ops were queued before the start: they are committed too
@@ -159,12 +164,13 @@ class StoreWriter(WriterRules):
         self._wake.set()
         if not self._started:
             return
-        with trio.move_on_after(timeout, shield=True) as scope:
-            await self._stopped.wait()
-        if scope.cancelled_caught:  # the store process does not answer: give up on it
+        # real time, whatever trio's clock: a test's clock that jumps ahead while the process
+        # commits must not make the close give up (the thread cannot be cancelled either)
+        ended = await trio.to_thread.run_sync(self._ended.wait, timeout)
+        if not ended:  # the store process does not answer: give up on it
             self.abort()
-            with trio.CancelScope(shield=True):
-                await self._stopped.wait()  # at once: its batch fails as the process dies
+        with trio.CancelScope(shield=True):
+            await self._stopped.wait()  # at once when aborted: its batch fails as it dies
 
     async def _run(self) -> None:
         try:
@@ -173,11 +179,14 @@ class StoreWriter(WriterRules):
             if self._process is not None:
                 await self._process.finish()
                 self._process = None
+        except Exception:  # a system task must not raise: what is left fails below
+            log.exception("store writer stopped")
         finally:
             self._closing = True
             self._drop()  # only when cancelled (the run ended without a close): nothing it
             self._fail_queued()  # held or still waits was acknowledged
             self._stopped.set()
+            self._ended.set()
 
     def abort(self) -> None:
         """Give up on what is not committed yet (a close that took too long): every op still

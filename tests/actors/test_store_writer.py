@@ -377,3 +377,14 @@ async def test_a_close_the_store_process_never_answers_gives_up_on_it(
     with pytest.raises(StoreClosed):
         queued.result()
     assert _stored(tmp_path / "data", "store.sqlite3") == ["a"]
+
+
+async def test_a_close_on_a_clock_that_jumps_ahead_still_commits_everything(
+    tmp_path: Path, autojump_clock: trio.abc.Clock
+) -> None:
+    client = StoreClient(tmp_path / "data", Work())
+    client.start()
+    futures = await client.submit_many([_append(f"m{i:02}") for i in range(50)])
+    await client.aclose()  # while the process commits, trio's clock jumps past 10 s
+    assert [type(f.result()) for f in futures] == [AppendResult] * 50
+    assert len(_stored(tmp_path / "data", "store.sqlite3")) == 50
