@@ -18,7 +18,9 @@ The store process (:mod:`store.writer_child`) is started from the trio thread an
 (Linux). When it ends in the middle of a batch, that batch fails with
 :class:`~store.errors.StoreError`, ``on_commit`` is told there may be a gap, and the next batch
 starts a new process. :meth:`StoreWriter.aclose` commits every queued op, then lets the process
-end after its last batch.
+end after its last batch; when the process has not answered within the close's time limit (stuck
+on its disk), :meth:`StoreWriter.abort` kills it and fails what it had not committed. A trio run
+that ends without a close does the same. Nothing that fails this way was acknowledged.
 """
 
 from __future__ import annotations
