@@ -235,15 +235,17 @@ async def test_a_batch_whose_process_dies_fails_and_the_next_one_goes_through(
     writer.start()
     pid = writer.store_pid
     assert pid is not None
-    real_frame = store_writer.frame
+    real_receive = store_writer._Process.receive
 
-    def frame_then_kill(value: object) -> bytes:
-        os.kill(pid, signal.SIGKILL)  # it dies before it has the batch
+    async def kill_then_receive(self: store_writer._Process) -> object:
+        os.kill(pid, signal.SIGKILL)  # stopped, it has the batch in its pipe and never reads it
         wait_gone(pid)
-        return real_frame(value)
+        return await real_receive(self)
 
     with trio.fail_after(GUARD):
-        monkeypatch.setattr(store_writer, "frame", frame_then_kill)
+        await trio.testing.wait_all_tasks_blocked()  # the task waits for ops
+        os.kill(pid, signal.SIGSTOP)
+        monkeypatch.setattr(store_writer._Process, "receive", kill_then_receive)
         _submit(writer, log, "a")
         await log.until(1)
         monkeypatch.undo()
