@@ -39,7 +39,7 @@ import trio
 from store import StoreClosed, StoreError
 from store.items import WrittenRow
 from store.records import Op
-from store.writer import BULK_GAP_S, CommitObserver, Done, WriterRules, WriterStats
+from store.writer import BULK_GAP_S, Done, WriterRules, settle
 from store.writer_process import INCOMPLETE, check_ready, end, frame, spawn, start_child, take_frame
 
 log = logging.getLogger(__name__)
@@ -102,8 +102,6 @@ class StoreWriter(WriterRules):
         bulk_gap: float = BULK_GAP_S,
     ) -> None:
         super().__init__(path, max_queue=max_queue, max_batch=max_batch, bulk_gap=bulk_gap)
-        #: Told of the message rows of each commit, before its ops' ``done`` callbacks.
-        self.on_commit: CommitObserver | None = None
         self._queue: deque[tuple[Op, Done, bool]] = deque()  # (op, done, whether it is bulk)
         self._prompt = 0  # queued ops that are not bulk
         self._wake = trio.Event()  # set when an op that ends a wait is queued, or on close
@@ -114,7 +112,6 @@ class StoreWriter(WriterRules):
         self._ended = threading.Event()  # set with _stopped, for a wait in real time
         self._process: _Process | None = None
         self._gap = False  # a process ended before it reported what it committed last
-        self._ops = self._batches = self._largest = 0
 
     def start(self) -> None:
         """Start the store process and the task (in the trio thread). Raises
@@ -132,9 +129,6 @@ class StoreWriter(WriterRules):
     def store_pid(self) -> int | None:
         """The store process's id (None between a process's end and the next batch)."""
         return self._process.child.pid if self._process is not None else None
-
-    def stats(self) -> WriterStats:
-        return WriterStats(ops=self._ops, batches=self._batches, largest_batch=self._largest)
 
     def submit(self, op: Op, done: Done) -> None:
         """Queue one prompt op (see :meth:`submit_many`)."""
@@ -203,7 +197,7 @@ class StoreWriter(WriterRules):
         waiting = [(op, done) for op, done, _ in self._queue]
         self._queue.clear()
         self._prompt = 0
-        _settle(waiting, [StoreClosed("writer stopped") for _ in waiting])
+        settle(waiting, [StoreClosed("writer stopped") for _ in waiting])
 
     async def _take(self) -> list[tuple[Op, Done]] | None:
         while (
@@ -239,16 +233,10 @@ class StoreWriter(WriterRules):
             log.exception("store batch failed")
             outcomes, rows = [StoreError(f"store write failed: {exc}") for _ in batch], []
         gap, self._gap = self._gap, False
-        if self.on_commit is not None and (rows or gap):
-            try:
-                self.on_commit(rows, gap)
-            except Exception:
-                log.exception("store commit observer failed")
+        self._told(rows, gap)
         self._committed_at = trio.current_time()
-        self._ops += len(batch)
-        self._batches += 1
-        self._largest = max(self._largest, len(batch))
-        _settle(batch, outcomes)
+        self._count(len(batch))
+        settle(batch, outcomes)
 
     async def _apply(self, ops: list[Op]) -> tuple[Sequence[object], list[WrittenRow]]:
         """The batch's outcomes and committed rows, from the store process (a new one if the
@@ -299,11 +287,3 @@ class StoreWriter(WriterRules):
         process, self._process = self._process, None
         if process is not None:
             process.end(kill=True)
-
-
-def _settle(batch: Sequence[tuple[Op, Done]], outcomes: Sequence[object]) -> None:
-    for (_, done), outcome in zip(batch, outcomes, strict=True):
-        try:
-            done(outcome)
-        except Exception:
-            log.exception("store done callback failed")

@@ -90,6 +90,27 @@ class WriterRules:
         self.max_queue = max_queue
         self.max_batch = max_batch
         self.bulk_gap = bulk_gap
+        #: Told of the message rows of each commit, before its ops' ``done`` callbacks (set
+        #: before the writer starts).
+        self.on_commit: CommitObserver | None = None
+        self._ops = self._batches = self._largest = 0
+
+    def stats(self) -> WriterStats:
+        return WriterStats(ops=self._ops, batches=self._batches, largest_batch=self._largest)
+
+    def _told(self, rows: list[WrittenRow], gap: bool) -> None:
+        """Tell ``on_commit`` of a commit's rows (or of a gap); its errors are logged."""
+        if self.on_commit is not None and (rows or gap):
+            try:
+                self.on_commit(rows, gap)
+            except Exception:
+                log.exception("store commit observer failed")
+
+    def _count(self, batch: int) -> None:
+        """Count a batch of ``batch`` ops as applied."""
+        self._ops += batch
+        self._batches += 1
+        self._largest = max(self._largest, batch)
 
     def _admit(self, items: Sequence[tuple[Op, Done]], *, waiting: int, closing: bool) -> None:
         """Raise unless ``items`` may join ``waiting`` ops: :class:`TypeError` for what is no
@@ -146,12 +167,7 @@ class GroupCommitWriter(WriterRules):
         self._committed_at = 0.0  # time.monotonic() at the end of the previous commit
         self._closing = False
         self._thread: threading.Thread | None = None
-        self._ops = 0
-        self._batches = 0
-        self._largest = 0
         self._database: Database | DatabaseProcess | None = None
-        #: Told of the message rows of each commit (set before :meth:`start`).
-        self.on_commit: CommitObserver | None = None
 
     def __enter__(self) -> GroupCommitWriter:
         self.start()
@@ -256,7 +272,7 @@ class GroupCommitWriter(WriterRules):
 
     def stats(self) -> WriterStats:
         with self._cond:
-            return WriterStats(ops=self._ops, batches=self._batches, largest_batch=self._largest)
+            return super().stats()
 
     def _take(self) -> list[tuple[Op, Done]] | None:
         with self._cond:
@@ -310,19 +326,11 @@ class GroupCommitWriter(WriterRules):
         except Exception as exc:
             log.exception("store batch failed")
             outcomes = [StoreError(f"store write failed: {exc}") for _ in ops]
-        rows, gap = database.items.take_committed()
-        if self.on_commit is not None and (rows or gap):
-            try:
-                self.on_commit(rows, gap)
-            except Exception:
-                log.exception("store commit observer failed")
+        self._told(*database.items.take_committed())
         with self._cond:
             self._committed_at = time.monotonic()
-            self._ops += len(batch)
-            self._batches += 1
-            self._largest = max(self._largest, len(batch))
-        for (_, done), outcome in zip(batch, outcomes, strict=True):
-            _call_done(done, outcome)
+            self._count(len(batch))
+        settle(batch, outcomes)
 
     def _take_all_locked(self) -> list[tuple[Op, Done]]:
         waiting = list(self._queue)
@@ -332,13 +340,14 @@ class GroupCommitWriter(WriterRules):
         return waiting
 
 
+def settle(entries: Sequence[tuple[Op, Done]], outcomes: Sequence[object]) -> None:
+    """Call each entry's ``done`` with its outcome, in order; a callback's errors are logged."""
+    for (_, done), outcome in zip(entries, outcomes, strict=True):
+        try:
+            done(outcome)
+        except Exception:
+            log.exception("store done callback failed")
+
+
 def _fail(entries: list[tuple[Op, Done]], error: StoreError) -> None:
-    for _, done in entries:
-        _call_done(done, error)
-
-
-def _call_done(done: Done, outcome: object) -> None:
-    try:
-        done(outcome)
-    except Exception:
-        log.exception("store done callback failed")
+    settle(entries, [error] * len(entries))
