@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import logging
 import os
-import pickle
 import subprocess
 import threading
 from collections import deque
@@ -40,7 +39,17 @@ from store import StoreClosed, StoreError
 from store.items import WrittenRow
 from store.records import Op
 from store.writer import BULK_GAP_S, Done, WriterRules, settle
-from store.writer_process import INCOMPLETE, check_ready, end, frame, spawn, start_child, take_frame
+from store.writer_process import (
+    INCOMPLETE,
+    PIPE_ERRORS,
+    check_ready,
+    end,
+    frame,
+    spawn,
+    start_child,
+    take_frame,
+    unpack_answer,
+)
 
 log = logging.getLogger(__name__)
 
@@ -247,22 +256,14 @@ class StoreWriter(WriterRules):
                 process = await self._restart(process)
             await process.to.send_all(frame(ops))
             answer = await process.receive()
-        except (
-            OSError,
-            EOFError,
-            ValueError,
-            pickle.UnpicklingError,
-            trio.BrokenResourceError,
-            trio.ClosedResourceError,  # aborted meanwhile
-        ) as exc:
-            answer = StoreError(f"store process failed: {exc}")
-        if answer is None:
-            answer = StoreError("store process ended")
-        if isinstance(answer, StoreError):  # the process ended: the next batch starts another
+        except (*PIPE_ERRORS, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+            answer = StoreError(f"store process failed: {exc}")  # closed: aborted meanwhile
+        try:
+            outcomes, rows, gap = unpack_answer(answer)
+        except StoreError:  # the process ended: the next batch starts another
             self._drop()  # in whatever state it is, it is not trusted again
             self._gap = True  # what it committed last may not have been reported
-            raise answer
-        outcomes, rows, gap = answer
+            raise
         self._gap = self._gap or gap
         if isinstance(outcomes, StoreError):  # the batch failed as a whole, and was undone
             return [StoreError(str(outcomes)) for _ in ops], rows

@@ -58,6 +58,9 @@ def send(stream: IO[bytes], value: object) -> None:
     stream.flush()
 
 
+#: What reading or writing a frame raises when the other end is gone or sent garbage.
+PIPE_ERRORS = (OSError, EOFError, ValueError, pickle.UnpicklingError)
+
 #: What :func:`take_frame` returns while the buffer holds no whole frame.
 INCOMPLETE: Any = object()
 
@@ -137,22 +140,20 @@ class DatabaseProcess:
         try:
             send(child.stdin, list(ops))
             answer = receive(child.stdout)
-        except (OSError, EOFError, ValueError, pickle.UnpicklingError) as exc:
+        except PIPE_ERRORS as exc:
             answer = StoreError(f"store process failed: {exc}")
-        if answer is None:
-            answer = StoreError("store process ended")
-        if isinstance(answer, StoreError):  # the child ended: the next batch starts another
+        try:
+            outcomes, rows, gap = unpack_answer(answer)
+        except StoreError:  # the child ended: the next batch starts another
             self._child = None
             end(child, kill=True)  # in whatever state it is, it is not trusted again
             self.items.gap = True  # what it committed last may not have been reported
-            raise answer
-        outcomes, rows, gap = answer
+            raise
         self.items.rows.extend(rows)
         self.items.gap = self.items.gap or gap
         if isinstance(outcomes, StoreError):
             raise outcomes
-        result: list[Outcome] = outcomes
-        return result
+        return outcomes
 
     def close(self) -> None:
         child, self._child = self._child, None
@@ -178,10 +179,28 @@ def start_child(path: Path) -> subprocess.Popen[bytes]:
     assert child.stdout is not None
     try:
         answer = receive(child.stdout)
-    except (OSError, EOFError, ValueError, pickle.UnpicklingError) as exc:
+    except PIPE_ERRORS as exc:
         answer = StoreError(f"store process failed to start: {exc}")
     check_ready(child, answer)
     return child
+
+
+def unpack_answer(
+    answer: Any,
+) -> tuple[list[Outcome] | StoreError, list[WrittenRow], bool]:
+    """A batch's answer from the child: its outcomes (or the :class:`StoreError` that failed the
+    batch whole, undone), the message rows it committed, and whether some may be missing.
+    Raises :class:`StoreError` when there is no answer: ``None`` (the child closed its pipe) or
+    the error that stopped reading it; the child is then not to be trusted again."""
+    if answer is None:
+        raise StoreError("store process ended")
+    if isinstance(answer, StoreError):
+        raise answer
+    outcomes: list[Outcome] | StoreError
+    rows: list[WrittenRow]
+    gap: bool
+    outcomes, rows, gap = answer
+    return outcomes, rows, gap
 
 
 def check_ready(child: subprocess.Popen[bytes], answer: object) -> None:
