@@ -29,7 +29,6 @@ import logging
 import os
 import subprocess
 import threading
-from collections import deque
 from collections.abc import Sequence
 from typing import Any
 
@@ -111,11 +110,7 @@ class StoreWriter(WriterRules):
         bulk_gap: float = BULK_GAP_S,
     ) -> None:
         super().__init__(path, max_queue=max_queue, max_batch=max_batch, bulk_gap=bulk_gap)
-        self._queue: deque[tuple[Op, Done, bool]] = deque()  # (op, done, whether it is bulk)
-        self._prompt = 0  # queued ops that are not bulk
         self._wake = trio.Event()  # set when an op that ends a wait is queued, or on close
-        self._committed_at = 0.0  # trio.current_time() at the end of the previous commit
-        self._closing = False
         self._started = False
         self._stopped = trio.Event()
         self._ended = threading.Event()  # set with _stopped, for a wait in real time
@@ -147,13 +142,8 @@ class StoreWriter(WriterRules):
         """Queue ops, all or none; each ``done(outcome)`` runs once its op is committed or has
         failed. Raises :class:`StoreFull` when they do not all fit under ``max_queue`` and
         :class:`StoreClosed` after :meth:`aclose`; then no ``done`` will be called."""
-        self._admit(items, waiting=len(self._queue), closing=self._closing)
-        first = not self._queue
-        self._queue.extend((op, done, bulk) for op, done in items)
-        if not bulk:
-            self._prompt += len(items)
-        if not bulk or first:
-            self._wake.set()  # a prompt op ends a wait; a first op starts one
+        if self._enqueue(items, bulk):
+            self._wake.set()
 
     async def aclose(self, timeout: float | None = None) -> None:
         """Stop taking ops, commit every queued one, and let the store process end; shielded
@@ -203,30 +193,16 @@ class StoreWriter(WriterRules):
         self._wake.set()
 
     def _fail_queued(self) -> None:
-        waiting = [(op, done) for op, done, _ in self._queue]
-        self._queue.clear()
-        self._prompt = 0
+        waiting = self._take_all()
         settle(waiting, [StoreClosed("writer stopped") for _ in waiting])
 
     async def _take(self) -> list[tuple[Op, Done]] | None:
-        while (
-            wait := self._wait_before_take(
-                queued=len(self._queue),
-                prompt=self._prompt,
-                closing=self._closing,
-                since_commit=trio.current_time() - self._committed_at,
-            )
-        ) != 0:
+        while (wait := self._wait_before_take(trio.current_time())) != 0:
             if wait is None:
                 return None
             with trio.move_on_after(wait):  # an op that ends the wait, or close, ends it sooner
                 await self._wait()
-        batch = []
-        for _ in range(min(len(self._queue), self.max_batch)):
-            op, done, bulk = self._queue.popleft()
-            self._prompt -= not bulk
-            batch.append((op, done))
-        return batch
+        return self._pop_batch()
 
     async def _wait(self) -> None:
         self._wake = trio.Event()

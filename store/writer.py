@@ -74,7 +74,9 @@ class WriterStats:
 
 class WriterRules:
     """What every store writer keeps (this thread's, and the host's trio task): its store, the
-    cap on ops waiting, the largest batch, the bulk gap, and the checks an op passes to wait."""
+    queue of ops waiting (at most ``max_queue``), when to take a batch of at most ``max_batch``
+    (bulk ops gather up to ``bulk_gap``), and how a commit is reported. A writer calls these
+    from one thread at a time (the thread writer under its lock)."""
 
     def __init__(
         self,
@@ -93,6 +95,10 @@ class WriterRules:
         #: Told of the message rows of each commit, before its ops' ``done`` callbacks (set
         #: before the writer starts).
         self.on_commit: CommitObserver | None = None
+        self._queue: deque[tuple[Op, Done, bool]] = deque()  # (op, done, whether it is bulk)
+        self._prompt = 0  # queued ops that are not bulk
+        self._closing = False
+        self._committed_at = 0.0  # on the writer's clock, at the end of the previous commit
         self._ops = self._batches = self._largest = 0
 
     def stats(self) -> WriterStats:
@@ -112,33 +118,54 @@ class WriterRules:
         self._batches += 1
         self._largest = max(self._largest, batch)
 
-    def _admit(self, items: Sequence[tuple[Op, Done]], *, waiting: int, closing: bool) -> None:
-        """Raise unless ``items`` may join ``waiting`` ops: :class:`TypeError` for what is no
-        store op, :class:`StoreClosed` once ``closing``, :class:`StoreFull` past the cap."""
+    def _enqueue(self, items: Sequence[tuple[Op, Done]], bulk: bool) -> bool:
+        """Queue ``items``, all or none, and say whether the writer must be woken (a prompt op
+        ends any wait; a first op starts one). Raises :class:`TypeError` for what is no store
+        op, :class:`StoreClosed` once closing and :class:`StoreFull` past the cap."""
         for op, _ in items:
             if not isinstance(op, Append | PutState | TrimJournal):
                 raise TypeError(f"not a store op: {op!r}")
-        if closing:
+        if self._closing:
             raise StoreClosed("writer is closed")
-        if waiting + len(items) > self.max_queue:
+        if len(self._queue) + len(items) > self.max_queue:
             raise StoreFull(f"{len(items)} ops do not fit under max_queue {self.max_queue}")
+        first = not self._queue
+        self._queue.extend((op, done, bulk) for op, done in items)
+        if not bulk:
+            self._prompt += len(items)
+        return not bulk or first
 
-    def _wait_before_take(
-        self, *, queued: int, prompt: int, closing: bool, since_commit: float
-    ) -> float | None:
-        """How long to wait before taking a batch: ``None`` to stop (closing, nothing queued),
-        ``inf`` while nothing is queued, 0 to take one now, else what is left of a bulk wait."""
-        if not queued:
-            return None if closing else math.inf
-        if closing:
+    def _wait_before_take(self, now: float) -> float | None:
+        """How long to wait, at ``now``, before taking a batch: ``None`` to stop (closing,
+        nothing queued), ``inf`` while nothing is queued, 0 to take one now, else what is left
+        of a bulk wait."""
+        if not self._queue:
+            return None if self._closing else math.inf
+        if self._closing:
             return 0.0  # closing commits what is queued at once
         return bulk_wait(
-            queued=queued,
-            prompt=prompt,
+            queued=len(self._queue),
+            prompt=self._prompt,
             max_batch=self.max_batch,
-            since_commit=since_commit,
+            since_commit=now - self._committed_at,
             gap=self.bulk_gap,
         )
+
+    def _pop_batch(self) -> list[tuple[Op, Done]]:
+        """The oldest ops queued, at most ``max_batch``."""
+        batch = []
+        for _ in range(min(len(self._queue), self.max_batch)):
+            op, done, bulk = self._queue.popleft()
+            self._prompt -= not bulk
+            batch.append((op, done))
+        return batch
+
+    def _take_all(self) -> list[tuple[Op, Done]]:
+        """Every op queued, the queue emptied."""
+        waiting = [(op, done) for op, done, _ in self._queue]
+        self._queue.clear()
+        self._prompt = 0
+        return waiting
 
 
 class GroupCommitWriter(WriterRules):
@@ -161,11 +188,6 @@ class GroupCommitWriter(WriterRules):
         #: Whether the write connection lives in a child process (:mod:`store.writer_process`).
         self.process = process
         self._cond = threading.Condition()
-        self._queue: deque[tuple[Op, Done]] = deque()
-        self._bulk: deque[bool] = deque()  # beside each queued op: whether it is bulk
-        self._prompt = 0  # queued ops that are not bulk
-        self._committed_at = 0.0  # time.monotonic() at the end of the previous commit
-        self._closing = False
         self._thread: threading.Thread | None = None
         self._database: Database | DatabaseProcess | None = None
 
@@ -213,10 +235,7 @@ class GroupCommitWriter(WriterRules):
         after :meth:`close`; in both cases ``done`` will not be called.
         """
         with self._cond:
-            self._admit([(op, done)], waiting=len(self._queue), closing=self._closing)
-            self._queue.append((op, done))
-            self._bulk.append(False)
-            self._prompt += 1
+            self._enqueue([(op, done)], bulk=False)
             self._cond.notify()
 
     def submit_many(self, items: Sequence[tuple[Op, Done]], *, bulk: bool = False) -> None:
@@ -227,14 +246,8 @@ class GroupCommitWriter(WriterRules):
         :class:`StoreClosed` after :meth:`close`; then no ``done`` will be called.
         """
         with self._cond:
-            self._admit(items, waiting=len(self._queue), closing=self._closing)
-            self._queue.extend(items)
-            self._bulk.extend([bulk] * len(items))
-            if not bulk:
-                self._prompt += len(items)
+            if self._enqueue(items, bulk):
                 self._cond.notify()
-            elif self._prompt == 0 and len(self._queue) == len(items):
-                self._cond.notify()  # the thread waits for any op, or gathers bulk ones
 
     def close(self, timeout: float | None = None) -> bool:
         """Stop accepting ops, apply and commit every queued op, and join the thread.
@@ -252,7 +265,7 @@ class GroupCommitWriter(WriterRules):
                 try:
                     self._launch_locked()
                 except StoreError as exc:
-                    failed, error = self._take_all_locked(), exc
+                    failed, error = self._take_all(), exc
             thread = self._thread
         if failed:
             _fail(failed, error)
@@ -276,22 +289,11 @@ class GroupCommitWriter(WriterRules):
 
     def _take(self) -> list[tuple[Op, Done]] | None:
         with self._cond:
-            while (
-                wait := self._wait_before_take(
-                    queued=len(self._queue),
-                    prompt=self._prompt,
-                    closing=self._closing,
-                    since_commit=time.monotonic() - self._committed_at,
-                )
-            ) != 0:
+            while (wait := self._wait_before_take(time.monotonic())) != 0:
                 if wait is None:
                     return None
                 self._cond.wait(None if wait == math.inf else wait)  # an op or close wakes it
-            count = min(len(self._queue), self.max_batch)
-            for _ in range(count):
-                if not self._bulk.popleft():
-                    self._prompt -= 1
-            return [self._queue.popleft() for _ in range(count)]
+            return self._pop_batch()
 
     def _run(
         self, opened: list[Database | DatabaseProcess | StoreError], ready: threading.Event
@@ -315,7 +317,7 @@ class GroupCommitWriter(WriterRules):
             with self._cond:
                 # Only finds ops if the loop itself broke; nothing may wait forever.
                 self._closing = True
-                leftover = self._take_all_locked()
+                leftover = self._take_all()
             _fail(leftover, StoreClosed("writer thread stopped"))
 
     def _commit(self, database: Database | DatabaseProcess, batch: list[tuple[Op, Done]]) -> None:
@@ -331,13 +333,6 @@ class GroupCommitWriter(WriterRules):
             self._committed_at = time.monotonic()
             self._count(len(batch))
         settle(batch, outcomes)
-
-    def _take_all_locked(self) -> list[tuple[Op, Done]]:
-        waiting = list(self._queue)
-        self._queue.clear()
-        self._bulk.clear()
-        self._prompt = 0
-        return waiting
 
 
 def settle(entries: Sequence[tuple[Op, Done]], outcomes: Sequence[object]) -> None:
