@@ -91,8 +91,10 @@ def test_a_batch_whose_child_dies_fails_and_the_next_one_goes_through(
         real_send = writer_process.send
 
         def send_then_kill(stream: IO[bytes], value: object) -> None:
+            # Stopped first, it cannot answer before it dies holding the batch it was sent.
+            os.kill(pid, signal.SIGSTOP)
             real_send(stream, value)
-            os.kill(pid, signal.SIGKILL)  # it has the batch, and dies before it answers
+            os.kill(pid, signal.SIGKILL)
 
         monkeypatch.setattr(writer_process, "send", send_then_kill)
         with pytest.raises(StoreError, match="ended"):
