@@ -40,7 +40,7 @@ into the host.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Awaitable, Mapping
 from typing import Any
 
 import attrs
@@ -124,14 +124,9 @@ class ConnectionActor(Actor):
         if isinstance(msg, Status):
             reply.value(self.status())
         elif isinstance(msg, Call):
-            link = self.link
-            if link is None or not link.ready:
-                reply.error(NotConnected(f"server {self.sid} is not connected"))
-                return
-            scope = trio.CancelScope()
-            if msg.key is not None and len(link.calls) < MAX_KEYED_CALLS:
-                link.calls[msg.key] = scope  # before the task starts, so no cancel is missed
-            self.spawn(self._do_call, link, msg, reply, scope)
+            call = self._start_call(msg, reply)
+            if call is not None:
+                self.spawn(self._do_call, *call)
         elif isinstance(msg, CancelCall):
             link = self.link
             cancelled = link.calls.pop(msg.key, None) if link is not None else None
@@ -147,6 +142,32 @@ class ConnectionActor(Actor):
             reply.value(self.switch.request(self.link))
         else:
             raise TypeError(f"unexpected message {msg!r}")
+
+    def serve_inline(self, msg: Any) -> Awaitable[Any] | None:
+        """A call is made in the asker's task: handled here, it would only start a task of its
+        own for the request (see :mod:`actors.kernel`)."""
+        return self._call_here(msg) if isinstance(msg, Call) else None
+
+    async def _call_here(self, msg: Call) -> Any:
+        reply = Reply(trio.Event())
+        call = self._start_call(msg, reply)
+        if call is not None:
+            await self._do_call(*call)
+        assert reply.result is not None  # _do_call answers, or raises a cancellation
+        return reply.result.unwrap()
+
+    def _start_call(
+        self, msg: Call, reply: Reply
+    ) -> tuple[Link, Call, Reply, trio.CancelScope] | None:
+        """What ``_do_call`` needs for ``msg``, or None with ``reply`` refused (no ready link)."""
+        link = self.link
+        if link is None or not link.ready:
+            reply.error(NotConnected(f"server {self.sid} is not connected"))
+            return None
+        scope = trio.CancelScope()
+        if msg.key is not None and len(link.calls) < MAX_KEYED_CALLS:
+            link.calls[msg.key] = scope  # before the call starts, so no cancel is missed
+        return link, msg, reply, scope
 
     def _notify_nowait(self, msg: Notify) -> None:
         """A best-effort notification: sent on a ready link if the outbox has room, dropped

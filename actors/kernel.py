@@ -7,6 +7,14 @@ envelope; the asker waits under a deadline). A handler answers through its ``Rep
 the reply and answer later from a child task (a deferred reply), so the loop never waits on
 another actor's slow work.
 
+An actor may answer some asks in the asker's own task (:meth:`Actor.serve_inline`): a message
+whose handler would only start a task of the actor's to do the work (a connection's call to its
+server) is served where it was asked, so it costs neither the mailbox's scheduling round nor a
+task's start. What such a handler does before its first wait runs at once against the actor's
+state, as the loop would run it; nothing else of the actor runs meanwhile (one thread), so it
+keeps to the actor's rules. It is not ordered after messages still queued in the mailbox: only
+messages whose handling never depended on that order may be served this way.
+
 ``Work`` counts the work in flight across the host (queued messages, requests being served,
 running turns, writes not yet committed) so ``Host.run_until_idle`` can wait for zero.
 """
@@ -108,11 +116,16 @@ class Envelope:
     reply: Reply
 
 
+#: What an actor serves in the asker's task: the answer's coroutine, or None for the mailbox.
+Inline = Callable[[Any], Awaitable[Any] | None]
+
+
 @attrs.frozen(eq=False)
 class ActorRef(Generic[M]):
     name: str
     _send: trio.MemorySendChannel[Envelope]
     _work: Work
+    _inline: Inline | None = None
 
     async def tell(self, msg: M) -> None:
         await self._put(Envelope(msg, Reply(None)))
@@ -157,6 +170,9 @@ class ActorRef(Generic[M]):
         await self._put(Envelope(msg, Reply(None)), promptly=True)
 
     async def ask(self, msg: M, *, timeout: float) -> Any:
+        serving = self._inline(msg) if self._inline is not None else None
+        if serving is not None:
+            return await self._served_here(serving, msg, timeout)
         reply = Reply(trio.Event())
         with trio.CancelScope(deadline=trio.current_time() + timeout):
             # queued at once while the mailbox has room: the wait for the answer is this
@@ -168,6 +184,17 @@ class ActorRef(Generic[M]):
         if reply.result is None:
             raise ActorDied(self.name)
         return reply.result.unwrap()
+
+    async def _served_here(self, serving: Awaitable[Any], msg: M, timeout: float) -> Any:
+        """An ask the actor serves in this task (:meth:`Actor.serve_inline`), under the ask's
+        deadline, counted as work in flight while it runs."""
+        self._work.inc()
+        try:
+            with trio.move_on_after(timeout):
+                return await serving
+        finally:
+            self._work.dec()
+        raise AskTimeout(f"{self.name} did not answer {type(msg).__name__} in {timeout}s")
 
     @property
     def queued(self) -> int:
@@ -195,12 +222,22 @@ class Actor:
         # Replies a handler kept for later; any still open when the actor ends are abandoned.
         self._open_replies: set[Reply] = set()
         self._prune_at = 64
+        self._serving = False  # between the start and the end of the loop
 
     async def on_start(self) -> None:
         """Runs before the first message (the nursery is already open)."""
 
     async def handle(self, msg: Any, reply: Reply) -> None:
         raise NotImplementedError
+
+    def serve_inline(self, msg: Any) -> Awaitable[Any] | None:
+        """The answer to an ask of ``msg``, to be awaited in the asker's task (see the module
+        docstring), or None to queue it in the mailbox. Called only while the actor runs;
+        returns None unless a subclass serves some message this way."""
+        return None
+
+    def _inline(self, msg: Any) -> Awaitable[Any] | None:
+        return self.serve_inline(msg) if self._serving else None
 
     def spawn(self, fn: Callable[..., Awaitable[Any]], *args: Any, counted: bool = True) -> None:
         """Run ``fn(*args)`` in the actor's nursery; a counted task is work in flight."""
@@ -227,11 +264,13 @@ class Actor:
         self, *, task_status: trio.TaskStatus[ActorRef[Any]] = trio.TASK_STATUS_IGNORED
     ) -> None:
         send, recv = trio.open_memory_channel[Envelope](self.mailbox_size)
-        self.ref = ActorRef(self.name, send, self.work)
+        inline = self._inline if type(self).serve_inline is not Actor.serve_inline else None
+        self.ref = ActorRef(self.name, send, self.work, inline)
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
                 await self.on_start()
+                self._serving = True
                 task_status.started(self.ref)
                 try:
                     async for env in recv:
@@ -250,6 +289,7 @@ class Actor:
                                 self._keep_open(env.reply)
                             self.work.dec()
                 finally:
+                    self._serving = False  # an ask from now on finds the actor stopped
                     # Anything still queued will never be handled: release its counts and askers.
                     self._drain(recv)
                     recv.close()

@@ -644,3 +644,79 @@ async def test_many_kept_replies_answered_or_abandoned_exactly_once(autojump_clo
             with pytest.raises(ActorDied):
                 results[str(i)].unwrap()
     assert work.count == 0
+
+
+# -- asks served in the asker's task ------------------------------------------------------------
+
+
+@attrs.frozen(eq=False)
+class Here:
+    """Served in the asker's task: answers which task served it, once ``gate`` is set."""
+
+    gate: trio.Event
+
+
+class Inline(Probe):
+    """A Probe that serves ``Here`` in the asker's task; everything else goes by its mailbox."""
+
+    def __init__(self, work: Work) -> None:
+        super().__init__(work)
+        self.started_here = 0
+
+    def serve_inline(self, msg: Any) -> Any:
+        return self._here(msg) if isinstance(msg, Here) else None
+
+    async def _here(self, msg: Here) -> trio.lowlevel.Task:
+        self.started_here += 1  # before any wait: at the moment of the ask
+        await msg.gate.wait()
+        return trio.lowlevel.current_task()
+
+
+async def test_an_ask_the_actor_serves_inline_runs_in_the_askers_task(autojump_clock):
+    work = Work()
+    actor = Inline(work)
+    async with running(actor) as (ref, _):
+        gate = await busy(ref)  # the loop is stuck in a handler: the mailbox could not serve it
+        opened = trio.Event()
+        opened.set()
+        assert await ref.ask(Here(opened), timeout=LONG) is trio.lowlevel.current_task()
+        assert actor.started_here == 1
+        assert not any(isinstance(m, Here) for m in actor.seen)  # never in the mailbox
+        gate.set()
+        assert await ref.ask(Echo(1), timeout=LONG) == 1  # the rest still goes by the mailbox
+
+
+async def test_an_inline_ask_starts_at_once_and_counts_as_work_until_answered(autojump_clock):
+    work = Work()
+    actor = Inline(work)
+    async with running(actor) as (ref, nursery):
+        await wait_all_tasks_blocked()
+        assert work.count == 0
+        gate = trio.Event()
+        results: dict[str, outcome.Outcome[Any]] = {}
+        nursery.start_soon(capture, results, "here", ref, Here(gate))
+        await wait_all_tasks_blocked()
+        assert actor.started_here == 1 and work.count == 1
+        gate.set()
+        await wait_all_tasks_blocked()
+        assert isinstance(results["here"], outcome.Value) and work.count == 0
+
+
+async def test_an_inline_ask_past_its_deadline_is_cut_short_and_times_out(autojump_clock):
+    work = Work()
+    async with running(Inline(work)) as (ref, _):
+        with pytest.raises(AskTimeout):
+            await ref.ask(Here(trio.Event()), timeout=5)
+        assert work.count == 0
+
+
+async def test_an_inline_ask_after_the_actor_stopped_fails_as_a_dead_actor(autojump_clock):
+    work = Work()
+    actor = Inline(work)
+    async with running(actor) as (ref, _):
+        await ref.ask(Stop(), timeout=LONG)
+        opened = trio.Event()
+        opened.set()
+        with pytest.raises(ActorDied):
+            await ref.ask(Here(opened), timeout=LONG)
+        assert actor.started_here == 0
