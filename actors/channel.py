@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
+from collections.abc import Awaitable
 from typing import Any
 
 from protocol.content import ContentError, convert_blocks
@@ -436,15 +437,35 @@ class ChannelActor(Actor):
         )
 
     # -- publish ----------------------------------------------------------------------------
+    def serve_inline(self, msg: Any) -> Awaitable[Any] | None:
+        """A publish is sent from the asking task while nothing waits in the mailbox, so what
+        came before it is still handled first: handled there, it would only start a task of its
+        own (see :mod:`actors.kernel`)."""
+        if not isinstance(msg, Publish) or (self.ref is not None and self.ref.queued):
+            return None
+        return self._publish_here(msg, self._echoes.begin(msg.blocks))
+
+    async def _publish_here(self, msg: Publish, token: str) -> tuple[PublishOutcome, Any]:
+        try:
+            return await self._send_publish(msg)
+        finally:
+            if self._publish_ended(token):
+                self._flushing = True  # what waits behind it stays behind until the task runs
+                self.spawn(self._flush_deferred)
+
     async def _publish(self, msg: Publish, reply: Reply, token: str) -> None:
         try:
             reply.value(await self._send_publish(msg))
         except Exception as exc:
             reply.error(exc)
         finally:
-            self._echoes.end(token)
-            if not self._echoes.pending and not self._flushing:
+            if self._publish_ended(token):
                 await self._flush_deferred()
+
+    def _publish_ended(self, token: str) -> bool:
+        """End a publish's wait for its echo; whether the batches held back are due now."""
+        self._echoes.end(token)
+        return not self._echoes.pending and not self._flushing and bool(self._deferred)
 
     async def _send_publish(self, msg: Publish) -> tuple[PublishOutcome, Any]:
         if self.cid is None:
