@@ -446,26 +446,22 @@ class ChannelActor(Actor):
         return self._publish_here(msg, self._echoes.begin(msg.blocks))
 
     async def _publish_here(self, msg: Publish, token: str) -> tuple[PublishOutcome, Any]:
+        """Send ``msg`` (its echo watched under ``token``); once no publish waits for an echo,
+        the batches held back meanwhile are ingested in a task of the channel's."""
         try:
             return await self._send_publish(msg)
         finally:
-            if self._publish_ended(token):
+            self._echoes.end(token)
+            if not self._echoes.pending and not self._flushing and self._deferred:
                 self._flushing = True  # what waits behind it stays behind until the task runs
                 self.spawn(self._flush_deferred)
 
     async def _publish(self, msg: Publish, reply: Reply, token: str) -> None:
+        """A publish that came by the mailbox (something was queued before it)."""
         try:
-            reply.value(await self._send_publish(msg))
+            reply.value(await self._publish_here(msg, token))
         except Exception as exc:
             reply.error(exc)
-        finally:
-            if self._publish_ended(token):
-                await self._flush_deferred()
-
-    def _publish_ended(self, token: str) -> bool:
-        """End a publish's wait for its echo; whether the batches held back are due now."""
-        self._echoes.end(token)
-        return not self._echoes.pending and not self._flushing and bool(self._deferred)
 
     async def _send_publish(self, msg: Publish) -> tuple[PublishOutcome, Any]:
         if self.cid is None:
