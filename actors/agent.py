@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
+from collections.abc import Awaitable
 from typing import Any
 
 import attrs
@@ -199,9 +200,7 @@ class AgentActor(Actor):
             self._start_if_due()
             reply.value(None)
         elif isinstance(msg, Wakes):
-            for wake in msg.items:  # a turn starts (or not) once the batch is taken
-                self._note_wake(wake, start=False)
-            self._start_if_due()
+            await self._take_wakes(msg.items)
             reply.value(None)
         elif isinstance(msg, Withdraw):
             self._withdraw(msg.occurrence)
@@ -245,6 +244,19 @@ class AgentActor(Actor):
         else:
             raise TypeError(f"unexpected message {msg!r}")
         self._publish_status()
+
+    def serve_inline(self, msg: Any) -> Awaitable[None] | None:
+        """Wakes are taken in the telling task while the agent is idle (see
+        :mod:`actors.kernel`): taking them never waits, and the loop's round would cost more
+        than the taking."""
+        if isinstance(msg, Wakes) and self.idle:
+            return self._take_wakes(msg.items)
+        return None
+
+    async def _take_wakes(self, wakes: tuple[Wake, ...]) -> None:
+        for wake in wakes:  # a turn starts (or not) once the batch is taken
+            self._note_wake(wake, start=False)
+        self._maybe_start()
 
     # -- wakes ------------------------------------------------------------------------------
     def _note_wake(self, wake: Wake, *, start: bool = True) -> None:

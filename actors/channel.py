@@ -438,12 +438,25 @@ class ChannelActor(Actor):
 
     # -- publish ----------------------------------------------------------------------------
     def serve_inline(self, msg: Any) -> Awaitable[Any] | None:
-        """A publish is sent from the asking task while nothing waits in the mailbox, so what
-        came before it is still handled first: handled there, it would only start a task of its
-        own (see :mod:`actors.kernel`)."""
-        if not isinstance(msg, Publish) or (self.ref is not None and self.ref.queued):
-            return None
-        return self._publish_here(msg, self._echoes.begin(msg.blocks))
+        """Two asks are served in the asking task (see :mod:`actors.kernel`), saving the
+        mailbox's scheduling round. A publish, while nothing waits in the mailbox (what came
+        before it is still handled first; handled there, it would only start a task of its
+        own). A plain ingest batch (no coalesced item, nothing to write here), while the channel
+        is idle and holds nothing back for an echo: it is converted at once, after everything
+        sent to the channel before it, as the loop would convert it."""
+        if isinstance(msg, Publish) and not (self.ref is not None and self.ref.queued):
+            return self._publish_here(msg, self._echoes.begin(msg.blocks))
+        if isinstance(msg, IngestBatch) and self._ingests_here(msg):
+            return self._ingest_batch(msg.items, msg.accepted_at, msg.specs, msg.write)
+        return None
+
+    def _ingests_here(self, msg: IngestBatch) -> bool:
+        return (
+            self.idle
+            and not msg.write
+            and not (self._echoes.pending or self._flushing or self._deferred)
+            and all(spec is None for spec in msg.specs)
+        )
 
     async def _publish_here(self, msg: Publish, token: str) -> tuple[PublishOutcome, Any]:
         """Send ``msg`` (its echo watched under ``token``); once no publish waits for an echo,

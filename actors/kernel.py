@@ -13,7 +13,9 @@ server) is served where it was asked, so it costs neither the mailbox's scheduli
 task's start. What such a handler does before its first wait runs at once against the actor's
 state, as the loop would run it; nothing else of the actor runs meanwhile (one thread), so it
 keeps to the actor's rules. It is not ordered after messages still queued in the mailbox: only
-messages whose handling never depended on that order may be served this way.
+messages whose handling never depended on that order may be served this way, unless the actor
+serves them only while it is :attr:`~Actor.idle` (nothing queued, no handler running), when
+everything sent before has been handled. ``tell_promptly`` serves such a message inline too.
 
 ``Work`` counts the work in flight across the host (queued messages, requests being served,
 running turns, writes not yet committed) so ``Host.run_until_idle`` can wait for zero.
@@ -166,8 +168,19 @@ class ActorRef(Generic[M]):
     async def tell_promptly(self, msg: M) -> None:
         """``tell`` that yields to the scheduler only when the mailbox is full: a task telling
         many actors in a row (one message each) does it in one step, not one scheduling round
-        per actor. The caller must checkpoint elsewhere in its loop."""
-        await self._put(Envelope(msg, Reply(None)), promptly=True)
+        per actor. The caller must checkpoint elsewhere in its loop. A message the actor serves
+        inline is handled here and now; its failure is logged, as the loop would log it."""
+        serving = self._inline(msg) if self._inline is not None else None
+        if serving is None:
+            await self._put(Envelope(msg, Reply(None)), promptly=True)
+            return
+        self._work.inc()
+        try:
+            await serving
+        except Exception:
+            log.exception("%s: handling %r failed", self.name, msg)
+        finally:
+            self._work.dec()
 
     async def ask(self, msg: M, *, timeout: float) -> Any:
         serving = self._inline(msg) if self._inline is not None else None
@@ -223,6 +236,7 @@ class Actor:
         self._open_replies: set[Reply] = set()
         self._prune_at = 64
         self._serving = False  # between the start and the end of the loop
+        self._handling = False  # while the loop is inside ``handle``
 
     async def on_start(self) -> None:
         """Runs before the first message (the nursery is already open)."""
@@ -235,6 +249,12 @@ class Actor:
         docstring), or None to queue it in the mailbox. Called only while the actor runs;
         returns None unless a subclass serves some message this way."""
         return None
+
+    @property
+    def idle(self) -> bool:
+        """Nothing waits in the mailbox and the loop is not inside a handler: an ask served
+        inline now comes after everything sent to the actor before it."""
+        return not self._handling and self.ref is not None and not self.ref.queued
 
     def _inline(self, msg: Any) -> Awaitable[Any] | None:
         return self.serve_inline(msg) if self._serving else None
@@ -278,6 +298,7 @@ class Actor:
                             if isinstance(env.msg, Stop):
                                 env.reply.value(None)
                                 break
+                            self._handling = True
                             try:
                                 await self.handle(env.msg, env.reply)
                             except Exception as exc:
@@ -285,6 +306,7 @@ class Actor:
                                     log.exception("%s: handling %r failed", self.name, env.msg)
                                 env.reply.error(exc)
                         finally:
+                            self._handling = False
                             if not env.reply.done:
                                 self._keep_open(env.reply)
                             self.work.dec()

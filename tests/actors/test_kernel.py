@@ -720,3 +720,83 @@ async def test_an_inline_ask_after_the_actor_stopped_fails_as_a_dead_actor(autoj
         with pytest.raises(ActorDied):
             await ref.ask(Here(opened), timeout=LONG)
         assert actor.started_here == 0
+
+
+@attrs.frozen(eq=False)
+class Note:
+    """Taken in the sender's task while the actor is idle (``fail``: the taking raises)."""
+
+    tag: str
+    fail: bool = False
+
+
+class WhenIdle(Probe):
+    """A Probe that takes ``Note`` inline while it is idle, and by its mailbox otherwise; it
+    records where each note was taken, in the order taken."""
+
+    def __init__(self, work: Work) -> None:
+        super().__init__(work)
+        self.taken: list[tuple[str, str]] = []  # (tag, "inline" or "mailbox")
+        self.tasks: list[trio.lowlevel.Task] = []
+
+    def serve_inline(self, msg: Any) -> Any:
+        return self._take(msg, "inline") if isinstance(msg, Note) and self.idle else None
+
+    async def handle(self, msg: Any, reply: Reply) -> None:
+        if isinstance(msg, Note):
+            await self._take(msg, "mailbox")
+            reply.value(None)
+        else:
+            await super().handle(msg, reply)
+
+    async def _take(self, msg: Note, where: str) -> None:
+        self.tasks.append(trio.lowlevel.current_task())
+        if msg.fail:
+            raise ValueError(f"note {msg.tag} failed")
+        self.taken.append((msg.tag, where))
+
+
+async def test_a_tell_served_inline_is_taken_in_the_tellers_task_without_a_round(
+    autojump_clock,
+):
+    work = Work()
+    actor = WhenIdle(work)
+    async with running(actor) as (ref, _):
+        await wait_all_tasks_blocked()
+        assert actor.idle
+        await ref.tell_promptly(Note("a"))
+        assert actor.taken == [("a", "inline")]  # done when the tell returns
+        assert actor.tasks == [trio.lowlevel.current_task()]
+        assert work.count == 0
+
+
+async def test_an_idle_only_message_waits_its_turn_while_the_loop_is_busy_or_mail_waits(
+    autojump_clock,
+):
+    actor = WhenIdle(Work())
+    async with running(actor) as (ref, _):
+        gate = await busy(ref)  # the loop is inside a handler: not idle
+        assert not actor.idle
+        await ref.tell_promptly(Note("while-busy"))
+        await ref.tell_promptly(Note("after-it"))  # one waits in the mailbox: still not idle
+        assert actor.taken == []
+        gate.set()
+        await wait_all_tasks_blocked()
+        assert actor.taken == [("while-busy", "mailbox"), ("after-it", "mailbox")]
+        assert actor.idle
+        await ref.tell_promptly(Note("idle-again"))
+        assert actor.taken[-1] == ("idle-again", "inline")
+
+
+async def test_a_failing_inline_tell_is_logged_not_raised_and_leaves_no_work(
+    autojump_clock, caplog
+):
+    work = Work()
+    actor = WhenIdle(work)
+    async with running(actor) as (ref, _):
+        await wait_all_tasks_blocked()
+        with caplog.at_level(logging.ERROR, logger="mcplive"):
+            await ref.tell_promptly(Note("x", fail=True))
+        assert "note x failed" in caplog.text
+        assert work.count == 0
+        assert await ref.ask(Echo(2), timeout=LONG) == 2  # the actor goes on
