@@ -50,6 +50,8 @@ from store.writer_process import (
     unpack_answer,
 )
 
+from .prompt_io import write_promptly
+
 log = logging.getLogger(__name__)
 
 #: How many bytes one read of the store process's answers asks for.
@@ -230,7 +232,7 @@ class StoreWriter(WriterRules):
         try:
             if process is None or process.child.poll() is not None:
                 process = await self._restart(process)
-            await process.to.send_all(frame(ops))
+            await write_promptly(process.to, frame(ops))
             answer = await process.receive()
         except (*PIPE_ERRORS, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
             answer = StoreError(f"store process failed: {exc}")  # closed: aborted meanwhile

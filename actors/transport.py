@@ -31,6 +31,7 @@ from protocol.display import one_line
 from protocol.framing import Framed, LineBuffer, Oversize, Undecodable
 
 from .config import ServerConfig
+from .prompt_io import write_promptly
 
 log = logging.getLogger("mcplive.transport")
 
@@ -150,9 +151,14 @@ class StdioTransport:
         await self.send_many([text])
 
     async def send_many(self, texts: list[str]) -> None:
-        assert self.proc.stdin is not None
+        stdin = self.proc.stdin
+        assert stdin is not None
         # One message per line: encoded JSON never holds a raw newline, so a join is exact.
-        await self.proc.stdin.send_all(("\n".join(texts) + "\n").encode("utf-8"))
+        data = ("\n".join(texts) + "\n").encode("utf-8")
+        if isinstance(stdin, trio.lowlevel.FdStream):
+            await write_promptly(stdin, data)  # the only writer: the link's writer task
+        else:
+            await stdin.send_all(data)
 
     def buffered(self) -> bool:
         return bool(self._ready)
