@@ -160,7 +160,7 @@ class ChannelActor(Actor):
 
     async def handle(self, msg: Any, reply: Reply) -> None:
         if isinstance(msg, IngestBatch) and len(self._deferred) < MAX_DEFERRED:
-            if (self._echoes.pending or self._flushing) and self._echoes.may_hold(msg.items):
+            if self._held_back(msg):
                 self._deferred.append((msg, reply))
                 return
         if isinstance(msg, IngestBatch):
@@ -441,9 +441,9 @@ class ChannelActor(Actor):
         """Two asks are served in the asking task (see :mod:`actors.kernel`), saving the
         mailbox's scheduling round. A publish, while nothing waits in the mailbox (what came
         before it is still handled first; handled there, it would only start a task of its
-        own). A plain ingest batch (no coalesced item, nothing to write here), while the channel
-        is idle and holds nothing back for an echo: it is converted at once, after everything
-        sent to the channel before it, as the loop would convert it."""
+        own). A plain ingest batch (no coalesced item, nothing to write here) that could not be
+        the echo of a publish awaiting its answer, while the channel is idle: it is converted at
+        once, after everything sent to the channel before it, as the loop would convert it."""
         if isinstance(msg, Publish) and not (self.ref is not None and self.ref.queued):
             return self._publish_here(msg, self._echoes.begin(msg.blocks))
         if isinstance(msg, IngestBatch) and self._ingests_here(msg):
@@ -451,12 +451,14 @@ class ChannelActor(Actor):
         return None
 
     def _ingests_here(self, msg: IngestBatch) -> bool:
-        return (
-            self.idle
-            and not msg.write
-            and not (self._echoes.pending or self._flushing or self._deferred)
-            and all(spec is None for spec in msg.specs)
-        )
+        """Whether the loop, were it to take ``msg`` now, would convert it at once."""
+        if not self.idle or msg.write or any(spec is not None for spec in msg.specs):
+            return False
+        return not self._held_back(msg)
+
+    def _held_back(self, msg: IngestBatch) -> bool:
+        """Whether ``msg`` waits for a publish's answer: something of it could be the echo."""
+        return bool(self._echoes.pending or self._flushing) and self._echoes.may_hold(msg.items)
 
     async def _publish_here(self, msg: Publish, token: str) -> tuple[PublishOutcome, Any]:
         """Send ``msg`` (its echo watched under ``token``); once no publish waits for an echo,
