@@ -249,10 +249,11 @@ class ConnectionActor(Actor):
         recv = link.expect(rid)
         try:
             with trio.fail_after(t):
-                try:  # queued at once while the outbox has room: the answer is the wait
-                    link.outbox_send.send_nowait([line])
-                except trio.WouldBlock:
-                    await link.outbox_send.send([line])
+                if not link.write_now([line]):
+                    try:  # queued at once while the outbox has room: the answer is the wait
+                        link.outbox_send.send_nowait([line])
+                    except trio.WouldBlock:
+                        await link.outbox_send.send([line])
                 result = await recv.receive()
         except trio.TooSlowError:
             self.trace("request-timeout", method=method, timeout_s=t)
@@ -314,7 +315,8 @@ class ConnectionActor(Actor):
         if not lines:
             return
         try:
-            await link.outbox_send.send(lines)
+            if not link.write_now(lines):
+                await link.outbox_send.send(lines)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             pass
 

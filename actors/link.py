@@ -113,6 +113,15 @@ class Link:
         self.requests.nudge()
         return recv
 
+    def write_now(self, lines: list[str]) -> bool:
+        """Write ``lines`` in the caller's step, in the writer's place, when the writer has
+        nothing in hand (nothing queued, and it waits for more) and the transport takes them
+        whole at once; False, with nothing written, when they are to be queued instead."""
+        # a writer waiting for lines means none is queued: they would have been handed to it
+        if not self.outbox_send.statistics().tasks_waiting_receive:
+            return False
+        return self.transport.send_now(lines)
+
     def close(self, reason: str) -> None:
         """The host ends the link (the first reason given is the one reported)."""
         if self.close_reason is None:

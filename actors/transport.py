@@ -31,7 +31,7 @@ from protocol.display import one_line
 from protocol.framing import Framed, LineBuffer, Oversize, Undecodable
 
 from .config import ServerConfig
-from .prompt_io import write_promptly
+from .prompt_io import is_pipe, write_promptly, write_whole_now
 
 log = logging.getLogger("mcplive.transport")
 
@@ -127,6 +127,11 @@ class Transport(Protocol):
 
     async def send_many(self, texts: list[str]) -> None: ...
 
+    def send_now(self, texts: list[str]) -> bool:
+        """Write ``texts`` in this step if the transport takes them whole without waiting; False,
+        with nothing written, otherwise. Only while the link's writer has nothing in hand."""
+        ...
+
     def buffered(self) -> bool:
         """Whether ``receive`` would return at once."""
         ...
@@ -146,6 +151,7 @@ class StdioTransport:
         self._lines = LineBuffer(max_line_bytes)
         self._ready: deque[Framed] = deque()
         self._eof = False
+        self._pipe: bool | None = None  # whether stdin is a pipe, once known
 
     async def send(self, text: str) -> None:
         await self.send_many([text])
@@ -159,6 +165,15 @@ class StdioTransport:
             await write_promptly(stdin, data)  # the only writer: the link's writer task
         else:
             await stdin.send_all(data)
+
+    def send_now(self, texts: list[str]) -> bool:
+        stdin = self.proc.stdin
+        if self._pipe is None:
+            self._pipe = isinstance(stdin, trio.lowlevel.FdStream) and is_pipe(stdin)
+        if not self._pipe:
+            return False
+        assert isinstance(stdin, trio.lowlevel.FdStream)
+        return write_whole_now(stdin, ("\n".join(texts) + "\n").encode("utf-8"))
 
     def buffered(self) -> bool:
         return bool(self._ready)
@@ -323,6 +338,9 @@ class WebsocketTransport:
     async def send_many(self, texts: list[str]) -> None:
         for text in texts:  # one message per frame
             await self.ws.send_message(text)
+
+    def send_now(self, texts: list[str]) -> bool:
+        return False  # a frame is sent by its own task's wait
 
     def buffered(self) -> bool:
         return False

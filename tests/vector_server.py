@@ -65,6 +65,9 @@ class MemoryTransport:
         for text in texts:
             await self._send.send(text)
 
+    def send_now(self, texts: list[str]) -> bool:
+        return False
+
     def buffered(self) -> bool:
         return self._receive.statistics().current_buffer_used > 0
 

@@ -3,7 +3,9 @@ room, and a closed or broken pipe fails with trio's errors."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import select
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -11,7 +13,7 @@ import pytest
 import trio
 from trio.testing import wait_all_tasks_blocked
 
-from actors.prompt_io import write_promptly
+from actors.prompt_io import is_pipe, write_promptly, write_whole_now
 
 GENEROUS_S = 30.0  # real I/O: a bound against hanging, never a timing assertion
 
@@ -120,3 +122,49 @@ async def test_closing_the_stream_while_a_write_waits_for_room_fails_it_as_close
             await wait_all_tasks_blocked()
             stream.close()
         assert len(failures) == 1
+
+
+# -- write_whole_now: a short write in another task's place ---------------------------------
+
+
+async def test_a_short_line_is_written_whole_at_once():
+    with pipe() as (read_fd, stream):
+        assert is_pipe(stream)
+        assert write_whole_now(stream, b"short\n")
+        assert os.read(read_fd, 100) == b"short\n"
+
+
+async def test_what_the_pipe_might_cut_or_cannot_take_now_is_not_written_at_all():
+    with pipe() as (read_fd, stream):
+        assert not write_whole_now(stream, b"x" * (select.PIPE_BUF + 1))  # might be cut
+        while write_whole_now(stream, b"y" * 1024):  # fill the pipe
+            pass
+        assert not write_whole_now(stream, b"z\n")  # no room now
+        os.set_blocking(read_fd, False)
+        data = bytearray()
+        with contextlib.suppress(BlockingIOError):
+            while chunk := os.read(read_fd, 65536):
+                data += chunk
+        assert data and set(data) == {ord("y")}  # whole writes only, and nothing else
+
+
+async def test_a_closed_or_broken_pipe_takes_nothing_and_says_so():
+    with pipe() as (_, stream):
+        stream.close()
+        assert not write_whole_now(stream, b"x")
+    read_fd, write_fd = os.pipe()
+    stream = trio.lowlevel.FdStream(write_fd)
+    os.close(read_fd)
+    try:
+        assert not write_whole_now(stream, b"x")
+    finally:
+        stream.close()
+
+
+async def test_a_regular_file_is_not_a_pipe(tmp_path):
+    fd = os.open(tmp_path / "f", os.O_WRONLY | os.O_CREAT)
+    stream = trio.lowlevel.FdStream(fd)
+    try:
+        assert not is_pipe(stream)
+    finally:
+        stream.close()
