@@ -30,14 +30,14 @@ import os
 import subprocess
 import threading
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Unpack
 
 import trio
 
 from store import StoreClosed, StoreError
 from store.items import WrittenRow
 from store.records import Op
-from store.writer import BULK_GAP_S, Done, WriterRules, settle
+from store.writer import Done, WriterLimits, WriterRules, settle
 from store.writer_process import (
     INCOMPLETE,
     PIPE_ERRORS,
@@ -103,15 +103,8 @@ class StoreWriter(WriterRules):
     """Serializes the host's writes through one trio task, committing in groups (see the module
     docstring). Ops may be submitted before :meth:`start`; they are committed once it runs."""
 
-    def __init__(
-        self,
-        path: str | os.PathLike[str],
-        *,
-        max_queue: int = 4096,
-        max_batch: int = 512,
-        bulk_gap: float = BULK_GAP_S,
-    ) -> None:
-        super().__init__(path, max_queue=max_queue, max_batch=max_batch, bulk_gap=bulk_gap)
+    def __init__(self, path: str | os.PathLike[str], **limits: Unpack[WriterLimits]) -> None:
+        super().__init__(path, **limits)
         self._wake = trio.Event()  # set when an op that ends a wait is queued, or on close
         self._started = False
         self._stopped = trio.Event()

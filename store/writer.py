@@ -28,6 +28,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TypedDict, Unpack
 
 import attrs
 
@@ -70,6 +71,14 @@ class WriterStats:
     ops: int
     batches: int
     largest_batch: int
+
+
+class WriterLimits(TypedDict, total=False):
+    """The keywords a writer's limits are given by (see :class:`WriterRules`)."""
+
+    max_queue: int
+    max_batch: int
+    bulk_gap: float
 
 
 class WriterRules:
@@ -179,12 +188,10 @@ class GroupCommitWriter(WriterRules):
         self,
         path: str | os.PathLike[str],
         *,
-        max_queue: int = 4096,
-        max_batch: int = 512,
-        bulk_gap: float = BULK_GAP_S,
         process: bool = True,
+        **limits: Unpack[WriterLimits],
     ) -> None:
-        super().__init__(path, max_queue=max_queue, max_batch=max_batch, bulk_gap=bulk_gap)
+        super().__init__(path, **limits)
         #: Whether the write connection lives in a child process (:mod:`store.writer_process`).
         self.process = process
         self._cond = threading.Condition()
