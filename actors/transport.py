@@ -143,6 +143,11 @@ class Transport(Protocol):
     async def receive(self) -> Framed | None: ...
 
 
+def _lines_of(texts: list[str]) -> bytes:
+    """One message per line: encoded JSON never holds a raw newline, so a join is exact."""
+    return ("\n".join(texts) + "\n").encode("utf-8")
+
+
 class StdioTransport:
     def __init__(self, proc: trio.Process, max_line_bytes: int, description: str) -> None:
         self.proc = proc
@@ -151,7 +156,11 @@ class StdioTransport:
         self._lines = LineBuffer(max_line_bytes)
         self._ready: deque[Framed] = deque()
         self._eof = False
-        self._pipe: bool | None = None  # whether stdin is a pipe, once known
+        stdin = proc.stdin
+        #: The server's stdin when it is a pipe, which :meth:`send_now` may write to.
+        self._pipe_in = (
+            stdin if isinstance(stdin, trio.lowlevel.FdStream) and is_pipe(stdin) else None
+        )
 
     async def send(self, text: str) -> None:
         await self.send_many([text])
@@ -159,21 +168,13 @@ class StdioTransport:
     async def send_many(self, texts: list[str]) -> None:
         stdin = self.proc.stdin
         assert stdin is not None
-        # One message per line: encoded JSON never holds a raw newline, so a join is exact.
-        data = ("\n".join(texts) + "\n").encode("utf-8")
         if isinstance(stdin, trio.lowlevel.FdStream):
-            await write_promptly(stdin, data)  # the only writer: the link's writer task
+            await write_promptly(stdin, _lines_of(texts))  # the only writer: the link's writer
         else:
-            await stdin.send_all(data)
+            await stdin.send_all(_lines_of(texts))
 
     def send_now(self, texts: list[str]) -> bool:
-        stdin = self.proc.stdin
-        if self._pipe is None:
-            self._pipe = isinstance(stdin, trio.lowlevel.FdStream) and is_pipe(stdin)
-        if not self._pipe:
-            return False
-        assert isinstance(stdin, trio.lowlevel.FdStream)
-        return write_whole_now(stdin, ("\n".join(texts) + "\n").encode("utf-8"))
+        return self._pipe_in is not None and write_whole_now(self._pipe_in, _lines_of(texts))
 
     def buffered(self) -> bool:
         return bool(self._ready)
