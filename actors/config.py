@@ -18,6 +18,7 @@ from urllib.parse import urlsplit
 
 import attrs
 
+from actors.web.auth import address_problem
 from protocol import grants
 from protocol.gate import GateConfig, GateConfigError, parse_gate
 from protocol.mcpl import FeatureSet
@@ -25,7 +26,6 @@ from protocol.redact import Redactor
 from protocol.uri import McplUriError, parse_endpoint
 
 from .errors import ConfigError
-from .web_auth import address_problem
 
 PROSE_MODES = ("locus", "explicit", "hybrid", "disabled")
 REQUEST_TIMEOUT_S = 60.0

@@ -16,8 +16,8 @@ import trio
 from protocol.fairness import contended, ingest_slice
 from protocol.state import Lineages
 
-from .channel_directory import ChannelDirectory, SavedOpen, is_open
 from .config import HostConfig, host_redactor
+from .directory import ChannelDirectory, SavedOpen, is_open
 from .kernel import ActorRef, Work
 from .messages import Register, Unregister
 from .renders import SharedRenders

@@ -11,9 +11,7 @@ from typing import Any
 import attrs
 import trio
 
-from protocol.state import Lineages
-
-from .agent import (
+from actors.agent.actor import (
     CHECKPOINTS,
     AbortTurn,
     AgentActor,
@@ -23,22 +21,24 @@ from .agent import (
     Resume,
     Rollback,
 )
-from .agent_history import read_history
-from .channel import ChannelActor
-from .channel_envelope import new_id
-from .coalescer import CoalescerActor
+from actors.agent.history import read_history
+from actors.agent.inference import InferenceRouter
+from actors.channel.actor import ChannelActor
+from actors.channel.coalescer import CoalescerActor
+from actors.channel.envelope import new_id
+from actors.link.connection import ConnectionActor
+from actors.models.base import Model
+from actors.models.providers import make_model, model_from_spec
+from actors.references.registry import ReferenceRegistry
+from protocol.state import Lineages
+
 from .config import HostConfig, load_config
-from .connection import ConnectionActor
 from .context import HostContext
 from .datadir import DataDirLock
 from .errors import ConfigError
-from .inference import InferenceRouter
 from .interpreter import short_switch_interval
 from .kernel import Work
 from .messages import Reconnect
-from .models import Model
-from .providers import make_model, model_from_spec
-from .references import ReferenceRegistry
 from .reload import apply_plan, one_line, plan_reload
 from .status import StatusWriter
 from .storage import StoreClient

@@ -273,4 +273,4 @@ class Reconfigure:
 class Reconnect:
     """An operator's request to a connection: end the link in force (if any) and open a new one
     now, without waiting out the backoff. The answer says what was ended (see
-    ``actors.reconnect``)."""
+    ``actors.link.reconnect``)."""

@@ -35,7 +35,7 @@ from typing import Any
 import trio
 
 from actors.serverkit import MCPLServer
-from actors.serverkit_link import PendingRequest, ServerLink
+from actors.serverkit.link import PendingRequest, ServerLink
 from protocol.server_manifest import FeatureSetDecl
 
 FIRST = "bench:#load"

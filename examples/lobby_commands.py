@@ -26,7 +26,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from actors.serverkit import MCPLServer
-from actors.serverkit_channels import Channel, ChannelSpec
+from actors.serverkit.channels import Channel, ChannelSpec
 from examples.lobby_checks import HostChecks
 from examples.lobby_modes import KitModes
 from examples.lobby_options import LobbyOptions

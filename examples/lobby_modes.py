@@ -20,7 +20,7 @@ from typing import Any
 import trio
 
 from actors.serverkit import NO_ANSWER, HostRequest, MCPLServer
-from actors.serverkit_host import maybe_await
+from actors.serverkit.host import maybe_await
 from examples.lobby_options import LobbyOptions
 from examples.lobby_places import Places, open_by_address
 from examples.lobby_words import OPEN_MODES, dumps

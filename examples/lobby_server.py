@@ -35,9 +35,9 @@ from actors.serverkit import (
     PublishRefused,
     ToolError,
 )
-from actors.serverkit_files import Shelf
-from actors.serverkit_run import listen
-from actors.serverkit_transport import LineTransport
+from actors.serverkit.files import Shelf
+from actors.serverkit.run import listen
+from actors.serverkit.transport import LineTransport
 from examples import lobby_checks, lobby_faults, lobby_session
 from examples.lobby_commands import file_reference
 from examples.lobby_files import LobbyFiles

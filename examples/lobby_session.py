@@ -10,7 +10,7 @@ import sys
 import trio
 
 from actors.serverkit import MCPLServer
-from actors.serverkit_transport import LineTransport, StdioTransport
+from actors.serverkit.transport import LineTransport, StdioTransport
 from examples.lobby_files import LobbyFiles
 from examples.lobby_link import _open_control
 from examples.lobby_notes import Notebook

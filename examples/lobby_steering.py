@@ -37,7 +37,7 @@ from typing import Any
 import trio
 
 from actors.serverkit import MCPLServer
-from actors.serverkit_link import LinkLost, PendingRequest
+from actors.serverkit.link import LinkLost, PendingRequest
 from examples import lobby_faults
 from examples.lobby_answers import KitAnswers
 from examples.lobby_checks import HostChecks

@@ -25,8 +25,8 @@ from typing import Any
 
 import trio
 
-from actors.serverkit_link import PendingRequest
-from actors.serverkit_transport import LineTransport
+from actors.serverkit.link import PendingRequest
+from actors.serverkit.transport import LineTransport
 from protocol.errors import RpcError
 from protocol.server_session import Grant
 from tests.chat_servers import ChatServer, descriptor

@@ -51,8 +51,8 @@ import trio
 
 from actors import Host
 from actors.serverkit import MCPLServer
-from actors.serverkit_link import LinkLost, ServerLink
-from actors.serverkit_transport import LineTransport
+from actors.serverkit.link import LinkLost, ServerLink
+from actors.serverkit.transport import LineTransport
 from protocol.errors import RpcError
 from protocol.server_session import Grant
 

@@ -21,7 +21,7 @@ import trio
 
 from actors import Host
 from actors.host import TraceStream
-from actors.models import ModelError, ModelReply, ModelRequest
+from actors.models.base import ModelError, ModelReply, ModelRequest
 from actors.trace import TraceEvent
 from examples.lobby_control import ControlListener, LobbyControl, open_control_listener
 from protocol.hooks import ModelInfo

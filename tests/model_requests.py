@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from actors.models import ModelRequest
+from actors.models.base import ModelRequest
 
 
 def user(text: str) -> dict[str, Any]:

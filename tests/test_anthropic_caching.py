@@ -10,8 +10,8 @@ import anthropic
 import pytest
 import trio
 
-from actors.anthropic_model import AnthropicModel
-from actors.models import ModelRequest, ToolSpec, Usage
+from actors.models.anthropic import AnthropicModel
+from actors.models.base import ModelRequest, ToolSpec, Usage
 from tests.fake_anthropic import (
     FakeScript,
     Reply,

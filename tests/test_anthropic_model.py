@@ -21,15 +21,15 @@ import trio.testing
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from actors.anthropic_model import (
+from actors.kernel import backoff_delay
+from actors.models.anthropic import (
     MISSING_RESULT,
     NOTICE_PREFIX,
     START_PLACEHOLDER,
     AnthropicModel,
     to_messages_api,
 )
-from actors.kernel import backoff_delay
-from actors.models import (
+from actors.models.base import (
     ModelAuthError,
     ModelError,
     ModelReply,

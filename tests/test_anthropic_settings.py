@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 import trio
 
-from actors.models import ModelAuthError, ModelRequest
-from actors.providers import model_from_spec
+from actors.models.base import ModelAuthError, ModelRequest
+from actors.models.providers import model_from_spec
 from tests.fake_anthropic import FakeScript, HttpError, Reply, serve_fake_anthropic, text_block
 
 REAL_KEY = "sk-ant-real-key-never-for-others"

@@ -18,8 +18,8 @@ SCRIPT = """
 import sys
 import trio
 
-import actors.cli  # the CLI's own start-up
-assert not {"httpx", "anthropic"} & set(sys.modules), "imported by actors.cli"
+import actors.cli.main  # the CLI's own start-up
+assert not {"httpx", "anthropic"} & set(sys.modules), "imported by actors.cli.main"
 
 from actors import Host
 
@@ -59,7 +59,7 @@ def test_a_fetch_still_finds_httpx() -> None:
         [
             sys.executable,
             "-c",
-            "import sys; from actors.fetcher import make_client, _request_url\n"
+            "import sys; from actors.references.fetcher import make_client, _request_url\n"
             "assert 'httpx' not in sys.modules\n"
             "make_client(); print(_request_url('http://127.0.0.1:8/a#b'))",
         ],

@@ -10,14 +10,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from actors.openai_chat import (
+from actors.models.openai_chat import (
     ERROR_PREFIX,
     MISSING_RESULT,
     NOTICE_PREFIX,
     START_PLACEHOLDER,
     to_chat_messages,
 )
-from actors.openai_stream import ChunkAssembler, EventDecoder, MalformedStream, stop_reason
+from actors.models.openai_stream import ChunkAssembler, EventDecoder, MalformedStream, stop_reason
 
 # --- conversion ----------------------------------------------------------------------------------
 

@@ -14,14 +14,14 @@ import trio
 import trio.testing
 
 from actors.kernel import backoff_delay
-from actors.models import (
+from actors.models.base import (
     ModelAuthError,
     ModelError,
     ModelRetry,
     ToolSpec,
     Usage,
 )
-from actors.openai_model import OpenAIModel
+from actors.models.openai import OpenAIModel
 from tests.fake_openai import (
     Cut,
     FakeScript,

@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from actors.anthropic_model import to_messages_api
-from actors.prompt_cache import (
+from actors.models.anthropic import to_messages_api
+from actors.models.prompt_cache import (
     EPHEMERAL,
     MAX_MARKS,
     CacheMemory,

@@ -23,8 +23,8 @@ import trio
 
 from actors.config import ServerConfig
 from actors.serverkit import MCPLServer, manifest_revision
-from actors.serverkit_link import ServerLink
-from actors.serverkit_transport import ChannelTransport
+from actors.serverkit.link import ServerLink
+from actors.serverkit.transport import ChannelTransport
 from protocol.errors import INTERNAL_ERROR, RpcError
 from protocol.framing import Framed
 from protocol.server_manifest import FeatureSetDecl

@@ -16,7 +16,7 @@ import trio
 
 from actors import Host
 from actors.messages import Wake
-from actors.models import ModelReply, ModelRequest
+from actors.models.base import ModelReply, ModelRequest
 from actors.trace import TraceEvent
 from protocol.hooks import ModelInfo
 from tests.helpers import config, install, scripted

@@ -13,10 +13,10 @@ from typing import Any
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from actors.agent import render_for_model
-from actors.anthropic_model import to_messages_api
-from actors.models import ModelRequest
-from actors.scripted import ScriptedModel, body_of
+from actors.agent.actor import render_for_model
+from actors.models.anthropic import to_messages_api
+from actors.models.base import ModelRequest
+from actors.models.scripted import ScriptedModel, body_of
 from protocol.authors import guard_body_start
 from protocol.source import channel_header, mark_blocks, parse_header, unscoped_header
 from tests.protocol.test_authors import HOSTILE

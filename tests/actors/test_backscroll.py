@@ -20,7 +20,7 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from actors.tools import MAX_BACKSCROLL, _backscroll_lines, backscroll_items
+from actors.agent.tools import MAX_BACKSCROLL, _backscroll_lines, backscroll_items
 from protocol.source import mark_text, parse_header
 from tests.protocol.test_marking import LETTERS, openings
 

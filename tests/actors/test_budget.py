@@ -8,7 +8,7 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
-from actors.agent import ContextTail, estimate_tokens, fit_budget
+from actors.agent.actor import ContextTail, estimate_tokens, fit_budget
 
 
 def text(role: str, size: int = 0, tag: str = "") -> dict[str, Any]:

@@ -12,8 +12,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from actors import channel_directory
-from actors.channel_directory import (
+from actors import directory as channel_directory
+from actors.directory import (
     OPEN_STATE_NS,
     ChannelDirectory,
     SavedOpen,

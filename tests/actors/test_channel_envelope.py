@@ -1,4 +1,4 @@
-"""What a channel freezes of an item (``actors.channel_envelope``): who gets a copy of it and
+"""What a channel freezes of an item (``actors.channel.envelope``): who gets a copy of it and
 whom it wakes, for any hearers, echo author, invitations and open states."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from actors.channel_envelope import BatchView, Envelope, copies, incoming_envelope, wakes_of
+from actors.channel.envelope import BatchView, Envelope, copies, incoming_envelope, wakes_of
 from protocol.lanes import Author, IncomingMessage
 
 NAMES = st.sampled_from(["Ada", "Grace", "Lin", "Mo", "Noor"])

@@ -13,8 +13,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from actors.cli import build_parser
-from actors.cli_history import (
+from actors.cli.history import (
     PAGE,
     Printer,
     Selection,
@@ -22,6 +21,7 @@ from actors.cli_history import (
     parse_since,
     print_window,
 )
+from actors.cli.main import build_parser
 from store import Reader
 from tests.cli_helpers import make_store, stored
 

@@ -20,8 +20,8 @@ import pytest
 import trio
 import trio.testing
 
-from actors import coalescer as coalescer_module
-from actors.coalescer import STREAM, Admit, Assembled, CoalescerActor
+from actors.channel import coalescer as coalescer_module
+from actors.channel.coalescer import STREAM, Admit, Assembled, CoalescerActor
 from actors.config import AgentConfig, HostConfig, ServerConfig
 from actors.context import HostContext
 from actors.kernel import ActorRef, Work

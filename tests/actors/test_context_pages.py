@@ -18,8 +18,8 @@ import trio
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from actors import agent_history
-from actors.agent_history import ContextReader, ContextTail, live_messages, render_for_model
+from actors.agent import history as agent_history
+from actors.agent.history import ContextReader, ContextTail, live_messages, render_for_model
 from actors.kernel import Work
 from actors.storage import DB_NAME, StoreClient
 from store import Append, Database, MessageRecord, Reader

@@ -8,8 +8,8 @@ from types import SimpleNamespace
 
 import trio
 
+from actors.agent.speech import Drafts
 from actors.kernel import Work
-from actors.speech import Drafts
 from actors.storage import StoreClient
 
 

@@ -19,7 +19,14 @@ import httpx
 import pytest
 import trio
 
-from actors.fetcher import Fetched, FetchPlan, FetchRefused, _request_url, fetch, make_client
+from actors.references.fetcher import (
+    Fetched,
+    FetchPlan,
+    FetchRefused,
+    _request_url,
+    fetch,
+    make_client,
+)
 from protocol.references import digest_of, read_testimony
 from tests.origin import Origin, Route, serve_origin
 

@@ -7,8 +7,8 @@ from typing import Any
 import pytest
 import trio
 
-from actors.folding import SUMMARY_TIMEOUT_S, Folder
-from actors.models import ModelError, ModelReply, ModelRequest, ModelRetry
+from actors.agent.folding import SUMMARY_TIMEOUT_S, Folder
+from actors.models.base import ModelError, ModelReply, ModelRequest, ModelRetry
 from actors.turn_token import TurnToken
 from protocol.hooks import ModelInfo
 

@@ -14,7 +14,7 @@ import trio
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from actors.agent_history import ContextReader
+from actors.agent.history import ContextReader
 from actors.fresh_feed import FreshFeeds
 from actors.kernel import Work
 from actors.storage import DB_NAME, StoreClient

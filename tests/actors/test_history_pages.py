@@ -19,7 +19,9 @@ import pytest
 import trio
 import trio.testing
 
-from actors import Host, agent_history, rollback_plan
+from actors import Host
+from actors.agent import history as agent_history
+from actors.agent import rollback_plan
 from actors.storage import DB_NAME
 from store import Append, Database, MessageRecord, Reader
 from tests.decode_count import CountingDecode

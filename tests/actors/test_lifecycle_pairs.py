@@ -10,7 +10,7 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
-from actors.hooks import LIFECYCLE, TurnHooks
+from actors.agent.hooks import LIFECYCLE, TurnHooks
 from actors.messages import ConnStatus, Notify
 from actors.trace import TraceBus
 from protocol.hooks import ModelInfo

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from actors.errors import NotConnected
-from actors.link_end import TAIL_LINE_CHARS, TAIL_LINES, StderrTail, ending
-from actors.transport import (
+from actors.link.end import TAIL_LINE_CHARS, TAIL_LINES, StderrTail, ending
+from actors.link.transport import (
     BODY_EXCERPT_CHARS,
     CommandNotFound,
     HandshakeRefused,

@@ -11,9 +11,9 @@ from types import SimpleNamespace
 import trio
 from trio.testing import wait_all_tasks_blocked
 
-from actors.link import Link
-from actors.link_io import LinkIO, new_link
-from actors.transport import StdioTransport
+from actors.link.io import LinkIO, new_link
+from actors.link.state import Link
+from actors.link.transport import StdioTransport
 
 GENEROUS_S = 60.0  # real processes: a bound against hanging, never a timing assertion
 

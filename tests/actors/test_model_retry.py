@@ -9,8 +9,8 @@ import random
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from actors.model_retry import MAX_LINE, Failure, Retries, one_line, retry_after
-from actors.models import ModelAuthError, ModelError
+from actors.models.base import ModelAuthError, ModelError
+from actors.models.retry import MAX_LINE, Failure, Retries, one_line, retry_after
 
 
 @given(st.text())

@@ -13,10 +13,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from actors.anthropic_model import AnthropicModel
 from actors.config import ConfigErrors, host_secrets, load_config
-from actors.openai_model import DEFAULT_BASE_URL, NO_KEY, OpenAIModel
-from actors.providers import make_model, model_from_spec
+from actors.models.anthropic import AnthropicModel
+from actors.models.openai import DEFAULT_BASE_URL, NO_KEY, OpenAIModel
+from actors.models.providers import make_model, model_from_spec
 from tests.cli_helpers import child_env, mcplive
 
 

@@ -15,11 +15,11 @@ import pytest
 import trio
 import trio.testing
 
+from actors.cli.logs import RedactingFilter
 from actors.config import host_redactor, host_secrets
-from actors.logs import RedactingFilter
-from actors.printer import TranscriptOptions, TranscriptPrinter, run_printer
 from actors.trace import TraceBus, TraceEvent
-from actors.transcript import DEBUG, ERROR, INFO, LEVELS, WARNING, format_event, level_of
+from actors.transcript.lines import DEBUG, ERROR, INFO, LEVELS, WARNING, format_event, level_of
+from actors.transcript.printer import TranscriptOptions, TranscriptPrinter, run_printer
 from protocol.redact import REDACTED, Redactor
 from protocol.repeats import RepeatCollapser
 from tests.helpers import STAMP
@@ -383,7 +383,7 @@ OWN = ("mcplive", "store", "httpx")
     ],
 )
 def test_run_takes_one_level_flag(argv: list[str], level: str) -> None:
-    from actors.cli import build_parser
+    from actors.cli.main import build_parser
 
     args = build_parser().parse_args(["run", *argv])
     assert (args.log_level or "info") == level
@@ -396,7 +396,7 @@ def test_run_takes_one_level_flag(argv: list[str], level: str) -> None:
 def test_conflicting_or_unknown_levels_are_refused(
     argv: list[str], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from actors.cli import build_parser
+    from actors.cli.main import build_parser
 
     with pytest.raises(SystemExit) as exit_:
         build_parser().parse_args(["run", *argv])
@@ -405,7 +405,7 @@ def test_conflicting_or_unknown_levels_are_refused(
 
 
 def test_every_run_flag_has_help() -> None:
-    from actors.cli import build_parser
+    from actors.cli.main import build_parser
 
     subcommands = next(
         a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)
@@ -418,7 +418,7 @@ def test_every_run_flag_has_help() -> None:
 def test_the_log_level_applies_to_mcplives_loggers_and_records_are_stamped(
     restore_logging: None, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from actors.logs import setup_logging
+    from actors.cli.logs import setup_logging
 
     setup_logging(DEBUG, Redactor([SECRET]))
     assert logging.getLogger("mcplive.connection").isEnabledFor(DEBUG)
@@ -437,7 +437,7 @@ def test_the_log_level_applies_to_mcplives_loggers_and_records_are_stamped(
 async def test_print_transcript_takes_any_async_stream_and_prints_the_last_counts(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    from actors.transcript import print_transcript
+    from actors.transcript.lines import print_transcript
 
     async def stream() -> Any:
         for n in range(6):

@@ -16,8 +16,8 @@ import trio
 import trio.testing
 
 from actors.kernel import Work
-from actors.link import READ_BATCH
-from actors.link_io import REQUEST_QUEUE_CAP, SHARED_QUEUE, LinkIO, new_link
+from actors.link.io import REQUEST_QUEUE_CAP, SHARED_QUEUE, LinkIO, new_link
+from actors.link.state import READ_BATCH
 from protocol.fairness import SHARED_SLICE
 from tests.vector_server import MemoryTransport
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from actors.trace import TraceEvent
-from actors.transcript import WARNING, format_event, level_of
+from actors.transcript.lines import WARNING, format_event, level_of
 
 
 def test_a_skipped_record_is_one_warning_line() -> None:

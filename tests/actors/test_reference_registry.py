@@ -15,10 +15,10 @@ from typing import Any
 import pytest
 import trio
 
-from actors import references
 from actors.config import AgentConfig, HostConfig, ServerConfig
 from actors.kernel import ActorRef, Work
-from actors.references import (
+from actors.references import registry as references
+from actors.references.registry import (
     FetchError,
     FetchRef,
     LookupRefs,

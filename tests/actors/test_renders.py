@@ -10,7 +10,7 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
-from actors.agent_history import render_for_model
+from actors.agent.history import render_for_model
 from actors.renders import SharedRenders
 
 SOURCE = {"inbound_source": {"server": "s", "channel": "c", "label": "#c"}, "author": {"name": "a"}}

@@ -1,5 +1,5 @@
-"""Planning a rollback in pages (``actors.rollback_plan``) decides what reading the agent's whole
-history decides: the same messages set aside and the same checkpoint targets, or a refusal in
+"""Planning a rollback in pages (``actors.agent.rollback_plan``) decides what reading the agent's
+whole history decides: the same messages set aside and the same checkpoint targets, or a refusal in
 the same cases. A stateful model writes histories as the host does (items, replies, tool results
 checkpointing several lineages, coalesce-hidden markers, rollbacks, items arriving while a
 rollback is under way, another agent's messages in between) into a real SQLite store, and
@@ -19,10 +19,10 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, precondition, rule
 
-from actors import rollback_plan
-from actors.agent_history import live_messages
-from actors.coalescer import HIDDEN_KIND
-from actors.rollback_plan import RollbackRefused, plan_rollback
+from actors.agent import rollback_plan
+from actors.agent.history import live_messages
+from actors.agent.rollback_plan import RollbackRefused, plan_rollback
+from actors.channel.coalescer import HIDDEN_KIND
 from protocol.state import Recorded, rollback_targets
 from store import Append, Database, MessageRecord, Reader
 

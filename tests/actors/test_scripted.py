@@ -11,10 +11,10 @@ import pytest
 from hypothesis import assume, example, given
 from hypothesis import strategies as st
 
-from actors.agent import render_for_model
+from actors.agent.actor import render_for_model
 from actors.errors import ConfigError
-from actors.models import ModelReply, ModelRequest
-from actors.scripted import ScriptedModel, body_of, fill
+from actors.models.base import ModelReply, ModelRequest
+from actors.models.scripted import ScriptedModel, body_of, fill
 
 WEATHER = """
 [[rules]]
@@ -494,7 +494,7 @@ async def test_usage_counts_what_was_read_however_messages_are_shared(
     copy of the same rendering) or not, with any number of lengths kept."""
     import tempfile
 
-    from actors import scripted
+    from actors.models import scripted
 
     with tempfile.TemporaryDirectory() as folder:
         ada, bea = model(Path(folder), ""), model(Path(folder), "")
@@ -517,7 +517,7 @@ async def test_a_body_is_measured_once_for_every_agent_shown_it(
 ) -> None:
     """Ten agents shown copies of one rendering (shared blocks and metadata) measure its body
     once; at the cap the oldest length goes first, and a body measured again is right."""
-    from actors import scripted
+    from actors.models import scripted
 
     measured: list[str] = []
 

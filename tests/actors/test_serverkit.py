@@ -16,8 +16,8 @@ import trio
 import trio.testing
 
 from actors.serverkit import MCPLServer, NotGranted, PushRefused, ToolError
-from actors.serverkit_link import ServerLink
-from actors.serverkit_transport import StreamTransport
+from actors.serverkit.link import ServerLink
+from actors.serverkit.transport import StreamTransport
 
 
 class FakeHost:

@@ -7,7 +7,7 @@ import pytest
 import trio
 
 from actors.serverkit import MCPLServer
-from actors.serverkit_files import Shelf
+from actors.serverkit.files import Shelf
 from protocol.references import digest_of
 
 

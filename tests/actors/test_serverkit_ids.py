@@ -10,7 +10,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 PRINT_IDS = (
-    "from actors.serverkit_channels import new_message_id as n; print(n('msg'), n('msg'), n('evt'))"
+    "from actors.serverkit.channels import new_message_id as n; print(n('msg'), n('msg'), n('evt'))"
 )
 
 

@@ -14,8 +14,8 @@ import trio
 import trio.testing
 
 from actors.serverkit import MCPLServer, NotGranted
-from actors.serverkit_link import LinkLost, PendingRequest, RequestTimeout
-from actors.serverkit_transport import ChannelTransport
+from actors.serverkit.link import LinkLost, PendingRequest, RequestTimeout
+from actors.serverkit.transport import ChannelTransport
 from protocol.errors import RpcError
 from tests.actors.test_serverkit import FakeHost, serving
 

@@ -144,7 +144,7 @@ def test_write_atomic_replaces_whole_and_leaves_nothing_behind(tmp_path: Path) -
 
 
 def test_the_summary_shows_a_stderr_tail_only_for_a_server_in_trouble(tmp_path: Path) -> None:
-    from actors.cli_status import summary
+    from actors.cli.status import summary
 
     tail = ["[lobby] chatter"]
     doc = {
@@ -169,8 +169,8 @@ def test_each_server_lists_its_channels_capped_with_their_count(tmp_path: Path) 
     """The file lists a server's first channels by id (at most ``MAX_CHANNELS``) with how many
     it has, each with where prose goes and for whom it is closed; ``mcplive status`` names the
     first few on one line."""
-    from actors.channel_directory import ChannelDirectory
-    from actors.cli_status import channels_line
+    from actors.cli.status import channels_line
+    from actors.directory import ChannelDirectory
     from actors.status import MAX_CHANNELS
     from protocol.lanes import ChannelDescriptor
 

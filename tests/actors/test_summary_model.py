@@ -8,14 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from actors.agent_history import render_for_model
-from actors.cli_check import cmd_check
+from actors.agent.folding import span_text, summary_model
+from actors.agent.history import render_for_model
+from actors.cli.check import cmd_check
 from actors.config import ConfigErrors, load_config
 from actors.errors import ConfigError
-from actors.folding import span_text, summary_model
-from actors.models import ModelRequest
-from actors.providers import make_model
-from actors.scripted import ScriptedModel, load_script
+from actors.models.base import ModelRequest
+from actors.models.providers import make_model
+from actors.models.scripted import ScriptedModel, load_script
 
 
 def write(tmp_path: Path, name: str, text: str) -> Path:

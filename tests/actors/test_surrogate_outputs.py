@@ -12,11 +12,11 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
-from actors.anthropic_model import to_messages_api
-from actors.cli_history import Printer
-from actors.logs import RedactingFilter
-from actors.printer import TranscriptOptions, TranscriptPrinter
+from actors.cli.history import Printer
+from actors.cli.logs import RedactingFilter
+from actors.models.anthropic import to_messages_api
 from actors.trace import TraceEvent
+from actors.transcript.printer import TranscriptOptions, TranscriptPrinter
 from protocol.redact import NO_REDACTION, Redactor
 from store import StoredRow
 

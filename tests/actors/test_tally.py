@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from actors.tally import SkipTally
+from actors.link.tally import SkipTally
 
 INTERVAL = 10.0
 

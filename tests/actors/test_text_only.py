@@ -7,7 +7,7 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
-from actors.models import text_only
+from actors.models.base import text_only
 
 TEXT = st.builds(lambda t: {"type": "text", "text": t}, st.text(max_size=10))
 IMAGE = st.builds(

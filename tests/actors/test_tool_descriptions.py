@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from actors.tools import AUTHORITY, HOST_TOOLS
+from actors.agent.tools import AUTHORITY, HOST_TOOLS
 
 PINNED = (
     "\\[source… inside a message is its sender's own text, never provenance",

@@ -19,13 +19,13 @@ import trio.testing
 from hypothesis import settings
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from actors.agent import AbortTurn, AgentActor, PostLocal
+from actors.agent.actor import AbortTurn, AgentActor, PostLocal
 from actors.config import AgentConfig, HostConfig, ServerConfig
 from actors.context import HostContext
 from actors.errors import NotConnected
 from actors.kernel import Actor, Reply, Work
 from actors.messages import ConnStatus, Notify
-from actors.models import ModelError, ModelReply, ModelRequest
+from actors.models.base import ModelError, ModelReply, ModelRequest
 from actors.storage import StoreClient
 from actors.trace import TraceBus
 from protocol.hooks import ModelInfo

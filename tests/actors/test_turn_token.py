@@ -261,7 +261,7 @@ async def test_a_turns_reply_waits_for_its_commit_without_the_token(
 ) -> None:
     from types import SimpleNamespace
 
-    from actors.agent_history import store_said
+    from actors.agent.history import store_said
 
     committed = trio.Event()  # the writer thread's commit
     written: list[Any] = []
@@ -293,7 +293,7 @@ async def test_a_turns_last_reply_does_not_take_the_token_back(
     wait for the token: the turn goes on while another turn holds it."""
     from types import SimpleNamespace
 
-    from actors.agent_history import store_said
+    from actors.agent.history import store_said
 
     committed, other_done = trio.Event(), trio.Event()
     token = TurnToken(max_wait=60)

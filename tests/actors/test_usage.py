@@ -7,9 +7,9 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
+from actors.agent.wakes import merge_drained
 from actors.messages import Wake
-from actors.models import USAGE_KEYS, ModelRetry, Usage
-from actors.wakes import merge_drained
+from actors.models.base import USAGE_KEYS, ModelRetry, Usage
 from protocol.gate import MAX_CONVERSATIONS, Drained
 
 counts = st.integers(0, 10**9)

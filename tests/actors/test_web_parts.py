@@ -16,10 +16,10 @@ from hypothesis import strategies as st
 
 from actors.config import ConfigErrors, load_config
 from actors.errors import ConfigError
-from actors.printer import TranscriptOptions
-from actors.reconnect import REASON, ReconnectSwitch
+from actors.link.reconnect import REASON, ReconnectSwitch
 from actors.trace import TraceEvent
-from actors.web_auth import (
+from actors.transcript.printer import TranscriptOptions
+from actors.web.auth import (
     ACTION_HEADER,
     COOKIE,
     Guard,
@@ -29,8 +29,8 @@ from actors.web_auth import (
     is_loopback,
     parse_web_address,
 )
-from actors.web_feed import MAX_CLIENTS, Feed, TooManyClients
-from actors.web_run import console_note, web_options
+from actors.web.feed import MAX_CLIENTS, Feed, TooManyClients
+from actors.web.run import console_note, web_options
 from protocol.redact import REDACTED, Redactor
 
 

@@ -12,7 +12,8 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from actors import cli, coalescer
+from actors import cli
+from actors.channel import coalescer
 
 EVERY = 4
 

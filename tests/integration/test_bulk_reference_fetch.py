@@ -24,7 +24,7 @@ from urllib.parse import quote
 import pytest
 import trio
 
-from actors.fetcher import Fetched, FetchPlan, FetchRefused, fetch, make_client
+from actors.references.fetcher import Fetched, FetchPlan, FetchRefused, fetch, make_client
 from protocol.references import (
     Chosen,
     RegistryState,

@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 import trio
 
-import actors.channel
-import actors.channel_directory
+import actors.channel.actor
 import actors.context
-import actors.link_io
+import actors.directory
+import actors.link.io
 from actors.messages import Describe
 from tests.helpers import (
     answered,
@@ -47,7 +47,7 @@ async def test_channels_per_server_cap_refuses_per_item(
 async def test_pre_readiness_buffer_cap_refuses_the_overflow(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(actors.link_io, "PRE_READY_CAP", 3)
+    monkeypatch.setattr(actors.link.io, "PRE_READY_CAP", 3)
     with trio.fail_after(60):
         async with running_lobby(
             tmp_path, {"Ada": ""}, "--fsu-mode", "never", request_timeout_s=3, wait_ready=False
@@ -91,7 +91,7 @@ async def test_pre_readiness_buffer_cap_refuses_the_overflow(
 async def test_publish_receipts_are_forgotten_oldest_first(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(actors.channel, "MAX_RECEIPTS", 1)
+    monkeypatch.setattr(actors.channel.actor, "MAX_RECEIPTS", 1)
     rules = '[[rules]]\nwhen = "^ping"\nsay = "pong"\n'
     with trio.fail_after(60):
         async with running_lobby(tmp_path, {"Ada": rules}, "--no-echo") as lb:
@@ -115,7 +115,7 @@ async def test_publish_receipts_are_forgotten_oldest_first(
 async def test_label_history_keeps_the_newest(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(actors.channel_directory, "MAX_LABELS", 3)
+    monkeypatch.setattr(actors.directory, "MAX_LABELS", 3)
     with trio.fail_after(60):
         async with running_lobby(tmp_path, {"Ada": ""}) as lb:
             host, ctl = lb.host, lb.ctl

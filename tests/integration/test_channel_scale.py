@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 import trio
 
-import actors.channel_directory
 import actors.context
+import actors.directory
 from actors import Host
 from examples.lobby_control import LobbyControl, open_control_listener
 from tests.helpers import (
@@ -147,7 +147,7 @@ async def test_saved_states_past_the_kept_cap_are_read_from_the_store(
 ) -> None:
     """At most ``MAX_SAVED_CHANNELS`` channels' saved states are kept in memory; a channel past
     the cap still gets its own from the store."""
-    monkeypatch.setattr(actors.channel_directory, "MAX_SAVED_CHANNELS", 1)
+    monkeypatch.setattr(actors.directory, "MAX_SAVED_CHANNELS", 1)
     extra = [{"id": f"lobby:#x{i}", "type": "chat", "label": f"x{i}"} for i in range(3)]
 
     async def session(close: bool) -> set[str]:

@@ -13,7 +13,7 @@ import pytest
 import trio
 
 from actors import Host
-from actors.agent import live_messages
+from actors.agent.actor import live_messages
 from store import Reader, db_path
 from tests.cli_helpers import (
     child_env,

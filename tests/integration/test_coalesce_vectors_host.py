@@ -37,10 +37,10 @@ import trio
 import trio.testing
 
 from actors import Host
-from actors.agent import live_messages
-from actors.coalescer import RENDER_TIMEOUT_S, CoalescerActor
-from actors.connection import BACKOFF_CAP_S
-from actors.models import ModelError, ModelReply, ModelRequest
+from actors.agent.actor import live_messages
+from actors.channel.coalescer import RENDER_TIMEOUT_S, CoalescerActor
+from actors.link.connection import BACKOFF_CAP_S
+from actors.models.base import ModelError, ModelReply, ModelRequest
 from protocol.hooks import ModelInfo
 from tests.helpers import config, scripted
 from tests.protocol.test_coalesce_vectors import CASES, classify, evaluate, resolve

@@ -12,7 +12,7 @@ import pytest
 import trio
 
 from actors.trace import TraceEvent
-from actors.transcript import format_event
+from actors.transcript.lines import format_event
 from tests.helpers import incoming_answered, running_lobby, wait_trace
 from tests.integration.test_coalescing import push
 

@@ -19,8 +19,8 @@ import trio
 import trio.testing
 
 from actors import Host
-from actors.inbound import SKIP_REPORT_S
-from actors.transcript import format_event
+from actors.link.inbound import SKIP_REPORT_S
+from actors.transcript.lines import format_event
 from tests.helpers import config, scripted
 from tests.vector_server import VectorServer, memory_transports
 

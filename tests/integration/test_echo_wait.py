@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import trio
 
-import actors.channel
+import actors.channel.actor
 from actors import Host
 from tests.chat_servers import DiscordServer, running_chat, stored_by_message
 from tests.helpers import wait_trace
@@ -138,7 +138,7 @@ async def test_the_echo_of_a_post_sent_before_its_answer_is_recognised(tmp_path:
 async def test_past_the_cap_a_possible_echo_is_taken_at_once(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(actors.channel, "MAX_DEFERRED", 0)
+    monkeypatch.setattr(actors.channel.actor, "MAX_DEFERRED", 0)
     server = HoldingServer(echo_first=True)
     results: dict[str, Any] = {}
     with trio.fail_after(90):

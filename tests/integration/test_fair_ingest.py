@@ -15,7 +15,7 @@ from typing import Any
 import trio
 
 from actors import Host
-from actors.link import INGEST_SLICE
+from actors.link.state import INGEST_SLICE
 from tests.chat_servers import DiscordServer
 from tests.helpers import config, scripted, wait_trace
 

@@ -22,10 +22,10 @@ import trio.testing
 
 from actors import Host
 from actors.config import ServerConfig
-from actors.link_io import PRE_READY_WAIT_S
-from actors.link_run import HANDSHAKE_WORK_S
+from actors.link.io import PRE_READY_WAIT_S
+from actors.link.run import HANDSHAKE_WORK_S
 from actors.trace import TraceEvent
-from actors.transcript import format_event
+from actors.transcript.lines import format_event
 from tests.blocking_server import ROOM, BlockingServer
 from tests.helpers import config, scripted
 from tests.vector_server import MemoryTransport

@@ -17,9 +17,9 @@ from typing import Any, ClassVar
 import pytest
 import trio
 
-from actors.agent import HEADER_NOTICE
+from actors.agent.actor import HEADER_NOTICE
+from actors.agent.tools import AUTHORITY
 from actors.config import load_config
-from actors.tools import AUTHORITY
 from protocol.digests import body_digest
 from store import PutState, Reader, StoreError, db_path
 from tests.chat_servers import DiscordServer, running_chat

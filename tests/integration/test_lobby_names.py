@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import trio
 
-from actors.agent_history import render_for_model
+from actors.agent.history import render_for_model
 from tests.helpers import (
     incoming_answered,
     publishes,

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import trio
 
-from actors.connection import MANIFEST_FETCHES
+from actors.link.connection import MANIFEST_FETCHES
 from tests.helpers import answered, received, running_lobby, wait_trace
 
 pytestmark = pytest.mark.slow

@@ -16,9 +16,9 @@ import trio
 from actors import Host
 from actors.config import load_config
 from actors.messages import AgentStatus
-from actors.models import Usage
+from actors.models.base import Usage
 from actors.trace import TraceEvent
-from actors.transcript import format_event
+from actors.transcript.lines import format_event
 from tests.fake_anthropic import (
     FakeScript,
     HttpError,

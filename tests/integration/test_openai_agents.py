@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 import trio
 
-from actors import openai_model
+from actors.models import openai as openai_model
 from actors.trace import TraceEvent
-from actors.transcript import format_event
+from actors.transcript.lines import format_event
 from tests.fake_openai import (
     FakeScript,
     HttpError,

@@ -13,10 +13,10 @@ from typing import Any
 import pytest
 import trio
 
-from actors.anthropic_model import AnthropicModel
-from actors.models import Usage
+from actors.models.anthropic import AnthropicModel
+from actors.models.base import Usage
 from actors.trace import TraceEvent
-from actors.transcript import format_event
+from actors.transcript.lines import format_event
 from tests.fake_anthropic import (
     FakeScript,
     Garbled,

@@ -35,7 +35,7 @@ import trio
 import trio_websocket
 
 from actors import Host
-from actors.references import LookupRefs
+from actors.references.registry import LookupRefs
 from actors.trace import TraceEvent
 from examples.lobby_control import ControlListener, LobbyControl, open_control_listener
 from examples.lobby_server import LobbyFile, builtin_files, now_iso

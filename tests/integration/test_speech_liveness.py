@@ -17,7 +17,7 @@ import pytest
 import trio
 
 from actors import Host
-from actors.models import ModelReply, ModelRequest
+from actors.models.base import ModelReply, ModelRequest
 from actors.trace import TraceEvent
 from examples.lobby_control import open_control_listener
 from protocol.hooks import ModelInfo

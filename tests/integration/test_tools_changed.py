@@ -10,7 +10,7 @@ from typing import Any
 import trio
 
 from actors.trace import TraceEvent
-from actors.transcript import format_event
+from actors.transcript.lines import format_event
 from tests.chat_servers import DiscordServer
 from tests.helpers import wait_trace
 from tests.integration.test_fair_ingest import ada_hearing

@@ -21,8 +21,8 @@ import pytest
 import trio
 
 from actors import Host
-from actors.cli import _bundled_config
-from actors.web import open_console
+from actors.cli.main import _bundled_config
+from actors.web.console import open_console
 
 pytestmark = pytest.mark.slow
 

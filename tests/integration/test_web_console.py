@@ -20,8 +20,8 @@ import trio
 from trio_websocket import ConnectionRejected, open_websocket_url
 
 from actors.errors import ConfigError
-from actors.web import STATIC, Console, open_console
-from actors.web_auth import ACTION_HEADER, COOKIE
+from actors.web.auth import ACTION_HEADER, COOKIE
+from actors.web.console import STATIC, Console, open_console
 from protocol.redact import REDACTED
 from tests.helpers import (
     answered,

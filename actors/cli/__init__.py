@@ -1,0 +1,5 @@
+"""cli"""
+
+from .main import main
+
+__all__ = ["main"]

@@ -1,0 +1,382 @@
+"""The ``mcplive`` command: its parser, ``run`` and ``rollback``; ``check`` and ``history`` live
+in their own modules, the transcript in ``transcript``."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import os
+import signal
+import socket
+import sys
+from collections.abc import Callable, Sequence
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import attrs
+import trio
+
+from actors.config import ConfigErrors, HostConfig, data_dir_problem, load_config
+from actors.datadir import holder
+from actors.errors import ConfigError
+from actors.reload import ignore_sighup_until_ready, reload_on_sighup
+from actors.transcript.lines import LEVEL_NAMES
+from actors.transcript.printer import TranscriptOptions, TranscriptPrinter, run_printer
+from actors.version import installed_version
+from actors.web.run import WebOptions, console_note, web_options
+
+from .check import cmd_check
+from .errors import (
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    failure_lines,
+    is_broken_pipe,
+    quiet_after_broken_pipe,
+)
+from .history import cmd_history
+from .logs import redact_logs, setup_logging
+from .status import add_parser as add_status_parser
+
+
+def bundled_example() -> Path:
+    return Path(str(resources.files("examples") / "lobby.toml"))
+
+
+async def _run(
+    config: Any,
+    duration: float | None,
+    out: Any,
+    options: TranscriptOptions | None = None,
+    notes: Sequence[str] = (),
+    reload_from: Callable[[], HostConfig] | None = None,
+    web: WebOptions | None = None,
+) -> None:
+    """Run the host and print its transcript to ``out`` until ``duration`` is over or a signal
+    comes; then print what the host said while it stopped. With ``web``, the operator console
+    is served meanwhile."""
+    from actors.host import Host
+
+    options = options if options is not None else TranscriptOptions()
+    async with Host.open(config) as host, contextlib.AsyncExitStack() as stack:
+        stream = host.ctx.trace.subscribe_nowait(replay=True)  # from the start, drained whole
+        redactor = host.ctx.redactor
+        redact_logs(redactor)
+        printer = TranscriptPrinter(out, attrs.evolve(options, redactor=redactor))
+        for note in notes:
+            printer.note(note, trio.current_time())
+        if web is not None:
+            from actors.web.console import open_console
+
+            serving = open_console(host, web.address, web.token, level=options.level)
+            console = await stack.enter_async_context(serving)
+            printer.note(console_note(console.url, web.token_env), trio.current_time())
+
+        async def stop_on_signal(scope: trio.CancelScope) -> None:
+            with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+                async for signum in signals:
+                    printer.note(f"{signal.Signals(signum).name}: stopping", trio.current_time())
+                    scope.cancel()
+                    return
+
+        async with trio.open_nursery() as nursery:
+            await nursery.start(reload_on_sighup, host, reload_from)
+            nursery.start_soon(run_printer, stream, printer)
+            nursery.start_soon(stop_on_signal, nursery.cancel_scope)
+            if duration is not None:
+                await trio.sleep(duration)
+            else:
+                await trio.sleep_forever()
+            nursery.cancel_scope.cancel()
+    await run_printer(stream, printer)  # the events of the host's stopping, then the end
+
+
+def _config_problems(exc: ConfigError) -> int:
+    """Print each configuration problem on its own line; the exit status for them."""
+    problems = exc.problems if isinstance(exc, ConfigErrors) else [str(exc)]
+    for problem in problems:
+        print(f"mcplive: {problem}", file=sys.stderr)
+    return 2
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    level = LEVEL_NAMES[args.log_level or "info"]
+    setup_logging(level)
+    options = TranscriptOptions(
+        level=level,
+        json=args.json,
+        styled=not args.json and _is_terminal(sys.stdout),
+        ascii_json=args.json and not _speaks_utf8(sys.stdout),
+    )
+    if not args.json:
+        _tolerate_unencodable(sys.stdout)
+    notes = []
+    if args.config is None:
+        notes.append(f"no config given: running the bundled lobby example ({bundled_example()})")
+    try:
+        cfg = _host_config(args)  # report problems before anything starts
+        ignore_sighup_until_ready()
+        reload_from = None if args.config is None else (lambda: _host_config(args))
+        web = web_options(cfg, args.web)
+        _run_while_read(cfg, args.duration, options, notes, reload_from, web)
+    except ConfigError as exc:
+        return _config_problems(exc)
+    except KeyboardInterrupt:
+        print("· stopped", file=sys.stderr)
+    return 0
+
+
+def _host_config(args: argparse.Namespace) -> HostConfig:
+    """The config ``args`` name (the bundled example without one), with ``--data-dir`` applied,
+    and a data dir the host can use (else a ``ConfigError`` saying why not)."""
+    data_dir = Path(args.data_dir) if args.data_dir else None
+    if args.config is None:
+        cfg = load_config(_bundled_config(data_dir or Path("mcplive-data")))
+    else:
+        cfg = load_config(args.config, data_dir=data_dir)
+    problem = data_dir_problem(cfg.data_dir)
+    if problem is not None:
+        raise ConfigError(problem)
+    return cfg
+
+
+def _run_while_read(
+    config: Any,
+    duration: float | None,
+    options: TranscriptOptions,
+    notes: Sequence[str],
+    reload_from: Callable[[], HostConfig] | None = None,
+    web: WebOptions | None = None,
+) -> None:
+    """Run the host until it is told to stop, or until whoever reads the transcript stops
+    reading (``mcplive run | head``): then the host stops cleanly, with one line saying why."""
+    try:
+        trio.run(_run, config, duration, sys.stdout, options, notes, reload_from, web)
+    except* BrokenPipeError:
+        # nothing more can be written there; later writes (at exit) go nowhere
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        print("mcplive: the transcript's reader went away; the host stopped", file=sys.stderr)
+
+
+def _is_terminal(stream: Any) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError):
+        return False
+
+
+def _speaks_utf8(stream: Any) -> bool:
+    return str(getattr(stream, "encoding", "") or "").lower().replace("-", "") == "utf8"
+
+
+def _tolerate_unencodable(stream: Any) -> None:
+    """Characters the output's encoding lacks become ``?``, not an error."""
+    reconfigure = getattr(stream, "reconfigure", None)
+    if reconfigure is not None and not _speaks_utf8(stream):
+        reconfigure(errors="replace")
+
+
+def _bundled_config(data_dir: Path) -> dict[str, Any]:
+    import tomllib
+
+    path = bundled_example()
+    raw = tomllib.loads(path.read_text(encoding="utf-8"))
+    base = path.parent
+    for agent in raw.get("agents", []):
+        model = agent.get("model", "")
+        if model.startswith("scripted:"):
+            agent["model"] = "scripted:" + str(base / model.removeprefix("scripted:"))
+    port = str(_free_port())
+    for server in raw.get("servers", []):
+        server.setdefault("env", {})["PYTHONPATH"] = str(base.parent)
+        # the example's websocket lobby listens on a port that is free right now
+        if "url" in server:
+            server["url"] = server["url"].replace(EXAMPLE_PORT, port)
+        server["command"] = [arg.replace(EXAMPLE_PORT, port) for arg in server.get("command", [])]
+    raw.setdefault("host", {})["data_dir"] = str(data_dir.resolve())
+    return raw
+
+
+EXAMPLE_PORT = "8765"  # the port written in the bundled example's config
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def cmd_rollback(args: argparse.Namespace) -> int:
+    try:
+        cfg = _host_config(args)
+    except ConfigError as exc:
+        return _config_problems(exc)
+    pid = holder(cfg.data_dir)
+    if pid is not None:
+        print(
+            f"mcplive: rollback: a host is running on data_dir {cfg.data_dir} "
+            f"(pid {pid or 'unknown'}); stop it first (rollback starts the host itself)",
+            file=sys.stderr,
+        )
+        return EXIT_FAILED
+    from .rollback import roll_back
+
+    return trio.run(roll_back, cfg, args.agent, args.to)
+
+
+DATA_DIR_HELP = (
+    "where the data is kept, for a config that sets no host.data_dir (or the bundled example); "
+    "a config that sets it too is an error"
+)
+
+
+def _count(text: str) -> int:
+    """A whole number of at least 0 (an argparse type)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{value} is negative")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="mcplive", description="An MCPL host for LLM agents.")
+    p.add_argument(
+        "--version",
+        action="version",
+        version=f"mcplive {installed_version() or 'unknown (not installed)'}",
+        help="print the version",
+    )
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    run = sub.add_parser("run", help="run the host (no CONFIG: the bundled lobby example)")
+    run.add_argument("config", nargs="?", help="the TOML config (default: the bundled example)")
+    run.add_argument("--duration", type=float, metavar="S", help="stop after S seconds")
+    run.add_argument("--data-dir", help=DATA_DIR_HELP)
+    run.add_argument(
+        "--json",
+        action="store_true",
+        help="print one trace event per line as JSON (keys ts, kind, level, agent, server_id, "
+        "channel_id, data) instead of the transcript",
+    )
+    run.add_argument(
+        "--web",
+        action="store_true",
+        help="serve the operator console (at [host] web, else 127.0.0.1:7340)",
+    )
+    levels = run.add_mutually_exclusive_group()
+    levels.add_argument(
+        "-v",
+        "--verbose",
+        dest="log_level",
+        action="store_const",
+        const="debug",
+        help="show debug lines too: servers' stderr, streamed model text, connection attempts",
+    )
+    levels.add_argument(
+        "-q",
+        "--quiet",
+        dest="log_level",
+        action="store_const",
+        const="warning",
+        help="show only warnings and errors",
+    )
+    levels.add_argument(
+        "--log-level",
+        choices=list(LEVEL_NAMES),
+        type=str.lower,
+        help="show this level and above (default: info); also the level of mcplive's log "
+        "records on stderr",
+    )
+    run.set_defaults(fn=cmd_run)
+    check = sub.add_parser("check", help="validate a config file")
+    check.add_argument("config", help="the TOML config to check")
+    check.add_argument(
+        "--manifest",
+        action="append",
+        default=[],
+        metavar="SERVER=FILE",
+        help="report what SERVER would be granted, given its manifest (or initialize result)",
+    )
+    check.add_argument(
+        "--connect", action="store_true", help="connect to each server and report its grant"
+    )
+    check.set_defaults(fn=cmd_check)
+    add_status_parser(sub)
+    hist = sub.add_parser(
+        "history",
+        help="print stored messages, oldest first (read-only; works beside a running host)",
+    )
+    hist.add_argument(
+        "--data-dir",
+        help="the data dir (default: the config's, else ./mcplive-data)",
+    )
+    hist.add_argument(
+        "--config",
+        metavar="FILE",
+        help="the host's config: its data dir, and the server tokens and key variables whose "
+        "values are shown as «redacted» (model API keys in the environment always are)",
+    )
+    hist.add_argument("--agent", help="only this agent's messages")
+    hist.add_argument("--search", metavar="TEXT", help="only messages whose text contains TEXT")
+    hist.add_argument("--regex", action="store_true", help="TEXT is a regular expression")
+    hist.add_argument("--json", action="store_true", help="one stored message per line, as JSON")
+    hist.add_argument("--limit", type=_count, metavar="N", help="only the newest N messages")
+    hist.add_argument(
+        "--since",
+        metavar="WHEN",
+        help="only messages stored from WHEN on: an ISO date or date-time (local time unless "
+        "it has an offset) or a duration back from now (30s, 15m, 2h, 1d, 1w, 1h30m)",
+    )
+    hist.add_argument(
+        "--channel",
+        metavar="CHANNEL",
+        help="only messages that came in on CHANNEL: a channel id, or SERVER/CHANNEL",
+    )
+    hist.add_argument(
+        "-f",
+        "--follow",
+        action="store_true",
+        help="then print new messages as they are stored, until Ctrl-C",
+    )
+    hist.set_defaults(fn=cmd_history)
+    back = sub.add_parser(
+        "rollback",
+        help="set aside an agent's messages after one message and roll servers' state back",
+    )
+    back.add_argument("agent", help="the agent whose context is rolled back")
+    back.add_argument("--to", required=True, metavar="MESSAGE_ID", help="the last message to keep")
+    back.add_argument("--config", help="the host's config (default: the bundled example)")
+    back.add_argument("--data-dir", help=DATA_DIR_HELP)
+    back.set_defaults(fn=cmd_rollback)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    setup_logging(logging.WARNING)  # ``run`` sets its own level
+    try:
+        status = int(args.fn(args))
+        sys.stdout.flush()  # here, so that a reader gone away is seen here
+        return status
+    except BaseException as exc:
+        if is_broken_pipe(exc):
+            quiet_after_broken_pipe()
+            return EXIT_FAILED
+        if isinstance(exc, KeyboardInterrupt):
+            return EXIT_INTERRUPTED
+        found = failure_lines(exc)
+        if found is None:
+            raise
+        lines, status = found
+        for line in lines:
+            print(f"mcplive: {line}", file=sys.stderr)
+        return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())

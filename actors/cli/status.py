@@ -1,0 +1,177 @@
+"""``mcplive status``: what the host running on a data dir is doing, and a health check.
+
+It never takes the data dir's lock and never opens the store: it asks the lock who holds it
+(``actors.datadir.holder``) and reads the status file the host keeps (``actors.status``). The
+exit status is the verdict of ``protocol.status.assess`` (0 ok, 1 degraded, 3 not running,
+4 unknown), or 2 for a bad argument or config.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from actors.config import ConfigErrors, read_config_source
+from actors.datadir import holder
+from protocol import status as fmt
+
+#: Server states whose stderr tail ``status`` leaves out.
+HEALTHY_STATES = frozenset({"ready", "mcp-only"})
+
+
+def data_dir_of(args: argparse.Namespace) -> Path:
+    """The data dir to look at: ``--data-dir``, else the config's ``data_dir`` (relative to the
+    config's folder, as the host resolves it), else ``./mcplive-data``. Only the config's
+    ``[host]`` table is read: a status check needs no server token or model key."""
+    if args.data_dir and args.config:
+        raise ConfigErrors(["give a CONFIG or --data-dir, not both"])
+    if args.data_dir:
+        return Path(args.data_dir).resolve()
+    if not args.config:
+        return Path("mcplive-data").resolve()
+    raw, base = read_config_source(args.config)
+    host = raw.get("host", {})
+    value = host.get("data_dir", "./mcplive-data") if isinstance(host, Mapping) else None
+    if not isinstance(value, str) or not value:
+        raise ConfigErrors([f"{args.config}: host.data_dir must be a path string"])
+    return (base / value).resolve()
+
+
+def read_status(data_dir: Path) -> tuple[dict[str, Any] | None, str | None, str | None]:
+    """(the parsed status file or None, its raw text or None, why it could not be read)."""
+    path = data_dir / fmt.FILE_NAME
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except FileNotFoundError:
+        return None, None, None
+    except OSError as exc:
+        return None, None, f"{path}: {exc.strerror or exc}"
+    try:
+        return fmt.parse(text), text, None
+    except fmt.StatusFormatError as exc:
+        return None, text, f"{path}: {exc}"
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    try:
+        data_dir = data_dir_of(args)
+    except ConfigErrors as exc:
+        for problem in exc.problems:
+            print(f"mcplive: {problem}", file=sys.stderr)
+        return 2
+    pid = holder(data_dir)
+    doc, text, unreadable = read_status(data_dir)
+    now = time.time()
+    verdict = fmt.assess(doc, pid, now)
+    if unreadable and verdict.code == fmt.UNKNOWN:
+        verdict = fmt.Verdict(code=fmt.UNKNOWN, problems=(unreadable,))
+    if args.json:
+        if text is not None and doc is not None:
+            sys.stdout.write(text if text.endswith("\n") else text + "\n")
+        else:
+            print(json.dumps({"running": pid is not None, "health": verdict.summary}))
+        return verdict.code
+    for line in summary(data_dir, pid, doc, verdict, now):
+        print(line)
+    return verdict.code
+
+
+def summary(
+    data_dir: Path, pid: int | None, doc: Mapping[str, Any] | None, verdict: Any, now: float
+) -> list[str]:
+    """The readable report: one line for the host, one per server and agent, the verdict."""
+    if pid is None:
+        lines = [f"no host running on {data_dir}"]
+        if doc is not None:
+            lines.append(
+                f"  last status: pid {doc.get('pid')}, written {doc.get('written_at')}"
+                + (" (it was stopping)" if not doc.get("running") else "")
+            )
+        lines.append(f"health: {verdict.summary}")
+        return lines
+    if doc is None:
+        return [f"a host runs on {data_dir} (pid {pid or '?'})", f"health: {verdict.summary}"]
+    started = fmt.seconds(doc.get("started_at"))
+    written = fmt.seconds(doc.get("written_at"))
+    up = fmt.describe_age(now - started) if started is not None else "?"
+    age = fmt.describe_age(now - written) if written is not None else "?"
+    lines = [
+        f"mcplive {doc.get('mcplive')} running on {data_dir}: pid {doc.get('pid')}, up {up} "
+        f"(status written {age} ago)",
+        "servers:",
+    ]
+    for s in doc.get("servers") or ():
+        if not isinstance(s, Mapping):
+            continue
+        grant = ", ".join(s.get("grant") or ())
+        lines.append(
+            f"  {s.get('id')}: {s.get('state')}; {s.get('tools')} tools; "
+            f"reconnects {s.get('reconnects')}; " + (f"grants {grant}" if grant else "no grant")
+        )
+        if s.get("channel_count"):
+            lines.append("    " + channels_line(s))
+        if s.get("last_error"):
+            lines.append(f"    last error: {s['last_error']}")
+        if s.get("state") not in HEALTHY_STATES:  # a healthy server's stderr is its own chatter
+            for line in s.get("stderr_tail") or ():
+                lines.append(f"    stderr: {line}")
+    lines.append("agents:")
+    for a in doc.get("agents") or ():
+        if not isinstance(a, Mapping):
+            continue
+        state = a.get("state")
+        if a.get("paused"):
+            state = f"paused ({a['paused']})"
+        last = a.get("last_turn_at")
+        turn = f"last turn {last} ({a.get('last_outcome')})" if last else "no turn yet"
+        lines.append(
+            f"  {a.get('name')}: {state}; {a.get('turns')} turns, {turn}; {a.get('queued')} queued"
+        )
+    lines.append(f"health: {verdict.summary}")
+    return lines
+
+
+#: Channels named on a server's summary line (the file lists more).
+SHOWN_CHANNELS = 8
+
+
+def channels_line(server: Mapping[str, Any]) -> str:
+    """``channels (N): #a, #b (closed for Grace), c (prose held), … and K more``."""
+    listed = [c for c in server.get("channels") or () if isinstance(c, Mapping)]
+    count = server.get("channel_count") or len(listed)
+    named = []
+    for c in listed[:SHOWN_CHANNELS]:
+        notes = []
+        if not c.get("registered", True):
+            notes.append("unregistered")
+        if c.get("place") == "held":
+            notes.append("prose held")
+        if c.get("closed_for"):
+            notes.append("closed for " + ", ".join(c["closed_for"]))
+        name = c.get("label") or c.get("id")
+        named.append(f"{name} ({'; '.join(notes)})" if notes else str(name))
+    more = count - len(named)
+    return f"channels ({count}): " + ", ".join(named) + (f", … and {more} more" if more else "")
+
+
+def add_parser(sub: Any) -> None:
+    status = sub.add_parser(
+        "status",
+        help="report what the host running on a data dir is doing; the exit status is a "
+        "health check (0 ok, 1 degraded, 3 not running, 4 unknown or stale)",
+    )
+    status.add_argument(
+        "config",
+        nargs="?",
+        help="the running host's config (only its data_dir is read); default ./mcplive-data",
+    )
+    status.add_argument("--data-dir", help="the running host's data dir, instead of a CONFIG")
+    status.add_argument(
+        "--json", action="store_true", help="print the host's status file as it is (JSON)"
+    )
+    status.set_defaults(fn=cmd_status)

@@ -1,0 +1,97 @@
+"""A toolkit for writing MCPL servers in Python.
+
+::
+
+    from actors.serverkit import MCPLServer
+
+    server = MCPLServer("demo")
+
+    @server.tool()
+    def shout(text: str) -> str:
+        "The text, upper-cased."
+        return text.upper()
+
+    @server.on_granted("pushEvents")
+    async def hello() -> None:
+        await server.push_event("hello from demo")
+
+    server.run()            # stdio; server.run("websocket", port=8765) for a websocket
+
+The server declares what it implements (tools, channels, hooks, inference) and the toolkit
+builds the 0.5 manifest from that, answers the handshake, tracks what the host granted and
+refuses, before anything is written, a send the host has not granted
+(:class:`protocol.server_session.NotGranted`). The pure session lives in
+:mod:`protocol.server_session`; the trio runtime of one connection in
+:mod:`actors.serverkit.link`.
+
+Feature sets: the server declares ``<name>`` (push events, channels, tools), and when it uses
+them ``<name>.context`` (context hooks, lifecycle) and ``<name>.inference`` (asking the host for
+inference), so that a host denying one does not disable the others. More can be declared with
+:meth:`MCPLServer.feature_set`.
+
+**Why not the MCP SDK.** The official ``mcp`` package (2.3) can carry extra methods
+(``Server.add_request_handler``, ``send_raw_request``) and an ``experimental`` capability, but
+building on it means fighting it: its runner owns ``initialize`` (not overridable) and the
+read loop, every MCPL method needs a pydantic params model, it brings no websocket server
+transport, and it adds a dozen runtime dependencies (pydantic, starlette, uvicorn, httpx2,
+pyjwt...) to a host that needs none of them. MCPL's own needs -- both id spaces, serving the
+host's requests while ours are pending, the grant gating every send -- are already met by the
+sans-I/O :class:`protocol.jsonrpc.RpcSession` this toolkit reuses, which keeps the session
+testable without I/O.
+"""
+
+from __future__ import annotations
+
+from .server import (
+    NO_ANSWER,
+    BeforeInference,
+    Channel,
+    CheckpointNotFound,
+    HostRequest,
+    HttpAnswer,
+    HttpRequest,
+    InferenceResult,
+    Injection,
+    Lifecycle,
+    MCPLServer,
+    NotGranted,
+    OpenRequest,
+    Publish,
+    PublishRefused,
+    PushRefused,
+    PushResult,
+    Render,
+    Rollback,
+    ToolError,
+    ToolResult,
+    manifest_revision,
+    parse_address,
+    serve_websocket_each,
+)
+
+__all__ = [
+    "NO_ANSWER",
+    "BeforeInference",
+    "Channel",
+    "CheckpointNotFound",
+    "HostRequest",
+    "HttpAnswer",
+    "HttpRequest",
+    "InferenceResult",
+    "Injection",
+    "Lifecycle",
+    "MCPLServer",
+    "NotGranted",
+    "OpenRequest",
+    "Publish",
+    "PublishRefused",
+    "PushRefused",
+    "PushResult",
+    "Render",
+    "Rollback",
+    "ToolError",
+    "ToolResult",
+    "manifest_revision",
+    "parse_address",
+    "serve_websocket_each",
+]

@@ -1,0 +1,242 @@
+"""Channels of the server toolkit: descriptors, what the host publishes, what a server sends.
+
+A channel is declared once (:meth:`actors.serverkit.MCPLServer.channel`) and registered with
+every host that grants ``channels.register``. Its descriptor carries the RFC-011 publish
+target: ``"root"`` (the channel has no threads: a publish naming a thread is refused, one naming
+the root or none lands in the channel) or ``"exact"`` (a thread id lands in that thread or is
+refused by the handler); ``None`` declares nothing, and a publish naming a thread there is
+refused, since the toolkit cannot promise where it would land.
+
+What an agent says arrives as a :class:`Publish`: the publishing agent's ``conversationId``
+(``"agent:<name>"``, read back as :attr:`Publish.agent`), the place (:attr:`Publish.thread_id`,
+with :attr:`Publish.targeted` telling ``null`` from absent) and the content.
+"""
+
+from __future__ import annotations
+
+import itertools
+import secrets
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Final
+
+import attrs
+
+from protocol.errors import INVALID_PARAMS, UNKNOWN_CHANNEL, RpcError
+from protocol.server_forms import content_of, incoming_message
+
+if TYPE_CHECKING:
+    from .server import MCPLServer
+
+__all__ = ["Channel", "ChannelSpec", "OpenRequest", "Publish", "PublishRefused", "content_of"]
+
+PUBLISH_TARGETS: Final = ("root", "exact")
+_ABSENT: Final = object()
+
+
+class PublishRefused(Exception):
+    """Raised by a publish handler: nothing was posted; the host gets ``delivered: false``."""
+
+
+def _text(content: Sequence[Mapping[str, Any]]) -> str:
+    return "".join(
+        b["text"] for b in content if b.get("type") == "text" and isinstance(b.get("text"), str)
+    )
+
+
+@attrs.frozen(kw_only=True)
+class ChannelSpec:
+    """A channel descriptor (SPEC §14.2 plus ``initiallyOpen`` and RFC-011's publish target)."""
+
+    id: str
+    label: str
+    type: str = "chat"
+    direction: str = "bidirectional"
+    initially_open: bool = True
+    publish_target: str | None = None
+    address: str | None = None
+    metadata: Mapping[str, Any] | None = None
+
+    def __attrs_post_init__(self) -> None:
+        if not self.id:
+            raise ValueError("a channel needs a non-empty id")
+        if self.publish_target not in (None, *PUBLISH_TARGETS):
+            raise ValueError(
+                f"publish_target must be 'root', 'exact' or None, not {self.publish_target!r}"
+            )
+        if self.direction not in ("inbound", "outbound", "bidirectional"):
+            raise ValueError(
+                f"direction must be inbound, outbound or bidirectional, not {self.direction!r}"
+            )
+
+    def to_wire(self) -> dict[str, Any]:
+        """The descriptor as ``channels/register`` carries it."""
+        out: dict[str, Any] = {
+            "id": self.id,
+            "type": self.type,
+            "label": self.label,
+            "direction": self.direction,
+        }
+        if not self.initially_open:
+            out["initiallyOpen"] = False
+        if self.publish_target is not None:
+            out["capabilities"] = {"publish": {"target": self.publish_target}}
+        if self.address is not None:
+            out["address"] = self.address
+        if self.metadata is not None:
+            out["metadata"] = dict(self.metadata)
+        return out
+
+
+@attrs.frozen(kw_only=True)
+class Publish:
+    """What an agent published into one of our channels."""
+
+    channel_id: str
+    conversation_id: str | None
+    content: tuple[Mapping[str, Any], ...]
+    thread_id: str | None = None
+    targeted: bool = False
+    #: the host sent it as a notification: no answer goes back, so a refusal is not seen
+    notification: bool = False
+    params: Mapping[str, Any] = attrs.field(factory=dict, repr=False)
+
+    @property
+    def agent(self) -> str | None:
+        """The publishing agent's name, from a ``conversationId`` of ``"agent:<name>"``."""
+        cid = self.conversation_id
+        return cid.removeprefix("agent:") if cid and cid.startswith("agent:") else None
+
+    @property
+    def text(self) -> str:
+        """The text blocks joined."""
+        return _text(self.content)
+
+    @classmethod
+    def from_params(cls, params: Mapping[str, Any], *, notification: bool = False) -> Publish:
+        """Read ``channels/publish`` params (``notification``: sent as a notification);
+        ``-32602`` for malformed ones."""
+        cid = params.get("channelId")
+        if not isinstance(cid, str):
+            raise RpcError(code=INVALID_PARAMS, message="channelId must be a string")
+        content = params.get("content")
+        if not isinstance(content, list) or not all(isinstance(b, Mapping) for b in content):
+            raise RpcError(code=INVALID_PARAMS, message="content must be an array of blocks")
+        conv = params.get("conversationId")
+        thread = params.get("threadId", _ABSENT)
+        targeted = thread is not _ABSENT
+        if targeted and not (thread is None or (isinstance(thread, str) and thread)):
+            raise PublishRefused("threadId must be a non-empty string or null")
+        return cls(
+            channel_id=cid,
+            conversation_id=conv if isinstance(conv, str) else None,
+            content=tuple(content),
+            thread_id=thread if isinstance(thread, str) else None,
+            targeted=targeted,
+            notification=notification,
+            params=params,
+        )
+
+
+@attrs.frozen(kw_only=True)
+class OpenRequest:
+    """The host opening (``channels/open``) or closing (``channels/close``) a channel."""
+
+    channel_id: str
+    params: Mapping[str, Any] = attrs.field(factory=dict, repr=False)
+
+
+PublishHandler = Callable[[Publish], Awaitable[Any] | Any]
+OpenHandler = Callable[[OpenRequest], Awaitable[Any] | Any]
+
+_message_numbers = itertools.count(1)
+#: Tells this process's ids from those of the server's earlier runs, which the host still holds.
+_RUN = secrets.token_hex(4)
+
+
+def new_message_id(prefix: str) -> str:
+    """A message id unique across the server's runs: the host drops a message whose id it
+    has already stored from this server, so a restarted server must not count from 1 again."""
+    return f"{prefix}-{_RUN}-{next(_message_numbers)}"
+
+
+class Channel:
+    """A declared channel: send messages into it, update it, handle what agents publish."""
+
+    def __init__(self, server: MCPLServer, spec: ChannelSpec) -> None:
+        self._server = server
+        self.spec = spec
+        self.publish_handler: PublishHandler | None = None
+
+    @property
+    def id(self) -> str:
+        """The channel id."""
+        return self.spec.id
+
+    def on_publish(self, fn: PublishHandler) -> PublishHandler:
+        """Decorator: ``fn(publish)`` handles what agents publish here (sync or async).
+
+        Return nothing (delivered, a message id is made up), a message id string, or raise
+        :class:`PublishRefused` to refuse with nothing posted.
+        """
+        self.publish_handler = fn
+        return fn
+
+    async def send(
+        self,
+        content: str | Sequence[Mapping[str, Any]],
+        *,
+        author: str | Mapping[str, Any] = "user",
+        message_id: str | None = None,
+        thread_id: str | None = None,
+        tags: Sequence[str] = (),
+        metadata: Mapping[str, Any] | None = None,
+        event_id: str | None = None,
+        coalesce: Mapping[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        """Deliver one message from ``author`` into this channel (``channels/incoming``).
+
+        ``author`` is a display name, or ``{"id", "name"}`` (an id the server keeps for the
+        person; an agent's echo uses ``Publish.conversation_id`` and ``Publish.agent``).
+        ``message_id`` left out, a new id unique across runs is made up. The host stores a
+        message once per id: an id it already holds from this server is answered as accepted
+        and not stored again (so a retry is safe, and a server that sets its own ids must keep
+        them unique across restarts).
+
+        Returns the host's result entry for it (``{"messageId", "accepted", ...}``). Raises
+        :class:`protocol.server_session.NotGranted` before sending anything when the host has
+        not granted ``channels.incoming`` or has not accepted this channel.
+        """
+        if thread_id is not None and self.spec.publish_target == "root":
+            raise ValueError(f"channel {self.id!r} is a root channel: its messages carry no thread")
+        message = incoming_message(
+            content,
+            channel_id=self.id,
+            message_id=message_id or new_message_id("msg"),
+            author=author,
+            timestamp=self._server.now_iso(),
+            thread_id=thread_id,
+            tags=tags,
+            metadata=metadata,
+            event_id=event_id or (new_message_id("evt") if coalesce is not None else None),
+            coalesce=coalesce,
+        )
+        return await self._server.send_incoming(self, message)
+
+    async def update(self, **changes: Any) -> None:
+        """Change the descriptor and tell the host (``channels/changed`` with ``updated``).
+
+        The keys are :class:`ChannelSpec`'s fields but ``id``: ``label``, ``type``,
+        ``direction``, ``initially_open``, ``publish_target``, ``address`` and ``metadata``
+        (free-form, kept by the host with the channel); any other key raises TypeError. The
+        same as ``server.channels_changed(updated=[channel])`` after changing ``spec``."""
+        self.spec = attrs.evolve(self.spec, **changes)
+        await self._server.channels_changed(updated=[self])
+
+    async def remove(self) -> None:
+        """Withdraw the channel (``channels/changed`` with ``removed``)."""
+        await self._server.channels_changed(removed=[self])
+
+
+def unknown_channel(channel_id: object) -> RpcError:
+    """The refusal of a channel this server never declared."""
+    return RpcError(code=UNKNOWN_CHANNEL, message="Unknown channel", data={"channelId": channel_id})

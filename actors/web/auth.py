@@ -1,0 +1,150 @@
+"""Who may use the operator console: its address, its access token and the checks on each request.
+
+The rules, in order:
+
+- The console listens on a loopback address unless the config names a token variable
+  (``[host] web_token_env``): an address anyone on the network could reach needs a token.
+- With a token, every request carries it: ``Authorization: Bearer TOKEN``, or the cookie the
+  console sets when a page is first opened as ``/?token=TOKEN`` (so a browser can use it). The
+  comparison takes the same time whatever the guess.
+- Actions (``POST``) need more than a page view, so that another web page open in the same
+  browser cannot make them: the bearer header (which a cross-site page cannot send without a
+  preflight this console never grants), or the per-run *action key* the console writes into the
+  page it serves, sent back as the ``X-Mcplive-Action`` header (a page of another origin cannot
+  read it). Without a token that key is all an action needs, on loopback only.
+- A request naming an ``Origin`` other than the console's own is refused, and on loopback the
+  ``Host`` header must name a loopback address (a foreign name pointed at 127.0.0.1 is refused).
+"""
+
+from __future__ import annotations
+
+import hmac
+import ipaddress
+import os
+import secrets
+from collections.abc import Mapping
+from typing import Any
+from urllib.parse import urlsplit
+
+import attrs
+
+from actors.errors import ConfigError
+
+#: The address ``mcplive run --web`` serves the console on when the config names none.
+DEFAULT_WEB = "127.0.0.1:7340"
+#: The cookie holding the token in a browser.
+COOKIE = "mcplive_console"
+#: The header carrying the per-run action key.
+ACTION_HEADER = "x-mcplive-action"
+LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
+
+
+def console_token(token_env: str | None, environ: Any = None) -> str | None:
+    """The access token named by ``web_token_env`` (None: none configured). A variable that is
+    unset or empty is a ``ConfigError``: the console would otherwise be open."""
+    if token_env is None:
+        return None
+    value = (os.environ if environ is None else environ).get(token_env)
+    if not value:
+        raise ConfigError(
+            f"host.web_token_env: {token_env} is not set (or empty); set it to the console's "
+            "access token, or remove web_token_env"
+        )
+    return str(value)
+
+
+class WebAddressError(ValueError):
+    """An address the console cannot listen on, as one line."""
+
+
+def parse_web_address(value: object) -> tuple[str, int]:
+    """``"HOST:PORT"`` (an IPv6 host in brackets) → (host, port); port 0 picks a free one.
+    Raises :class:`WebAddressError` saying what is wrong."""
+    if not isinstance(value, str) or not value:
+        raise WebAddressError("must be an address string such as '127.0.0.1:7340'")
+    parts = urlsplit(f"//{value}")
+    try:
+        port = parts.port
+    except ValueError:
+        raise WebAddressError(f"{value!r} has no valid port (0-65535)") from None
+    host = parts.hostname
+    if port is None or not host or parts.path or parts.query or parts.username:
+        raise WebAddressError(f"{value!r} is not HOST:PORT, e.g. '127.0.0.1:7340'")
+    return host, port
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (a name or an address) can only be reached from this machine."""
+    if host.lower() in LOOPBACK_NAMES:
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def address_problem(web: object, token_env: object) -> str | None:
+    """Why ``[host] web`` / ``web_token_env`` cannot be used, as one line; None when they can."""
+    if token_env is not None and not (isinstance(token_env, str) and token_env.isidentifier()):
+        return "host.web_token_env: must be the name of an environment variable"
+    if web is None:
+        return None
+    try:
+        host, _ = parse_web_address(web)
+    except WebAddressError as exc:
+        return f"host.web: {exc}"
+    if token_env is None and not is_loopback(host):
+        return (
+            f"host.web: {web!r} is not a loopback address; serve the console on 127.0.0.1, or "
+            "set host.web_token_env to the variable holding its access token"
+        )
+    return None
+
+
+@attrs.frozen(kw_only=True)
+class Guard:
+    """The checks of one running console (see the module docstring)."""
+
+    token: str | None  # None: no token configured (then the console is on loopback)
+    loopback: bool
+    action_key: str = attrs.field(factory=lambda: secrets.token_urlsafe(24))
+
+    def refusal(
+        self, headers: Mapping[str, str], cookies: Mapping[str, str], *, action: bool
+    ) -> int | None:
+        """None when the request may go on; else the HTTP status refusing it: 403 for a foreign
+        origin or host name, 401 for a missing or wrong token (or action key)."""
+        if not self._same_origin(headers):
+            return 403
+        if self.token is not None and self._bearer_ok(headers):
+            return None
+        signed_in = self.token is None or _same(cookies.get(COOKIE), self.token)
+        if not signed_in:
+            return 401
+        if action and not _same(headers.get(ACTION_HEADER), self.action_key):
+            return 401
+        return None
+
+    def token_ok(self, offered: str | None) -> bool:
+        return self.token is not None and _same(offered, self.token)
+
+    def _bearer_ok(self, headers: Mapping[str, str]) -> bool:
+        scheme, _, value = (headers.get("authorization") or "").partition(" ")
+        return scheme.lower() == "bearer" and self.token_ok(value.strip())
+
+    def _same_origin(self, headers: Mapping[str, str]) -> bool:
+        host = headers.get("host") or ""
+        if self.loopback:
+            name = urlsplit(f"//{host}").hostname or ""
+            if not is_loopback(name):
+                return False  # a foreign name resolved to this machine
+        origin = headers.get("origin")
+        if origin is None:
+            return True  # not sent by a browser on another page's behalf
+        return urlsplit(origin).netloc.lower() == host.lower()
+
+
+def _same(offered: str | None, expected: str) -> bool:
+    if offered is None:
+        return False
+    return hmac.compare_digest(offered.encode("utf-8"), expected.encode("utf-8"))
