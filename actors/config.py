@@ -18,8 +18,8 @@ from urllib.parse import urlsplit
 
 import attrs
 
-from actors.web.auth import address_problem
 from protocol import grants
+from protocol.addresses import address_problem
 from protocol.gate import GateConfig, GateConfigError, parse_gate
 from protocol.mcpl import FeatureSet
 from protocol.redact import Redactor

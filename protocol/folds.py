@@ -27,6 +27,7 @@ Pure: time is given, never read.
 from __future__ import annotations
 
 import datetime as dt
+import json
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Final
@@ -53,6 +54,29 @@ SUMMARY_SHARE: Final = 0.3
 HEADER_CHANNELS: Final = 4
 
 Message = Mapping[str, Any]
+
+
+#: What the smallest message costs: the least any message adds to a context.
+MIN_MESSAGE_TOKENS = 8
+
+
+def estimate_tokens(message: Mapping[str, Any]) -> int:
+    """A rough token count of a stored message: a quarter of its text, the JSON of its tool
+    blocks, 400 for any other block, and ``MIN_MESSAGE_TOKENS`` for the message itself. A
+    rendered message carries its own count under ``tokens``."""
+    cached = message.get("tokens")
+    if isinstance(cached, int):
+        return cached
+    total = MIN_MESSAGE_TOKENS
+    for b in message.get("blocks", ()):
+        kind = b.get("type")
+        if kind == "text":
+            total += len(str(b.get("text", ""))) // 4 + 1
+        elif kind in ("tool_use", "tool_result"):
+            total += len(json.dumps(b, default=str)) // 4 + 1
+        else:
+            total += 400
+    return total
 
 
 def is_summary(message: Message) -> bool:

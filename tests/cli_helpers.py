@@ -21,7 +21,7 @@ from store import Append, Database, MessageRecord, db_path
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = REPO / "examples"
-MCPLIVE = [sys.executable, "-m", "actors.cli.main"]
+MCPLIVE = [sys.executable, "-m", "actors.cli"]
 
 # Root ignores file permissions; a child that should meet them drops the capabilities that let
 # it (it keeps uid 0, so the files it may read stay readable).

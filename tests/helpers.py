@@ -109,7 +109,7 @@ class Seen:
 
 
 class RecordingModel:
-    """A model (``actors.models.Model``) that records every request.
+    """A model (``actors.models.base.Model``) that records every request.
 
     ``mode``: ``reply`` answers ``say`` (nothing at all when ``say`` is empty); ``fail`` raises
     ``ModelError``; ``block-first`` blocks its first call until it is cancelled. After

@@ -48,7 +48,7 @@ CAPABILITIES: dict[str, Any] = {
 
 
 class MemoryTransport:
-    """The host's side of a memory link (``actors.transport.Transport``)."""
+    """The host's side of a memory link (``actors.link.transport.Transport``)."""
 
     description = "memory"
 
@@ -297,7 +297,7 @@ class VectorServer:
 def memory_transports(
     servers: dict[str, VectorServer],
 ) -> Callable[[ServerConfig, Callable[[str], None]], Any]:
-    """A stand-in for ``actors.connection.open_transport`` that links each configured server
+    """A stand-in for ``actors.link.connection.open_transport`` that links each configured server
     id to its :class:`VectorServer`."""
 
     @asynccontextmanager

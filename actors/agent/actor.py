@@ -1,8 +1,8 @@
 """AgentActor: one per configured agent.
 
 Its mailbox takes wakes, local input and tool calls run on its behalf; each turn runs in its own
-child task (:class:`actors.turn.Turn`), so the mailbox stays live while a model streams or a tool
-waits. Wakes that arrive during a turn are folded into one follow-up turn (the newest
+child task (:class:`actors.agent.turn.Turn`), so the mailbox stays live while a model streams or
+a tool waits. Wakes that arrive during a turn are folded into one follow-up turn (the newest
 conversation wins the reply): the context is read from the store, so nothing is lost by folding.
 
 A turn: read the agent's stored messages, keep the newest whole turns within the token budget,
@@ -40,11 +40,11 @@ from protocol.gate import Drained, WakeBuffer
 from protocol.source import mark_text
 from store import Append, MessageRecord, PutState
 
-from .folding import context_reader
 from .gate import GATE_RELOAD_S, WakeGate
 from .header_notice import HEADER_NOTICE, HeaderNotice
 from .history import (
     ContextTail,
+    context_reader,
     estimate_tokens,
     fit_budget,
     live_messages,

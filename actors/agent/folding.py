@@ -35,11 +35,9 @@ from actors.channel.actor import new_id
 from actors.config import AgentConfig
 from actors.models.base import Model, ModelError, ModelReply, ModelRequest, ModelRetry, Usage
 from actors.models.scripted import body_of
-from protocol.folds import SUMMARY_KIND, merged_covers, summarizes
+from protocol.folds import SUMMARY_KIND, estimate_tokens, merged_covers, summarizes
 from protocol.source import mark_text
 from store import Append, MessageRecord, Reader
-
-from .history import ContextReader, estimate_tokens
 
 #: How long one summary may take before the span is dropped instead.
 SUMMARY_TIMEOUT_S = 120.0
@@ -315,10 +313,3 @@ def summary_model(cfg: AgentConfig, model: Model) -> Model | None:
             api_key_env=cfg.api_key_env if same else None,
         )
     return model if getattr(model, "can_summarize", True) else None
-
-
-def context_reader(ctx: Any, cfg: AgentConfig, model: Model, trace: Trace) -> ContextReader:
-    """The agent's context reader, folding with its summary model when it has one."""
-    summarizer = summary_model(cfg, model)
-    folder = Folder(ctx, cfg.name, summarizer, trace) if summarizer is not None else None
-    return ContextReader(ctx, cfg.name, cfg.context_tokens, ctx.renders, folder)

@@ -10,8 +10,8 @@ Trimming goes in steps: when the context outgrows its budget, the oldest units a
 until it fits in ``TRIM_TARGET`` of it, so the turns after that send the same start of the
 context, only growing at its end, until it outgrows the budget again (a provider's prompt cache
 serves that unchanged start; trimming a unit at a time would change it on every turn). With a
-:class:`~actors.folding.Folder`, the span taken off is folded into a summary shown before the raw
-messages (:mod:`protocol.folds`). When a context is rebuilt (its first read, or after a
+:class:`~actors.agent.folding.Folder`, the span taken off is folded into a summary shown before
+the raw messages (:mod:`protocol.folds`). When a context is rebuilt (its first read, or after a
 rollback) the summaries are read back from the store, with the raw messages after the newest one
 they cover; what of those does not fit is folded then (a fold cut short by a restart, messages that
 arrived while the agent never read its context).
@@ -19,26 +19,32 @@ arrived while the agent never read its context).
 
 from __future__ import annotations
 
-import json
 import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from actors.channel.coalescer import Assembled, is_hidden_marker
 from actors.channel.envelope import new_id
+from actors.config import AgentConfig
 from actors.context import HostContext
+from actors.models.base import Model
 from actors.renders import SharedRenders
 from protocol.authors import author_line, guard_body_start, shown_author, stored_author
-from protocol.folds import FoldingTail, covered_ends, is_summary, render_summary
+from protocol.folds import (
+    MIN_MESSAGE_TOKENS,
+    FoldingTail,
+    covered_ends,
+    estimate_tokens,
+    is_summary,
+    render_summary,
+)
 from store import Append, CorruptRecord, MessageRecord, Reader
 from store.items import WrittenRow
 
-if TYPE_CHECKING:
-    from .folding import Folder
+from .folding import Folder, Trace, summary_model
 
 #: No stored message counts for fewer tokens than this.
-MIN_MESSAGE_TOKENS = 8
 #: Messages read from the store at a time while assembling a context (newest first).
 CONTEXT_PAGE = 64
 #: Messages rendered between two shares of the interpreter when a turn reads a big batch.
@@ -129,23 +135,6 @@ def read_history(
     if limit is not None:
         messages.reverse()
     return messages
-
-
-def estimate_tokens(message: Mapping[str, Any]) -> int:
-    """A rough token count; a rendered message carries its own under ``tokens``."""
-    cached = message.get("tokens")
-    if isinstance(cached, int):
-        return cached
-    total = MIN_MESSAGE_TOKENS
-    for b in message.get("blocks", ()):
-        kind = b.get("type")
-        if kind == "text":
-            total += len(str(b.get("text", ""))) // 4 + 1
-        elif kind in ("tool_use", "tool_result"):
-            total += len(json.dumps(b, default=str)) // 4 + 1
-        else:
-            total += 400
-    return total
 
 
 def fit_budget(messages: Sequence[Mapping[str, Any]], budget: int) -> list[Mapping[str, Any]]:
@@ -319,7 +308,7 @@ class ContextReader:
         self.budget = budget
         #: Renderings shared with the other agents' readers (each reader its own if None).
         self.renders = renders if renders is not None else SharedRenders()
-        #: Folds what leaves the context into summaries (an :class:`actors.folding.Folder`);
+        #: Folds what leaves the context into summaries (an :class:`actors.agent.folding.Folder`);
         #: None: it is dropped.
         self.folder = folder
         self._tail = self._new_tail()
@@ -555,3 +544,10 @@ def _after_covered(
     covered.update(e for s in summaries for e in covered_ends(s["metadata"]["summarizes"]) if e)
     last = max((n for n, m in enumerate(live) if m["id"] in covered), default=-1)
     return live[last + 1 :]
+
+
+def context_reader(ctx: Any, cfg: AgentConfig, model: Model, trace: Trace) -> ContextReader:
+    """The agent's context reader, folding with its summary model when it has one."""
+    summarizer = summary_model(cfg, model)
+    folder = Folder(ctx, cfg.name, summarizer, trace) if summarizer is not None else None
+    return ContextReader(ctx, cfg.name, cfg.context_tokens, ctx.renders, folder)

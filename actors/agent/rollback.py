@@ -40,7 +40,7 @@ async def roll_back(
 ) -> dict[str, Any]:
     """Roll the agent's context back to message ``to``; the report of what was done.
 
-    The history is read in pages (:func:`~actors.rollback_plan.plan_rollback`): the messages
+    The history is read in pages (:func:`~actors.agent.rollback_plan.plan_rollback`): the messages
     after ``to`` and the tool results and markers before it, never the whole history at once."""
     plan = await ctx.store.read(plan_rollback, ctx.store.reader, agent, to)
     set_aside, recorded = list(plan.set_aside), plan.recorded

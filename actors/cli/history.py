@@ -31,9 +31,8 @@ from typing import Any, TextIO
 import attrs
 
 from actors.config import MODEL_KEY_VARIABLES, ConfigError, ConfigErrors, host_redactor, load_config
-from protocol.authors import shown_author, stored_author
+from actors.transcript.stored import history_line
 from protocol.display import one_line, well_formed
-from protocol.folds import covered_ends, is_summary, summary_header
 from protocol.redact import NO_REDACTION, Redactor
 from store import Reader, StoredRow, body_text, db_path, text_matcher
 
@@ -42,7 +41,7 @@ PAGE = 256
 #: How often ``--follow`` looks for new messages, in seconds.
 FOLLOW_INTERVAL_S = 0.5
 #: The ``kind`` of the system message a rollback stores; its ``set_aside`` lists the ids it set
-#: aside (``actors.agent.live_messages`` leaves them out of the agent's context).
+#: aside (``actors.agent.actor.live_messages`` leaves them out of the agent's context).
 ROLLBACK_KIND = "rollback"
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
@@ -281,44 +280,3 @@ def _set_aside(reader: Reader, agent: str | None, after: int) -> set[str]:
         if meta.get("kind") == ROLLBACK_KIND:
             ids.update(i for i in meta.get("set_aside", ()) if isinstance(i, str))
     return ids
-
-
-def history_line(
-    m: Mapping[str, Any], *, created_at: float | None = None, set_aside: bool = False
-) -> str:
-    """One message as one line: local time, id, agent, role, where it came from, its text."""
-    meta = m.get("metadata") or {}
-    parts = []
-    for b in m.get("blocks", []):
-        t = b.get("type")
-        if t == "text":
-            parts.append(b.get("text", ""))
-        elif t == "tool_use":
-            parts.append(
-                f"[calls {b.get('name')} {json.dumps(b.get('input'), ensure_ascii=False)}]"
-            )
-        elif t == "tool_result":
-            inner = " ".join(
-                x.get("text", "") for x in b.get("content", []) if isinstance(x, Mapping)
-            )
-            parts.append(f"[result{' (error)' if b.get('is_error') else ''}: {inner}]")
-        else:
-            parts.append(f"[{t}]")
-    src = meta.get("inbound_source") or {}
-    author = stored_author(meta)
-    where = ""
-    if src:
-        where = f" {src.get('server')}" + (f" {src.get('channel')}" if src.get("channel") else "")
-        # the name (or id) as the model is shown it: one value, never a line of its own
-        where += f" {shown_author(author)}:" if author is not None else ":"
-    stamp = ""
-    if created_at is not None:
-        stamp = dt.datetime.fromtimestamp(created_at).strftime("%Y-%m-%d %H:%M:%S ")
-    mark = " (set aside)" if set_aside else ""
-    if is_summary(m):
-        covers = meta["summarizes"]
-        first, last = covered_ends(covers)
-        first_last = f"{first} … {last}" if first != last else str(first or "")
-        where = f" {summary_header(covers)} (covers {first_last}):"
-    text = " ".join(" ".join(parts).split())
-    return f"{stamp}{m['id']} {m['agent']} {m['role']}{mark}{where} {text}"

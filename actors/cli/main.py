@@ -377,6 +377,3 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"mcplive: {line}", file=sys.stderr)
         return status
 
-
-if __name__ == "__main__":
-    sys.exit(main())

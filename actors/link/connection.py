@@ -1,18 +1,18 @@
 """ConnectionActor: one per configured MCPL server.
 
 It owns the transport, the protocol session, our pending requests, and reconnection; the link
-in force (``actors.link.Link``) holds the grant, the declared feature sets and the channels this
-server registered on it. Its concerns live in parts it delegates to, modules that never import
-the actor (they see it as an ``actors.link.LinkOwner``):
+in force (``actors.link.state.Link``) holds the grant, the declared feature sets and the channels
+this server registered on it. Its concerns live in parts it delegates to, modules that never import
+the actor (they see it as an ``actors.link.state.LinkOwner``):
 
 - ``actors.link.run``: the life of a link once its transport is open: its tasks, the handshake
   under its deadline, the server's notifications;
 - ``actors.link.io``: the wire loop of a link (writer, reader, dispatcher, pre-readiness
   buffer);
-- ``actors.handshake.LinkPolicy``: the handshake, and manifest changes (re-applying a policy);
-- ``actors.inbound.HotLanes``: ``push/event`` and ``channels/incoming``, from admission to the
+- ``actors.link.handshake.LinkPolicy``: the handshake, and manifest changes (re-applying a policy);
+- ``actors.link.inbound.HotLanes``: ``push/event`` and ``channels/incoming``, from admission to the
   answer after the commit, and the report of items skipped as already stored;
-- ``actors.server_requests.ServerRequests``: the server's other requests;
+- ``actors.link.requests.ServerRequests``: the server's other requests;
 - ``actors.link.end``: how a link ended, in one line, and the server's last stderr lines.
 
 Tasks of one link (``actors.link.io``): a reader that only decodes and dispatches; a dispatcher

@@ -19,7 +19,6 @@ from typing import Any
 import attrs
 import trio
 
-from actors.channel.coalescer import ADVERTISED
 from actors.messages import IngestBatch, Prepared, Wake, Wakes
 from protocol import jsonrpc as rpc
 from protocol.coalesce import CoalesceInvalid, CoalesceSpec, parse_coalesce
@@ -37,6 +36,7 @@ from protocol.lanes import (
     parse_incoming_batch,
     parse_push,
 )
+from protocol.mcpl import HOST_COALESCING
 from store import StoreError
 
 from .handshake import note_refused_use
@@ -200,7 +200,7 @@ class HotLanes:
         channel-scoped one must name a channel this server registered, with
         ``channels.incoming`` granted."""
         parsed = parse_coalesce(
-            event.coalesce, lane="push", advertised=ADVERTISED, event_id=event.event_id
+            event.coalesce, lane="push", advertised=HOST_COALESCING, event_id=event.event_id
         )
         if isinstance(parsed, CoalesceInvalid):
             raise RpcError(
@@ -235,7 +235,7 @@ class HotLanes:
             spec = None
             if msg.coalesce is not None:
                 parsed = parse_coalesce(
-                    msg.coalesce, lane="incoming", advertised=ADVERTISED, event_id=msg.event_id
+                    msg.coalesce, lane="incoming", advertised=HOST_COALESCING, event_id=msg.event_id
                 )
                 if isinstance(parsed, CoalesceInvalid):
                     detail = f"{parsed.field} {parsed.reason}"

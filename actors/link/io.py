@@ -8,8 +8,8 @@ ready link's ``channels/changed``, which goes to the queue with the requests. Th
 takes the queue in arrival order: admission checks run in that order, and a channel change
 (``channels/register``, ``channels/changed``) is applied before any later message is checked,
 so a push or a message naming a channel announced just before it finds the channel. Hot-lane
-requests go to ``actors.inbound.HotLanes`` a batch at a time; any other request gets a handler
-task of ``actors.server_requests.ServerRequests`` (at most ``MAX_HANDLERS``). The writer owns the
+requests go to ``actors.link.inbound.HotLanes`` a batch at a time; any other request gets a handler
+task of ``actors.link.requests.ServerRequests`` (at most ``MAX_HANDLERS``). The writer owns the
 transport's send side, fed by the bounded outbox, and writes whatever waits in one go. Every
 queue is bounded and its producer waits when it is full: a flooding server is slowed down by its
 own transport.

@@ -3,7 +3,7 @@ and the server's notifications.
 
 ``LinkRun.serve`` starts the link's tasks (``actors.link.io``: writer, reader, dispatcher, the
 expiry of the pre-readiness buffer; ``actors.link.inbound``: the responder and the skip reporter; a
-websocket pinger), runs the handshake (``actors.handshake.LinkPolicy``) and returns when the
+websocket pinger), runs the handshake (``actors.link.handshake.LinkPolicy``) and returns when the
 link is closed.
 
 The whole handshake (``initialize``, ``featureSets/update``, ``tools/list``) must finish within

@@ -106,7 +106,7 @@ class Link:
 
     def expect(self, rid: rpc.Id) -> trio.MemoryReceiveChannel[outcome.Outcome[Any]]:
         """Where the answer to our request ``rid`` will arrive. A reader holding back
-        (:meth:`actors.link_io.LinkIO.pass_on`) reads on from now: the answer may be behind
+        (:meth:`actors.link.io.LinkIO.pass_on`) reads on from now: the answer may be behind
         what it holds back."""
         send, recv = trio.open_memory_channel[outcome.Outcome[Any]](1)
         self.waiters[rid] = send

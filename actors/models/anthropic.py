@@ -1,6 +1,6 @@
 """The Anthropic model provider: the Messages API, streamed, under trio.
 
-:class:`AnthropicModel` implements :class:`actors.models.Model` with the official ``anthropic``
+:class:`AnthropicModel` implements :class:`actors.models.base.Model` with the official ``anthropic``
 SDK's async client (httpx/anyio based, so it runs under trio). The SDK's own retries are off; this
 module retries by itself so that the backoff sleeps are ``trio.sleep`` calls (a trio ``MockClock``
 drives them) and each retry is announced through ``notice``.
@@ -11,10 +11,10 @@ that stops before ``message_stop``, and mid-stream ``error`` events of a transie
 ``max_retries`` times; anything else (400, 401, 403, 404, ...) fails at once. The wait before
 retry *n* is :func:`backoff_delay` (exponential, jittered, capped), raised to the server's
 ``retry-after`` when it asks for longer (still capped). Each retry is reported, before its wait,
-to the request's ``on_retry`` (a :class:`~actors.models.ModelRetry`) and as a line to
-``notice``. A failure that is final raises :class:`~actors.models.ModelError` with one readable
+to the request's ``on_retry`` (a :class:`~actors.models.base.ModelRetry`) and as a line to
+``notice``. A failure that is final raises :class:`~actors.models.base.ModelError` with one readable
 line; a refused credential (401), a denied permission (403) or a missing key raises its subclass
-:class:`~actors.models.ModelAuthError`, since nothing but an operator's fix can cure it.
+:class:`~actors.models.base.ModelAuthError`, since nothing but an operator's fix can cure it.
 
 Each attempt is bounded by ``timeout_s`` (a server that never answers, or stops in the middle
 of a stream, fails the attempt as a timeout, which is retried). A stream the SDK cannot read
@@ -22,10 +22,10 @@ of a stream, fails the attempt as a timeout, which is retried). A stream the SDK
 retried; nothing of a failed attempt is returned.
 
 Prompt caching: each request marks its stable prefix with ``cache_control`` breakpoints
-(:func:`actors.prompt_cache.mark_request`): the system text the next turn sends again (and with
-it the tool definitions), the furthest point an earlier request of the same agent marked, the
+(:func:`actors.models.prompt_cache.mark_request`): the system text the next turn sends again (and
+with it the tool definitions), the furthest point an earlier request of the same agent marked, the
 last point the next turn shares, and the end of the request. The provider remembers the marked
-prefixes of each agent's latest request (:class:`actors.prompt_cache.CacheMemory`).
+prefixes of each agent's latest request (:class:`actors.models.prompt_cache.CacheMemory`).
 
 Usage is read from ``message_start`` and ``message_delta``: ``input_tokens`` and
 ``output_tokens`` always, ``cache_read_input_tokens`` and ``cache_creation_input_tokens`` when
@@ -115,7 +115,7 @@ _AUTH_PROBLEMS = {401: "refused the credential", 403: "denied the credential per
 
 
 class AnthropicModel:
-    """A :class:`actors.models.Model` backed by the Anthropic Messages API (streaming)."""
+    """A :class:`actors.models.base.Model` backed by the Anthropic Messages API (streaming)."""
 
     def __init__(
         self,

@@ -1,6 +1,6 @@
 """The OpenAI-compatible model provider: chat completions, streamed, under trio.
 
-:class:`OpenAIModel` implements :class:`actors.models.Model` on the chat-completions interface
+:class:`OpenAIModel` implements :class:`actors.models.base.Model` on the chat-completions interface
 that OpenAI, OpenRouter, vLLM, Ollama, LM Studio and most other servers speak. It talks HTTP
 itself, through ``httpx`` (which runs under trio by way of anyio), rather than through the
 official ``openai`` SDK. The SDK would run under trio too, but its client reads more of the
@@ -18,13 +18,13 @@ says overload or a server fault are retried up to ``max_retries`` times; anythin
 once. The wait before retry *n* is :func:`~actors.kernel.backoff_delay`, raised to the server's
 ``retry-after`` (or ``retry-after-ms``) when it asks for longer, capped at ``backoff_cap_s``.
 Each retry is reported, before its wait, to the request's ``on_retry`` and as a line to
-``notice``. A final failure is a :class:`~actors.models.ModelError` of one line; HTTP 401 and
-403, or a key variable that is not set, raise :class:`~actors.models.ModelAuthError`.
+``notice``. A final failure is a :class:`~actors.models.base.ModelError` of one line; HTTP 401 and
+403, or a key variable that is not set, raise :class:`~actors.models.base.ModelAuthError`.
 
 A stream that is not the interface's shape (see :mod:`actors.models.openai_stream`) fails the
-call at once with nothing returned. A stream ends at ``data: [DONE]``; one that ends without it counts as
-cut short unless a ``finish_reason`` came. Text deltas reach ``on_delta`` as they arrive; a
-retried call streams its reply from the start again.
+call at once with nothing returned. A stream ends at ``data: [DONE]``; one that ends without it
+counts as cut short unless a ``finish_reason`` came. Text deltas reach ``on_delta`` as they
+arrive; a retried call streams its reply from the start again.
 
 The request body carries ``max_tokens`` (``max_completion_tokens`` for OpenAI's own endpoint,
 where the reasoning models take no other), ``temperature`` when set, and
@@ -76,7 +76,7 @@ _TRANSIENT_CODES = frozenset({"server_error", "rate_limit_exceeded", "overloaded
 
 
 class OpenAIModel:
-    """A :class:`actors.models.Model` on an OpenAI-compatible chat-completions endpoint."""
+    """A :class:`actors.models.base.Model` on an OpenAI-compatible chat-completions endpoint."""
 
     def __init__(
         self,

@@ -11,7 +11,7 @@ module:
   after the answers, as ``image_url`` parts with a ``data:`` URL (the one place, with user
   messages, where the interface takes images).
 
-Everything else follows :func:`actors.anthropic_model.to_messages_api`'s rules, so both providers
+Everything else follows :func:`actors.models.anthropic.to_messages_api`'s rules, so both providers
 see one conversation alike: host notices become user text prefixed ``[host notice] ``, empty text
 is dropped, a result that answers no pending call becomes user text, a call with no stored result
 gets one saying so, a user placeholder goes first when needed, uri-form media and resources

@@ -11,7 +11,7 @@ characters is a :class:`MalformedStream`, so memory stays bounded whatever the s
 deltas (``content``, and ``refusal`` when the model declines) and the tool calls (by their
 ``index``: the first piece brings ``id`` and ``function.name``, later ones append to
 ``function.arguments``), keeps the ``finish_reason`` and the usage of the final chunk, and builds
-the :class:`~actors.models.ModelReply`:
+the :class:`~actors.models.base.ModelReply`:
 
 * ``finish_reason`` → stop reason: ``stop`` → ``end_turn``, ``length`` → ``max_tokens``,
   ``tool_calls`` (and the older ``function_call``) → ``tool_use``, ``content_filter`` →

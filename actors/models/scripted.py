@@ -55,7 +55,7 @@ class SummaryRule:
     item_chars: int = 200
 
     def summarize(self, span: str) -> str:
-        """The summary of a span as :func:`actors.folding.span_text` writes it."""
+        """The summary of a span as :func:`actors.agent.folding.span_text` writes it."""
         items = [" / ".join(p.strip().splitlines()) for p in _ITEM.split(span) if p.strip()]
         lines = [i if len(i) <= self.item_chars else i[: self.item_chars] + "…" for i in items]
         return self.say.replace("{count}", str(len(items))).replace("{items}", "\n".join(lines))

@@ -17,15 +17,12 @@ from __future__ import annotations
 import itertools
 import secrets
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final, Protocol
 
 import attrs
 
 from protocol.errors import INVALID_PARAMS, UNKNOWN_CHANNEL, RpcError
 from protocol.server_forms import content_of, incoming_message
-
-if TYPE_CHECKING:
-    from .server import MCPLServer
 
 __all__ = ["Channel", "ChannelSpec", "OpenRequest", "Publish", "PublishRefused", "content_of"]
 
@@ -159,10 +156,29 @@ def new_message_id(prefix: str) -> str:
     return f"{prefix}-{_RUN}-{next(_message_numbers)}"
 
 
+class ChannelOwner(Protocol):
+    """What a channel asks of the server it belongs to (an
+    :class:`~actors.serverkit.MCPLServer`)."""
+
+    def now_iso(self) -> str: ...
+
+    async def send_incoming(
+        self, channel: Channel, message: Mapping[str, Any]
+    ) -> dict[str, Any]: ...
+
+    async def channels_changed(
+        self,
+        *,
+        added: Sequence[Channel] = (),
+        updated: Sequence[Channel] = (),
+        removed: Sequence[Channel] = (),
+    ) -> None: ...
+
+
 class Channel:
     """A declared channel: send messages into it, update it, handle what agents publish."""
 
-    def __init__(self, server: MCPLServer, spec: ChannelSpec) -> None:
+    def __init__(self, server: ChannelOwner, spec: ChannelSpec) -> None:
         self._server = server
         self.spec = spec
         self.publish_handler: PublishHandler | None = None

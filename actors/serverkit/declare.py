@@ -12,18 +12,15 @@ from __future__ import annotations
 
 import re
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+from typing import Any, TypeVar, cast
 
 from protocol.mcpl import VOCABULARY
 from protocol.server_manifest import FeatureSetDecl, build_manifest
 
-from .channels import Channel, ChannelSpec, OpenHandler, PublishHandler
+from .channels import Channel, ChannelOwner, ChannelSpec, OpenHandler, PublishHandler
 from .context import BeforeInference, Lifecycle, Render, Rollback
 from .link import HostRequest
 from .tools import Tool, tool_from_function
-
-if TYPE_CHECKING:
-    from .server import MCPLServer
 
 __all__ = ["Declarations"]
 
@@ -121,7 +118,7 @@ class Declarations:
             address=address,
             metadata=metadata,
         )
-        channel = Channel(cast("MCPLServer", self), spec)
+        channel = Channel(cast("ChannelOwner", self), spec)
         self.channels[channel_id] = channel
         return channel
 
@@ -155,7 +152,7 @@ class Declarations:
         self, fn: Callable[[BeforeInference], Any]
     ) -> Callable[[BeforeInference], Any]:
         """Decorator: the ``context/beforeInference`` hook; return None, a string or a list of
-        :class:`actors.serverkit_context.Injection`."""
+        :class:`actors.serverkit.context.Injection`."""
         self.before_inference_hook = fn
         return fn
 
@@ -222,10 +219,10 @@ class Declarations:
         """Decorator: ``fn(request)`` (sync or async) answers every host request for
         ``method`` in place of the toolkit, which otherwise answers it itself (``ping``,
         ``featureSets/update``, ...) or through the server's handlers. It gets a
-        :class:`actors.serverkit_link.HostRequest` (``default``: the answer the toolkit would
+        :class:`actors.serverkit.link.HostRequest` (``default``: the answer the toolkit would
         have written for a method it answers itself, after tracking what it tracks, e.g. the
         grant) and returns the result, raises :class:`protocol.errors.RpcError` to refuse, or
-        returns :data:`actors.serverkit_link.NO_ANSWER` to leave the request unanswered. For
+        returns :data:`actors.serverkit.link.NO_ANSWER` to leave the request unanswered. For
         hosts' tests: an ordinary server needs none."""
 
         def register(fn: F) -> F:

@@ -8,14 +8,19 @@ server has no handler for is refused with ``-32601``, never left unanswered.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
+
+import trio
 
 from protocol.errors import INVALID_PARAMS, UNKNOWN_FEATURE_SET, RpcError
 
 from .channels import (
+    Channel,
+    OpenHandler,
     OpenRequest,
     Publish,
+    PublishHandler,
     PublishRefused,
     content_of,
     new_message_id,
@@ -31,12 +36,33 @@ from .context import (
     injections_of,
 )
 from .link import ServerLink, no_handler
+from .tools import Tool
 from .transport import warn
 
-if TYPE_CHECKING:
-    from .server import MCPLServer
+__all__ = ["Served", "answer_call", "handle_notice"]
 
-__all__ = ["answer_call", "handle_notice"]
+
+class Served(Protocol):
+    """What answering the host reads of a server (an :class:`~actors.serverkit.MCPLServer`)."""
+
+    tools: dict[str, Tool]
+    channels: dict[str, Channel]
+    default_publish_handler: PublishHandler | None
+    open_handler: OpenHandler | None
+    close_handler: OpenHandler | None
+    before_inference_hook: Callable[[BeforeInference], Any] | None
+    lifecycle_hook: Callable[[Lifecycle], Any] | None
+    rollback_handler: Callable[[Rollback], Any] | None
+    render_handler: Callable[[Render], Any] | None
+
+    @property
+    def thread_limiter(self) -> trio.CapacityLimiter: ...
+
+    @property
+    def context_feature_set(self) -> str: ...
+
+    @property
+    def feature_set_names(self) -> frozenset[str]: ...
 
 
 async def maybe_await(value: Any) -> Any:
@@ -47,7 +73,7 @@ async def maybe_await(value: Any) -> Any:
 
 
 async def answer_call(
-    server: MCPLServer, link: ServerLink, method: str, params: Mapping[str, Any]
+    server: Served, link: ServerLink, method: str, params: Mapping[str, Any]
 ) -> Any:
     """The result of one host request (raises :class:`protocol.errors.RpcError` to refuse)."""
     if method == "tools/list":
@@ -77,7 +103,7 @@ async def answer_call(
 
 
 async def handle_notice(
-    server: MCPLServer, link: ServerLink, method: str, params: Mapping[str, Any]
+    server: Served, link: ServerLink, method: str, params: Mapping[str, Any]
 ) -> None:
     """Handle one host notification (an unknown one is ignored)."""
     if method == "channels/publish":
@@ -94,7 +120,7 @@ async def handle_notice(
 
 
 async def _publish(
-    server: MCPLServer, params: Mapping[str, Any], *, notification: bool = False
+    server: Served, params: Mapping[str, Any], *, notification: bool = False
 ) -> dict[str, Any]:
     try:
         publish = Publish.from_params(params, notification=notification)
@@ -123,7 +149,7 @@ async def _publish(
     return out
 
 
-async def _open_close(server: MCPLServer, method: str, params: Mapping[str, Any]) -> dict[str, Any]:
+async def _open_close(server: Served, method: str, params: Mapping[str, Any]) -> dict[str, Any]:
     cid = params.get("channelId")
     channel = server.channels.get(cid) if isinstance(cid, str) else None
     if channel is None:
@@ -141,7 +167,7 @@ async def _open_close(server: MCPLServer, method: str, params: Mapping[str, Any]
     return {"closed": True}
 
 
-async def _rollback(server: MCPLServer, request: Rollback) -> dict[str, Any]:
+async def _rollback(server: Served, request: Rollback) -> dict[str, Any]:
     if request.feature_set not in server.feature_set_names:
         raise RpcError(code=UNKNOWN_FEATURE_SET, data={"featureSet": request.feature_set})
     assert server.rollback_handler is not None

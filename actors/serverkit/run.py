@@ -33,7 +33,6 @@ from .transport import (
 
 if TYPE_CHECKING:
     from .channels import Channel
-    from .server import MCPLServer
 
 __all__ = ["ServeMixin", "listen", "serve_websocket_each"]
 
@@ -84,8 +83,8 @@ class ServeMixin:
     def link(self) -> ServerLink | None:
         """The current host connection (None while no host is connected).
 
-        Its :meth:`~actors.serverkit_link.ServerLink.request` and
-        :meth:`~actors.serverkit_link.ServerLink.start_request` send without the retries of
+        Its :meth:`~actors.serverkit.link.ServerLink.request` and
+        :meth:`~actors.serverkit.link.ServerLink.start_request` send without the retries of
         :meth:`actors.serverkit.MCPLServer.call`."""
         return self._link
 
@@ -156,7 +155,7 @@ class ServeMixin:
 
     def on_http(self, fn: HttpHandler) -> HttpHandler:
         """Decorator: ``fn(request)`` (sync, quick) may answer a plain HTTP request to the
-        websocket listener (an :class:`actors.serverkit_files.HttpAnswer`) or return None to
+        websocket listener (an :class:`actors.serverkit.files.HttpAnswer`) or return None to
         leave it to the next handler and last to the toolkit (the payloads of
         :meth:`reference`, else 404). For a server that serves files of its own, or logs
         what is fetched."""
@@ -289,7 +288,7 @@ async def listen(
 
 
 async def serve_websocket_each(
-    factory: Callable[[], MCPLServer],
+    factory: Callable[[], ServeMixin],
     host: str = "127.0.0.1",
     port: int = 0,
     *,

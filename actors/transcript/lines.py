@@ -1,5 +1,5 @@
-"""The transcript: one human-readable line per trace event, each kind's level, and the loop
-that prints them while the host runs (``mcplive run``; the printing itself is in ``printer``).
+"""The transcript's lines: one human-readable line per trace event, and each kind's level (the
+printing, and the loop that prints them while the host runs, are in :mod:`.printer`).
 
 Every kind has one case in :func:`format_event` (or none: not shown) and a level in
 :data:`LEVELS` (a kind not listed is ``info``).
@@ -236,12 +236,3 @@ def format_event(e: TraceEvent) -> str | None:
     if k == "request-timeout":
         return f"! {e.server_id}: no answer to {d.get('method')} within {d.get('timeout_s')} s"
     return None
-
-
-async def print_transcript(stream: Any, out: Any, options: Any = None) -> None:
-    """Print a line for every event of ``stream`` that has one, until the stream ends
-    (``options``: a ``printer.TranscriptOptions``; default: info and up, plain text)."""
-    from .printer import TranscriptOptions, TranscriptPrinter, run_printer
-
-    printer = TranscriptPrinter(out, options if options is not None else TranscriptOptions())
-    await run_printer(stream, printer)

@@ -307,3 +307,10 @@ async def _drain(stream: Any, printer: TranscriptPrinter, due: AsyncValue[float 
             due.value = printer.next_due()
             handled = 0
             await trio.lowlevel.checkpoint()
+
+
+async def print_transcript(stream: Any, out: Any, options: Any = None) -> None:
+    """Print a line for every event of ``stream`` that has one, until the stream ends
+    (``options``: a :class:`TranscriptOptions`; default: info and up, plain text)."""
+    printer = TranscriptPrinter(out, options if options is not None else TranscriptOptions())
+    await run_printer(stream, printer)

@@ -24,8 +24,8 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from actors.agent.speech import DRAFTS_NS
-from actors.cli.history import history_line
 from actors.status import StatusWriter
+from actors.transcript.stored import history_line
 from protocol.display import json_safe
 from store import body_text, text_matcher
 

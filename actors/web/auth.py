@@ -19,7 +19,6 @@ The rules, in order:
 from __future__ import annotations
 
 import hmac
-import ipaddress
 import os
 import secrets
 from collections.abc import Mapping
@@ -29,14 +28,19 @@ from urllib.parse import urlsplit
 import attrs
 
 from actors.errors import ConfigError
+from protocol.addresses import (
+    DEFAULT_WEB,
+    LOOPBACK_NAMES,
+    WebAddressError,
+    address_problem,
+    is_loopback,
+    parse_web_address,
+)
 
-#: The address ``mcplive run --web`` serves the console on when the config names none.
-DEFAULT_WEB = "127.0.0.1:7340"
 #: The cookie holding the token in a browser.
 COOKIE = "mcplive_console"
 #: The header carrying the per-run action key.
 ACTION_HEADER = "x-mcplive-action"
-LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
 
 
 def console_token(token_env: str | None, environ: Any = None) -> str | None:
@@ -51,54 +55,6 @@ def console_token(token_env: str | None, environ: Any = None) -> str | None:
             "access token, or remove web_token_env"
         )
     return str(value)
-
-
-class WebAddressError(ValueError):
-    """An address the console cannot listen on, as one line."""
-
-
-def parse_web_address(value: object) -> tuple[str, int]:
-    """``"HOST:PORT"`` (an IPv6 host in brackets) → (host, port); port 0 picks a free one.
-    Raises :class:`WebAddressError` saying what is wrong."""
-    if not isinstance(value, str) or not value:
-        raise WebAddressError("must be an address string such as '127.0.0.1:7340'")
-    parts = urlsplit(f"//{value}")
-    try:
-        port = parts.port
-    except ValueError:
-        raise WebAddressError(f"{value!r} has no valid port (0-65535)") from None
-    host = parts.hostname
-    if port is None or not host or parts.path or parts.query or parts.username:
-        raise WebAddressError(f"{value!r} is not HOST:PORT, e.g. '127.0.0.1:7340'")
-    return host, port
-
-
-def is_loopback(host: str) -> bool:
-    """Whether ``host`` (a name or an address) can only be reached from this machine."""
-    if host.lower() in LOOPBACK_NAMES:
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
-
-
-def address_problem(web: object, token_env: object) -> str | None:
-    """Why ``[host] web`` / ``web_token_env`` cannot be used, as one line; None when they can."""
-    if token_env is not None and not (isinstance(token_env, str) and token_env.isidentifier()):
-        return "host.web_token_env: must be the name of an environment variable"
-    if web is None:
-        return None
-    try:
-        host, _ = parse_web_address(web)
-    except WebAddressError as exc:
-        return f"host.web: {exc}"
-    if token_env is None and not is_loopback(host):
-        return (
-            f"host.web: {web!r} is not a loopback address; serve the console on 127.0.0.1, or "
-            "set host.web_token_env to the variable holding its access token"
-        )
-    return None
 
 
 @attrs.frozen(kw_only=True)
@@ -148,3 +104,17 @@ def _same(offered: str | None, expected: str) -> bool:
     if offered is None:
         return False
     return hmac.compare_digest(offered.encode("utf-8"), expected.encode("utf-8"))
+
+
+__all__ = [
+    "ACTION_HEADER",
+    "COOKIE",
+    "DEFAULT_WEB",
+    "LOOPBACK_NAMES",
+    "Guard",
+    "WebAddressError",
+    "address_problem",
+    "console_token",
+    "is_loopback",
+    "parse_web_address",
+]

@@ -1,5 +1,5 @@
 """``channel_open`` backscroll items as the agent gets them (refs-and-headers H, decision 7):
-``actors.tools.backscroll_items`` and the tool-result lines built from it.
+``actors.agent.tools.backscroll_items`` and the tool-result lines built from it.
 
 Each item that names a channel gains ``source``, the header of its *own* channel (the label the
 host registered for that channel wins over the item's ``channelLabel``; the reply part comes from

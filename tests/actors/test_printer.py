@@ -437,7 +437,7 @@ def test_the_log_level_applies_to_mcplives_loggers_and_records_are_stamped(
 async def test_print_transcript_takes_any_async_stream_and_prints_the_last_counts(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    from actors.transcript.lines import print_transcript
+    from actors.transcript.printer import print_transcript
 
     async def stream() -> Any:
         for n in range(6):

@@ -1,4 +1,5 @@
-"""``actors.models.text_only``: what a model that reads text only is sent in place of images."""
+"""``actors.models.base.text_only``: what a model that reads text only is sent in place of
+images."""
 
 from __future__ import annotations
 

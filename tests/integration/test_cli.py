@@ -13,7 +13,7 @@ import trio
 
 pytestmark = pytest.mark.slow
 
-MCPLIVE = [sys.executable, "-m", "actors.cli.main"]
+MCPLIVE = [sys.executable, "-m", "actors.cli"]
 
 
 def run(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:

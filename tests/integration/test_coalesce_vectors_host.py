@@ -342,7 +342,9 @@ async def harness(
     agents = list(setup.get("agents", ["agent"]))
     server = VectorServer()
     model = VectorModel()
-    monkeypatch.setattr("actors.connection.open_transport", memory_transports({SERVER: server}))
+    monkeypatch.setattr(
+        "actors.link.connection.open_transport", memory_transports({SERVER: server})
+    )
     monkeypatch.setattr("actors.host.make_model", lambda cfg: model)
     specs = []
     for name in agents:

@@ -236,7 +236,7 @@ async def test_a_host_killed_after_each_commit_loses_and_duplicates_nothing(
             argv = [
                 sys.executable,
                 "-m",
-                "actors.cli.main",
+                "actors.cli",
                 "run",
                 str(_host_config(tmp_path, listener.address)),
             ]

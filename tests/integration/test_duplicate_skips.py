@@ -76,7 +76,9 @@ async def running(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, clock: trio.testing.MockClock
 ) -> AsyncIterator[Running]:
     server = VectorServer()
-    monkeypatch.setattr("actors.connection.open_transport", memory_transports({SERVER: server}))
+    monkeypatch.setattr(
+        "actors.link.connection.open_transport", memory_transports({SERVER: server})
+    )
     cfg = config(
         tmp_path,
         [{"id": SERVER, "command": ["vector-server"]}],

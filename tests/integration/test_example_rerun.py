@@ -25,7 +25,7 @@ ALICE = "lobby lobby:#general | Alice: hello everyone!"  # the script's first li
 
 def message_ids(data_dir: Path, cwd: Path) -> set[str]:
     history = subprocess.run(
-        [sys.executable, "-m", "actors.cli.main", "history", "--json", "--data-dir", str(data_dir)],
+        [sys.executable, "-m", "actors.cli", "history", "--json", "--data-dir", str(data_dir)],
         cwd=cwd,
         capture_output=True,
         text=True,

@@ -169,7 +169,7 @@ async def test_acknowledged_items_survive_sigkill_and_retries_are_not_stored_twi
     with trio.fail_after(120):
         async with open_control_listener() as listener:
             path = _write_config(tmp_path, listener.address)
-            argv = [sys.executable, "-m", "actors.cli.main", "run", str(path)]
+            argv = [sys.executable, "-m", "actors.cli", "run", str(path)]
             env = dict(os.environ)
             proc = await trio.lowlevel.open_process(argv, env=env, stdout=subprocess.DEVNULL)
             try:

@@ -13,12 +13,12 @@ import pytest
 import trio
 
 from actors import Host
-from actors.cli.history import history_line
 from actors.models.anthropic import AnthropicModel
 from actors.models.base import ModelError, ModelReply, ModelRequest
 from actors.models.scripted import ScriptedModel
 from actors.trace import TraceEvent
 from actors.transcript.lines import format_event
+from actors.transcript.stored import history_line
 from protocol.folds import is_summary, summary_header
 from tests.fake_anthropic import (
     FakeScript,

@@ -350,7 +350,7 @@ match = { scope = ["incoming"] }
 async def test_the_gate_file_is_reloaded_and_a_broken_rewrite_keeps_the_old_policies(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("actors.agent_gate.GATE_RELOAD_S", 0)
+    monkeypatch.setattr("actors.agent.gate.GATE_RELOAD_S", 0)
     with trio.fail_after(60):
         agent = gated(tmp_path, ANSWER_ALL, 'default = "always"\n')
         gate = Path(agent["gate"])

@@ -123,7 +123,7 @@ async def test_a_handshake_past_its_deadline_fails_and_is_retried_after_the_back
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mock_clock: trio.testing.MockClock
 ) -> None:
     silent = Silent()
-    monkeypatch.setattr("actors.connection.open_transport", silent.open_transport)
+    monkeypatch.setattr("actors.link.connection.open_transport", silent.open_transport)
     servers = [{"id": "silent", "command": ["silent-server"], "request_timeout_s": 20}]
     agents = [{"name": "Ada", "model": scripted(tmp_path, "ada", "")}]
     mock_clock.autojump_threshold = 10.0  # only if the store's thread leaves every task waiting

@@ -47,7 +47,7 @@ from tests.helpers import (
 
 pytestmark = pytest.mark.slow
 
-MCPLIVE = [sys.executable, "-m", "actors.cli.main"]
+MCPLIVE = [sys.executable, "-m", "actors.cli"]
 
 ASSIST = '[[rules]]\nwhen = "(?i)summari[sz]e"\nsay = "Alice and Bob talked about board games."\n'
 ANSWER = "Alice and Bob talked about board games."

@@ -26,7 +26,7 @@ from protocol import status as fmt
 
 pytestmark = pytest.mark.slow
 
-MCPLIVE = [sys.executable, "-m", "actors.cli.main"]
+MCPLIVE = [sys.executable, "-m", "actors.cli"]
 LOBBY = '["python", "-m", "examples.lobby_server", "--script", "none"]'
 FLAKY = '["python", "-c", "import sys; sys.exit(3)"]'
 

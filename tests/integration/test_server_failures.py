@@ -21,7 +21,7 @@ from tests.helpers import config, running_lobby, scripted, unstamped, wait_trace
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[2]
-MCPLIVE = [sys.executable, "-m", "actors.cli.main"]
+MCPLIVE = [sys.executable, "-m", "actors.cli"]
 FAULTY = ["python", "-m", "tests.faulty_server"]
 CRASHING = ["python", "-c", "import no_such_module"]
 MISSING = "no-such-command-for-mcplive"

@@ -35,7 +35,7 @@ from tests.chat_servers import (
 
 pytestmark = pytest.mark.slow
 
-MCPLIVE = [sys.executable, "-m", "actors.cli.main"]
+MCPLIVE = [sys.executable, "-m", "actors.cli"]
 
 G1, G2, ROOM, DM = (
     DiscordServer.GENERAL_1,

@@ -16,7 +16,7 @@ import trio
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[2]
-MCPLIVE = [sys.executable, "-m", "actors.cli.main"]
+MCPLIVE = [sys.executable, "-m", "actors.cli"]
 RULES = """
 [[rules]]
 when = "hello from demo"

@@ -21,7 +21,7 @@ from tests.helpers import LOBBY, STAMP, interrupt, ready, send_incoming
 
 pytestmark = pytest.mark.slow
 
-MCPLIVE = [sys.executable, "-m", "actors.cli.main"]
+MCPLIVE = [sys.executable, "-m", "actors.cli"]
 ISO_UTC = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$")
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -89,7 +89,7 @@ async def test_a_console_token_variable_that_is_not_set_stops_run(tmp_path: Path
 def test_check_reports_a_console_address_off_loopback_in_one_line(tmp_path: Path) -> None:
     cfg = write_config(tmp_path, 'web = "0.0.0.0:7340"', [])
     done = subprocess.run(
-        [sys.executable, "-m", "actors.cli.main", "check", str(cfg)],
+        [sys.executable, "-m", "actors.cli", "check", str(cfg)],
         cwd=tmp_path,
         capture_output=True,
         text=True,
