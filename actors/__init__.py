@@ -4,10 +4,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from .version import install_moved_modules
+
 if TYPE_CHECKING:
     from .host import Host
 
 __all__ = ["Host"]
+
+install_moved_modules()  # old module names (``actors.cli_history``) import for one release
 
 
 def __getattr__(name: str) -> Any:

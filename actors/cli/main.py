@@ -376,4 +376,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         for line in lines:
             print(f"mcplive: {line}", file=sys.stderr)
         return status
-

@@ -29,6 +29,11 @@ them ``<name>.context`` (context hooks, lifecycle) and ``<name>.inference`` (ask
 inference), so that a host denying one does not disable the others. More can be declared with
 :meth:`MCPLServer.feature_set`.
 
+The toolkit runs in a server author's process, which must not load the host.
+May import: :mod:`protocol` and its own modules, nothing else of :mod:`actors` (not the kernel,
+nor any host wing).
+Never imported by: any module of the host side.
+
 **Why not the MCP SDK.** The official ``mcp`` package (2.3) can carry extra methods
 (``Server.add_request_handler``, ``send_raw_request``) and an ``experimental`` capability, but
 building on it means fighting it: its runner owns ``initialize`` (not overridable) and the
