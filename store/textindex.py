@@ -9,8 +9,8 @@ holds it: the same messages a scan with ``text_matcher`` finds. The table is con
 text itself is not kept, only the index).
 
 A needle of fewer than :data:`MIN_INDEXED` characters once folded cannot be looked up in a
-trigram index; such a needle (and one holding a lone surrogate or a NUL)
-is matched by scanning (:func:`scan_needle` says which).
+trigram index; such a needle (and one holding a lone surrogate, a NUL, or a character SQLite
+reads as U+FFFD) is matched by scanning (:func:`scan_needle` says which).
 """
 
 from __future__ import annotations
@@ -29,6 +29,9 @@ TEXT_INDEX_SCHEMA = (
 #: What the index holds in place of a NUL (FTS5 would stop reading the text there); a needle
 #: holding it (or a NUL) is scanned for.
 NUL_STAND_IN = "\uffff"
+#: Characters the index cannot tell apart: SQLite reads U+FFFE and U+FFFF (so the NUL stand-in
+#: too) as U+FFFD. A needle holding any of them, or a NUL, is scanned for.
+UNINDEXABLE = frozenset({"\x00", "\ufffd", "\ufffe", NUL_STAND_IN})
 #: The shortest folded needle the index can look up (the tokenizer's token length).
 MIN_INDEXED = 3
 
@@ -51,7 +54,7 @@ def needle_query(needle: str) -> str | None:
     folded = needle.casefold()
     if len(folded) < MIN_INDEXED or not encodable(folded):
         return None
-    if "\x00" in folded or NUL_STAND_IN in folded:
+    if not UNINDEXABLE.isdisjoint(folded):
         return None
     return '"' + folded.replace('"', '""') + '"'  # one phrase: no operator is read in it
 

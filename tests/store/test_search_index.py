@@ -137,6 +137,18 @@ def test_a_lone_surrogate_needle_matches_nothing(path: Path) -> None:
         assert [m["blocks"][1]["text"] for m in reader.search("bad \ufffd")] == ["bad \ufffd text"]
 
 
+@pytest.mark.parametrize("stand_in", ["\ufffd", "\ufffe", "\uffff"])
+def test_a_needle_sqlite_reads_as_the_nul_stand_in_finds_only_what_it_holds(
+    path: Path, stand_in: str
+) -> None:
+    # SQLite reads U+FFFE and U+FFFF as U+FFFD, so the index holds a NUL and these alike
+    ids = _stored(path, ["a\x00ß", f"a{stand_in}ß"])
+    with Reader(path) as reader:
+        assert [m["id"] for m in reader.search(f"a{stand_in}ß")] == [ids[1]]
+        assert [m["id"] for m in reader.search(f"{stand_in}SS")] == [ids[1]]
+        assert [m["id"] for m in reader.search("a\x00ß")] == [ids[0]]
+
+
 def test_a_regex_search_streams_and_keeps_only_the_newest_matches(path: Path) -> None:
     ids = _stored(path, [f"item {n}" for n in range(50)])
     with Reader(path) as reader:
