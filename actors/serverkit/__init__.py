@@ -47,32 +47,23 @@ testable without I/O.
 
 from __future__ import annotations
 
-from .server import (
-    NO_ANSWER,
+from protocol.server_session import NotGranted
+
+from .channels import Channel, OpenRequest, Publish, PublishRefused
+from .context import (
     BeforeInference,
-    Channel,
     CheckpointNotFound,
-    HostRequest,
-    HttpAnswer,
-    HttpRequest,
     InferenceResult,
     Injection,
     Lifecycle,
-    MCPLServer,
-    NotGranted,
-    OpenRequest,
-    Publish,
-    PublishRefused,
-    PushRefused,
-    PushResult,
     Render,
     Rollback,
-    ToolError,
-    ToolResult,
-    manifest_revision,
-    parse_address,
-    serve_websocket_each,
 )
+from .files import HttpAnswer, HttpRequest
+from .link import NO_ANSWER, HostRequest
+from .run import serve_websocket_each
+from .server import MCPLServer, PushRefused, PushResult, manifest_revision, parse_address
+from .tools import ToolError, ToolResult
 
 __all__ = [
     "NO_ANSWER",

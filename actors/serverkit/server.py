@@ -23,52 +23,14 @@ from protocol.uri import EndpointUri, parse_endpoint
 from . import host as serverkit_host
 from .channels import (
     Channel,
-    OpenRequest,
-    Publish,
-    PublishRefused,
 )
 from .context import (
-    BeforeInference,
-    CheckpointNotFound,
     InferenceResult,
-    Injection,
-    Lifecycle,
-    Render,
-    Rollback,
 )
 from .declare import Declarations
-from .files import HttpAnswer, HttpRequest
-from .link import NO_ANSWER, HostRequest, LinkLost, RequestTimeout, ServerLink
-from .run import ServeMixin, serve_websocket_each
-from .tools import ToolError, ToolResult
+from .link import LinkLost, RequestTimeout, ServerLink
+from .run import ServeMixin
 from .transport import warn
-
-__all__ = [
-    "NO_ANSWER",
-    "BeforeInference",
-    "Channel",
-    "CheckpointNotFound",
-    "HostRequest",
-    "HttpAnswer",
-    "HttpRequest",
-    "InferenceResult",
-    "Injection",
-    "Lifecycle",
-    "MCPLServer",
-    "NotGranted",
-    "OpenRequest",
-    "Publish",
-    "PublishRefused",
-    "PushRefused",
-    "PushResult",
-    "Render",
-    "Rollback",
-    "ToolError",
-    "ToolResult",
-    "manifest_revision",
-    "parse_address",
-    "serve_websocket_each",
-]
 
 #: How often a refused-while-not-ready (-32002) or lost send is tried, and the first pause.
 ATTEMPTS = 6
