@@ -481,9 +481,9 @@ def test_command_and_url_together_name_a_websocket_server_the_host_starts(tmp_pa
     assert server.command == ("python", "-m", "x") and server.endpoint == "ws://h:1/m"
 
 
-def test_the_readme_gate_example_loads_as_a_gate_file(tmp_path: Path):
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
-    section = readme.split("### The event gate", 1)[1]
+def test_the_documented_gate_example_loads_as_a_gate_file(tmp_path: Path):
+    page = Path(__file__).resolve().parents[2] / "docs" / "guide" / "gate.md"
+    section = page.read_text(encoding="utf-8").split("## The gate file", 1)[1]
     example = section.split("```toml\n", 1)[1].split("```", 1)[0]
     path = tmp_path / "gate.toml"
     path.write_text(example, encoding="utf-8")

@@ -206,9 +206,9 @@ def test_check_reports_the_settings_problems_one_line_each(tmp_path: Path) -> No
     assert "agent Bo: openai:llama3 at http://127.0.0.1:1/v1; hears all servers" in ok.stdout
 
 
-def test_the_readme_provider_examples_load(monkeypatch: pytest.MonkeyPatch) -> None:
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
-    section = readme.split("### Choosing each agent's model", 1)[1]
+def test_the_documented_provider_examples_load(monkeypatch: pytest.MonkeyPatch) -> None:
+    page = Path(__file__).resolve().parents[2] / "docs" / "guide" / "models.md"
+    section = page.read_text(encoding="utf-8").split("## Choosing each agent's model", 1)[1]
     example = section.split("```toml\n", 1)[1].split("```", 1)[0]
     monkeypatch.setenv("OPENROUTER_API_KEY", "sk-or")
     cfg = load_config(tomllib.loads(example))

@@ -132,9 +132,11 @@ async def test_the_scripted_summary_is_a_fixed_format_of_the_span(tmp_path: Path
     assert (await model.complete(request)).text == reply.text
 
 
-def test_the_readme_summary_example_loads(tmp_path: Path) -> None:
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
-    section = readme.split("### Scripted models", 1)[1].split("\n### ", 1)[0]
+def test_the_documented_summary_example_loads(tmp_path: Path) -> None:
+    page = Path(__file__).resolve().parents[2] / "docs" / "guide" / "models.md"
+    section = (
+        page.read_text(encoding="utf-8").split("## Scripted models", 1)[1].split("\n## ", 1)[0]
+    )
     blocks = [b.split("```", 1)[0] for b in section.split("```toml\n")[1:]]
     example = next(b for b in blocks if "[summary]" in b)
     _, rule = load_script(write(tmp_path, "s.toml", example))
