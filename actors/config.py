@@ -134,6 +134,9 @@ class HostConfig:
 
 
 class ConfigErrors(ConfigError):
+    """Every problem of a config at once: ``problems`` is the list of one-line problems, each
+    naming its key."""
+
     def __init__(self, problems: list[str]) -> None:
         super().__init__("; ".join(problems))
         self.problems = problems

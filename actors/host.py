@@ -48,6 +48,10 @@ SHUTDOWN_GRACE_S = 5.0
 
 
 class Host:
+    """The running host: its config, its actors and the Python API. Open one with :meth:`open`;
+    everything the host runs stops when that block ends. The agent and server arguments of its
+    methods are names from the config; an unknown one raises ``KeyError``."""
+
     def __init__(self, ctx: HostContext) -> None:
         self.ctx = ctx
         self._source: str | os.PathLike[str] | None = None  # the config file, for reload()
@@ -56,6 +60,7 @@ class Host:
 
     @property
     def config(self) -> HostConfig:
+        """The configuration in force (a reload replaces it)."""
         return self.ctx.config
 
     @classmethod
@@ -66,7 +71,8 @@ class Host:
         *,
         status_file: bool = True,
     ) -> AsyncIterator[Host]:
-        """Start a host on ``config`` (see the README's Python API). With ``status_file``
+        """Start a host on ``config``: a path or a dict as ``tomllib`` returns it (the
+        documentation's Python API page says what it runs). With ``status_file``
         (the default) it keeps ``<data_dir>/status.json`` for ``mcplive status``, paced by
         wall-clock time; a test on a mock clock that waits for the host to sit idle for a
         while (``autojump_threshold`` above zero) turns it off."""
@@ -147,6 +153,11 @@ class Host:
     async def execute_tool_call(
         self, agent: str, tool: str, arguments: Mapping[str, Any]
     ) -> dict[str, Any]:
+        """Run ``tool`` as ``agent`` would call it (a host tool such as ``fetch_reference`` or
+        ``channel_open``, or a server's ``<server>--<tool>``) and return
+        ``{"is_error": bool, "content": [blocks]}``. A refusal is an error result, not an
+        exception. The call is not stored in the agent's history; a successful MCPL result's
+        references are registered with the server, and nothing is fetched eagerly."""
         ref = self._agent(agent)
         result: dict[str, Any] = await ref.ask(
             ExecuteTool(tool=tool, arguments=dict(arguments)), timeout=300
@@ -182,6 +193,8 @@ class Host:
             self.ctx.store.report_skipped()
 
     async def post_local(self, agent: str, text: str) -> None:
+        """Local operator input to ``agent``: stored without a source header, its text marked
+        like any sender's, and it wakes the agent."""
         await self._agent(agent).ask(PostLocal(text=text), timeout=60)
 
     async def hold(self, agent: str) -> bool:

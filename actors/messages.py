@@ -56,6 +56,10 @@ class Status:
 
 @attrs.frozen(kw_only=True)
 class ConnStatus:
+    """A server's connection as the host sees it: ``connected``, ``ready``, ``mcp_only``, its
+    ``grant``, ``tools``, registered ``channels`` and enabled ``feature_sets``, and for operators
+    ``connects``, ``last_error`` (one line, never a credential) and ``stderr_tail``."""
+
     server_id: str
     connected: bool
     ready: bool

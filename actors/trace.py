@@ -36,6 +36,11 @@ HOST_SOURCE: Hashable = ("host", "")
 
 @attrs.frozen(kw_only=True)
 class TraceEvent:
+    """One thing the host did: ``kind`` (``incoming``, ``push``, ``published``, ``tool-call``,
+    ``tool-result``, ``ready``, ``disconnected``, ``diagnostic``, ``error``, …), the ``agent``,
+    ``server_id`` and ``channel_id`` it concerns (each a plain string or None), the kind's own
+    ``data``, and ``ts``, when it was emitted (``time.time()``; not part of its identity)."""
+
     kind: str
     agent: str | None = None
     server_id: str | None = None
