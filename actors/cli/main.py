@@ -39,9 +39,18 @@ from .history import cmd_history
 from .logs import redact_logs, setup_logging
 from .status import add_parser as add_status_parser
 
+#: The folder holding this ``actors`` package (a clone's root, or site-packages).
+_SOURCE_ROOT = Path(__file__).resolve().parents[2]
+
 
 def bundled_example() -> Path:
-    return Path(str(resources.files("examples") / "lobby.toml"))
+    """The bundled lobby's config: the copy a wheel installs inside this package
+    (``actors/cli/lobby``), else the source tree's (``examples/lobby``: a clone, or an editable
+    install), which is where a newcomer edits it."""
+    installed = Path(str(resources.files("actors.cli"))) / "lobby" / "lobby.toml"
+    if installed.is_file():
+        return installed
+    return _SOURCE_ROOT / "examples" / "lobby" / "lobby.toml"
 
 
 async def _run(
@@ -191,11 +200,15 @@ def _bundled_config(data_dir: Path) -> dict[str, Any]:
             agent["model"] = "scripted:" + str(base / model.removeprefix("scripted:"))
     port = str(_free_port())
     for server in raw.get("servers", []):
-        server.setdefault("env", {})["PYTHONPATH"] = str(base.parent)
         # the example's websocket lobby listens on a port that is free right now
         if "url" in server:
             server["url"] = server["url"].replace(EXAMPLE_PORT, port)
-        server["command"] = [arg.replace(EXAMPLE_PORT, port) for arg in server.get("command", [])]
+        command = [arg.replace(EXAMPLE_PORT, port) for arg in server.get("command", [])]
+        # its script, named from the config's folder, as a path that holds from anywhere
+        server["command"] = [str(base / arg) if (base / arg).is_file() else arg for arg in command]
+        if base.is_relative_to(_SOURCE_ROOT / "examples"):
+            # a source tree's lobby imports the toolkit of the mcplive that runs it
+            server.setdefault("env", {})["PYTHONPATH"] = str(_SOURCE_ROOT)
     raw.setdefault("host", {})["data_dir"] = str(data_dir.resolve())
     return raw
 

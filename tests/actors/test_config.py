@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from actors.config import ConfigErrors, load_config, load_gate
 from actors.errors import ConfigError
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "lobby"
 
 
 @pytest.fixture(autouse=True)

@@ -14,6 +14,7 @@ import trio
 pytestmark = pytest.mark.slow
 
 MCPLIVE = [sys.executable, "-m", "actors.cli"]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def run(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
@@ -77,7 +78,7 @@ async def test_bundled_example_talks_and_stops_cleanly_on_ctrl_c(tmp_path: Path)
 
 
 def test_check_accepts_the_bundled_example(tmp_path: Path) -> None:
-    example = Path(__file__).resolve().parents[2] / "examples" / "lobby.toml"
+    example = ROOT / "examples" / "lobby" / "lobby.toml"
     result = run("check", str(example), cwd=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "ok — 1 server(s), 2 agent(s)" in result.stdout
