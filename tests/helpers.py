@@ -23,9 +23,9 @@ from actors import Host
 from actors.host import TraceStream
 from actors.models.base import ModelError, ModelReply, ModelRequest
 from actors.trace import TraceEvent
-from examples.lobby_control import ControlListener, LobbyControl, open_control_listener
 from protocol.hooks import ModelInfo
 from store.bodytext import without_header
+from tests.lobby.control import ControlListener, LobbyControl, open_control_listener
 
 # The lobby's own ids bare (m1, out-1), so tests can name them; by default each run tags them.
 #: The local date and time that starts every line of the human transcript.
@@ -37,7 +37,7 @@ def unstamped(text: str) -> list[str]:
     return [STAMP.sub("", line) for line in text.splitlines()]
 
 
-LOBBY = [sys.executable, "-m", "examples.lobby_server", "--run-id", ""]
+LOBBY = [sys.executable, "-m", "tests.lobby", "--run-id", ""]
 
 
 def lobby(address: str, *extra: str, sid: str = "lobby", **keys: Any) -> dict[str, Any]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import trio
 
 from actors.serverkit.files import ReplayStream
-from examples.lobby_words import short
+from tests.lobby.words import short
 
 __all__ = ["MAX_HEAD_BYTES", "ReplayStream", "RequestHead", "read_head"]
 

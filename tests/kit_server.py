@@ -2,7 +2,7 @@
 
 ``python -m tests.kit_server --control-connect HOST:PORT [--ws]`` serves the host on stdio (or,
 with ``--ws``, on a loopback websocket whose address it prints as ``LISTENING <url>``) and
-connects to the test's control listener (:mod:`examples.lobby_control`): it reports what it
+connects to the test's control listener (:mod:`tests.lobby.control`): it reports what it
 sees as ``{"event": ...}`` lines and runs ``{"cmd": ...}`` lines. ``--token T`` makes the websocket
 refuse hosts that do not send ``T`` as a bearer token.
 

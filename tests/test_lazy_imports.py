@@ -12,7 +12,7 @@ import pytest
 
 pytestmark = pytest.mark.slow
 
-LOBBY = [sys.executable, "-m", "examples.lobby_server", "--script", "none"]
+LOBBY = [sys.executable, "-m", "tests.lobby", "--script", "none"]
 
 SCRIPT = """
 import sys

@@ -1,6 +1,6 @@
-"""The lobby written with the server toolkit (``examples/lobby_server.py``), as a stdio subprocess
+"""The lobby written with the server toolkit (``tests/lobby/server.py``), as a stdio subprocess
 driven by a raw JSON-RPC host side: what it declares, what its people and clock say, how it
-echoes what an agent publishes, and its fault modes (``examples/lobby_faults.py``)."""
+echoes what an agent publishes, and its fault modes (``tests/lobby/faults.py``)."""
 
 from __future__ import annotations
 

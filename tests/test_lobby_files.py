@@ -1,4 +1,4 @@
-"""The lobby's files (``examples/lobby_files.py``): with ``--files`` its websocket
+"""The lobby's files (``tests/lobby/files.py``): with ``--files`` its websocket
 port answers ``GET /files/<name>``, a ``share`` command pushes a reference to one, and every
 live session's control link hears of each request answered. In process, on real loopback."""
 
@@ -8,9 +8,9 @@ import functools
 
 import trio
 
-from examples.lobby_control import open_control_listener
-from examples.lobby_server import LobbyOptions, builtin_files, serve_ws
 from tests.actors.test_serverkit_http import http_get
+from tests.lobby.control import open_control_listener
+from tests.lobby.server import LobbyOptions, builtin_files, serve_ws
 from tests.test_lobby_server import TIMEOUT, pushed, ws_peer
 
 

@@ -1,6 +1,6 @@
 """The example lobby posts what a host publishes under the agent that spoke.
 
-``examples.lobby_server.publish_author`` turns a publish's ``conversationId`` into the author
+``examples.lobby.server.publish_author`` turns a publish's ``conversationId`` into the author
 of the post (the rule, by hypothesis), and a lobby subprocess driven over raw JSON-RPC logs and
 echoes each post under that author, falling back to the host's account.
 """
@@ -14,7 +14,7 @@ import trio
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from examples.lobby_server import HOST_AUTHOR, PEOPLE, publish_author
+from examples.lobby.server import HOST_AUTHOR, PEOPLE, publish_author
 from tests.test_lobby_server import TIMEOUT, Lobby, answered_echo, complete, lobby_process, text
 
 #: conversationId → the author its post is echoed under.

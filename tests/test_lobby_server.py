@@ -16,8 +16,8 @@ import pytest
 import trio
 import trio_websocket
 
-from examples.lobby_control import LobbyControl, open_control_listener
-from examples.lobby_server import LobbyOptions, serve_ws
+from tests.lobby.control import LobbyControl, open_control_listener
+from tests.lobby.server import LobbyOptions, serve_ws
 
 ROOT = Path(__file__).resolve().parents[1]
 TIMEOUT = 20
@@ -202,7 +202,7 @@ async def lobby_process(*args: str, run_id: str | None = "") -> AsyncIterator[Lo
     tagged = [] if run_id is None else ["--run-id", run_id]
     with tempfile.TemporaryFile() as stderr:
         proc = await trio.lowlevel.open_process(
-            [sys.executable, "-m", "examples.lobby_server", *tagged, *args],
+            [sys.executable, "-m", "tests.lobby", *tagged, *args],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=stderr,

@@ -1,4 +1,4 @@
-"""The control link of the lobby (``examples/lobby_steering.py``): the lobby as a
+"""The control link of the lobby (``tests/lobby/steering.py``): the lobby as a
 stdio subprocess driven by a raw JSON-RPC host side, with a test's control listener."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from contextlib import asynccontextmanager
 
 import trio
 
-from examples.lobby_control import LobbyControl, open_control_listener
+from tests.lobby.control import LobbyControl, open_control_listener
 from tests.test_lobby_server import (
     GENERAL,
     INIT_PARAMS,

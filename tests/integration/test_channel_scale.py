@@ -15,7 +15,6 @@ import trio
 import actors.context
 import actors.directory
 from actors import Host
-from examples.lobby_control import LobbyControl, open_control_listener
 from tests.helpers import (
     agent_configs,
     answered,
@@ -26,6 +25,7 @@ from tests.helpers import (
     texts,
     without_notices,
 )
+from tests.lobby.control import LobbyControl, open_control_listener
 
 pytestmark = pytest.mark.slow
 

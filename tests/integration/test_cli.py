@@ -125,7 +125,8 @@ def _masked_config(tmp_path: Path) -> Path:
     (tmp_path / "quiet.toml").write_text("", encoding="utf-8")
     cfg = tmp_path / "masked.toml"
     cfg.write_text(
-        '[[servers]]\nid = "lobby"\ncommand = ["python", "-m", "examples.lobby_server"]\n'
+        '[[servers]]\nid = "lobby"\ncommand = ["python", "-m", "tests.lobby"]\n'
+        f'env = {{ PYTHONPATH = "{ROOT}" }}\n'  # the test lobby, found from this folder
         'disabled_capabilities = ["pushEvents"]\ndisabled_feature_sets = ["lobby.chat"]\n\n'
         '[[agents]]\nname = "Ada"\nmodel = "scripted:quiet.toml"\n',
         encoding="utf-8",

@@ -68,7 +68,7 @@ def test_a_config_path_that_is_a_folder_is_one_line(tmp_path: Path) -> None:
 @pytest.mark.parametrize("value", ["inf", "-inf", "nan", "1e400"])
 def test_non_finite_numbers_are_refused(tmp_path: Path, value: str) -> None:
     server = (
-        '[[servers]]\nid = "lobby"\ncommand = ["python", "-m", "examples.lobby_server"]\n'
+        '[[servers]]\nid = "lobby"\ncommand = ["python", "-m", "tests.lobby"]\n'
         f"request_timeout_s = {value}\nhook_timeout_s = {value}\n\n"
     )
     cfg = write_config(tmp_path, servers=server)
@@ -88,7 +88,7 @@ def test_check_says_a_server_command_is_not_found(tmp_path: Path) -> None:
         '[[servers]]\nid = "gone"\ncommand = ["mcplive-no-such-program", "--stdio"]\n\n'
         '[[servers]]\nid = "local"\ncommand = ["bin/missing-server"]\n\n'
         '[[servers]]\nid = "script"\ncommand = ["python", "servers/missing.py"]\n\n'
-        '[[servers]]\nid = "fine"\ncommand = ["python", "-m", "examples.lobby_server"]\n\n'
+        '[[servers]]\nid = "fine"\ncommand = ["python", "-m", "tests.lobby"]\n\n'
     )
     cfg = write_config(tmp_path, servers=servers)
     elsewhere = tmp_path / "elsewhere"

@@ -14,7 +14,6 @@ import pytest
 import trio
 
 from actors import Host
-from examples.lobby_control import open_control_listener
 from store import Reader
 from tests.helpers import (
     LOBBY,
@@ -28,8 +27,11 @@ from tests.helpers import (
     running_lobby,
     wait_trace,
 )
+from tests.lobby.control import open_control_listener
 
 pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(params=["stdio", "websocket"])
@@ -212,7 +214,8 @@ def _host_config(tmp_path: Path, address: str) -> Path:
     cmd = ", ".join(f'"{c}"' for c in [*LOBBY, "--control-connect", address])
     path = tmp_path / "host.toml"
     path.write_text(
-        f'[host]\ndata_dir = "data"\n\n[[servers]]\nid = "lobby"\ncommand = [{cmd}]\n\n'
+        f'[host]\ndata_dir = "data"\n\n[[servers]]\nid = "lobby"\ncommand = [{cmd}]\n'
+        f'env = {{ PYTHONPATH = "{ROOT}" }}\n\n'  # the test lobby, found from this folder
         '[[agents]]\nname = "Ada"\nmodel = "scripted:a.toml"\ngate = "gate.toml"\n',
         encoding="utf-8",
     )
@@ -398,10 +401,10 @@ async def test_a_failed_render_materializes_the_fallback(
 async def test_a_rendered_reference_is_stubbed_and_bound_to_the_pushing_server(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, scoped: bool
 ) -> None:
-    from examples.lobby_server import builtin_files
     from protocol.source import channel_header, unscoped_header
     from tests.helpers import config, scripted, ws_lobby
     from tests.integration.test_reference_binding import bound_to, http_of
+    from tests.lobby.server import builtin_files
 
     board = builtin_files()["board.png"]
     model = RecordingModel(say="")

@@ -13,11 +13,11 @@ from typing import Any
 import pytest
 import trio
 
-from examples.lobby_control import open_control_listener
 from store import Reader
 from tests.helpers import interrupt, ready
 from tests.integration.compaction_child import EVERY
 from tests.integration.test_coalescing import STEPS, _host_config, _send, push
+from tests.lobby.control import open_control_listener
 
 pytestmark = pytest.mark.slow
 

@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 import trio
 
-from examples.lobby_control import open_control_listener
 from store import Reader
 from tests.helpers import (
     LOBBY,
@@ -28,8 +27,11 @@ from tests.helpers import (
     wait_trace,
     without_notices,
 )
+from tests.lobby.control import open_control_listener
 
 pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 async def test_crashed_server_is_reconnected_with_a_fresh_handshake(tmp_path: Path) -> None:
@@ -170,7 +172,8 @@ async def test_acknowledged_items_survive_sigkill_and_retries_are_not_stored_twi
         async with open_control_listener() as listener:
             path = _write_config(tmp_path, listener.address)
             argv = [sys.executable, "-m", "actors.cli", "run", str(path)]
-            env = dict(os.environ)
+            # the host starts the test lobby from the config's folder: it finds it through this
+            env = {**os.environ, "PYTHONPATH": str(ROOT)}
             proc = await trio.lowlevel.open_process(argv, env=env, stdout=subprocess.DEVNULL)
             try:
                 ctl = await listener.accept(timeout=60)

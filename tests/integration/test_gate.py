@@ -23,7 +23,6 @@ from actors.config import load_config
 from actors.errors import ConfigError
 from actors.host import TraceStream
 from actors.trace import TraceEvent
-from examples.lobby_control import LobbyControl
 from protocol.receipts import Place, describe_place, hold_notice, sleep_announcement
 from tests.helpers import (
     RecordingModel,
@@ -41,6 +40,7 @@ from tests.helpers import (
     texts,
     wait_trace,
 )
+from tests.lobby.control import LobbyControl
 
 pytestmark = pytest.mark.slow
 

@@ -16,7 +16,6 @@ import pytest
 import trio
 
 from actors import Host
-from examples.lobby_control import open_control_listener
 from tests.helpers import (
     RecordingModel,
     agent_configs,
@@ -34,6 +33,7 @@ from tests.helpers import (
     wait_trace,
     without_notices,
 )
+from tests.lobby.control import open_control_listener
 
 pytestmark = pytest.mark.slow
 

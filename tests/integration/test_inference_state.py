@@ -19,7 +19,6 @@ import pytest
 import trio
 
 from actors import Host
-from examples.lobby_control import ControlListener, LobbyControl, open_control_listener
 from tests.fake_anthropic import (
     FakeScript,
     Reply,
@@ -44,6 +43,7 @@ from tests.helpers import (
     wait_trace,
     without_notices,
 )
+from tests.lobby.control import ControlListener, LobbyControl, open_control_listener
 
 pytestmark = pytest.mark.slow
 

@@ -1,5 +1,5 @@
-"""The host against the lobby (``examples/lobby_server.py``) as a real stdio subprocess,
-driven over its control link (``examples/lobby_steering.py``).
+"""The host against the lobby (``tests/lobby/server.py``) as a real stdio subprocess,
+driven over its control link (``tests/lobby/steering.py``).
 
 Real clock, generous deadlines, order-only assertions.
 """
@@ -15,7 +15,6 @@ import pytest
 import trio
 
 from actors import Host
-from examples.lobby_control import LobbyControl, open_control_listener
 from tests.helpers import (
     agent_configs,
     answered,
@@ -29,6 +28,7 @@ from tests.helpers import (
     texts,
     without_notices,
 )
+from tests.lobby.control import LobbyControl, open_control_listener
 
 pytestmark = pytest.mark.slow
 
@@ -37,7 +37,7 @@ HELLO = """
 when = "(?i)\\\\bhello\\\\b"
 say = "Hi there, hello to you!"
 """
-KIT = [sys.executable, "-m", "examples.lobby_server", "--run-id", ""]
+KIT = [sys.executable, "-m", "tests.lobby", "--run-id", ""]
 
 
 @asynccontextmanager

@@ -27,13 +27,18 @@ from protocol import status as fmt
 pytestmark = pytest.mark.slow
 
 MCPLIVE = [sys.executable, "-m", "actors.cli"]
-LOBBY = '["python", "-m", "examples.lobby_server", "--script", "none"]'
+LOBBY = '["python", "-m", "tests.lobby", "--script", "none"]'
+#: The test lobby is found from the config's folder (where the host starts it) through this.
+ROOT = Path(__file__).resolve().parents[2]
 FLAKY = '["python", "-c", "import sys; sys.exit(3)"]'
 
 
 def write_config(tmp_path: Path, *, flaky: bool = False, extra: str = "") -> Path:
     (tmp_path / "quiet.toml").write_text("", encoding="utf-8")
-    text = f'[host]\ndata_dir = "data"\n\n[[servers]]\nid = "lobby"\ncommand = {LOBBY}\n{extra}\n'
+    text = (
+        f'[host]\ndata_dir = "data"\n\n[[servers]]\nid = "lobby"\ncommand = {LOBBY}\n'
+        f'env = {{ PYTHONPATH = "{ROOT}" }}\n{extra}\n'
+    )
     if flaky:
         text += f'[[servers]]\nid = "flaky"\ncommand = {FLAKY}\n\n'
     text += '[[agents]]\nname = "Ada"\nmodel = "scripted:quiet.toml"\n'

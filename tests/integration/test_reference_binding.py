@@ -37,8 +37,6 @@ import trio_websocket
 from actors import Host
 from actors.references.registry import LookupRefs
 from actors.trace import TraceEvent
-from examples.lobby_control import ControlListener, LobbyControl, open_control_listener
-from examples.lobby_server import LobbyFile, builtin_files, now_iso
 from tests.helpers import (
     RecordingModel,
     Seen,
@@ -51,6 +49,8 @@ from tests.helpers import (
     ws_lobby,
 )
 from tests.http_head import ReplayStream, RequestHead, read_head
+from tests.lobby.control import ControlListener, LobbyControl, open_control_listener
+from tests.lobby.server import LobbyFile, builtin_files, now_iso
 from tests.origin import Origin, Route, serve_origin
 
 pytestmark = pytest.mark.slow

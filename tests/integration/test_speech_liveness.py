@@ -19,7 +19,6 @@ import trio
 from actors import Host
 from actors.models.base import ModelReply, ModelRequest
 from actors.trace import TraceEvent
-from examples.lobby_control import open_control_listener
 from protocol.hooks import ModelInfo
 from tests.helpers import (
     RecordingModel,
@@ -36,6 +35,7 @@ from tests.helpers import (
     send_incoming,
     wait_trace,
 )
+from tests.lobby.control import open_control_listener
 
 pytestmark = pytest.mark.slow
 

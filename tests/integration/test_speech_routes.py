@@ -18,7 +18,6 @@ import trio
 
 from actors import Host
 from actors.models.base import ModelReply, ModelRequest
-from examples.lobby_control import LobbyControl, open_control_listener
 from protocol.hooks import ModelInfo
 from tests.helpers import (
     RecordingModel,
@@ -38,6 +37,7 @@ from tests.helpers import (
     send_incoming,
     wait_trace,
 )
+from tests.lobby.control import LobbyControl, open_control_listener
 
 pytestmark = pytest.mark.slow
 

@@ -16,9 +16,9 @@ import pytest
 import trio
 
 from actors import Host
-from examples.lobby_control import LobbyControl, open_control_listener
 from tests.helpers import config, scripted, texts, wait_trace
 from tests.kit_server import SHARED
+from tests.lobby.control import LobbyControl, open_control_listener
 
 pytestmark = [pytest.mark.slow, pytest.mark.parametrize("transport", ["stdio", "ws"])]
 

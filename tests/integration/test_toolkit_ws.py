@@ -13,8 +13,8 @@ import pytest
 import trio
 
 from actors import Host
-from examples.lobby_control import open_control_listener
 from tests.helpers import config, scripted, texts, wait_trace
+from tests.lobby.control import open_control_listener
 
 pytestmark = pytest.mark.slow
 

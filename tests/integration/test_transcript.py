@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 import trio
 
-from examples.lobby_control import open_control_listener
 from tests.helpers import LOBBY, STAMP, interrupt, ready, send_incoming
+from tests.lobby.control import open_control_listener
 
 pytestmark = pytest.mark.slow
 

@@ -9,7 +9,6 @@ import pytest
 import trio
 
 from actors import Host
-from examples.lobby_control import open_control_listener
 from tests.fake_anthropic import (
     FakeScript,
     HttpError,
@@ -32,6 +31,7 @@ from tests.helpers import (
     without_notices,
     ws_lobby,
 )
+from tests.lobby.control import open_control_listener
 
 pytestmark = pytest.mark.slow
 

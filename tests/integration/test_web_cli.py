@@ -12,9 +12,9 @@ import httpx
 import pytest
 import trio
 
-from examples.lobby_control import open_control_listener
 from tests.helpers import LOBBY, ready, send_incoming
 from tests.integration.test_transcript import MCPLIVE, ROOT, mcplive, stdio_server
+from tests.lobby.control import open_control_listener
 
 pytestmark = pytest.mark.slow
 

@@ -1,5 +1,5 @@
 """``lobby.notes`` (``--notes``): a shared notebook whose every note is a checkpoint to roll back
-to, declared on the lobby (:mod:`examples.lobby_server`).
+to, declared on the lobby (:mod:`tests.lobby.server`).
 
 The ``note`` tool adds a note and returns the notebook, with the new checkpoint in the result's
 ``state``; ``state/rollback`` goes back to a checkpoint. How (the ``rollback_mode`` control

@@ -1,27 +1,23 @@
-"""The chat lobby, written with the server toolkit (:mod:`actors.serverkit`).
+"""The test lobby: the bundled example's lobby (:mod:`examples.lobby.server`) with what a host's
+tests need to drive it, each behind a command-line option (``python -m tests.lobby --help``).
 
-Run it with ``python -m examples.lobby_server [options]`` (``--help`` lists them). Two
-channels, #general and #random, where two scripted people, Alice and Bob, talk; a clock that
-chimes as a push event; a photo Alice shares (with ``--ws --files``); three tools
-(``forecast``, ``roll``, ``stall``); and, each behind its flag, a status line before every
-inference (``--context``) and a notebook whose notes are checkpoints to roll back to
-(``--notes``).
-
-What an agent publishes in a channel is echoed back into it under the agent's own name (see
-:func:`publish_author`), so every agent hears what the others said.
-
-Read top to bottom, this is the example a server author learns from: the lobby declares its
-feature sets, channels, tools and hooks with the toolkit's decorators inside :func:`build`, and
-:func:`main` runs the result over stdio or a websocket. With ``--control-connect HOST:PORT`` a
-host's tests drive it through :mod:`examples.lobby_steering`, and the people keep quiet unless
-``--script default`` is given.
+It speaks as the example does: #general and #random where Alice and Bob say the example's
+lines, the clock's chime, the photo Alice shares (with ``--ws --files``, served as
+``/files/board.png``), the example's ``forecast`` and ``roll`` tools, and each post an agent
+publishes echoed under the agent's name (:func:`examples.lobby.server.publish_author`). What it
+adds for the tests: ids they can name (``--run-id``), a ``stall`` tool that never answers, the
+context line, notebook and inference requests each behind a flag (``--context``, ``--notes``,
+``--assist``), thread-targeted publishes and ``channels/open`` by address
+(:mod:`tests.lobby.places`), fault modes (:mod:`tests.lobby.faults`), checks of what the host
+sends (:mod:`tests.lobby.checks`) and, with ``--control-connect HOST:PORT``, a control link a
+test drives it through (:mod:`tests.lobby.steering`); under a control link the people keep
+quiet unless ``--script default`` is given.
 """
 
 from __future__ import annotations
 
 import functools
 import itertools
-import random
 import sys
 
 import trio
@@ -33,30 +29,31 @@ from actors.serverkit import (
     MCPLServer,
     Publish,
     PublishRefused,
-    ToolError,
 )
 from actors.serverkit.files import Shelf
 from actors.serverkit.run import listen
 from actors.serverkit.transport import LineTransport
-from examples import lobby_checks, lobby_faults, lobby_session
-from examples.lobby_commands import file_reference
-from examples.lobby_files import LobbyFiles
-from examples.lobby_notes import Notebook
-from examples.lobby_options import LobbyOptions, display_host, parse_args, split_host_port
-from examples.lobby_places import Places, open_by_address
-from examples.lobby_words import (
+from examples.lobby.server import (
     CHIME,
     HOST_AUTHOR,
     PEOPLE,
+    PHOTO_EVENT_ID,
+    PHOTO_NAME,
+    PHOTO_TEXT,
     SCRIPT_LINES,
-    SHARE_EVENT_ID,
-    SHARE_FILE,
-    SHARE_TEXT,
-    LobbyFile,
-    builtin_files,
-    now_iso,
+    STATUS,
+    forecast,
     publish_author,
+    roll,
 )
+from tests.lobby import checks, faults
+from tests.lobby.commands import file_reference
+from tests.lobby.files import LobbyFiles
+from tests.lobby.notes import Notebook
+from tests.lobby.options import LobbyOptions, display_host, parse_args, split_host_port
+from tests.lobby.places import Places, open_by_address
+from tests.lobby.session import serve_controlled
+from tests.lobby.words import LobbyFile, builtin_files, now_iso
 
 __all__ = [
     "HOST_AUTHOR",
@@ -73,7 +70,6 @@ __all__ = [
 
 #: the lobby's requests awaiting the host's answer at once (tests send thousands in a burst)
 MAX_PENDING = 1024
-STATUS = "Lobby status: Alice and Bob are online. Topic: board games."
 CHAT_USES = (
     "channels.register",
     "channels.publish",
@@ -99,8 +95,8 @@ def build(
     options: LobbyOptions, places: Places | None = None, notebook: Notebook | None = None
 ) -> MCPLServer:
     """The lobby server the options describe, ready to run; ``places`` keeps the threads a
-    publish may target (:mod:`examples.lobby_places`), ``notebook`` the notes of
-    ``--notes`` (:mod:`examples.lobby_notes`)."""
+    publish may target (:mod:`tests.lobby.places`), ``notebook`` the notes of
+    ``--notes`` (:mod:`tests.lobby.notes`)."""
     places = places or Places()
     server = MCPLServer(
         "lobby",
@@ -167,19 +163,8 @@ def build(
     server.answer_for("channels/open")(functools.partial(open_by_address, server))
 
     # -- tools --------------------------------------------------------------------------------
-    @server.tool()
-    def forecast(city: str) -> str:
-        """The weather forecast for a city."""
-        if not city.strip():
-            raise ToolError("forecast needs a city")
-        return f"Forecast for {city}: sunny, 21°C"
-
-    @server.tool()
-    def roll(sides: int) -> str:
-        """Roll a die with the given number of sides."""
-        if not 1 <= sides <= 1_000_000:
-            raise ToolError("roll needs sides: an integer from 1 to 1000000")
-        return str(random.randint(1, sides))
+    server.tool()(forecast)  # the example's
+    server.tool()(roll)
 
     @server.tool()
     async def stall() -> str:
@@ -238,10 +223,10 @@ def build(
         """Half a tick after Bob's question, so the photo is the newest thing Ada sees."""
         await trio.sleep(options.interval / 2)
         if server.is_granted("pushEvents"):
-            log(f"push/event {SHARE_EVENT_ID}: {SHARE_TEXT}")
-            photo = file_reference(server.shelf.origin, SHARE_FILE)
-            content = [{"type": "text", "text": SHARE_TEXT}, photo]
-            await server.push_event(content, event_id=SHARE_EVENT_ID)
+            log(f"push/event {PHOTO_EVENT_ID}: {PHOTO_TEXT}")
+            photo = file_reference(server.shelf.origin, PHOTO_NAME)
+            content = [{"type": "text", "text": PHOTO_TEXT}, photo]
+            await server.push_event(content, event_id=PHOTO_EVENT_ID)
 
     return server
 
@@ -257,7 +242,7 @@ async def serve_ws(
 
     Every connection is a session of its own: its own server, counters and control link. With
     ``options.files`` the port also answers ``GET /files/<name>``
-    (:mod:`examples.lobby_files`)."""
+    (:mod:`tests.lobby.files`)."""
     options = options or LobbyOptions()
     files = LobbyFiles() if options.files else None
     shelf = Shelf()
@@ -266,13 +251,13 @@ async def serve_ws(
         places, notebook = Places(), Notebook()
         server = build(options, places, notebook)
         server.shelf = shelf  # its origin: where the files are served
-        lobby_faults.apply(server, options)
+        faults.apply(server, options)
         if options.control_connect:
-            await lobby_session.serve_controlled(
+            await serve_controlled(
                 server, options, places, notebook, transport=transport, files=files
             )
         else:
-            lobby_checks.watch(server, context=options.context)
+            checks.watch(server, context=options.context)
             await server.serve(transport)
 
     http = [files.answer] if files is not None else []
@@ -289,7 +274,7 @@ async def serve_ws(
 
 async def serve(options: LobbyOptions) -> None:
     """Serve the lobby over stdio, or on ``--ws HOST:PORT`` until interrupted; with
-    ``--control-connect`` a test drives it too (:mod:`examples.lobby_session`)."""
+    ``--control-connect`` a test drives it too (:mod:`tests.lobby.session`)."""
     if options.run_id:
         log(f"ids made up by this run start with {options.run_id}-")
     if options.ws:
@@ -305,11 +290,11 @@ async def serve(options: LobbyOptions) -> None:
         log("--files only applies to --ws; ignored")
     places, notebook = Places(), Notebook()
     server = build(options, places, notebook)
-    lobby_faults.apply(server, options)
+    faults.apply(server, options)
     if options.control_connect:
-        await lobby_session.serve_controlled(server, options, places, notebook)
+        await serve_controlled(server, options, places, notebook)
     else:
-        lobby_checks.watch(server, context=options.context)
+        checks.watch(server, context=options.context)
         await server.serve_stdio()
 
 

@@ -1,5 +1,5 @@
 """How the lobby answers ``context/beforeInference`` and ``push/render`` under a control
-link, switched by control commands (:mod:`examples.lobby_steering`), so that a host's tests
+link, switched by control commands (:mod:`tests.lobby.steering`), so that a host's tests
 can watch it cope with a hook or a renderer that is slow, failing or silent.
 
 * ``hook`` {mode, injections?, featureSet?} (with ``--context``; acknowledged with a
@@ -29,8 +29,9 @@ from typing import Any
 import trio
 
 from actors.serverkit import NO_ANSWER, HostRequest, MCPLServer
-from examples.lobby_checks import HostChecks
-from examples.lobby_words import (
+from protocol.errors import INTERNAL_ERROR, INVALID_PARAMS, RpcError
+from tests.lobby.checks import HostChecks
+from tests.lobby.words import (
     ASSIST_FEATURE_SET,
     DEFAULT_INJECTIONS,
     DEFAULT_RENDER_DELAY,
@@ -44,7 +45,6 @@ from examples.lobby_words import (
     render_summary,
     short,
 )
-from protocol.errors import INTERNAL_ERROR, INVALID_PARAMS, RpcError
 
 OBSERVE = "contextHooks.beforeInference.observe"
 Ask = Callable[[str, Mapping[str, Any], int, Callable[[dict[str, Any] | None], None]], None]

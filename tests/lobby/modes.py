@@ -1,10 +1,10 @@
-"""How :mod:`examples.lobby_server` answers some host requests, switched by control commands
-(:mod:`examples.lobby_steering`): ``open_mode`` (``channels/open`` answered or never),
+"""How :mod:`tests.lobby.server` answers some host requests, switched by control commands
+(:mod:`tests.lobby.steering`): ``open_mode`` (``channels/open`` answered or never),
 ``fsu_mode`` (``featureSets/update`` answered, refused with -32601, or never answered) and
 ``manifest`` (a new manifest served from now on, announced with ``mcpl/manifestChanged``),
 ``manifest_answers`` (``held``: answers to ``mcpl/manifest`` wait until the mode is ``at-once``
 again) and ``publish_echo_thread`` (how a publish result echoes its ``threadId``, acknowledged
-with a ``publish_echo_thread`` event; :mod:`examples.lobby_places`).
+with a ``publish_echo_thread`` event; :mod:`tests.lobby.places`).
 
 Each mode is an answer override (:meth:`actors.serverkit.MCPLServer.answer_for`) that falls
 back to the override the lobby had before (its command-line fault mode) or to the toolkit.
@@ -21,10 +21,10 @@ import trio
 
 from actors.serverkit import NO_ANSWER, HostRequest, MCPLServer
 from actors.serverkit.host import maybe_await
-from examples.lobby_options import LobbyOptions
-from examples.lobby_places import Places, open_by_address
-from examples.lobby_words import OPEN_MODES, dumps
 from protocol.errors import METHOD_NOT_FOUND, RpcError
+from tests.lobby.options import LobbyOptions
+from tests.lobby.places import Places, open_by_address
+from tests.lobby.words import OPEN_MODES, dumps
 
 FSU_MODES = ("request", "notification-only", "never")
 MANIFEST_ANSWER_MODES = ("held", "at-once")

@@ -1,4 +1,4 @@
-"""The lobby's command line (``python -m examples.lobby_server --help``) and the options it
+"""The lobby's command line (``python -m tests.lobby --help``) and the options it
 gives, usable in-process too."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import math
 import random
 from dataclasses import dataclass, field
 
-from examples.lobby_words import MODES, OPEN_MODES, REGISTER_CHUNK
+from tests.lobby.words import MODES, OPEN_MODES, REGISTER_CHUNK
 
 RUN_ID_ALPHABET = "abcdefghjkmnpqrstuvwxyz23456789"  # no 0/o, 1/l/i: easy to read back
 RUN_ID_CHARS = 4
@@ -84,7 +84,7 @@ def _positive_float(text: str) -> float:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m examples.lobby_server",
+        prog="python -m tests.lobby",
         description="A chat lobby MCPL server (stdio by default). channels/publish honours an "
         "RFC-011 threadId exactly or refuses it ({delivered: false, reason}); streamed "
         "channels/outgoing/* and channels/typing notifications are checked. RFC-006: coalesce "

@@ -1,6 +1,7 @@
-"""The lobby's vocabulary, shared by its modules: the protocol's codes and the lobby's modes,
-its people and what they say, how a post's author is named, the files it serves, and small
-helpers for logging and reading what the host sends."""
+"""The test lobby's vocabulary, shared by its modules: the protocol's codes and the lobby's modes,
+the files it serves, and small helpers for logging and reading what the host sends. Its people,
+what they say, how a post's author is named and the photo Alice shares are the example's
+(:mod:`examples.lobby.server`), so that the tests hold the bundled lobby to them too."""
 
 from __future__ import annotations
 
@@ -8,13 +9,11 @@ import base64
 import datetime as dt
 import hashlib
 import json
-import struct
 import sys
-import unicodedata
-import zlib
-from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
+
+from examples.lobby.server import PHOTO, PHOTO_NAME, STATUS
 
 SERVER_NAME = "lobby"
 SERVER_VERSION = "0.1.0"
@@ -61,7 +60,7 @@ DEFAULT_INJECTIONS: list[dict[str, Any]] = [
     {
         "namespace": "lobby",
         "position": "beforeUser",
-        "content": "Lobby status: Alice and Bob are online. Topic: board games.",
+        "content": STATUS,
     }
 ]
 INFER_FIRST_MESSAGES: list[dict[str, Any]] = [{"role": "user", "content": "summarize"}]
@@ -91,54 +90,6 @@ MCPL_METHODS = frozenset(
         "push/render",
     }
 )
-
-PEOPLE = ({"id": "alice", "name": "Alice"}, {"id": "bob", "name": "Bob"})
-HOST_AUTHOR = {"id": "host", "name": "mcplive"}
-AGENT_PREFIX = "agent:"  # mcplive's conversationId for an agent: "agent:<name>"
-MAX_AGENT_NAME_CHARS = 64
-SCRIPT_LINES: tuple[tuple[str, list[str]], ...] = (
-    ("hello everyone!", []),
-    ("what's the weather in Paris?", []),
-    ("anyone here?", []),
-    ("@Ada are you around?", ["chat:mention"]),
-    ("I just rolled a 20!", []),
-    ("brb, coffee", []),
-    ("@Ada can you roll a die for me?", ["chat:mention"]),
-)
-CHIME = "The lobby clock chimes."
-# Stable across runs and reconnects (no run id): a host that already stored it skips it, and
-# says so in its transcript ("1 already-stored item skipped from lobby").
-SHARE_EVENT_ID = "share-board"
-SHARE_FILE = "board.png"
-SHARE_TEXT = "Alice shared a photo of the board game night."
-
-
-def _fold(text: str) -> str:
-    return unicodedata.normalize("NFKC", text).casefold()
-
-
-def publish_author(
-    conversation_id: Any, people: Iterable[Mapping[str, str]] = PEOPLE
-) -> dict[str, str]:
-    """Who a post the host published is shown as: the agent its ``conversationId`` names.
-
-    mcplive sends ``"agent:<name>"`` for each agent's conversation; that gives the author
-    ``{"id": "agent:<name>", "name": "<name>"}``: one id per agent, the same on every post, and
-    never a person's id (no person's id starts with ``agent:``). Anything else (absent, not a
-    string, another form, a name that is empty, longer than ``MAX_AGENT_NAME_CHARS``, padded,
-    unprintable, or the name or id of one of ``people`` after NFKC case folding) gives
-    ``HOST_AUTHOR``: the lobby cannot check what a host claims, so no claim makes a post read
-    as a person's.
-    """
-    if not isinstance(conversation_id, str) or not conversation_id.startswith(AGENT_PREFIX):
-        return dict(HOST_AUTHOR)
-    name = conversation_id[len(AGENT_PREFIX) :]
-    if not (0 < len(name) <= MAX_AGENT_NAME_CHARS and name.isprintable() and name == name.strip()):
-        return dict(HOST_AUTHOR)
-    taken = {_fold(p[key]) for p in people for key in ("id", "name")}
-    if _fold(name) in taken:
-        return dict(HOST_AUTHOR)
-    return {"id": conversation_id, "name": name}
 
 
 def log(text: str) -> None:
@@ -262,23 +213,6 @@ MAX_TRACKED = 10_000  # inferences and streams remembered per session
 # -- the files a lobby with --files serves ---------------------------------------------------
 
 
-def _png(width: int, height: int, rgb: tuple[int, int, int]) -> bytes:
-    """A valid truecolour PNG of one solid colour."""
-
-    def chunk(kind: bytes, data: bytes) -> bytes:
-        crc = zlib.crc32(kind + data) & 0xFFFFFFFF
-        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", crc)
-
-    row = b"\x00" + bytes(rgb) * width  # filter type 0, then the pixels
-    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)  # 8-bit RGB
-    return (
-        b"\x89PNG\r\n\x1a\n"
-        + chunk(b"IHDR", header)
-        + chunk(b"IDAT", zlib.compress(row * height, 9))
-        + chunk(b"IEND", b"")
-    )
-
-
 NOTES_TXT = (
     "Board game night -- notes\n"
     "\n"
@@ -311,7 +245,7 @@ class LobbyFile:
 
 def builtin_files() -> dict[str, LobbyFile]:
     files = [
-        LobbyFile("board.png", "image/png", _png(16, 16, (0x2E, 0x7D, 0x32))),
+        LobbyFile(PHOTO_NAME, "image/png", PHOTO),
         LobbyFile("notes.txt", "text/plain", NOTES_TXT.encode("utf-8")),
     ]
     return {f.name: f for f in files}

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from actors.serverkit import HttpAnswer, HttpRequest
-from examples.lobby_words import LobbyFile, builtin_files, short
+from tests.lobby.words import LobbyFile, builtin_files, short
 
 #: the live sessions' event senders (one per control link), told of every HTTP request
 Listeners = set[Callable[[dict[str, Any]], None]]

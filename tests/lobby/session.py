@@ -1,5 +1,5 @@
 """One controlled session of the lobby: the lobby's server, its host connection (stdio
-or one websocket session) and the control link a test listens on (:mod:`examples.lobby_control`),
+or one websocket session) and the control link a test listens on (:mod:`tests.lobby.control`),
 run together until the host connection ends; the last events still go out after it."""
 
 from __future__ import annotations
@@ -11,12 +11,12 @@ import trio
 
 from actors.serverkit import MCPLServer
 from actors.serverkit.transport import LineTransport, StdioTransport
-from examples.lobby_files import LobbyFiles
-from examples.lobby_link import _open_control
-from examples.lobby_notes import Notebook
-from examples.lobby_options import LobbyOptions
-from examples.lobby_places import Places
-from examples.lobby_steering import Hangable, KitControl
+from tests.lobby.files import LobbyFiles
+from tests.lobby.link import _open_control
+from tests.lobby.notes import Notebook
+from tests.lobby.options import LobbyOptions
+from tests.lobby.places import Places
+from tests.lobby.steering import Hangable, KitControl
 
 
 async def open_control(

@@ -1,4 +1,4 @@
-"""The commands of the lobby's control link (:mod:`examples.lobby_steering`): each
+"""The commands of the lobby's control link (:mod:`tests.lobby.steering`): each
 makes the lobby send something to the host, unchecked against the host's grant (a test may
 play a server that sends what it was not granted, to watch the host refuse it).
 
@@ -27,11 +27,11 @@ from typing import Any
 
 from actors.serverkit import MCPLServer
 from actors.serverkit.channels import Channel, ChannelSpec
-from examples.lobby_checks import HostChecks
-from examples.lobby_modes import KitModes
-from examples.lobby_options import LobbyOptions
-from examples.lobby_words import (
-    PEOPLE,
+from examples.lobby.server import PEOPLE
+from tests.lobby.checks import HostChecks
+from tests.lobby.modes import KitModes
+from tests.lobby.options import LobbyOptions
+from tests.lobby.words import (
     REGISTER_CHUNK,
     builtin_files,
     channel_descriptor,
@@ -103,7 +103,7 @@ def _coalesce(cmd: dict[str, Any]) -> dict[str, Any] | None:
 
 
 class KitCommands:
-    """The command handlers; :class:`examples.lobby_steering.KitControl` supplies the rest."""
+    """The command handlers; :class:`tests.lobby.steering.KitControl` supplies the rest."""
 
     server: MCPLServer
     options: LobbyOptions

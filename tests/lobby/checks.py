@@ -1,4 +1,4 @@
-"""What the lobby checks in the host's behaviour (:mod:`examples.lobby_server`, under a
+"""What the lobby checks in the host's behaviour (:mod:`tests.lobby.server`, under a
 control link): the lobby is a peer that catches a host's mistakes, and reports each as an
 ``error`` control event.
 
@@ -29,14 +29,14 @@ from typing import Any
 import attrs
 
 from actors.serverkit import MCPLServer
-from examples.lobby_words import (
+from examples.lobby.server import publish_author
+from tests.lobby.words import (
     COALESCE_LEAVES,
     COALESCE_OUTCOMES,
     FINISH_REASONS,
     LIFECYCLE_PHASES,
     MAX_TRACKED,
     channel_label,
-    publish_author,
     read_coalescing,
     short,
     valid_thread,

@@ -1,12 +1,12 @@
-"""The control link of :mod:`examples.lobby_server` (``--control-connect HOST:PORT``): JSON lines to
-and from a test's control listener (:mod:`examples.lobby_control`).
+"""The control link of :mod:`tests.lobby.server` (``--control-connect HOST:PORT``): JSON lines to
+and from a test's control listener (:mod:`tests.lobby.control`).
 
 An ordinary server needs none of this. The lobby reports what happens on its host connection
 as events and takes commands that make it send things, so that a host's tests can drive it:
 
 * events: ``hello`` {pid, transport}, ``ready``, ``received`` {message} (every line the host
   sent, parsed), ``error`` {text} (what the toolkit's session refused or skipped, what the
-  checks of :mod:`examples.lobby_checks` found wrong, and bad commands), ``response``
+  checks of :mod:`tests.lobby.checks` found wrong, and bad commands), ``response``
   {method, request, response, attempts} (for each request a command sent; ``response`` is None
   when the connection ended first), ``pong`` {id}, ``hung``, ``channels`` {accepted, refused}
   (with ``--channels N``), and those of the checks (``coalescing``, ``streamed``), of the
@@ -15,10 +15,10 @@ as events and takes commands that make it send things, so that a host's tests ca
   websocket, once the channels are registered, one ``response`` for ``channels/register`` whose
   result lists the channels the host accepted.
 * commands: ``ping``, ``crash``, ``hang`` (stdio: no more reading or writing), those of
-  :mod:`examples.lobby_commands` (what the lobby sends), :mod:`examples.lobby_modes`
+  :mod:`tests.lobby.commands` (what the lobby sends), :mod:`tests.lobby.modes`
   (``open_mode``, ``fsu_mode``, ``manifest``, ``manifest_answers``, ``publish_echo_thread``),
-  :mod:`examples.lobby_answers` (``hook``, ``render_mode``) and
-  :mod:`examples.lobby_notes` (``rollback_mode``). What they send goes out in the order the
+  :mod:`tests.lobby.answers` (``hook``, ``render_mode``) and
+  :mod:`tests.lobby.notes` (``rollback_mode``). What they send goes out in the order the
   commands came.
 
 The requests commands send are not checked against the host's grant: a test may play a server
@@ -38,18 +38,18 @@ import trio
 
 from actors.serverkit import MCPLServer
 from actors.serverkit.link import LinkLost, PendingRequest
-from examples import lobby_faults
-from examples.lobby_answers import KitAnswers
-from examples.lobby_checks import HostChecks
-from examples.lobby_commands import MAX_RAW_PENDING, KitCommands, valid_id
-from examples.lobby_link import ControlLink, InputError
-from examples.lobby_modes import KitModes
-from examples.lobby_notes import Notebook
-from examples.lobby_options import LobbyOptions
-from examples.lobby_places import Places
-from examples.lobby_words import MAX_RETRIES, NOT_READY, RETRIED_METHODS, RETRY_DELAY, short
 from protocol.errors import RpcError
 from protocol.server_session import NotGranted
+from tests.lobby import faults
+from tests.lobby.answers import KitAnswers
+from tests.lobby.checks import HostChecks
+from tests.lobby.commands import MAX_RAW_PENDING, KitCommands, valid_id
+from tests.lobby.link import ControlLink, InputError
+from tests.lobby.modes import KitModes
+from tests.lobby.notes import Notebook
+from tests.lobby.options import LobbyOptions
+from tests.lobby.places import Places
+from tests.lobby.words import MAX_RETRIES, NOT_READY, RETRIED_METHODS, RETRY_DELAY, short
 
 #: sends the commands asked for, waiting to be written (past it a command is refused)
 MAX_QUEUED = 65_536
@@ -113,7 +113,7 @@ class KitControl(KitCommands):
             server, self.checks, context=options.context, emit=self.emit, ask=self.send_request
         )
         if options.mcp_only:
-            lobby_faults.refuse_mcpl(server)  # over the modes: no MCPL is answered at all
+            faults.refuse_mcpl(server)  # over the modes: no MCPL is answered at all
         self.transport: Hangable | None = None
         self._sends, self._to_send = trio.open_memory_channel[
             tuple[Callable[[], Awaitable[Any]], str]
@@ -144,7 +144,7 @@ class KitControl(KitCommands):
             return
         self.emit({"event": "received", "message": message})
         if self.options.mcp_only:
-            if lobby_faults.is_initialized(line):
+            if faults.is_initialized(line):
                 self.emit({"event": "ready"})  # no grant is coming: ready as the host is
         else:
             self.checks.seen(message)

@@ -25,7 +25,7 @@ HTTP request the listener answered (sent to every live session's control connect
 ``coalesce_withheld`` {method, eventId?, messageId?, coalesce, missing} (sent without the
 member: the host did not advertise those leaves) and ``render`` {requestId, params, mode,
 result? | error?, delaySeconds?} (each ``push/render``). Commands are listed in
-``examples/lobby_server.py`` (``Session.on_command``), e.g. ``{"cmd": "share", "file":
+:mod:`tests.lobby.steering` (and :mod:`tests.lobby.commands`), e.g. ``{"cmd": "share", "file":
 "board.png", "text": ..., "eventId"?, "uri"?, "coalesce"?, "force"?}`` with ``--files``, or
 ``{"cmd": "push", "eventId": ..., "text": ..., "coalesce": {"key": "status"}}``.
 

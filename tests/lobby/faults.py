@@ -1,5 +1,5 @@
 """The lobby's fault modes: how it misbehaves on purpose, so a host's tests can watch the host
-cope. An ordinary server needs none of this; :mod:`examples.lobby_server` is the lobby itself.
+cope. An ordinary server needs none of this; :mod:`tests.lobby.server` is the lobby itself.
 
 Each mode replaces one of the toolkit's own answers through
 :meth:`actors.serverkit.MCPLServer.answer_for` (answer, refuse, or leave unanswered with
@@ -29,9 +29,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from actors.serverkit import NO_ANSWER, HostRequest, MCPLServer, Publish, PublishRefused
-from examples.lobby_options import LobbyOptions
-from examples.lobby_words import MCPL_METHODS
 from protocol.errors import METHOD_NOT_FOUND, RpcError
+from tests.lobby.options import LobbyOptions
+from tests.lobby.words import MCPL_METHODS
 
 STRAY_LINE = "[lobby] client initialized"
 #: the MCPL requests a host may send (an ``--mcp-only`` lobby refuses each)

@@ -1,6 +1,6 @@
 """The lobby's side of a test's control socket (``--control-connect HOST:PORT``): JSON lines
 out (events, queued so that they never block the lobby) and in (commands). The test's side is
-:mod:`examples.lobby_control`."""
+:mod:`tests.lobby.control`."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from typing import Any
 
 import trio
 
-from examples.lobby_options import LobbyOptions, split_host_port
-from examples.lobby_words import dumps, log, short
+from tests.lobby.options import LobbyOptions, split_host_port
+from tests.lobby.words import dumps, log, short
 
 
 class InputError(Exception):
