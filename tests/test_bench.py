@@ -11,7 +11,10 @@ import trio
 from hypothesis import given
 from hypothesis import strategies as st
 
-from examples import bench_ingest, bench_marking, bench_scale, bench_wakes
+from examples.bench import ingest as bench_ingest
+from examples.bench import marking as bench_marking
+from examples.bench import scale as bench_scale
+from examples.bench import wakes as bench_wakes
 from store import Append, Database, db_path
 
 pytestmark = pytest.mark.slow

@@ -29,7 +29,7 @@ ANSWERED_WITHIN = 16 * INGEST_SLICE
 
 
 def flood_server(messages: int) -> dict[str, Any]:
-    command = [sys.executable, "-m", "examples.bench_server", "--push"]
+    command = [sys.executable, "-m", "examples.bench.server", "--push"]
     command += ["--messages", str(messages), "--window", str(messages)]
     return {"id": "flood", "command": command}
 

@@ -12,9 +12,9 @@ from typing import Any
 import trio
 
 from actors import Host
-from examples import bench_host as bh
-from examples.bench_ingest import ThinRows, accepted_now
-from examples.bench_wakes import first_call
+from examples.bench import host as bh
+from examples.bench.ingest import ThinRows, accepted_now
+from examples.bench.wakes import first_call
 from store import Append, Database, Reader, db_path
 
 AGENT = "Bench"

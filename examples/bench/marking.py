@@ -1,4 +1,4 @@
-"""Benchmark: ``python -m examples.bench_marking``.
+"""Benchmark: ``python -m examples.bench.marking``.
 
 Times :func:`protocol.source.mark_openings` on the input that once froze a host: one
 320,000-byte block holding 40,000 header-shaped openings. For comparison it also times a block

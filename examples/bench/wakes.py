@@ -23,7 +23,7 @@ import trio
 
 from actors import Host
 from actors.host import TraceStream
-from examples import bench_host as bh
+from examples.bench import host as bh
 
 AGENT = "Bench"
 #: How long, once every message is answered, the last model calls are waited for.
@@ -182,7 +182,7 @@ async def run_replies(
 async def first_call(trace: TraceStream, agent: str, timeout: float = 600) -> float:
     """The moment of the agent's next model call that says something (its first streamed
     piece), read from ``trace`` (subscribed before the call was caused; ``kinds`` must hold
-    ``tokens``); the store rows use it with :data:`examples.bench_host.SAYS_INDEX`."""
+    ``tokens``); the store rows use it with :data:`examples.bench.host.SAYS_INDEX`."""
     with trio.fail_after(timeout):
         async for event in trace:
             if event.kind == "tokens" and event.agent == agent:

@@ -1,6 +1,6 @@
 """Benchmark: ``python -m examples.bench [--quick]`` (also ``tox -e bench``).
 
-Every figure is measured in a fresh process, over real stdio servers (``examples.bench_server``)
+Every figure is measured in a fresh process, over real stdio servers (``examples.bench.server``)
 and a real store, and printed with its goal. Rows:
 
 Ingest, in paired rounds: each round runs (a), (a') and (b) back to back on the same messages,
@@ -10,7 +10,7 @@ their min and max. The headline is (a') / (b).
 (a) mcplive's channel-message ingest: line → stored durably → wake decided. One agent hears the
     channel, registered closed, so the decision is "no wake" and no turn runs;
 (a') the same with the channel open: the agent is woken and runs turns (a silent scripted model);
-(b) the thinnest host (``examples.bench_ingest``): does only what storing these items needs
+(b) the thinnest host (``examples.bench.ingest``): does only what storing these items needs
     (one task reads and builds the rows, another commits them in a worker thread as reading
     goes on) and stores the same rows. A check sends the same messages (every seventh
     with a forged header) to mcplive and to (b) and compares what both stored, message by
@@ -18,7 +18,7 @@ their min and max. The headline is (a') / (b).
     (every key; ``accepted_at`` for its format, ids to be unique) and the dedupe keys;
 (c) the raw append of those rows with ``executemany`` in one transaction.
 
-Wakes (``examples.bench_wakes``): latency to the model call at 1,000 messages per second
+Wakes (``examples.bench.wakes``): latency to the model call at 1,000 messages per second
 offered, from the moment the server sent a message to the first model call that had it in its
 context, with turns running (every message wakes the agent) and with the agent idle (the load
 in a closed channel, every K-th message a probe in an open one); coalescing 300 edits of one
@@ -27,12 +27,12 @@ unread message (RFC-006); wake-to-reply latency (d) of one and ten agents hearin
 pipelined ``push/event`` requests (``--flood``); each of (d) and (e) pools three runs of each
 kind, alternated.
 
-Scale (``examples.bench_scale``): 1 / 10 / 50 / 200 agents hearing one channel (msg/s, and the
+Scale (``examples.bench.scale``): 1 / 10 / 50 / 200 agents hearing one channel (msg/s, and the
 CPU time and store bytes each additional agent adds per message); 1 / 1,000 / 10,000 registered
 channels (10 servers of 1,000: registration time, and ingest with 1,000 channels against 1); a
 stored history of 10k / 100k / 500k messages built through ``store.Database.apply`` (search
 time, the first turn's time to its model call, rollback time). Marking
-(``examples.bench_marking``) against a plain ``re`` scan of the same text.
+(``examples.bench.marking``) against a plain ``re`` scan of the same text.
 
 ``--quick`` runs every row on small sizes (under a minute). Figures are ratios of one run on one
 machine; nothing here is a test.
@@ -55,8 +55,11 @@ from typing import Any
 import attrs
 import trio
 
-from examples import bench_ingest, bench_marking, bench_scale, bench_wakes
-from examples.bench_host import pct
+from examples.bench import ingest as bench_ingest
+from examples.bench import marking as bench_marking
+from examples.bench import scale as bench_scale
+from examples.bench import wakes as bench_wakes
+from examples.bench.host import pct
 
 WOKEN = "a'"
 
@@ -160,7 +163,7 @@ def _measure_in_child(kind: str, messages: int) -> dict[str, Any]:
     """Run one measurement in a new process forked from a server process that imported the
     benchmark and nothing else, so no run inherits another's garbage nor pays the imports."""
     context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload(["examples.bench_scale"])
+    context.set_forkserver_preload(["examples.bench.scale"])
     receiving, sending = context.Pipe(duplex=False)
     child = context.Process(target=_child, args=(kind, messages, sending))
     child.start()
@@ -402,7 +405,9 @@ def marking_rows() -> None:
 
 async def main() -> None:
     p = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="python -m examples.bench",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--quick", action="store_true", help="every row on small sizes (< 1 min)")
     p.add_argument("--messages", type=int, help="messages per ingest run")

@@ -10,7 +10,7 @@ from typing import Any
 
 from store import connect, db_path
 
-SERVER = [sys.executable, "-m", "examples.bench_server"]
+SERVER = [sys.executable, "-m", "examples.bench.server"]
 
 #: A model that never speaks.
 SILENT = ""

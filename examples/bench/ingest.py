@@ -26,7 +26,7 @@ from typing import Any
 import trio
 
 from actors import Host
-from examples import bench_host as bh
+from examples.bench import host as bh
 from protocol.digests import body_digests
 from protocol.source import channel_header, mark_blocks
 from store import Append, Database, MessageRecord, Reader, connect, db_path
