@@ -52,7 +52,7 @@ def log(text: str) -> None:
     print(f"[lobby] {text}", file=sys.stderr, flush=True)
 
 
-# -- 1. The people, and what they say ---------------------------------------------------------
+# -- 1. The people, and what they say --------------------------------------------------------------
 
 PEOPLE = ({"id": "alice", "name": "Alice"}, {"id": "bob", "name": "Bob"})
 #: What they say, in turn, one line a tick; a line that names an agent carries a mention tag.
@@ -82,7 +82,7 @@ PHOTO_EVENT_ID = "share-board"
 RUN = secrets.token_hex(3)
 
 
-# -- 2. The server and its feature sets -------------------------------------------------------
+# -- 2. The server and its feature sets ------------------------------------------------------------
 # A feature set is what a host grants or denies as one. Left to itself the toolkit declares
 # "lobby" (events, channels, tools) and "lobby.context" (hooks); the lobby declares its own
 # instead, one concern each, so that a host's config may keep the chat and silence the clock:
@@ -123,12 +123,19 @@ server.feature_set(
     rollback=True,
 )
 
-# -- 3. Channels --------------------------------------------------------------------------------
+# -- 3. Channels -----------------------------------------------------------------------------------
 # The agents hear what is said in a channel. What one of them publishes there, the lobby posts
 # back under that agent's name, so that every agent hears what the others said. (mcplive wakes
 # no agent for what it published itself, so two agents never answer each other in a loop.)
 # publish_target="root": a channel without threads; the toolkit refuses, for the lobby, a
 # publish that names a thread.
+
+channels = {
+    name: server.channel(f"lobby:#{name}", label=name, publish_target="root")
+    for name in ("general", "random")
+}
+posts = itertools.count(1)
+
 
 #: Who a post is shown as when the agent's name cannot be (see publish_author).
 HOST_AUTHOR = {"id": "host", "name": "mcplive"}
@@ -162,17 +169,11 @@ def publish_author(
     return {"id": conversation_id, "name": name}
 
 
-channels = {
-    name: server.channel(f"lobby:#{name}", label=name, publish_target="root")
-    for name in ("general", "random")
-}
-posts = itertools.count(1)
-
-
 @server.on_publish
 def post(publish: Publish) -> str:
-    """An agent spoke in one of the channels: log it, and post it back under the agent's name
-    (sent beside the answer, so that the host hears "delivered" first)."""
+    """An agent spoke in one of the channels: log it, and post it back under the agent's name.
+    The echo is a task beside the answer: the handler returns without waiting for the host to
+    take the echo."""
     channel = server.channels[publish.channel_id]
     author = publish_author(publish.conversation_id)
     message_id = f"{RUN}-out-{next(posts)}"
@@ -184,7 +185,7 @@ def post(publish: Publish) -> str:
     return message_id  # the id of the post that the publish became
 
 
-# -- 4. Tools -----------------------------------------------------------------------------------
+# -- 4. Tools --------------------------------------------------------------------------------------
 # A tool's input schema comes from its type hints, its description from its docstring; the
 # agents see these as "lobby--forecast" and "lobby--roll". A ToolError is an error result the
 # agent reads, not a crash.
@@ -206,7 +207,7 @@ def roll(sides: int) -> str:
     return str(random.randint(1, sides))
 
 
-# -- 5. A notebook the host can roll back -----------------------------------------------------
+# -- 5. A notebook the host can roll back ----------------------------------------------------------
 # Each note makes a checkpoint, returned in the tool result's "state". When an operator rolls
 # an agent back to an earlier moment (`mcplive rollback`), the host asks the lobby to go back to
 # the checkpoint of that moment (state/rollback), so the notes agree with what the agent
@@ -230,7 +231,7 @@ notebook = Notebook()
 
 @server.tool()
 async def note(text: str) -> ToolResult:  # async: it runs in trio, not in a worker thread
-    """Add a note to the lobby notebook; returns the notebook"""
+    """Add a note to the lobby notebook; returns the notebook."""
     if not text.strip():
         raise ToolError("note needs a text")
     parent, notes = notebook.current, (*notebook.notes(), text)
@@ -252,7 +253,7 @@ def rollback(request: Rollback) -> bool:
     return True
 
 
-# -- 6. Context before each inference ---------------------------------------------------------
+# -- 6. Context before each inference --------------------------------------------------------------
 # Before an agent's model runs, the host asks the lobby what to add to its context; the agent
 # sees the status line above the newest message, marked "[context from lobby · lobby]". The
 # lifecycle notices then say how each inference went (never what it said).
@@ -269,7 +270,7 @@ def lifecycle(event: Lifecycle) -> None:
     log(f"inference {event.inference_id}: {event.phase}")
 
 
-# -- 7. The script --------------------------------------------------------------------------------
+# -- 7. The script ---------------------------------------------------------------------------------
 # Once a host has answered the handshake with its grant, one tick every INTERVAL seconds for as
 # long as that host stays connected. Each tick runs as a task of its own (server.spawn), so a
 # slow answer from the host never holds up the next tick. Every send is checked against the
@@ -324,7 +325,7 @@ async def share_photo() -> None:
     await server.push_event(content, event_id=PHOTO_EVENT_ID)
 
 
-# -- 8. Running it --------------------------------------------------------------------------------
+# -- 8. Running it ---------------------------------------------------------------------------------
 
 
 def main(argv: list[str] | None = None) -> None:
