@@ -47,6 +47,8 @@ from tests.lobby.control import ControlListener, LobbyControl, open_control_list
 
 pytestmark = pytest.mark.slow
 
+ROOT = Path(__file__).resolve().parents[2]
+
 MCPLIVE = [sys.executable, "-m", "actors.cli"]
 
 ASSIST = '[[rules]]\nwhen = "(?i)summari[sz]e"\nsay = "Alice and Bob talked about board games."\n'
@@ -675,7 +677,8 @@ def toml_config(tmp_path: Path, address: str) -> Path:
     path = tmp_path / "host.toml"
     path.write_text(
         f"[host]\ndata_dir = {json.dumps(str(tmp_path / 'data'))}\n\n"
-        f'[[servers]]\nid = "lobby"\ncommand = {json.dumps(command)}\n\n'
+        f'[[servers]]\nid = "lobby"\ncommand = {json.dumps(command)}\n'
+        f"env = {{ PYTHONPATH = {json.dumps(str(ROOT))} }}\n\n"  # the test lobby, from this folder
         f'[[agents]]\nname = "Ada"\nmodel = {json.dumps(f"scripted:{rules}")}\n',
         encoding="utf-8",
     )
