@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import ast
 import os
-import subprocess
 import sys
-import tempfile
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -19,7 +17,7 @@ from typing import Any
 import trio
 
 from examples.lobby.server import STATUS
-from tests.test_lobby_server import ALL_CAPS, CHAT_USES, TIMEOUT, Lobby
+from tests.test_lobby_server import ALL_CAPS, CHAT_USES, TIMEOUT, Lobby, stdio_process
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "lobby"
@@ -52,24 +50,9 @@ def test_the_example_imports_the_toolkit_and_nothing_else_of_mcplive() -> None:
 @asynccontextmanager
 async def example_process() -> AsyncIterator[Lobby]:
     """``python server.py`` in the example's folder, as the host starts it over stdio."""
-    with tempfile.TemporaryFile() as stderr:
-        proc = await trio.lowlevel.open_process(
-            [sys.executable, "server.py"],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=stderr,
-            cwd=EXAMPLE,
-            env={**os.environ, "PYTHONPATH": str(ROOT)},
-        )
-        try:
-            yield Lobby(proc, stderr)
-        finally:
-            if proc.returncode is None:
-                proc.kill()
-            with trio.CancelScope(shield=True):
-                await proc.wait()
-                await proc.stdin.aclose()  # type: ignore[union-attr]
-                await proc.stdout.aclose()  # type: ignore[union-attr]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    async with stdio_process([sys.executable, "server.py"], cwd=EXAMPLE, env=env) as lobby:
+        yield lobby
 
 
 async def started(lobby: Lobby) -> dict[str, Any]:

@@ -200,13 +200,18 @@ async def lobby_process(*args: str, run_id: str | None = "") -> AsyncIterator[Lo
     """The lobby as a subprocess. Its ids are bare (``m1``) unless ``run_id`` says otherwise
     (None: the lobby's own default, a random tag per process)."""
     tagged = [] if run_id is None else ["--run-id", run_id]
+    async with stdio_process([sys.executable, "-m", "tests.lobby", *tagged, *args]) as lobby:
+        yield lobby
+
+
+@asynccontextmanager
+async def stdio_process(
+    argv: list[str], *, cwd: Path = ROOT, env: dict[str, str] | None = None
+) -> AsyncIterator[Lobby]:
+    """A stdio server as a subprocess, driven by the test as its host; killed on the way out."""
     with tempfile.TemporaryFile() as stderr:
         proc = await trio.lowlevel.open_process(
-            [sys.executable, "-m", "tests.lobby", *tagged, *args],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=stderr,
-            cwd=ROOT,
+            argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr, cwd=cwd, env=env
         )
         try:
             yield Lobby(proc, stderr)
