@@ -298,9 +298,10 @@ async def serve_websocket_each(
 ) -> None:
     """Accept host connections on ``ws://host:port/``, each served by a server of its own
     (``factory()``), so that several hosts are served at once and independently (where
-    :meth:`ServeMixin.serve_websocket` serves one host at a time, a new connection taking
-    over). The servers share one shelf, so each one's :meth:`~ServeMixin.reference` payloads
-    are fetched from the listener's origin."""
+    :meth:`~actors.serverkit.MCPLServer.serve_websocket` serves one host at a time, a new
+    connection taking over). The servers share one shelf, so each one's
+    :meth:`~actors.serverkit.MCPLServer.reference` payloads are fetched from the listener's
+    origin."""
     shelf = Shelf()
 
     async def serve(transport: LineTransport) -> None:
