@@ -163,6 +163,12 @@ def read_config_source(
         ) from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigErrors([f"{path}: not valid TOML ({exc}); fix the syntax"]) from None
+    except RecursionError:
+        # tomllib recurses once per nested array or inline table: the file's, not the host's,
+        # problem (the parse is linear in the text up to the interpreter's recursion limit)
+        raise ConfigErrors(
+            [f"{path}: nested too deeply (arrays or inline tables inside each other); flatten it"]
+        ) from None
 
 
 def unknown_key(where: str, key: str, known: Collection[str], fallback: str) -> str:

@@ -99,6 +99,8 @@ def load_script(path: Path) -> tuple[tuple[Rule, ...], SummaryRule | None]:
         raise ConfigError(f"{path}: not UTF-8 text; save the scripted model as UTF-8") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: not valid TOML ({exc})") from None
+    except RecursionError:
+        raise ConfigError(f"{path}: nested too deeply (arrays or tables in each other)") from None
     for key in raw:
         if key not in ("rules", "summary"):
             raise ConfigError(

@@ -540,3 +540,10 @@ async def test_a_body_is_measured_once_for_every_agent_shown_it(
     expected = len(body_of(rendered[0])) // 4 + 1
     assert agents[1]._usage(request, "")["input_tokens"] == expected
     assert measured[-1] == "again"
+
+
+def test_a_scripted_model_nested_5000_deep_is_a_config_error(tmp_path: Path) -> None:
+    deep = tmp_path / "deep.toml"
+    deep.write_text("x = " + "[" * 5000 + "]" * 5000 + "\n", encoding="utf-8")
+    with pytest.raises(ConfigError, match="nested too deeply"):
+        ScriptedModel(deep)

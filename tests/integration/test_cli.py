@@ -115,6 +115,18 @@ def test_run_with_a_broken_config_says_so_in_one_line(tmp_path: Path) -> None:
     assert missing.returncode == 2 and "no such file" in missing.stderr
 
 
+@pytest.mark.parametrize("command", ["run", "check"])
+def test_a_config_nested_5000_deep_is_one_line(tmp_path: Path, command: str) -> None:
+    deep = tmp_path / "deep.toml"
+    deep.write_text("x = " + "[" * 5000 + "]" * 5000 + "\n", encoding="utf-8")
+    result = run(command, str(deep), cwd=tmp_path)
+    # run refuses it before starting; check reports it as the config's one problem
+    said = result.stderr if command == "run" else result.stdout
+    assert result.returncode == (2 if command == "run" else 1)
+    assert said.count("\n") == 1 and "nested too deeply" in said
+    assert "Traceback" not in result.stdout + result.stderr
+
+
 def test_history_without_a_store_is_one_line(tmp_path: Path) -> None:
     result = run("history", "--data-dir", str(tmp_path / "none"), cwd=tmp_path)
     assert result.returncode == 1

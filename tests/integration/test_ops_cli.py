@@ -225,6 +225,11 @@ async def test_sighup_reloads_the_config_file(tmp_path: Path) -> None:
             os.kill(host.proc.pid, signal.SIGHUP)
             refused = await host.line(lambda line: "config not reloaded" in line)
             assert "not valid TOML" in refused
+            # nor does one nested 5,000 deep (the parser's recursion is the config's problem)
+            config.write_text("x = " + "[" * 5000 + "]" * 5000 + "\n", encoding="utf-8")
+            os.kill(host.proc.pid, signal.SIGHUP)
+            deep = await host.line(lambda line: "config not reloaded" in line and "nested" in line)
+            assert "too deeply" in deep
             done = await status("--data-dir", str(tmp_path / "data"), "--json", cwd=tmp_path)
             assert done.returncode == 0  # still running, still healthy, masks as reloaded
             assert "pushEvents" not in server(json.loads(done.stdout), "lobby")["grant"]
