@@ -100,9 +100,10 @@ class ProseStreamRouter:
         self._target: str | None = None
         self._held = ""
         self._token = ""
-        self._out: list[tuple[str | None, str]] = []
-        self._run = ""
-        self._emitted: dict[str | None, str] = {}
+        # what the current feed emits, as runs of one target each, in pieces (joined once, by
+        # _take: a character at a time must not copy the run so far), and all emitted so far
+        self._out: list[tuple[str | None, list[str]]] = []
+        self._emitted: dict[str | None, list[str]] = {}
 
     def feed(self, delta: str) -> list[tuple[str | None, str]]:
         if not self._grammar:
@@ -124,7 +125,7 @@ class ProseStreamRouter:
 
     def by_target(self) -> dict[str | None, str]:
         """Everything emitted so far, per target, in order of first emission."""
-        return dict(self._emitted)
+        return {target: "".join(pieces) for target, pieces in self._emitted.items()}
 
     def _step(self, char: str) -> None:
         state = self._state
@@ -219,14 +220,14 @@ class ProseStreamRouter:
         if not text:
             return
         if self._out and self._out[-1][0] == self._target:
-            self._out[-1] = (self._target, self._out[-1][1] + text)
+            self._out[-1][1].append(text)
         else:
-            self._out.append((self._target, text))
-        self._emitted[self._target] = self._emitted.get(self._target, "") + text
+            self._out.append((self._target, [text]))
+        self._emitted.setdefault(self._target, []).append(text)
 
     def _take(self) -> list[tuple[str | None, str]]:
         out, self._out = self._out, []
-        return out
+        return [(target, "".join(pieces)) for target, pieces in out]
 
 
 @attrs.frozen(kw_only=True)

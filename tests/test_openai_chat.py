@@ -140,6 +140,26 @@ def test_an_endless_line_is_malformed() -> None:
             decoder.receive_data(b"data: " + b"x" * 20)
 
 
+def test_empty_data_lines_count_towards_the_event_cap() -> None:
+    # each empty line adds the LF that joins it: an endpoint cannot grow an event for free
+    decoder = EventDecoder(max_line=100)
+    with pytest.raises(MalformedStream, match="an event longer than 100"):
+        decoder.receive_data(b"data:\n" * 102)
+
+
+@given(st.lists(st.text(alphabet="ab", max_size=5), min_size=1, max_size=30), st.integers(10, 60))
+def test_the_event_cap_is_the_joined_data_length(lines: list[str], cap: int) -> None:
+    # (a cap of 10 or more: each line, "data:" and up to 5 characters, fits the line cap)
+    wire = "".join(f"data:{line}\n" for line in lines).encode() + b"\n"
+    joined = "\n".join(lines)
+    decoder = EventDecoder(max_line=cap)
+    if len(joined) > cap:
+        with pytest.raises(MalformedStream, match=f"longer than {cap}"):
+            decoder.receive_data(wire)
+    else:
+        assert decoder.receive_data(wire) == [joined]
+
+
 def test_multi_line_data_joins_with_newlines() -> None:
     assert EventDecoder().receive_data(b"event: x\ndata: a\ndata:b\n\n") == ["a\nb"]
 

@@ -73,8 +73,13 @@ def stop_reason(finish_reason: object) -> str:
 class EventDecoder:
     def __init__(self, *, max_line: int = MAX_LINE) -> None:
         self._max_line = max_line
-        self._buffer = ""
+        # the line in progress, in pieces (joined once it ends: no copy per chunk), and its size
+        self._buffer: list[str] = []
+        self._buffered = 0
+        # the data lines of the event in progress, and the length of their join (the lines and
+        # the LFs between them: empty ``data:`` lines count too, so no event grows unbounded)
         self._data: list[str] = []
+        self._data_size = 0
         self._cr = False  # the last chunk ended in CR: an LF starting the next one is its pair
         self._pending = b""  # an incomplete UTF-8 sequence at the end of the last chunk
 
@@ -90,10 +95,14 @@ class EventDecoder:
         events: list[str] = []
         lines = text.replace("\r\n", "\n").replace("\r", "\n").split("\n")
         for line in lines[:-1]:
-            self._line(self._buffer + line, events)
-            self._buffer = ""
-        self._buffer += lines[-1]
-        if len(self._buffer) > self._max_line:
+            if self._buffer:
+                line = "".join([*self._buffer, line])
+                self._buffer, self._buffered = [], 0
+            self._line(line, events)
+        if lines[-1]:
+            self._buffer.append(lines[-1])
+            self._buffered += len(lines[-1])
+        if self._buffered > self._max_line:
             raise MalformedStream(f"an event line longer than {self._max_line} characters")
         return events
 
@@ -103,12 +112,14 @@ class EventDecoder:
         if not line:
             if self._data:
                 events.append("\n".join(self._data))
-                self._data = []
+                self._data, self._data_size = [], 0
             return
         name, _, value = line.partition(":")
         if name == "data":
-            self._data.append(value[1:] if value.startswith(" ") else value)
-            if sum(map(len, self._data)) > self._max_line:
+            value = value[1:] if value.startswith(" ") else value
+            self._data_size += len(value) + (1 if self._data else 0)  # the join's length
+            self._data.append(value)
+            if self._data_size > self._max_line:
                 raise MalformedStream(f"an event longer than {self._max_line} characters")
 
 
@@ -128,7 +139,12 @@ def _utf8_boundary(raw: bytes) -> int:
 class _Call:
     id: str = ""
     name: str = ""
-    arguments: str = ""
+    #: the arguments' pieces as they streamed in, joined once the reply is complete
+    pieces: list[str] = attrs.field(factory=list)
+
+    @property
+    def arguments(self) -> str:
+        return "".join(self.pieces)
 
 
 class ChunkAssembler:
@@ -214,9 +230,9 @@ class ChunkAssembler:
         arguments = function.get("arguments")
         if isinstance(arguments, str):
             self._grow(len(arguments))
-            call.arguments += arguments
+            call.pieces.append(arguments)
         elif isinstance(arguments, Mapping):  # a few servers send the object itself
-            call.arguments += json.dumps(arguments)
+            call.pieces.append(json.dumps(arguments))
 
     def _grow(self, n: int) -> None:
         self._size += n
@@ -271,10 +287,11 @@ def _count(value: object) -> int:
 
 
 def _arguments(call: _Call) -> dict[str, Any]:
-    if not call.arguments.strip():
+    text = call.arguments
+    if not text.strip():
         return {}
     try:
-        value = json.loads(call.arguments)
+        value = json.loads(text)
     except ValueError as exc:
         raise MalformedStream(f"tool call {call.name} has malformed arguments ({exc})") from None
     if not isinstance(value, dict):
