@@ -185,10 +185,3 @@ async def reload_on_sighup(
                 await host.reload(config)
             except ConfigError:
                 pass  # the host said why in the transcript; the running config stays
-
-
-def ignore_sighup_until_ready() -> None:
-    """Until :func:`reload_on_sighup` listens, a SIGHUP would end the process (its default
-    action): catch and drop it instead. A handler, not SIG_IGN, so child processes (servers)
-    started meanwhile still get the default action."""
-    signal.signal(signal.SIGHUP, lambda *_: None)

@@ -90,7 +90,7 @@ MOVED_MODULES: dict[str, str] = {
 MOVED_ATTRIBUTES: dict[str, str] = {
     "actors.agent": "actors.agent.actor",
     "actors.channel": "actors.channel.actor",
-    "actors.cli": "actors.cli.main",
+    "actors.cli": "actors.cli.command",
     "actors.link": "actors.link.state",
     "actors.models": "actors.models.base",
     "actors.references": "actors.references.registry",

@@ -18,8 +18,8 @@ SCRIPT = """
 import sys
 import trio
 
-import actors.cli.main  # the CLI's own start-up
-assert not {"httpx", "anthropic"} & set(sys.modules), "imported by actors.cli.main"
+import actors.cli.command  # the CLI's own start-up (the command and what it loads)
+assert not {"httpx", "anthropic"} & set(sys.modules), "imported by actors.cli.command"
 
 from actors import Host
 

@@ -67,7 +67,7 @@ def test_the_built_packages_carry_the_lobby_and_mcplive_finds_it_there(tmp_path:
     assert {p.name for p in lobby.iterdir()} == LOBBY_FILES
     assert (lobby / "server.py").read_bytes() == (ROOT / "examples/lobby/server.py").read_bytes()
     found = subprocess.run(
-        [sys.executable, "-c", "from actors.cli.main import bundled_example as b; print(b())"],
+        [sys.executable, "-c", "from actors.cli.command import bundled_example as b; print(b())"],
         cwd=tmp_path,
         env={"PYTHONPATH": str(built), "PATH": "/usr/bin:/bin"},
         capture_output=True,

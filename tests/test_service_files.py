@@ -15,7 +15,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 UNIT = ROOT / "examples" / "mcplive.service"
 DOCKERFILE = ROOT / "examples" / "Dockerfile"
-#: The signals on which ``mcplive run`` stops cleanly (see ``actors.cli.main._run``).
+#: The signals on which ``mcplive run`` stops cleanly (see ``actors.cli.command._run``).
 STOP_SIGNALS = {"SIGINT", "SIGTERM"}
 
 

@@ -13,6 +13,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from actors.cli.command import build_parser
 from actors.cli.history import (
     PAGE,
     Printer,
@@ -21,7 +22,6 @@ from actors.cli.history import (
     parse_since,
     print_window,
 )
-from actors.cli.main import build_parser
 from store import Reader
 from tests.cli_helpers import make_store, stored
 

@@ -383,7 +383,7 @@ OWN = ("mcplive", "store", "httpx")
     ],
 )
 def test_run_takes_one_level_flag(argv: list[str], level: str) -> None:
-    from actors.cli.main import build_parser
+    from actors.cli.command import build_parser
 
     args = build_parser().parse_args(["run", *argv])
     assert (args.log_level or "info") == level
@@ -396,7 +396,7 @@ def test_run_takes_one_level_flag(argv: list[str], level: str) -> None:
 def test_conflicting_or_unknown_levels_are_refused(
     argv: list[str], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from actors.cli.main import build_parser
+    from actors.cli.command import build_parser
 
     with pytest.raises(SystemExit) as exit_:
         build_parser().parse_args(["run", *argv])
@@ -405,7 +405,7 @@ def test_conflicting_or_unknown_levels_are_refused(
 
 
 def test_every_run_flag_has_help() -> None:
-    from actors.cli.main import build_parser
+    from actors.cli.command import build_parser
 
     subcommands = next(
         a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)

@@ -21,7 +21,7 @@ import pytest
 import trio
 
 from actors import Host
-from actors.cli.main import _bundled_config
+from actors.cli.command import _bundled_config
 from actors.web.console import open_console
 
 pytestmark = pytest.mark.slow

@@ -21,7 +21,7 @@ import trio
 from actors.config import ConfigErrors, HostConfig, data_dir_problem, load_config
 from actors.datadir import holder
 from actors.errors import ConfigError
-from actors.reload import ignore_sighup_until_ready, reload_on_sighup
+from actors.reload import reload_on_sighup
 from actors.transcript.lines import LEVEL_NAMES
 from actors.transcript.printer import TranscriptOptions, TranscriptPrinter, run_printer
 from actors.version import installed_version
@@ -38,6 +38,7 @@ from .errors import (
 from .history import cmd_history
 from .logs import redact_logs, setup_logging
 from .status import add_parser as add_status_parser
+from .systemd import notify
 
 #: The folder holding this ``actors`` package (a clone's root, or site-packages).
 _SOURCE_ROOT = Path(__file__).resolve().parents[2]
@@ -85,12 +86,14 @@ async def _run(
         async def stop_on_signal(scope: trio.CancelScope) -> None:
             with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
                 async for signum in signals:
+                    notify("STOPPING=1")
                     printer.note(f"{signal.Signals(signum).name}: stopping", trio.current_time())
                     scope.cancel()
                     return
 
         async with trio.open_nursery() as nursery:
             await nursery.start(reload_on_sighup, host, reload_from)
+            notify("READY=1\nSTATUS=running")  # a reload from here on is handled
             nursery.start_soon(run_printer, stream, printer)
             nursery.start_soon(stop_on_signal, nursery.cancel_scope)
             if duration is not None:
@@ -125,7 +128,6 @@ def cmd_run(args: argparse.Namespace) -> int:
         notes.append(f"no config given: running the bundled lobby example ({bundled_example()})")
     try:
         cfg = _host_config(args)  # report problems before anything starts
-        ignore_sighup_until_ready()
         reload_from = None if args.config is None else (lambda: _host_config(args))
         web = web_options(cfg, args.web)
         _run_while_read(cfg, args.duration, options, notes, reload_from, web)
