@@ -138,6 +138,8 @@ class HttpError:
     error_type: str = "api_error"
     message: str = "Internal server error"
     headers: Mapping[str, str] = attrs.field(factory=dict)
+    #: the body as sent, in place of the API's error object (for hostile bodies)
+    raw_body: str | None = None
 
 
 @attrs.frozen(kw_only=True)
@@ -334,7 +336,7 @@ async def _send_json(
     extra_headers: Mapping[str, str] | None = None,
     request_id: str = "req_fake",
 ) -> None:
-    data = json.dumps(payload).encode()
+    data = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
     headers = {
         "content-type": "application/json",
         "content-length": str(len(data)),
@@ -387,10 +389,11 @@ async def _respond(
         await _wait_for_hang_up(stream)
         return False
     if isinstance(response, HttpError):
+        error = {**_error_body(response.error_type, response.message), "request_id": request_id}
         await _send_json(
             stream,
             response.status,
-            {**_error_body(response.error_type, response.message), "request_id": request_id},
+            error if response.raw_body is None else response.raw_body.encode(),
             response.headers,
             request_id,
         )

@@ -107,6 +107,8 @@ class HttpError:
     error_type: str = "server_error"
     code: str | None = None
     headers: Mapping[str, str] = attrs.field(factory=dict)
+    #: the body as sent, in place of the interface's error object (for hostile bodies)
+    raw_body: str | None = None
 
 
 @attrs.frozen(kw_only=True)
@@ -225,7 +227,7 @@ async def _send_head(stream: trio.SocketStream, status: int, headers: Mapping[st
 async def _send_json(
     stream: trio.SocketStream, status: int, payload: Any, extra: Mapping[str, str] | None = None
 ) -> None:
-    data = json.dumps(payload).encode()
+    data = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
     headers = {"content-type": "application/json", "content-length": str(len(data))}
     await _send_head(stream, status, {**headers, **(extra or {})})
     await stream.send_all(data)
@@ -255,7 +257,9 @@ async def _respond(
     if isinstance(response, Silent):
         await trio.sleep_forever()
     if isinstance(response, HttpError):
-        payload = _error(response.message, response.error_type, response.code)
+        payload: Any = _error(response.message, response.error_type, response.code)
+        if response.raw_body is not None:
+            payload = response.raw_body.encode()
         await _send_json(stream, response.status, payload, response.headers)
         return True
     streaming = body.get("stream") is True

@@ -465,12 +465,25 @@ async def test_500_then_success(fake: tuple[FakeScript, str]) -> None:
     assert len(notices) == 1 and notices[0].startswith("anthropic: server error (500), retry 1/4")
 
 
+async def test_a_500_with_a_body_nested_too_deeply_is_retried(
+    fake: tuple[FakeScript, str],
+) -> None:
+    script, base_url = fake
+    deep = "[" * 100_000 + "]" * 100_000
+    script.add(HttpError(status=500, raw_body=deep), Reply(blocks=[text_block("fine")]))
+    with trio.fail_after(TIMEOUT):
+        reply = await make_model(base_url).complete(request_for([user("hi")]))
+    assert reply.text == "fine"
+    assert len(script.requests) == 2
+
+
 GARBLED = [
     Garbled(prefix_blocks=[text_block("Half an ans")]),  # an event that is not JSON
     Garbled(  # JSON, but a delta naming no block
         data=json.dumps({"type": "content_block_delta", "delta": {"type": "text_delta"}})
     ),
     Garbled(event="message_start", data=json.dumps({"type": "message_start"})),  # no message
+    Garbled(data="[" * 100_000 + "]" * 100_000),  # nested past what the parser can follow
 ]
 
 

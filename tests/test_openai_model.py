@@ -387,6 +387,32 @@ async def test_a_malformed_stream_fails_at_once_with_nothing_returned(
     assert len(script.requests) == 1
 
 
+#: JSON nested past what the parser can follow (it recurses once per level)
+DEEP = "[" * 100_000 + "]" * 100_000
+
+
+async def test_a_stream_event_nested_too_deeply_is_malformed(
+    fake: tuple[FakeScript, str],
+) -> None:
+    script, base_url = fake
+    script.add(Raw(lines=[f"data: {DEEP}", "data: [DONE]"]))
+    with trio.fail_after(TIMEOUT), pytest.raises(ModelError) as info:
+        await make_model(base_url).complete(request_for([user("hi")]))
+    assert str(info.value).startswith("openai: malformed stream: ")
+    assert "nested too deeply" in str(info.value) and "\n" not in str(info.value)
+
+
+async def test_a_server_error_with_a_body_nested_too_deeply_is_retried(
+    fake: tuple[FakeScript, str],
+) -> None:
+    script, base_url = fake
+    script.add(HttpError(status=500, raw_body=DEEP), Reply(text="made it"))
+    with trio.fail_after(TIMEOUT):
+        reply = await make_model(base_url).complete(request_for([user("hi")]))
+    assert reply.text == "made it"
+    assert len(script.requests) == 2
+
+
 async def test_a_stream_cut_short_is_retried(fake: tuple[FakeScript, str]) -> None:
     script, base_url = fake
     script.add(Cut(reply=Reply(text="partial words here"), events=3), Reply(text="whole"))

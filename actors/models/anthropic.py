@@ -42,7 +42,6 @@ The stored conversation is turned into Messages API turns by the pure function
 from __future__ import annotations
 
 import importlib
-import json
 import os
 import random
 from collections.abc import Callable, Mapping, Sequence
@@ -66,6 +65,7 @@ from anthropic.types import (
 
 from protocol.display import scrub_surrogates, without_lone_surrogates
 from protocol.hooks import ModelInfo
+from protocol.jsonrpc import decode
 
 from .base import (
     USAGE_KEYS,
@@ -293,6 +293,8 @@ class AnthropicModel:
                     break
                 except ValueError as exc:  # an event whose data is not JSON
                     raise _MalformedStream(f"malformed stream event: {exc}") from exc
+                except RecursionError as exc:  # the SDK's parser recurses once per level
+                    raise _MalformedStream("malformed stream event: nested too deeply") from exc
                 try:
                     text = builder.feed(event)
                 except (AttributeError, TypeError, KeyError) as exc:
@@ -397,7 +399,7 @@ class _ReplyBuilder:
 def _tool_input(part: _Part) -> dict[str, Any]:
     if part.json.strip():
         try:
-            value = json.loads(part.json)
+            value = decode(part.json)
         except ValueError as exc:
             raise ModelError(
                 one_line(f"anthropic: tool call {part.name} has malformed input JSON: {exc}")

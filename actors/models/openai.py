@@ -33,7 +33,6 @@ where the reasoning models take no other), ``temperature`` when set, and
 
 from __future__ import annotations
 
-import json
 import os
 import random
 from collections.abc import Callable, Mapping
@@ -45,6 +44,7 @@ import trio
 
 from protocol.display import without_lone_surrogates
 from protocol.hooks import ModelInfo
+from protocol.jsonrpc import decode
 
 from .base import (
     DeltaSink,
@@ -279,7 +279,7 @@ async def _error_body(response: httpx.Response) -> str:
             break
     text = raw[:_MAX_ERROR_BODY].decode("utf-8", "replace")
     try:
-        payload = json.loads(text)
+        payload = decode(text)
     except ValueError:
         return text.strip()[:MAX_LINE] or response.reason_phrase
     error = payload.get("error") if isinstance(payload, Mapping) else None

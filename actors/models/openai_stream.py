@@ -33,6 +33,8 @@ from typing import Any
 
 import attrs
 
+from protocol.jsonrpc import decode
+
 from .base import Block, ModelReply
 
 __all__ = ["ChunkAssembler", "EventDecoder", "MalformedStream", "StreamError", "stop_reason"]
@@ -166,7 +168,7 @@ class ChunkAssembler:
             self.done = True
             return ""
         try:
-            chunk = json.loads(data)
+            chunk = decode(data)
         except ValueError as exc:
             raise MalformedStream(f"an event that is not JSON ({exc})") from None
         if not isinstance(chunk, Mapping):
@@ -291,7 +293,7 @@ def _arguments(call: _Call) -> dict[str, Any]:
     if not text.strip():
         return {}
     try:
-        value = json.loads(text)
+        value = decode(text)
     except ValueError as exc:
         raise MalformedStream(f"tool call {call.name} has malformed arguments ({exc})") from None
     if not isinstance(value, dict):

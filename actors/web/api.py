@@ -15,7 +15,6 @@ of these run.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
@@ -27,6 +26,7 @@ from actors.agent.speech import DRAFTS_NS
 from actors.status import StatusWriter
 from actors.transcript.stored import history_line
 from protocol.display import json_safe
+from protocol.jsonrpc import decode
 from store import body_text, text_matcher
 
 from .feed import Feed
@@ -288,7 +288,7 @@ async def _body(request: Request) -> dict[str, Any]:
     if not raw:
         return {}
     try:
-        body = json.loads(raw)
+        body = decode(raw.decode("utf-8"))
     except (ValueError, UnicodeDecodeError):
         raise BadRequest("the body is not JSON") from None
     if not isinstance(body, dict):

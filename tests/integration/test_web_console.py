@@ -178,6 +178,10 @@ async def test_operator_actions(tmp_path: Path) -> None:
                 ).status_code == 404
                 not_json = await http.post("/api/agents/Ada/post", content=b"{")
                 assert not_json.status_code == 400
+                # a body nested past what the parser follows is bad input too, not a 500
+                deep = b'{"text": ' + b"[" * 20_000 + b"]" * 20_000 + b"}"  # within MAX_BODY
+                too_deep = await http.post("/api/agents/Ada/post", content=deep)
+                assert too_deep.status_code == 400 and "\n" not in too_deep.text.strip()
 
                 # pause holds her turns; resume lets them run again
                 assert (await http.post("/api/agents/Ada/pause")).json() == {"changed": True}
