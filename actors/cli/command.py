@@ -259,6 +259,29 @@ def _count(text: str) -> int:
     return value
 
 
+#: Options whose value is text that may start with a dash (``--search -sign``): argparse would
+#: take such a value for an option of its own. A value starting with two dashes is still read
+#: as an option (``--search --json`` forgot the text); write it ``--search=--text``.
+TEXT_OPTIONS = frozenset({"--search"})
+
+
+def _dash_values(argv: list[str]) -> list[str]:
+    """``argv`` with each text option's value that starts with ``-`` joined to its option
+    (``--search=-sign``), the form argparse reads as a value."""
+    out: list[str] = []
+    values = iter(argv)
+    for arg in values:
+        if arg in TEXT_OPTIONS:
+            value = next(values, None)
+            if value is not None and value.startswith("-") and not value.startswith("--"):
+                out.append(f"{arg}={value}")
+                continue
+            out.extend([arg] if value is None else [arg, value])
+        else:
+            out.append(arg)
+    return out
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="mcplive", description="An MCPL host for LLM agents.")
     p.add_argument(
@@ -372,7 +395,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = build_parser().parse_args(_dash_values(list(sys.argv[1:] if argv is None else argv)))
     setup_logging(logging.WARNING)  # ``run`` sets its own level
     try:
         status = int(args.fn(args))

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from actors.cli.command import build_parser
+from actors.cli.command import _dash_values, build_parser
 from actors.cli.history import (
     PAGE,
     Printer,
@@ -187,3 +187,20 @@ def test_history_search_is_filtered_by_the_store(
         wanted = wanted[-limit:]
     assert [line.split(" ")[2] for line in out.getvalue().splitlines()] == wanted
     assert all(needle.lower() in text for text in reader.handed)  # nothing else was decoded
+
+
+@given(st.text(min_size=1).filter(lambda t: not t.startswith("--") and "\x00" not in t))
+def test_a_search_text_is_read_as_given_even_after_a_dash(text: str) -> None:
+    argv = ["history", "--search", text, "--limit", "3"]
+    args = build_parser().parse_args(_dash_values(argv))
+    assert (args.search, args.limit) == (text, 3)
+
+
+@given(st.lists(st.sampled_from(["history", "--json", "-v", "--limit", "3", "x", "-y"])))
+def test_argv_without_a_text_option_is_unchanged(argv: list[str]) -> None:
+    assert _dash_values(argv) == argv
+
+
+def test_a_search_with_no_text_is_still_an_error() -> None:
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(_dash_values(["history", "--search", "--json"]))

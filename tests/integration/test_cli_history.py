@@ -187,6 +187,14 @@ def test_search_is_case_insensitive_and_combines_with_the_other_filters(chat: Pa
     assert ids(history(chat, "--search", "morning", "--regex")) == ["m1", "m2"]
 
 
+def test_a_search_text_may_start_with_a_dash(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    make_store(data, [stored("s1", "use the -sign flag"), stored("s2", "sign here")])
+    assert ids(history(data, "--search", "-sign")) == ["s1"]
+    assert ids(history(data, "--search", "-sign", "--regex")) == ["s1"]
+    assert ids(history(data, "--search=-sign", "--limit", "1")) == ["s1"]
+
+
 def test_history_reads_a_version_3_store_as_it_is(tmp_path: Path) -> None:
     data = tmp_path / "data"
     write_v3_store(
