@@ -25,7 +25,7 @@ from starlette.routing import Route
 from actors.agent.speech import DRAFTS_NS
 from actors.status import StatusWriter
 from actors.transcript.stored import history_line
-from protocol.display import json_safe
+from protocol.display import json_safe, printable
 from protocol.jsonrpc import decode
 from store import body_text, text_matcher
 
@@ -147,7 +147,7 @@ class ConsoleApi:
                     {
                         "server_id": server["id"],
                         "id": ch["id"],
-                        "label": ch["label"],
+                        "label": printable(ch["label"]),
                         "registered": ch["registered"],
                         "publish": ch["place"],
                         "open_for": {name: name not in closed for name in hearers},
@@ -264,7 +264,7 @@ def _message(m: Mapping[str, Any]) -> dict[str, Any]:
     history`` prints for it, less the id, agent and role the page shows apart."""
     line = history_line(m)
     shown = line.removeprefix(f"{m.get('id')} {m.get('agent')} {m.get('role')}").lstrip()
-    return {"id": m.get("id"), "role": m.get("role"), "line": shown}
+    return {"id": m.get("id"), "role": m.get("role"), "line": printable(shown)}
 
 
 def _int(value: str | None, default: int, name: str, cap: int) -> int:

@@ -22,6 +22,7 @@ from trio_websocket import ConnectionRejected, open_websocket_url
 from actors.errors import ConfigError
 from actors.web.auth import ACTION_HEADER, COOKIE
 from actors.web.console import STATIC, Console, open_console
+from protocol.display import printable
 from protocol.redact import REDACTED
 from tests.helpers import (
     answered,
@@ -345,7 +346,9 @@ async def test_hostile_text_stays_text_and_credentials_stay_home(
                 "label": IMG,
                 "publish": {"target": "root"},
             }
-            ctl.send({"cmd": "register", "channels": [hostile]})
+            # a right-to-left override: "\u202egnp.exe" shows as "exe.png" where it is not escaped
+            reversed_name = {**hostile, "id": "lobby:#y", "label": "\u202egnp.exe"}
+            ctl.send({"cmd": "register", "channels": [hostile, reversed_name]})
             await ctl.wait_for(answered("channels/register"), "registered", since=mark)
             async with (
                 console_on(host) as console,
@@ -356,7 +359,8 @@ async def test_hostile_text_stays_text_and_credentials_stay_home(
                     ctl,
                     "lobby:#x",
                     "h1",
-                    f"{SCRIPT} weather in {IMG.replace(' ', '')} {api_key} {server_token}",
+                    f"{SCRIPT} weather in {IMG.replace(' ', '')} {api_key} {server_token} "
+                    "\u202egnp.exe",
                     author={"id": "u1", "name": SCRIPT},
                 )
                 await feed.until(lambda r: r["kind"] == "tool-result", "the tool's result")
@@ -389,6 +393,13 @@ async def test_hostile_text_stays_text_and_credentials_stay_home(
                 # hostile text arrives as JSON strings in every field it was sent through
                 channels = (await http.get("/api/channels")).json()
                 assert any(c["label"] == IMG for c in channels)
+                # a bidi control reaches no page as it is: the pages show it escaped, as the
+                # transcript does
+                [reversed_channel] = [c for c in channels if c["id"] == "lobby:#y"]
+                assert reversed_channel["label"] == printable("\u202egnp.exe") != "\u202egnp.exe"
+                stored = (await http.get("/api/history/Ada")).json()["messages"]
+                assert any(printable("\u202egnp.exe") in m["line"] for m in stored)
+                assert not any("\u202e" in m["line"] for m in stored)
                 heard = next(r for r in feed.records if r["kind"] == "incoming")
                 assert SCRIPT in heard["line"]
                 assert SCRIPT in json.dumps(heard["data"])
