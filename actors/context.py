@@ -18,6 +18,7 @@ from protocol.state import Lineages
 
 from .config import HostConfig, host_redactor
 from .directory import ChannelDirectory, SavedOpen, is_open
+from .interpreter import LoopWatch
 from .kernel import ActorRef, Work
 from .messages import Register, Unregister
 from .renders import SharedRenders
@@ -89,6 +90,11 @@ class HostContext:
         # Renderings of stored messages, shared by the agents' context readers.
         self.renders = SharedRenders()
         self.turns = TurnToken()  # agents' turns take the interpreter one after another
+        # how long task steps hold the loop (the host installs it as a trio instrument)
+        self.loop_watch = LoopWatch(self._stalled)
+
+    def _stalled(self, task: str, held_s: float) -> None:
+        self.trace.emit("loop-stall", data={"task": task, "held_ms": round(held_s * 1000)})
 
     def _load(self, server_id: str) -> dict[str, Any]:
         """What :mod:`protocol.fairness` weighs for ``server_id`` now."""

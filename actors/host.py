@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 from collections.abc import AsyncIterator, Iterable, Mapping
@@ -106,6 +107,7 @@ class Host:
         ctx.lineages = Lineages.from_state(saved)
         host = cls(ctx)
         body_error: Exception | None = None
+        trio.lowlevel.add_instrument(ctx.loop_watch)
         try:
             async with trio.open_nursery() as nursery:
                 ctx.channel_nursery = nursery
@@ -140,6 +142,8 @@ class Host:
                     nursery.cancel_scope.cancel()
         finally:
             gc.unfreeze()
+            with contextlib.suppress(KeyError):  # trio drops an instrument whose hook raised
+                trio.lowlevel.remove_instrument(ctx.loop_watch)
             await store.aclose()
             trace.close()
         if body_error is not None:

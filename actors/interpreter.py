@@ -1,4 +1,9 @@
-"""The interpreter's thread switch interval while hosts run.
+"""The interpreter while hosts run: its thread switch interval, and a watch on the trio loop.
+
+:class:`LoopWatch`, a trio instrument each host installs, records how long each task step held
+the loop (the time no other task could run): the longest so far and its task go into the status
+file, and a step that held it :data:`STALL_REPORT_S` or longer is reported with the task's name.
+A step costs it two clock reads.
 
 The host's store reads run in a worker thread (``StoreClient.read``); each SQLite call there lets
 go of the interpreter lock, and taking it back while the trio thread runs Python code waits for
@@ -25,8 +30,12 @@ thread, whose reads a busy trio thread would otherwise hold back up to 5 ms each
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import Any
+
+import trio
 
 SWITCH_INTERVAL_S = 0.0002
 
@@ -54,3 +63,54 @@ def short_switch_interval() -> Iterator[None]:
             if sys.getswitchinterval() == _set:  # nobody changed it meanwhile
                 sys.setswitchinterval(_before)
             _before = None
+
+
+#: A task step at least this long (seconds) is reported as a stall of the loop.
+STALL_REPORT_S = 0.25
+
+
+class LoopWatch(trio.abc.Instrument):
+    """How long task steps hold the trio loop (see the module docstring).
+
+    ``report(task_name, seconds)`` is called after each step of at least ``threshold``; the
+    clock is real time (``time.perf_counter``), whatever clock the loop runs on."""
+
+    def __init__(
+        self,
+        report: Callable[[str, float], Any],
+        *,
+        threshold: float = STALL_REPORT_S,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        self._report = report
+        self._threshold = threshold
+        self._clock = clock
+        self._step_began: float | None = None  # None: installed in the middle of a step
+        #: the longest step so far, in seconds, and the name of the task that took it
+        self.longest = 0.0
+        self.longest_task: str | None = None
+        #: how many steps reached the threshold
+        self.stalls = 0
+
+    def before_task_step(self, task: trio.lowlevel.Task) -> None:
+        self._step_began = self._clock()
+
+    def after_task_step(self, task: trio.lowlevel.Task) -> None:
+        if self._step_began is None:
+            return
+        held = self._clock() - self._step_began
+        if held <= self.longest and held < self._threshold:
+            return
+        if held > self.longest:
+            self.longest, self.longest_task = held, task.name
+        if held >= self._threshold:
+            self.stalls += 1
+            self._report(task.name, held)
+
+    def summary(self) -> dict[str, Any]:
+        """What the status file says of the loop."""
+        return {
+            "longest_step_ms": round(self.longest * 1000, 1),
+            "longest_step_task": self.longest_task,
+            "stalls": self.stalls,
+        }

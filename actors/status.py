@@ -127,6 +127,7 @@ def snapshot(
     running: bool,
     redactor: Redactor,
     channels: Callable[[str], tuple[list[ChannelInfo], int]] | None = None,
+    loop: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The file's content less ``written_at`` (which the writer adds): every configured server
     (with its channels, from ``channels(server_id)``) and agent, in configuration order,
@@ -143,6 +144,8 @@ def snapshot(
         "servers": [server_entry(s, statuses.get(s.id), listed(s.id)) for s in config.servers],
         "agents": [agent_entry(a.name, agent_statuses.get(a.name)) for a in config.agents],
     }
+    if loop is not None:
+        doc["loop"] = dict(loop)
     result: dict[str, Any] = redactor.value(doc)
     return result
 
@@ -201,6 +204,7 @@ class StatusWriter:
             running=running,
             redactor=self.redactor,
             channels=self._channels,
+            loop=watch.summary() if (watch := getattr(ctx, "loop_watch", None)) else None,
         )
 
     def _channels(self, server_id: str) -> tuple[list[ChannelInfo], int]:

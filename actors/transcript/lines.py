@@ -50,6 +50,7 @@ LEVELS: dict[str, int] = {
     "record-skipped": WARNING,
     "error": ERROR,
     "agent-paused": ERROR,
+    "loop-stall": WARNING,
 }
 
 
@@ -192,6 +193,8 @@ def format_event(e: TraceEvent) -> str | None:
             + (f"; resumed {resumed}" if resumed else "")
             + (f"; needs a restart to apply: {restart}" if restart else "")
         )
+    if k == "loop-stall":
+        return f"! the host's loop was held {_count(d.get('held_ms'))} ms by task {d.get('task')}"
     if k == "reload-refused":
         return f"! config not reloaded, the running one stays: {d.get('reason')}"
     if k == "record-skipped":
