@@ -27,14 +27,11 @@ from actors.status import StatusWriter
 from actors.transcript.stored import history_line
 from protocol.display import json_safe, printable
 from protocol.jsonrpc import decode
-from store import body_text, text_matcher
 
 from .feed import Feed
 
 #: The most messages one history answer lists, and the messages a search reads at most.
 HISTORY_LIMIT = 200
-SEARCH_PAGE = 200
-SEARCH_READ_CAP = 5000
 #: The longest local message the console posts, and the largest request body it reads.
 MAX_TEXT = 20_000
 MAX_BODY = 65_536
@@ -161,45 +158,37 @@ class ConsoleApi:
 
     async def history(self, request: Request) -> dict[str, Any]:
         """An agent's stored messages, newest ``limit`` (before message ``before``), or with
-        ``q`` the newest ones whose text contains it (case-insensitive), read back at most
-        ``SEARCH_READ_CAP`` messages; ``more`` is the id to pass as ``before`` for older ones."""
-        agent = request.path_params["agent"]
+        ``q`` the newest ones whose text contains it (case-insensitive, through the store's text
+        index as ``mcplive history --search`` reads it); ``more`` is the id to pass as
+        ``before`` for older ones. The store is read in a worker thread, never on the loop."""
+        agent = self._agent(request)
         params = request.query_params
         limit = _int(params.get("limit"), 50, "limit", HISTORY_LIMIT)
         before = params.get("before") or None
         query = params.get("q") or ""
         try:
-            if not query:
-                messages = self.host.history(agent, limit=limit, before=before)
-                more = messages[0]["id"] if len(messages) == limit else None
-                return {"messages": [_message(m) for m in messages], "more": more}
-            return self._search(agent, query, limit, before)
+            found, more = await self.host.ctx.store.read(self._page, agent, query, limit, before)
         except ValueError as exc:
             raise BadRequest(str(exc)) from None
+        return {"messages": [_message(m) for m in found], "more": more}
 
-    def _search(self, agent: str, query: str, limit: int, before: str | None) -> dict[str, Any]:
-        matches = text_matcher(query)
-        found: list[dict[str, Any]] = []
-        read = 0
-        cursor = before
-        while len(found) < limit and read < SEARCH_READ_CAP:
-            page = self.host.history(agent, limit=SEARCH_PAGE, before=cursor)
-            if not page:
-                cursor = None
-                break
-            read += len(page)
-            cursor = page[0]["id"]
-            for m in reversed(page):
-                if matches(body_text(m)):
-                    found.append(m)
-                    if len(found) >= limit:
-                        cursor = m["id"]
-                        break
-            if len(page) < SEARCH_PAGE and len(found) < limit:
-                cursor = None
-                break
-        found.reverse()
-        return {"messages": [_message(m) for m in found], "more": cursor, "searched": read}
+    def _page(
+        self, agent: str, query: str, limit: int, before: str | None
+    ) -> tuple[list[dict[str, Any]], str | None]:
+        """The newest ``limit`` messages of ``agent`` before ``before`` holding ``query`` (any,
+        when empty), oldest first, and the id to page on from (None: no older one)."""
+        reader = self.host.ctx.store.reader
+        bounds = {}
+        if before is not None:
+            seq = reader.seq_of(before, agent)
+            if seq is None:
+                raise ValueError(f"{agent} has no message {before!r}")
+            bounds["before_seq"] = seq
+        rows = reader.rows(
+            agent=agent, contains=query or None, newest_first=True, limit=limit + 1, **bounds
+        )
+        more = rows[limit - 1].message["id"] if len(rows) > limit and limit else None
+        return [row.message for row in reversed(rows[:limit])], more
 
     # -- actions ----------------------------------------------------------------------------
     async def post_local(self, request: Request) -> dict[str, Any]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -83,9 +84,20 @@ def actions(console: Console) -> dict[str, str]:
     return {ACTION_HEADER: console.guard.action_key}
 
 
-async def test_every_read_endpoint_and_the_live_feed(tmp_path: Path) -> None:
+async def test_every_read_endpoint_and_the_live_feed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     with trio.fail_after(DEADLINE):
         async with running_lobby(tmp_path, {"Ada": HELLO}) as lb:
+            # the History page's reads run in a worker thread, never on the host's loop
+            reader = lb.host.ctx.store.reader
+            read_on: list[bool] = []
+
+            def rows(*args: Any, **kwargs: Any) -> Any:
+                read_on.append(threading.current_thread() is threading.main_thread())
+                return type(reader).rows(reader, *args, **kwargs)
+
+            monkeypatch.setattr(reader, "rows", rows)
             async with (
                 console_on(lb.host) as console,
                 httpx.AsyncClient(base_url=console.url) as http,
@@ -130,6 +142,20 @@ async def test_every_read_endpoint_and_the_live_feed(tmp_path: Path) -> None:
                 assert any("Hi there! Ada here." in line for line in lines)
                 found = (await http.get("/api/history/Ada", params={"q": "HELLO ADA"})).json()
                 assert [m["role"] for m in found["messages"]] == ["user"]
+                assert found["more"] is None
+                # a search pages like the plain list: the newest first, then older ones
+                send_incoming(lb.ctl, "lobby:#general", "m2", "hello Ada, again")
+                await feed.until(lambda r: "again" in (r["line"] or ""), "the second hello")
+                await lb.host.run_until_idle()
+                newest = (
+                    await http.get("/api/history/Ada", params={"q": "hello ada", "limit": "1"})
+                ).json()
+                assert ["again" in m["line"] for m in newest["messages"]] == [True]
+                params = {"q": "hello ada", "before": newest["more"]}
+                rest = (await http.get("/api/history/Ada", params=params)).json()
+                assert [m["role"] for m in rest["messages"]] == ["user"] and rest["more"] is None
+                assert "again" not in rest["messages"][0]["line"]
+                assert read_on and not any(read_on)
                 one = (await http.get("/api/history/Ada", params={"limit": "1"})).json()
                 assert len(one["messages"]) == 1 and one["more"] is not None
                 older = await http.get("/api/history/Ada", params={"before": one["more"]})
