@@ -156,6 +156,11 @@ def one_line(problems: Any) -> str:
     return "; ".join(" ".join(str(p).split()) for p in problems)
 
 
+#: How long a reload waits for the config (and gate) files to be read: a FIFO or a file on a
+#: hung mount is given up on, and the running config stays.
+READ_LIMIT_S = 5.0
+
+
 async def reload_on_sighup(
     host: Any,
     load: Callable[[], Any] | None,
@@ -168,6 +173,18 @@ async def reload_on_sighup(
     example), a SIGHUP only says so."""
     from .errors import ConfigError
 
+    reading = False  # a read given up on may still hang in its thread: one at a time
+
+    def read() -> Any:
+        nonlocal reading
+        try:
+            return load() if load is not None else None
+        finally:
+            reading = False
+
+    def refuse(reason: str) -> None:
+        host.ctx.trace.emit("reload-refused", data={"reason": reason})
+
     with trio.open_signal_receiver(signal.SIGHUP) as signals:
         task_status.started()
         async for _ in signals:
@@ -175,11 +192,19 @@ async def reload_on_sighup(
                 text = "SIGHUP: no config file to reload (the bundled example)"
                 host.ctx.trace.emit("note", data={"text": text})
                 continue
+            if reading:
+                refuse("the last read of the config file has not ended yet")
+                continue
+            reading = True
+            # the files are read in a thread: a FIFO or a hung mount must not hold the loop
             try:
-                config = load()
+                with trio.move_on_after(READ_LIMIT_S) as limit:
+                    config = await trio.to_thread.run_sync(read, abandon_on_cancel=True)
             except ConfigError as exc:
-                problems = getattr(exc, "problems", None) or [str(exc)]
-                host.ctx.trace.emit("reload-refused", data={"reason": one_line(problems)})
+                refuse(one_line(getattr(exc, "problems", None) or [str(exc)]))
+                continue
+            if limit.cancelled_caught:
+                refuse(f"the config file could not be read within {READ_LIMIT_S:g} s")
                 continue
             try:
                 await host.reload(config)

@@ -287,3 +287,22 @@ async def test_sighups_from_the_start_are_dropped_until_the_host_listens(tmp_pat
                 with trio.CancelScope(shield=True):
                     await proc.wait()
     assert not any("Traceback" in line for line in host.lines)
+
+
+async def test_a_reload_from_a_file_that_cannot_be_read_leaves_the_host_running(
+    tmp_path: Path,
+) -> None:
+    # a FIFO with no writer: opening it hangs, as a file on a hung mount would
+    config = write_config(tmp_path)
+    with trio.fail_after(120):
+        async with mcplive_run(config) as host:
+            await host.line(lambda line: "lobby ready" in line)
+            config.unlink()
+            os.mkfifo(config)
+            os.kill(host.proc.pid, signal.SIGHUP)
+            refused = await host.line(lambda line: "config not reloaded" in line)
+            assert "could not be read within" in refused
+            # the loop was never held: the host stops as asked (the read ends with it)
+            host.proc.send_signal(signal.SIGINT)
+            assert await host.proc.wait() == 0
+    assert not any("Traceback" in line for line in host.lines)
