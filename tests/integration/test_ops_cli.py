@@ -71,10 +71,11 @@ class Host:
 
 
 @asynccontextmanager
-async def mcplive_run(config: Path) -> AsyncIterator[Host]:
+async def mcplive_run(config: Path, env: dict[str, str] | None = None) -> AsyncIterator[Host]:
     proc = await trio.lowlevel.open_process(
         [*MCPLIVE, "run", str(config)],
         cwd=config.parent,
+        env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
     )
@@ -247,45 +248,31 @@ async def test_sighups_from_the_start_are_dropped_until_the_host_listens(tmp_pat
     await listener.bind(address)
     env = {**os.environ, "NOTIFY_SOCKET": address}
     with trio.fail_after(120), listener:
-        proc = await trio.lowlevel.open_process(
-            [*MCPLIVE, "run", str(config)],
-            cwd=tmp_path,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-        )
-        host = Host(proc)
-        try:
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(host.read)
-                assert await listener.recv(1024) == b"STATUS=starting"
-                sent = 0
+        async with mcplive_run(config, env) as host:
+            proc = host.proc
+            assert await listener.recv(1024) == b"STATUS=starting"
+            sent = 0
 
-                async def hangups() -> None:
-                    # a burst of SIGHUPs while the command imports, loads its config and starts
-                    nonlocal sent
-                    while True:
-                        proc.send_signal(signal.SIGHUP)
-                        sent += 1
-                        await trio.sleep(0.002)
+            async def hangups() -> None:
+                # a burst of SIGHUPs while the command imports, loads its config and starts
+                nonlocal sent
+                while True:
+                    proc.send_signal(signal.SIGHUP)
+                    sent += 1
+                    await trio.sleep(0.002)
 
-                async with trio.open_nursery() as burst:
-                    burst.start_soon(hangups)
-                    ready = await listener.recv(1024)
-                    burst.cancel_scope.cancel()
-                assert ready == b"READY=1\nSTATUS=running"
-                assert sent > 0 and proc.returncode is None
-                # from READY on, a SIGHUP is a reload
-                proc.send_signal(signal.SIGHUP)
-                await host.line(lambda line: "config reloaded" in line)
-                proc.send_signal(signal.SIGINT)
-                assert await proc.wait() == 0
-                assert await listener.recv(1024) == b"STOPPING=1"
-        finally:
-            if proc.returncode is None:
-                proc.kill()
-                with trio.CancelScope(shield=True):
-                    await proc.wait()
+            async with trio.open_nursery() as burst:
+                burst.start_soon(hangups)
+                ready = await listener.recv(1024)
+                burst.cancel_scope.cancel()
+            assert ready == b"READY=1\nSTATUS=running"
+            assert sent > 0 and proc.returncode is None
+            # from READY on, a SIGHUP is a reload
+            proc.send_signal(signal.SIGHUP)
+            await host.line(lambda line: "config reloaded" in line)
+            proc.send_signal(signal.SIGINT)
+            assert await proc.wait() == 0
+            assert await listener.recv(1024) == b"STOPPING=1"
     assert not any("Traceback" in line for line in host.lines)
 
 
