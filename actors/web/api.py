@@ -27,6 +27,7 @@ from actors.status import StatusWriter
 from actors.transcript.stored import history_line
 from protocol.display import json_safe, printable
 from protocol.jsonrpc import decode
+from protocol.metrics import CONTENT_TYPE, Family, exposition
 
 from .feed import Feed
 
@@ -55,6 +56,7 @@ class ConsoleApi:
         get, post = ["GET"], ["POST"]
         return [
             Route("/healthz", self._handler(self.healthz), methods=get),
+            Route("/metrics", self.metrics, methods=get),
             Route("/api/console", self._handler(self.console), methods=get),
             Route("/api/agents", self._handler(self.agents), methods=get),
             Route("/api/servers", self._handler(self.servers), methods=get),
@@ -92,6 +94,11 @@ class ConsoleApi:
     # -- reads ------------------------------------------------------------------------------
     def _snapshot(self) -> dict[str, Any]:
         return self.status.body()
+
+    async def metrics(self, request: Request) -> Response:
+        """The host's figures in the Prometheus text format (see :func:`metric_families`)."""
+        text = exposition(metric_families(self._snapshot()))
+        return Response(text, media_type=CONTENT_TYPE)
 
     async def healthz(self, request: Request) -> dict[str, Any]:
         snap = self._snapshot()
@@ -283,3 +290,57 @@ async def _body(request: Request) -> dict[str, Any]:
     if not isinstance(body, dict):
         raise BadRequest("the body must be a JSON object")
     return body
+
+
+def metric_families(snap: Mapping[str, Any]) -> list[Family]:
+    """What ``/metrics`` says, from the status snapshot: the loop, each server and each agent."""
+    loop = snap.get("loop") or {}
+    servers = snap.get("servers", [])
+    agents = snap.get("agents", [])
+    tokens = [
+        ({"agent": a["name"], "kind": kind}, float(n))
+        for a in agents
+        for kind, n in sorted((a.get("usage") or {}).items())
+    ]
+    return [
+        Family("mcplive_up", "Whether the host runs.", "gauge", [({}, 1.0)]),
+        Family(
+            "mcplive_loop_longest_step_seconds",
+            "The longest time one task step held the host's loop.",
+            "gauge",
+            [({}, float(loop.get("longest_step_ms", 0.0)) / 1000)],
+        ),
+        Family(
+            "mcplive_loop_stalls_total",
+            "Task steps that held the host's loop 250 ms or more.",
+            "counter",
+            [({}, float(loop.get("stalls", 0)))],
+        ),
+        Family(
+            "mcplive_server_ready",
+            "Whether the server's link is ready (1) or not (0).",
+            "gauge",
+            [({"server": s["id"]}, float(s["state"] == "ready")) for s in servers],
+        ),
+        Family(
+            "mcplive_server_connects_total",
+            "Connections made to the server.",
+            "counter",
+            [({"server": s["id"]}, float(s["connects"])) for s in servers],
+        ),
+        Family(
+            "mcplive_agent_turns_total",
+            "Turns the agent took.",
+            "counter",
+            [({"agent": a["name"]}, float(a["turns"])) for a in agents],
+        ),
+        Family(
+            "mcplive_agent_state",
+            "The agent's state (1 for the one it is in).",
+            "gauge",
+            [({"agent": a["name"], "state": a["state"]}, 1.0) for a in agents],
+        ),
+        Family(
+            "mcplive_agent_tokens_total", "Tokens the agent's model calls used.", "counter", tokens
+        ),
+    ]

@@ -117,6 +117,11 @@ async def test_every_read_endpoint_and_the_live_feed(
                 assert heard["seq"] < said["seq"]
                 await lb.host.run_until_idle()
 
+                metrics = await http.get("/metrics")
+                assert metrics.headers["content-type"].startswith("text/plain; version=0.0.4")
+                assert 'mcplive_server_ready{server="lobby"} 1' in metrics.text.splitlines()
+                assert 'mcplive_agent_turns_total{agent="Ada"}' in metrics.text
+                assert "mcplive_loop_stalls_total " in metrics.text
                 health = (await http.get("/healthz")).json()
                 assert health["ok"] and health["running"]
                 assert health["servers"] == {"lobby": "ready"}
