@@ -315,12 +315,13 @@ async def test_the_gate_with_a_token(tmp_path: Path) -> None:
                 console_on(lb.host, token) as console,
                 httpx.AsyncClient(base_url=console.url) as http,
             ):
-                for path in ("/", "/healthz", "/api/agents", "/static/app.js"):
+                for path in ("/", "/healthz", "/metrics", "/api/agents", "/static/app.js"):
                     assert (await http.get(path)).status_code == 401, path
                     wrong = {"authorization": "Bearer nope"}
                     assert (await http.get(path, headers=wrong)).status_code == 401, path
                 bearer = {"authorization": f"Bearer {token}"}
                 assert (await http.get("/healthz", headers=bearer)).status_code == 200
+                assert (await http.get("/metrics", headers=bearer)).status_code == 200
                 # the bearer header alone is enough for an action (no page can send it)
                 assert (await http.post("/api/agents/Ada/pause", headers=bearer)).status_code == 200
                 assert (await http.get("/", params={"token": "nope"})).status_code == 401
