@@ -55,8 +55,18 @@ class TraceEvent:
             raise TypeError("channel_id must be a string or None")
 
 
+#: Kinds that speak of an agent's model, whichever server's message woke the agent.
+MODEL_KINDS = frozenset({"model-retry"})
+
+
 def source_of(event: TraceEvent) -> Hashable:
-    """The source an event is counted against: its server, else its agent, else the host."""
+    """The source an event is counted against: its server, else its agent, else the host. What
+    an agent's model did (a retry, a failed call) is the agent's, never the waking server's."""
+    of_the_model = event.kind in MODEL_KINDS or (
+        event.kind == "error" and event.data.get("where") == "model"
+    )
+    if event.agent is not None and of_the_model:
+        return ("agent", event.agent)
     if event.server_id is not None:
         return ("server", event.server_id)
     if event.agent is not None:

@@ -321,6 +321,24 @@ def test_collapsing_keeps_sources_and_shapes_apart() -> None:
     ]
 
 
+def test_a_collapsed_model_error_is_the_agents_not_the_waking_servers() -> None:
+    out = io.StringIO()
+    printer = TranscriptPrinter(
+        out, TranscriptOptions(), collapser=RepeatCollapser(window_s=10, burst=1)
+    )
+    for _ in range(3):
+        for kind, data in (
+            ("error", {"error": "anthropic: overloaded (529)", "where": "model"}),
+            ("model-retry", {"line": "anthropic: overloaded (529), retry 1/4 in 2 s"}),
+        ):
+            # the turn's events carry the place of the message that woke Ada
+            printer.handle(TraceEvent(kind=kind, agent="Ada", server_id="lobby", data=data), 0)
+    printer.flush(10)
+    summaries = [line for line in out.getvalue().splitlines() if "more like this" in line]
+    assert len(summaries) == 2
+    assert all("more like this from Ada in" in line for line in summaries), summaries
+
+
 def test_every_turns_usage_and_an_agents_pause_and_resume_are_shown() -> None:
     usage = {"input_tokens": 10, "output_tokens": 2, "phase": "completed"}
     events = [
