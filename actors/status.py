@@ -13,6 +13,7 @@ When the host stops, one last snapshot says ``"running": false``.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
@@ -268,6 +269,9 @@ class StatusWriter:
         try:
             write_atomic(self.path, data)
         except OSError as exc:
+            # the heartbeat goes on where the content cannot: a touch needs no free space
+            with contextlib.suppress(OSError):
+                os.utime(self.path)
             return doc, exc.strerror or str(exc)
         return doc, None
 

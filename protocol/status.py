@@ -112,10 +112,19 @@ def parse(text: str) -> dict[str, Any]:
     return doc
 
 
-def assess(doc: Mapping[str, Any] | None, holder: int | None, now: float) -> Verdict:
+def assess(
+    doc: Mapping[str, Any] | None,
+    holder: int | None,
+    now: float,
+    touched_at: float | None = None,
+) -> Verdict:
     """The health of the host on a data dir: ``holder`` is the pid holding its lock (0: held,
     pid unknown; None: not held), ``doc`` the parsed status file (None: missing or unreadable),
-    ``now`` the reader's time."""
+    ``now`` the reader's time, ``touched_at`` the file's modification time (None: unknown).
+
+    A host whose writes fail (a full disk) still touches the file at each heartbeat: old
+    content in a file touched in time is a host that runs but cannot write (degraded, not
+    hung)."""
     if holder is None:
         return Verdict(code=NOT_RUNNING, problems=("no host holds the data dir's lock",))
     if doc is None:
@@ -129,12 +138,18 @@ def assess(doc: Mapping[str, Any] | None, holder: int | None, now: float) -> Ver
     written = seconds(doc.get("written_at"))
     interval = float(doc.get("interval_s") or 0)
     age = now - written if written is not None else math.inf
-    if age > STALE_INTERVALS * interval:
-        return Verdict(
-            code=UNKNOWN,
-            problems=(f"the status was written {describe_age(age)} ago (hung?)",),
-        )
     problems: list[str] = []
+    if age > STALE_INTERVALS * interval:
+        touched_age = now - touched_at if touched_at is not None else math.inf
+        if touched_age > STALE_INTERVALS * interval:
+            return Verdict(
+                code=UNKNOWN,
+                problems=(f"the status was written {describe_age(age)} ago (hung?)",),
+            )
+        problems.append(
+            f"the status file could not be written for {describe_age(age)} (a full disk?); "
+            "what follows is from then"
+        )
     if not doc.get("running"):
         problems.append("the host is stopping")
     for server in _entries(doc.get("servers")):

@@ -67,7 +67,11 @@ def cmd_status(args: argparse.Namespace) -> int:
     pid = holder(data_dir)
     doc, text, unreadable = read_status(data_dir)
     now = time.time()
-    verdict = fmt.assess(doc, pid, now)
+    try:
+        touched_at: float | None = (data_dir / fmt.FILE_NAME).stat().st_mtime
+    except OSError:
+        touched_at = None
+    verdict = fmt.assess(doc, pid, now, touched_at)
     if unreadable and verdict.code == fmt.UNKNOWN:
         verdict = fmt.Verdict(code=fmt.UNKNOWN, problems=(unreadable,))
     if args.json:

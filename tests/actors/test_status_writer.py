@@ -4,6 +4,7 @@ waits on the document it last wrote."""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import types
@@ -128,6 +129,32 @@ async def test_a_failing_write_is_one_line_per_streak(tmp_path: Path) -> None:
             nursery.cancel_scope.cancel()
     with pytest.raises(trio.WouldBlock):
         stream.receive_nowait()  # the last write failed too, but within the same streak
+
+
+async def test_a_write_that_fails_still_touches_the_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ctx = fake_ctx(tmp_path)
+    writer = StatusWriter(ctx, check_every=0.01)
+    path = tmp_path / fmt.FILE_NAME
+    stream = ctx.trace.subscribe_nowait(kinds=frozenset({"status-unwritten"}))
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(writer.run)
+            first = await writer.written.wait_value(lambda d: d is not None)
+            before = path.stat().st_mtime_ns
+
+            def full(path: Path, data: bytes) -> None:
+                raise OSError(errno.ENOSPC, "No space left on device")
+
+            monkeypatch.setattr("actors.status.write_atomic", full)
+            ctx.agent_statuses["Bob"] = AgentStatus(name="Bob", held=True)  # worth a write
+            failed = await stream.receive()
+            assert failed.data["error"] == "No space left on device"
+            # the content is the last one written, the file's time is the heartbeat's
+            assert fmt.parse(path.read_text(encoding="utf-8")) == first
+            assert path.stat().st_mtime_ns > before
+            nursery.cancel_scope.cancel()
 
 
 def test_write_atomic_replaces_whole_and_leaves_nothing_behind(tmp_path: Path) -> None:

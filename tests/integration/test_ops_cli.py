@@ -182,6 +182,11 @@ async def test_status_is_unknown_when_the_holder_keeps_no_fresh_file(tmp_path: P
             "agents": [],
         }
         (data / fmt.FILE_NAME).write_text(json.dumps(old), encoding="utf-8")
+        # old content in a file touched now: a host that runs but cannot write (a full disk)
+        full = await status("--data-dir", str(data), cwd=tmp_path)
+        assert full.returncode == 1 and "could not be written for" in full.stdout.decode()
+        # old content in a file nobody touched since: a hung host
+        os.utime(data / fmt.FILE_NAME, (1_000_000_000.0, 1_000_000_000.0))
         stale = await status("--data-dir", str(data), cwd=tmp_path)
         assert stale.returncode == 4 and "ago (hung?)" in stale.stdout.decode()
         (data / fmt.FILE_NAME).write_text("{not json", encoding="utf-8")

@@ -72,6 +72,20 @@ def test_no_lock_holder_means_not_running_whatever_the_file_says(
 
 
 @given(st.floats(min_value=0, max_value=1e6), st.floats(min_value=0.1, max_value=600))
+def test_old_content_in_a_file_touched_in_time_is_a_host_that_cannot_write(
+    touched_age: float, interval: float
+) -> None:
+    # the content is past stale; the heartbeat's touch says whether the host still runs
+    old = doc(age=fmt.STALE_INTERVALS * interval + 60, interval=interval)
+    verdict = fmt.assess(old, 42, NOW, NOW - touched_age)
+    if touched_age < fmt.STALE_INTERVALS * interval:
+        assert verdict.code == fmt.DEGRADED
+        assert verdict.problems[0].startswith("the status file could not be written for")
+    elif touched_age > fmt.STALE_INTERVALS * interval:
+        assert verdict.code == fmt.UNKNOWN and "hung?" in verdict.problems[0]
+
+
+@given(st.floats(min_value=0, max_value=1e6), st.floats(min_value=0.1, max_value=600))
 def test_stale_exactly_past_the_allowed_intervals(age: float, interval: float) -> None:
     verdict = fmt.assess(doc(age=age, interval=interval), 42, NOW)
     stale = age > fmt.STALE_INTERVALS * interval + 0.002  # the file keeps milliseconds
