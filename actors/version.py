@@ -109,11 +109,13 @@ def installed_version() -> str | None:
         return None
 
 
-def _warn(old: str, new: str) -> None:
+def _warn(old: str, new: str, stacklevel: int) -> None:
+    """Warn that ``old`` moved, pointing ``stacklevel`` frames above this function's caller
+    (at the user's import or attribute, past the machinery that answered it)."""
     warnings.warn(
         f"{old} moved to {new}; the old name goes in mcplive {DROPPED_IN}",
         DeprecationWarning,
-        stacklevel=3,
+        stacklevel=stacklevel + 1,
     )
 
 
@@ -128,7 +130,7 @@ class MovedModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType:
         new = "actors." + MOVED_MODULES[spec.name.rpartition(".")[2]]
-        _warn(spec.name, new)
+        _warn(spec.name, new, 2)  # (the import system's own frames are not counted)
         return importlib.import_module(new)
 
     def exec_module(self, module: ModuleType) -> None:
@@ -151,7 +153,7 @@ def moved_attribute(package: str, name: str) -> Any:
     value = getattr(importlib.import_module(new), name, _MISSING)
     if value is _MISSING:
         raise AttributeError(f"module {package!r} has no attribute {name!r}")
-    _warn(f"{package}.{name}", f"{new}.{name}")
+    _warn(f"{package}.{name}", f"{new}.{name}", 3)  # past the wing's ``__getattr__``
     return value
 
 

@@ -4,6 +4,7 @@ DeprecationWarning naming the new place; the public names never warn."""
 from __future__ import annotations
 
 import importlib
+import inspect
 import subprocess
 import sys
 import warnings
@@ -62,9 +63,7 @@ def test_submodules_and_public_names_import_without_a_warning() -> None:
         "import actors.web.console, actors.link.connection\n"
         "print('quiet')\n"
     )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == "quiet"
+    assert printed_by(code) == "quiet"
 
 
 def test_the_toolkit_loads_no_host_module() -> None:
@@ -75,14 +74,37 @@ def test_the_toolkit_loads_no_host_module() -> None:
         "    and not m.startswith('actors.serverkit') and m != 'actors.version')\n"
         "print(host_side)\n"
     )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == "[]"
+    assert printed_by(code) == "[]"
 
 
-def test_warnings_point_at_the_importer() -> None:
+def test_the_warning_points_at_the_import_statement() -> None:
     sys.modules.pop("actors.cli_history", None)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        importlib.import_module("actors.cli_history")
-    assert [w.category for w in caught] == [DeprecationWarning]
+        import actors.cli_history
+
+        line = inspect.currentframe().f_lineno - 2  # type: ignore[union-attr]
+    assert actors.cli_history is importlib.import_module("actors.cli.history")
+    assert [(w.category, w.filename, w.lineno) for w in caught] == [
+        (DeprecationWarning, __file__, line)
+    ]
+
+
+def test_an_old_attributes_warning_points_at_the_line_that_reads_it() -> None:
+    import actors.models
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model = actors.models.Model
+        line = inspect.currentframe().f_lineno - 1  # type: ignore[union-attr]
+    assert model is importlib.import_module("actors.models.base").Model
+    assert [(w.category, w.filename, w.lineno) for w in caught] == [
+        (DeprecationWarning, __file__, line)
+    ]
+
+
+def printed_by(code: str) -> str:
+    """What ``code`` prints when run in a fresh interpreter (which must end cleanly)."""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip()
