@@ -175,10 +175,10 @@ async def reload_on_sighup(
 
     reading = False  # a read given up on may still hang in its thread: one at a time
 
-    def read() -> Any:
+    def read(load: Callable[[], Any]) -> Any:
         nonlocal reading
         try:
-            return load() if load is not None else None
+            return load()
         finally:
             reading = False
 
@@ -199,7 +199,7 @@ async def reload_on_sighup(
             # the files are read in a thread: a FIFO or a hung mount must not hold the loop
             try:
                 with trio.move_on_after(READ_LIMIT_S) as limit:
-                    config = await trio.to_thread.run_sync(read, abandon_on_cancel=True)
+                    config = await trio.to_thread.run_sync(read, load, abandon_on_cancel=True)
             except ConfigError as exc:
                 refuse(one_line(getattr(exc, "problems", None) or [str(exc)]))
                 continue
