@@ -97,6 +97,8 @@ class AgentConfig:
     servers: tuple[str, ...] | None = None
     prose_mode: str = "locus"
     gate: Path | None = None
+    #: the gate file's policies as read with the config (None: read them when the agent starts)
+    gate_policy: GateConfig | None = attrs.field(default=None, eq=False, repr=False)
     context_tokens: int = 60_000
     max_tokens: int = DEFAULT_MAX_TOKENS  # the most a reply may take
     temperature: float | None = None  # None: the provider's default
@@ -548,6 +550,15 @@ def load_gate(path: Path) -> GateConfig:
         raise ConfigError(f"{path}: {exc}") from None
 
 
+def with_gate_policies(cfg: HostConfig) -> HostConfig:
+    """``cfg`` with every agent's gate file read now (a ``ConfigError`` names a broken one): a
+    reload puts in force what the files say at that moment, whatever read them before."""
+    agents = tuple(
+        a if a.gate is None else attrs.evolve(a, gate_policy=load_gate(a.gate)) for a in cfg.agents
+    )
+    return attrs.evolve(cfg, agents=agents)
+
+
 def _agent(i: int, a: Mapping[str, Any], base: Path, problems: list[str]) -> AgentConfig | None:
     name = a.get("name")
     where = _where("agents", name, i)
@@ -584,13 +595,14 @@ def _agent(i: int, a: Mapping[str, Any], base: Path, problems: list[str]) -> Age
         mode = "locus"
     gate = a.get("gate")
     gate_path = None
+    gate_policy = None
     if gate is not None:
         if not isinstance(gate, str):
             problems.append(f"{where}.gate: must be a path string")
         else:
             gate_path = (base / gate).resolve()
             try:
-                load_gate(gate_path)
+                gate_policy = load_gate(gate_path)
             except ConfigError as exc:
                 problems.append(f"{where}.gate: {exc}")
     summary_model = _summary_model(where, a.get("summary_model"), model, endpoint, base, problems)
@@ -612,6 +624,7 @@ def _agent(i: int, a: Mapping[str, Any], base: Path, problems: list[str]) -> Age
         servers=servers,
         prose_mode=mode,
         gate=gate_path,
+        gate_policy=gate_policy,
         context_tokens=context_tokens,
         summary_model=summary_model,
         images=images,

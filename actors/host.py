@@ -33,14 +33,14 @@ from actors.models.providers import make_model, model_from_spec
 from actors.references.registry import ReferenceRegistry
 from protocol.state import Lineages
 
-from .config import HostConfig, load_config
+from .config import HostConfig, load_config, with_gate_policies
 from .context import HostContext
 from .datadir import DataDirLock
 from .errors import ConfigError
 from .interpreter import short_switch_interval
 from .kernel import Work
 from .messages import Reconnect
-from .reload import apply_plan, one_line, plan_reload
+from .reload import OffLoop, apply_plan, one_line, plan_reload
 from .status import StatusWriter
 from .storage import StoreClient
 from .trace import TraceBus, TraceEvent
@@ -57,6 +57,7 @@ class Host:
         self.ctx = ctx
         self._source: str | os.PathLike[str] | None = None  # the config file, for reload()
         self._reloading = trio.Lock()
+        self._reader = OffLoop("the config file")
         self.status_writer: StatusWriter | None = None  # keeps <data_dir>/status.json
 
     @property
@@ -77,7 +78,9 @@ class Host:
         (the default) it keeps ``<data_dir>/status.json`` for ``mcplive status``, paced by
         wall-clock time; a test on a mock clock that waits for the host to sit idle for a
         while (``autojump_threshold`` above zero) turns it off."""
-        cfg = config if isinstance(config, HostConfig) else load_config(config)
+        # the files are read in a worker thread: a FIFO or a file on a hung mount holds that
+        # thread, not the caller's loop
+        cfg = await OffLoop("the config file").read(_read_config, config)
         models = {a.name: make_model(a) for a in cfg.agents}
         cfg.data_dir.mkdir(parents=True, exist_ok=True)
         lock = DataDirLock(cfg.data_dir)
@@ -253,7 +256,7 @@ class Host:
             raise ConfigError("reload: the host was not opened from a config file; pass one")
         async with self._reloading:
             try:
-                new = source if isinstance(source, HostConfig) else load_config(source)
+                new = await self._reader.read(_read_config, source)
             except ConfigError as exc:
                 problems = getattr(exc, "problems", None) or [str(exc)]
                 self.ctx.trace.emit("reload-refused", data={"reason": one_line(problems)})
@@ -275,6 +278,11 @@ class Host:
         if ref is None:
             raise KeyError(f"no agent named {name!r}")
         return ref
+
+
+def _read_config(config: str | os.PathLike[str] | Mapping[str, Any] | HostConfig) -> HostConfig:
+    """The config with its gate files read (blocking: run off the loop)."""
+    return with_gate_policies(config if isinstance(config, HostConfig) else load_config(config))
 
 
 class TraceStream:

@@ -107,6 +107,11 @@ class LoopWatch(trio.abc.Instrument):
             self.stalls += 1
             self._report(task.name, held)
 
+    def restart(self) -> None:
+        """Forget the longest step so far (the stalls stay counted): a measurement after a
+        warm-up starts here."""
+        self.longest, self.longest_task = 0.0, None
+
     def summary(self) -> dict[str, Any]:
         """What the status file says of the loop."""
         return {

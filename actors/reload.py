@@ -19,6 +19,7 @@ and reports it all in one ``config-reloaded`` trace event.
 from __future__ import annotations
 
 import signal
+import threading
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -26,6 +27,7 @@ import attrs
 import trio
 
 from .config import AgentConfig, HostConfig, ServerConfig
+from .errors import ConfigError
 from .messages import Reconfigure
 
 SERVER_LIVE = (
@@ -37,8 +39,9 @@ SERVER_LIVE = (
 #: Server keys read where they are used, from the config in force: taken, nothing to re-apply.
 SERVER_READ = ("publish_undeclared",)
 AGENT_LIVE = ("system_prompt", "gate", "max_tokens", "temperature", "images")
-#: Derived from another key (``endpoint`` from ``url``): never reported on its own.
-_DERIVED = frozenset({"endpoint"})
+#: Derived from another key (``endpoint`` from ``url``, ``gate_policy`` from the ``gate`` file):
+#: never reported on its own.
+_DERIVED = frozenset({"endpoint", "gate_policy"})
 #: How long a reload waits for one actor to take its new config, beyond the server's own
 #: request deadline (a live link's ``featureSets/update``).
 RECONFIGURE_GRACE_S = 10.0
@@ -100,7 +103,8 @@ def plan_reload(old: HostConfig, new: HostConfig) -> ReloadPlan:
             continue
         restart += [f"{a.name}.{k}" for k in _differing(a, n_agent, AGENT_LIVE)]
         changed += [f"{a.name}.{k}" for k in AGENT_LIVE if getattr(a, k) != getattr(n_agent, k)]
-        agents.append(attrs.evolve(a, **{k: getattr(n_agent, k) for k in AGENT_LIVE}))
+        taken_agent = {k: getattr(n_agent, k) for k in AGENT_LIVE}
+        agents.append(attrs.evolve(a, gate_policy=n_agent.gate_policy, **taken_agent))
     config = attrs.evolve(old, servers=tuple(servers), agents=tuple(agents))
     return ReloadPlan(
         config=config,
@@ -161,6 +165,50 @@ def one_line(problems: Any) -> str:
 READ_LIMIT_S = 5.0
 
 
+class SlowRead(ConfigError):
+    """A file read given up on: it took longer than its limit, or the last one has not ended."""
+
+
+class OffLoop:
+    """Blocking file reads (config, gate files) off the loop, one at a time.
+
+    :meth:`read` runs the read in a daemon thread of its own (not one of trio's worker threads,
+    which a hung read would hold for good) and waits for it, in a trio worker thread, for at most
+    ``limit_s`` seconds of wall-clock time, whatever clock the loop runs on (a mock clock's
+    jumps never cut a read short). A FIFO or a file on a hung mount holds that one thread, never
+    the loop; while it still hangs, the next read is refused at once rather than piling threads
+    up behind it."""
+
+    def __init__(self, what: str, limit_s: float | None = None) -> None:
+        self.what = what  # "the config file", "the gate file": for the one-line refusal
+        self.limit_s = READ_LIMIT_S if limit_s is None else limit_s
+        self.busy = False
+
+    async def read(self, fn: Callable[..., Any], *args: Any) -> Any:
+        if self.busy:
+            raise SlowRead(f"the last read of {self.what} has not ended yet")
+        self.busy = True
+        done = threading.Event()
+        result: list[Any] = []
+
+        def work() -> None:
+            try:
+                result.append(fn(*args))
+            except Exception as exc:  # raised where the caller awaits
+                result.append(exc)
+            finally:
+                self.busy = False  # plain assignments, read once ``done`` is set
+                done.set()
+
+        threading.Thread(target=work, name=f"mcplive-read {self.what}", daemon=True).start()
+        if not await trio.to_thread.run_sync(done.wait, self.limit_s, abandon_on_cancel=True):
+            raise SlowRead(f"{self.what} could not be read within {self.limit_s:g} s")
+        [outcome] = result
+        if isinstance(outcome, Exception):
+            raise outcome
+        return outcome
+
+
 async def reload_on_sighup(
     host: Any,
     load: Callable[[], Any] | None,
@@ -168,19 +216,10 @@ async def reload_on_sighup(
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """On every SIGHUP, one at a time: read the config again with ``load`` (it returns the new
-    ``HostConfig``, or raises ``ConfigError``) and put it in force with ``host.reload``; the
-    outcome is a line of the transcript. With no config file (``load`` is None: the bundled
-    example), a SIGHUP only says so."""
-    from .errors import ConfigError
-
-    reading = False  # a read given up on may still hang in its thread: one at a time
-
-    def read(load: Callable[[], Any]) -> Any:
-        nonlocal reading
-        try:
-            return load()
-        finally:
-            reading = False
+    ``HostConfig``, or raises ``ConfigError``) off the loop, and put it in force with
+    ``host.reload``; the outcome is a line of the transcript. With no config file (``load`` is
+    None: the bundled example), a SIGHUP only says so."""
+    reader = OffLoop("the config file")
 
     def refuse(reason: str) -> None:
         host.ctx.trace.emit("reload-refused", data={"reason": reason})
@@ -192,19 +231,10 @@ async def reload_on_sighup(
                 text = "SIGHUP: no config file to reload (the bundled example)"
                 host.ctx.trace.emit("note", data={"text": text})
                 continue
-            if reading:
-                refuse("the last read of the config file has not ended yet")
-                continue
-            reading = True
-            # the files are read in a thread: a FIFO or a hung mount must not hold the loop
             try:
-                with trio.move_on_after(READ_LIMIT_S) as limit:
-                    config = await trio.to_thread.run_sync(read, load, abandon_on_cancel=True)
+                config = await reader.read(load)
             except ConfigError as exc:
                 refuse(one_line(getattr(exc, "problems", None) or [str(exc)]))
-                continue
-            if limit.cancelled_caught:
-                refuse(f"the config file could not be read within {READ_LIMIT_S:g} s")
                 continue
             try:
                 await host.reload(config)

@@ -11,12 +11,10 @@ from __future__ import annotations
 
 import functools
 import importlib
-import importlib.abc
 import importlib.machinery
 import importlib.util
 import sys
 import warnings
-from importlib import metadata
 from types import ModuleType
 from typing import Any
 
@@ -102,7 +100,10 @@ MOVED_ATTRIBUTES: dict[str, str] = {
 @functools.cache
 def installed_version() -> str | None:
     """The installed distribution's version, or None when mcplive runs uninstalled (from a
-    source tree on ``PYTHONPATH``)."""
+    source tree on ``PYTHONPATH``). The metadata is imported here, not at start: the command's
+    first line (which drops an early SIGHUP) must come as soon after exec as it can."""
+    from importlib import metadata
+
     try:
         return metadata.version("mcplive")
     except metadata.PackageNotFoundError:
@@ -119,14 +120,16 @@ def _warn(old: str, new: str, stacklevel: int) -> None:
     )
 
 
-class MovedModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    """Imports ``actors.<old>`` as the module it became, with a warning."""
+class MovedModules:
+    """Imports ``actors.<old>`` as the module it became, with a warning: a meta path finder and
+    its loader (the protocols, not ``importlib.abc``'s classes, whose import costs the command's
+    start several milliseconds)."""
 
     def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
         package, _, name = fullname.rpartition(".")
         if package != "actors" or name not in MOVED_MODULES:
             return None
-        return importlib.machinery.ModuleSpec(fullname, self)
+        return importlib.machinery.ModuleSpec(fullname, self)  # type: ignore[arg-type]  # a Loader by protocol
 
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType:
         new = "actors." + MOVED_MODULES[spec.name.rpartition(".")[2]]

@@ -171,12 +171,13 @@ class AgentActor(Actor):
         self.drafts = Drafts(ctx, cfg.name)
         self._settling = 0
         self._parked = False
-        self.gate = WakeGate(cfg.gate, self.trace, self._wake_self)
+        self.gate = WakeGate(cfg.gate, self.trace, self._wake_self, cfg.gate_policy)
         self._publish_status()
 
     async def on_start(self) -> None:
         await self.drafts.load()
         self.spawn(self.gate.run_timers, counted=False)
+        self.spawn(self.gate.watch, counted=False)
 
     def trace(self, kind: str, place: Any = None, **data: Any) -> None:
         """A trace event of this agent; ``place`` is anything naming a ``server_id`` and a
@@ -373,7 +374,7 @@ class AgentActor(Actor):
         re-read now. True when the gate's policies changed."""
         self.cfg = cfg
         self.system = cfg.system_prompt or DEFAULT_PROMPT.format(name=cfg.name)
-        return self.gate.reconfigure(cfg.gate)
+        return self.gate.reconfigure(cfg.gate, cfg.gate_policy)
 
     def _resume(self) -> bool:
         if self.paused is None:

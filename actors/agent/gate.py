@@ -1,15 +1,16 @@
 """An agent's event gate and its timers: which channel items wake the agent, the debounced
 batches the gate policy collects, and the agent's sleep.
 
-The gate file is re-read when it changes (its modification time is checked at most once per
-``GATE_RELOAD_S`` of the host's clock); a file that does not parse leaves the running policies in
-force. Batches that come due and the end of a sleep wake the agent through ``wake`` (the agent
-buffers them like any other wake). Everything runs in the agent's tasks.
+The gate file is watched: every ``GATE_RELOAD_S`` of the host's clock its modification time is
+checked and, when it changed, the file is read again, in a worker thread with a time limit (a
+FIFO or a file on a hung mount holds that thread, never the loop; the running policies stay
+until a read succeeds). A file that does not parse leaves the running policies in force too.
+Batches that come due and the end of a sleep wake the agent through ``wake`` (the agent buffers
+them like any other wake). Everything else runs in the agent's tasks.
 """
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -18,7 +19,9 @@ from typing import Any
 import trio
 
 from actors.config import load_gate
+from actors.errors import ConfigError
 from actors.messages import Wake
+from actors.reload import OffLoop, SlowRead
 from protocol.gate import Gate, GateConfig, GateEvent
 
 #: How often (in seconds of the host's clock) the gate file's modification time is checked.
@@ -34,26 +37,45 @@ def _mtime(path: Path | None) -> float | None:
         return None
 
 
+def _read_if_changed(
+    path: Path, seen: float | None
+) -> tuple[float | None, GateConfig | ConfigError | None]:
+    """The file's modification time and, when it differs from ``seen``, its policies or the
+    problem reading them (in a worker thread: both the stat and the read may block)."""
+    mtime = _mtime(path)
+    if mtime == seen:
+        return mtime, None
+    try:
+        return mtime, load_gate(path)
+    except ConfigError as exc:
+        return mtime, exc
+
+
 class WakeGate:
     def __init__(
         self,
         path: Path | None,
         trace: Callable[..., Any],
         wake: Callable[[Wake], None],
+        policy: GateConfig | None = None,
     ) -> None:
+        """``policy`` is the file's content as the config read it; without it (an
+        ``AgentConfig`` built by hand) the file is read here."""
         self.path = path
-        self.gate = Gate(load_gate(path) if path is not None else None)
+        self._mtime = _mtime(path)
+        if policy is None and path is not None:
+            policy = load_gate(path)
+        self.gate = Gate(policy)
         self._trace = trace
         self._wake = wake
-        self._mtime = _mtime(path)
-        self._checked = -1e18
+        self._reader = OffLoop("the gate file")
+        self._slow_said = False  # a read past its limit is told once, until one succeeds
         self._timer_changed = trio.Event()
         self._sleep_until: float | None = None
 
     def admits(self, wake: Wake) -> bool:
         """Whether a channel item wakes the agent now (it is stored either way)."""
         now = trio.current_time()
-        self._reload(now)
         if self.gate.wakes_plainly(now):
             return True
         event = GateEvent(
@@ -88,40 +110,50 @@ class WakeGate:
             return True
         return False
 
-    def _reload(self, now: float) -> None:
-        if self.path is None or now - self._checked < GATE_RELOAD_S:
-            return
-        self._checked = now
-        mtime = _mtime(self.path)
-        if mtime == self._mtime:
-            return
-        self._mtime = mtime
-        try:
-            config = load_gate(self.path)
-        except Exception as exc:
-            self._trace("diagnostic", text=f"gate file not reloaded, the old policies stay: {exc}")
-            return
-        for batch in self.gate.reload(config, now):
+    async def watch(self) -> None:
+        """Every ``GATE_RELOAD_S``: the gate file read again when it changed (off the loop)."""
+        while True:
+            await trio.sleep(GATE_RELOAD_S)
+            path = self.path
+            if path is None:
+                continue
+            try:
+                mtime, config = await self._reader.read(_read_if_changed, path, self._mtime)
+            except SlowRead as exc:
+                if not self._slow_said:
+                    self._slow_said = True
+                    text = f"{path}: {exc}; the old policies stay"
+                    self._trace("diagnostic", text=text)
+                continue
+            self._slow_said = False
+            if path != self.path:
+                continue  # a config reload named another file meanwhile
+            self._mtime = mtime  # a broken file is told once per change
+            if isinstance(config, ConfigError):
+                text = f"gate file not reloaded, the old policies stay: {config}"
+                self._trace("diagnostic", text=text)
+            elif config is not None:
+                self._apply(config)
+
+    def _apply(self, config: GateConfig) -> bool:
+        """Put new policies in force; True when they differ from the running ones."""
+        if config == self.gate.config:
+            return False
+        for batch in self.gate.reload(config, trio.current_time()):
             self._batch(batch)
         self._trace("gate-reloaded", path=str(self.path))
         self._timer_changed.set()
+        return True
 
-    def reconfigure(self, path: Path | None) -> bool:
-        """A config reload: the gate file (a new one, or the same one changed on disk) is
-        re-read now, whatever its modification time says; no file drops every policy. True
-        when the policies changed."""
-        before = self.gate.config
-        now = trio.current_time()
+    def reconfigure(self, path: Path | None, policy: GateConfig | None) -> bool:
+        """A config reload: the policies it read from the gate file (a new one, or the same one
+        changed on disk) are put in force; no file drops every policy. True when the policies
+        changed."""
         self.path = path
-        self._mtime = None
+        self._mtime = None  # the watch reads the file again: it may change after the config read
         if path is None:
-            for batch in self.gate.reload(GateConfig(), now):
-                self._batch(batch)
-        else:
-            self._checked = -math.inf
-            self._reload(now)
-        self._timer_changed.set()
-        return bool(self.gate.config != before)
+            return self._apply(GateConfig())
+        return self._apply(policy if policy is not None else load_gate(path))
 
     def _batch(self, batch: Any) -> None:
         """A debounced batch came due: one wake carrying its count (never a speech route)."""

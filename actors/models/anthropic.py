@@ -44,6 +44,7 @@ from __future__ import annotations
 import importlib
 import os
 import random
+import ssl
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, cast
 
@@ -79,6 +80,7 @@ from .base import (
 )
 from .prompt_cache import CacheMemory, Marked, mark_request, system_blocks
 from .retry import Failure, Retries, one_line, retry_after
+from .tls import tls_context
 
 __all__ = [
     "NOTICE_PREFIX",
@@ -166,7 +168,8 @@ class AnthropicModel:
             return "the key passed in"
         return self._key_variable or "none is configured: name its variable in api_key_env"
 
-    def _client(self) -> anthropic.AsyncAnthropic:
+    def _client(self, tls: ssl.SSLContext) -> anthropic.AsyncAnthropic:
+        http = anthropic.DefaultAsyncHttpxClient(verify=tls)
         if self._api_key is None and self._key_variable is None:
             # no key: an empty one, and no authentication header at all
             omitted = {"Authorization": anthropic.Omit(), "X-Api-Key": anthropic.Omit()}
@@ -175,6 +178,7 @@ class AnthropicModel:
                 base_url=self._base_url,
                 max_retries=0,
                 default_headers=cast(Any, {**self._withheld(), **omitted}),
+                http_client=http,
             )
         variable = self._key_variable or KEY_VARIABLE
         key = self._api_key if self._api_key is not None else os.environ.get(variable)
@@ -190,6 +194,7 @@ class AnthropicModel:
             base_url=self._base_url,
             max_retries=0,
             default_headers=cast(Any, self._withheld()),
+            http_client=http,
         )
 
     def _withheld(self) -> dict[str, Any]:
@@ -205,7 +210,7 @@ class AnthropicModel:
     async def complete(
         self, request: ModelRequest, on_delta: DeltaSink | None = None
     ) -> ModelReply:
-        client = self._client()
+        client = self._client(await tls_context())
         try:
             return await self._complete_with_retries(client, request, on_delta)
         finally:

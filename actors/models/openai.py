@@ -55,6 +55,7 @@ from .base import (
 from .openai_chat import to_chat_messages, to_chat_tools
 from .openai_stream import ChunkAssembler, EventDecoder, MalformedStream, StreamError
 from .retry import MAX_LINE, Failure, Retries, retry_after
+from .tls import tls_context
 
 __all__ = ["DEFAULT_BASE_URL", "KEY_VARIABLE", "OpenAIModel"]
 
@@ -166,6 +167,7 @@ class OpenAIModel:
         if key is not None:
             headers["authorization"] = f"Bearer {key}"
         client = httpx.AsyncClient(
+            verify=await tls_context(),
             trust_env=False,
             follow_redirects=False,
             timeout=httpx.Timeout(self._idle_timeout_s, connect=min(30.0, self._idle_timeout_s)),

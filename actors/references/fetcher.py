@@ -25,6 +25,7 @@ import hashlib
 import os
 import re
 import secrets
+import ssl
 import zlib
 from http.cookiejar import CookieJar, DefaultCookiePolicy
 from pathlib import Path
@@ -94,13 +95,15 @@ class Fetched:
     digest_verified: bool
 
 
-def make_client() -> httpx.AsyncClient:
+def make_client(verify: ssl.SSLContext | bool = True) -> httpx.AsyncClient:
     """A client for reference fetches: no redirects, no proxies or netrc from the environment,
     no cookie kept from one response for the next, no timeouts of its own (each fetch has one
-    deadline for the whole exchange)."""
+    deadline for the whole exchange). The host passes its shared TLS context as ``verify``
+    (``actors.models.tls``): building one per fetch would hold the loop."""
     import httpx
 
     return httpx.AsyncClient(
+        verify=verify,
         follow_redirects=False,
         trust_env=False,
         cookies=CookieJar(policy=DefaultCookiePolicy(allowed_domains=[])),  # keeps none

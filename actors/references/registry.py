@@ -23,6 +23,7 @@ import trio
 
 from actors.config import HostConfig, ServerConfig
 from actors.kernel import Actor, Reply, Work
+from actors.models.tls import tls_context
 from protocol.references import (
     Chosen,
     Record,
@@ -249,7 +250,7 @@ class ReferenceRegistry(Actor):
     async def _run(self, plan: FetchPlan, server_id: str, allowance: int) -> None:
         result: Fetched | FetchRefused
         try:
-            async with make_client() as client:
+            async with make_client(await tls_context()) as client:
                 result = await fetch(plan, client)
         except FetchRefused as exc:
             result = exc

@@ -32,7 +32,9 @@ CPU time and store bytes each additional agent adds per message); 1 / 1,000 / 10
 channels (10 servers of 1,000: registration time, and ingest with 1,000 channels against 1); a
 stored history of 10k / 100k / 500k messages built through ``store.Database.apply`` (search
 time, the first turn's time to its model call, rollback time). Marking
-(``examples.bench.marking``) against a plain ``re`` scan of the same text.
+(``examples.bench.marking``) against a plain ``re`` scan of the same text. Hostile peers
+(``examples.bench.hostile``): the longest loop step while a healthy agent answers beside each
+hostile model endpoint, config or gate file and console request, against a quiet run's.
 
 ``--quick`` runs every row on small sizes (under a minute). Figures are ratios of one run on one
 machine; nothing here is a test.
@@ -55,6 +57,7 @@ from typing import Any
 import attrs
 import trio
 
+from examples.bench import hostile as bench_hostile
 from examples.bench import ingest as bench_ingest
 from examples.bench import marking as bench_marking
 from examples.bench import scale as bench_scale
@@ -85,6 +88,7 @@ class Plan:
     healthy: tuple[int, float] = (300, 20.0)  # (e): messages, rate
     flood: int = 100_000
     reply_rounds: int = 3  # (d) and (e): runs of each kind, pooled
+    hostile_answers: int = 20  # the healthy agent's posts under each hostile peer
 
 
 QUICK = Plan(
@@ -105,6 +109,7 @@ QUICK = Plan(
     healthy=(30, 20.0),
     flood=10_000,
     reply_rounds=1,
+    hostile_answers=5,
 )
 
 
@@ -113,6 +118,9 @@ async def measure(kind: str, messages: int) -> dict[str, Any]:
     name, *params = kind.split("-")
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
+        if kind.startswith("hostile:"):
+            run = await bench_hostile.run_case(work, kind.split(":", 1)[1], answers=messages)
+            return attrs.asdict(run)
         if kind == "a":
             return {"seconds": await bench_ingest.run_mcplive(work, messages, ["--closed"])}
         if kind == "a'":
@@ -398,6 +406,24 @@ async def store_rows(plan: Plan) -> None:
             )
 
 
+async def hostile_rows(plan: Plan) -> None:
+    print(
+        f"the loop under hostile peers (the longest task step while a healthy agent answered "
+        f"{plan.hostile_answers} posts, after a warm-up; target: at most 2x quiet, or < 50 ms):"
+    )
+    quiet = await in_fresh_process("hostile:quiet", plan.hostile_answers)
+    print(f"  {'quiet':18} {quiet['longest_ms']:7.1f} ms  ({quiet['longest_task']})")
+    for case in bench_hostile.CASES[1:]:
+        run = await in_fresh_process(f"hostile:{case}", plan.hostile_answers)
+        ms = run["longest_ms"]
+        ok = ms < 50 or ms <= 2 * quiet["longest_ms"]
+        print(
+            f"  {case:18} {ms:7.1f} ms  {ms / max(quiet['longest_ms'], 0.001):6.1f}x quiet  "
+            f"{'ok' if ok else 'OVER'}  answered {run['answers']}/{plan.hostile_answers}, "
+            f"{len(run['acts'])} hostile acts  ({run['longest_task']})"
+        )
+
+
 def marking_rows() -> None:
     # marking header-shaped openings is linear: a block of 320,000 bytes with 40,000 openings
     bench_marking.report("marking", [bench_marking.block(40_000)], 40_000)
@@ -430,6 +456,7 @@ async def main() -> None:
         await agent_rows(plan)
         await channel_rows(plan)
         await store_rows(plan)
+        await hostile_rows(plan)
     except MeasurementFailed as exc:
         sys.exit(str(exc))
     marking_rows()

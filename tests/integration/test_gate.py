@@ -350,7 +350,7 @@ match = { scope = ["incoming"] }
 async def test_the_gate_file_is_reloaded_and_a_broken_rewrite_keeps_the_old_policies(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("actors.agent.gate.GATE_RELOAD_S", 0)
+    monkeypatch.setattr("actors.agent.gate.GATE_RELOAD_S", 0.05)
     with trio.fail_after(60):
         agent = gated(tmp_path, ANSWER_ALL, 'default = "always"\n')
         gate = Path(agent["gate"])
@@ -362,24 +362,24 @@ async def test_the_gate_file_is_reloaded_and_a_broken_rewrite_keeps_the_old_poli
             await ctl.wait_for(publish_received("heard you"), "the first reply")
             await settle(lb, seen)
 
+            # the file is watched (read off the loop): the change is in force once it is read
             write_gate(gate, SKIP_INCOMING, mtime=start + 10)
+            reloaded = await wait_trace(lb.stream, is_kind("gate-reloaded"), "the reload", seen)
+            assert reloaded.agent == "Ada" and reloaded.data["path"] == str(gate)
             await send_and_wait(ctl, "lobby:#general", "h2", "after the change")
             fresh = await settle(lb, seen)
             assert kinds_of(fresh, {"gate-reloaded", "gate-decision", "turn-start"}) == [
-                "gate-reloaded",
                 "gate-decision",
             ]
-            [reloaded] = ada_events(fresh, {"gate-reloaded"})
-            assert reloaded.data["path"] == str(gate)
             [decision] = ada_events(fresh, {"gate-decision"})
             assert decision.data == {"wake": False, "policy": "hush", "behavior": "skip"}
 
             write_gate(gate, "default = [not toml", mtime=start + 20)
+            diagnostic = await wait_trace(lb.stream, is_kind("diagnostic"), "the refusal", seen)
             await send_and_wait(ctl, "lobby:#general", "h3", "after the breakage")
             fresh = await settle(lb, seen)
             order = {"gate-reloaded", "diagnostic", "gate-decision", "turn-start"}
-            assert kinds_of(fresh, order) == ["diagnostic", "gate-decision"]
-            [diagnostic] = ada_events(fresh, {"diagnostic"})
+            assert kinds_of(fresh, order) == ["gate-decision"]  # the broken file is told once
             assert "the old policies stay" in diagnostic.data["text"]
             assert str(gate) in diagnostic.data["text"]
             assert "\n" not in diagnostic.data["text"]

@@ -71,13 +71,16 @@ class Host:
 
 
 @asynccontextmanager
-async def mcplive_run(config: Path, env: dict[str, str] | None = None) -> AsyncIterator[Host]:
+async def mcplive_run(
+    config: Path, env: dict[str, str] | None = None, **options: Any
+) -> AsyncIterator[Host]:
     proc = await trio.lowlevel.open_process(
         [*MCPLIVE, "run", str(config)],
         cwd=config.parent,
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
+        **options,
     )
     host = Host(proc)
     try:
@@ -279,6 +282,47 @@ async def test_sighups_from_the_start_are_dropped_until_the_host_listens(tmp_pat
             assert await proc.wait() == 0
             assert await listener.recv(1024) == b"STOPPING=1"
     assert not any("Traceback" in line for line in host.lines)
+
+
+def _hangup_ignored() -> None:
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)  # the launcher's part: inherited through exec
+
+
+async def test_sighups_from_exec_on_never_end_a_host_launched_with_them_ignored(
+    tmp_path: Path,
+) -> None:
+    # Before the interpreter runs mcplive's first line no program can catch a signal; a
+    # supervisor that may send SIGHUP that early launches mcplive with it ignored (systemd's
+    # Type=notify holds reloads until READY instead). Then no moment after exec is fatal, and
+    # mcplive still takes SIGHUP as a reload once it listens.
+    config = write_config(tmp_path)
+    starts = 5
+    with trio.fail_after(240):
+        for start in range(starts):
+            address = str(tmp_path / f"notify-{start}")
+            listener = trio.socket.socket(trio.socket.AF_UNIX, trio.socket.SOCK_DGRAM)
+            await listener.bind(address)
+            env = {**os.environ, "NOTIFY_SOCKET": address}
+            with listener:
+                async with mcplive_run(config, env, preexec_fn=_hangup_ignored) as host:
+                    proc = host.proc
+
+                    async def hangups(proc: Any = proc) -> None:
+                        while True:  # from the moment exec returned, before any of our code
+                            proc.send_signal(signal.SIGHUP)
+                            await trio.sleep(0.002)
+
+                    async with trio.open_nursery() as burst:
+                        burst.start_soon(hangups)
+                        while (said := await listener.recv(1024)) != b"READY=1\nSTATUS=running":
+                            assert said == b"STATUS=starting"
+                        burst.cancel_scope.cancel()
+                    assert proc.returncode is None
+                    proc.send_signal(signal.SIGHUP)
+                    await host.line(lambda line: "config reloaded" in line)
+                    proc.send_signal(signal.SIGINT)
+                    assert await proc.wait() == 0
+            assert not any("Traceback" in line for line in host.lines)
 
 
 async def test_a_reload_from_a_file_that_cannot_be_read_leaves_the_host_running(
