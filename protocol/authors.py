@@ -1,7 +1,9 @@
 """Who wrote an inbound item, as the host shows it to a model and to an operator.
 
 A channel message names its author (``channels/incoming``: ``author: {id, name}``); a push may
-name one in its ``origin`` (``origin.author``, the same object, or a bare name). The host keeps
+name one in its ``origin``, in any of the shapes the public servers use (:func:`origin_author`:
+``author`` as that object or a bare name, ``authorName``/``authorId``, ``user``/``username``/
+``userId``). The host keeps
 it under ``metadata["author"]`` as ``{"id", "name"}`` and never in the stored source header: the
 author is added when a message is rendered, as a line of its own right after the header::
 
@@ -77,8 +79,40 @@ def _author(author_id: str, name: str) -> Author:
 
 
 def origin_author(origin: Mapping[str, Any] | None) -> Author | None:
-    """The author a push names in its ``origin`` (``origin.author``), if any."""
-    return author_from(origin.get("author")) if isinstance(origin, Mapping) else None
+    """The author a push names in its ``origin``, if any, from the first shape that names one:
+
+    * ``author``: ``{"id", "name"}`` or a bare name (the shape of a channel message);
+    * ``authorName`` / ``authorId`` (discord-mcpl, the Claude Code bridge's toy server);
+    * ``user``: ``{"id", "name"}`` (or ``"username"`` for the name), or a bare name;
+      ``username`` / ``userId`` beside it.
+
+    An id may be a string or an integer (shown as its digits); any other value counts as
+    absent, so a shape that names no one gives way to the next."""
+    if not isinstance(origin, Mapping):
+        return None
+    found = author_from(origin.get("author"))
+    if found is None:
+        found = _named(origin.get("authorId"), origin.get("authorName"))
+    if found is None:
+        user = origin.get("user")
+        if isinstance(user, Mapping):
+            name = user.get("name")
+            found = _named(
+                user.get("id"), name if isinstance(name, str) and name else user.get("username")
+            )
+        else:
+            found = author_from(user)
+    if found is None:
+        found = _named(origin.get("userId"), origin.get("username"))
+    return found
+
+
+def _named(author_id: Any, name: Any) -> Author | None:
+    if isinstance(author_id, int) and not isinstance(author_id, bool):
+        author_id = str(author_id)
+    author_id = author_id if isinstance(author_id, str) else ""
+    name = name if isinstance(name, str) else ""
+    return _author(author_id, name) if author_id or name else None
 
 
 def stored_author(metadata: Any) -> Author | None:

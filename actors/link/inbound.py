@@ -21,6 +21,7 @@ import trio
 
 from actors.messages import IngestBatch, Prepared, Wake, Wakes
 from protocol import jsonrpc as rpc
+from protocol.authors import origin_author
 from protocol.coalesce import CoalesceInvalid, CoalesceSpec, parse_coalesce
 from protocol.errors import (
     CHANNEL_NOT_PERMITTED,
@@ -192,7 +193,9 @@ class HotLanes:
             spec = self.coalesce_spec(link, event)
             if spec.channel_id is not None:
                 scoped = spec.channel_id  # channel scope is only ever named, never inferred
-        return scoped, event, spec, ("push", scoped, event.event_id, None)
+        pushed_by = origin_author(event.origin)
+        author = pushed_by.name or pushed_by.id if pushed_by is not None else None
+        return scoped, event, spec, ("push", scoped, event.event_id, author)
 
     @staticmethod
     def coalesce_spec(link: Link, event: PushEvent) -> CoalesceSpec:
@@ -286,7 +289,7 @@ class HotLanes:
                 for prepared, (kind, channel_id, key, author) in done:
                     text = _text(prepared.blocks)
                     fields: dict[str, Any] = (
-                        {"event_id": key, "text": text}
+                        {"event_id": key, "author": author, "text": text}
                         if kind == "push"
                         else {"message_id": key, "author": author, "text": text}
                     )

@@ -104,9 +104,10 @@ def format_event(e: TraceEvent) -> str | None:
     if k == "mcp-only":
         return f"! {e.server_id} runs MCP-only: {d.get('reason')}"
     if k == "incoming":
-        return f"{where} | {d.get('author')}: {_excerpt(d.get('text'))}"
+        return f"{where} | {_excerpt(d.get('author'), 80)}: {_excerpt(d.get('text'))}"
     if k == "push":
-        return f"{where} | (push) {_excerpt(d.get('text'))}"
+        by = f"{_excerpt(d['author'], 80)}: " if d.get("author") else ""
+        return f"{where} | (push) {by}{_excerpt(d.get('text'))}"
     if k == "published":
         outcome = d.get("outcome")
         note = "" if outcome in (None, "delivered") else f" ({outcome}: {d.get('reason')})"

@@ -55,6 +55,17 @@ def test_a_pushs_author_is_origin_author_and_a_stored_ones_metadata_author() -> 
     assert origin_author({"author": "Quinn"}) == Author(name="Quinn")
     assert origin_author({"mcplChannelId": "c"}) is None
     assert origin_author(None) is None
+    # the shapes the public servers use
+    assert origin_author({"authorName": "Alice", "authorId": "a1"}) == Author(id="a1", name="Alice")
+    assert origin_author({"authorId": 7}) == Author(id="7")
+    assert origin_author({"user": {"id": "u7", "username": "una"}}) == Author(id="u7", name="una")
+    assert origin_author({"user": {"id": "u8", "name": "Ula"}}) == Author(id="u8", name="Ula")
+    assert origin_author({"user": "Vic"}) == Author(name="Vic")
+    assert origin_author({"username": "vic", "userId": 42}) == Author(id="42", name="vic")
+    # the first shape that names someone wins; one that names no one gives way
+    assert origin_author({"author": {"name": "Pat"}, "authorName": "Alice"}) == Author(name="Pat")
+    assert origin_author({"author": {"name": 3}, "authorName": "Alice"}) == Author(name="Alice")
+    assert origin_author({"authorId": True, "user": "Vic"}) == Author(name="Vic")
     assert stored_author({"author": {"id": "u1", "name": ""}}) == Author(id="u1")
     assert stored_author({"adapter_origin": {"author": "x"}}) is None  # only the host's key
     assert stored_author(None) is None
@@ -203,3 +214,31 @@ def test_any_other_text_is_shown_as_it_is(text: str) -> None:
     assert guarded in (text, "\\" + text)
     # after the guard, nothing begins like an author line but behind the backslash
     assert not guarded.lstrip(" \t\n\x00\u200b\u2060").lower().startswith("[author")
+
+
+def _origin(shape: str, name: str, ident: str | int) -> dict[str, object]:
+    if shape == "author":
+        return {"author": {"id": ident, "name": name}}
+    if shape == "authorName":
+        return {"authorName": name, "authorId": ident}
+    if shape == "user":
+        return {"user": {"id": ident, "username": name}}
+    return {"username": name, "userId": ident}
+
+
+@given(
+    st.sampled_from(["author", "authorName", "user", "username"]),
+    st.text(min_size=1, max_size=40),
+    st.one_of(st.text(min_size=1, max_size=12), st.integers(0, 2**63)),
+)
+def test_every_shape_of_a_push_author_names_the_same_author(
+    shape: str, name: str, ident: str | int
+) -> None:
+    found = origin_author(_origin(shape, name, ident))
+    assert found is not None and found.name == name
+    if shape == "author" and not isinstance(ident, str):
+        assert found.id == ""  # the message shape takes string ids only, as it always has
+    else:
+        assert found.id == str(ident)
+    line = author_line(found)
+    assert "\n" not in line and line.startswith("[author: ")
