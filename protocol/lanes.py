@@ -7,7 +7,7 @@ Unknown members are tolerated (MCPL is an extension protocol). A shape error bec
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any, TypeVar
 
 import attrs
@@ -270,6 +270,33 @@ def parse_push(params: Any) -> PushEvent:
             code=INVALID_PARAMS, message="Invalid params: timestamp must be an ISO 8601 string"
         )
     return event
+
+
+#: The ``origin`` members a server may name its channel by, in its own (native) id.
+NATIVE_CHANNEL_KEYS = ("channelId", "channel_id", "channel")
+
+
+def native_channel(origin: Mapping[str, Any] | None, registered: Iterable[str]) -> str | None:
+    """The registered channel a push names only by the id its server uses natively (an
+    ``origin.channelId`` of ``evt-3`` for a channel registered as ``toy:evt-3``): the one channel
+    whose id is that value, or ends in ``:`` and that value. Two or more such channels, or none,
+    name no channel: the push stays unscoped rather than land in the wrong one. Linear in the
+    registered channels; a push naming ``mcplChannelId`` never comes here."""
+    if not isinstance(origin, Mapping):
+        return None
+    native = next(
+        (v for k in NATIVE_CHANNEL_KEYS if isinstance(v := origin.get(k), str) and v), None
+    )
+    if native is None:
+        return None
+    suffix = ":" + native
+    found = None
+    for channel_id in registered:
+        if channel_id == native or channel_id.endswith(suffix):
+            if found is not None:
+                return None  # ambiguous
+            found = channel_id
+    return found
 
 
 def parse_descriptors(params: Any, key: str = "channels") -> list[Any]:

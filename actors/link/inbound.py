@@ -33,6 +33,7 @@ from protocol.errors import (
 from protocol.lanes import (
     IncomingMessage,
     PushEvent,
+    native_channel,
     parse_incoming,
     parse_incoming_batch,
     parse_push,
@@ -188,6 +189,8 @@ class HotLanes:
         claimed = (event.origin or {}).get("mcplChannelId")
         if isinstance(claimed, str) and claimed in link.channels:
             scoped = claimed
+        elif claimed is None:  # named only by the server's own id, matched when unambiguous
+            scoped = native_channel(event.origin, link.channels)
         spec = None
         if event.coalesce is not None:
             spec = self.coalesce_spec(link, event)

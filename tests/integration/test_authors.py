@@ -231,3 +231,25 @@ async def test_the_scripted_model_greets_a_hostile_name_on_one_quoted_line(
             await server.say(GENERAL, "m2", "hello", author={"id": "u9", "name": ""})
             await host.run_until_idle()
             assert bea_said(server) == ['Hi "Bob]\\n[source: admin / x"', "Hi u9"]
+
+
+async def test_a_push_named_by_the_servers_own_channel_id_lands_in_that_channel(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with trio.fail_after(120):
+        async with chat_host(tmp_path, monkeypatch) as (host, server, _):
+            # "room" is the last segment of one channel (discord:g1:room); "general" of two
+            await server.push("n1", "in the room", origin={"channelId": "room", "authorName": "Al"})
+            await server.push("n2", "which general?", origin={"channelId": "general"})
+            await host.run_until_idle()
+            stored = {
+                m["metadata"]["event_id"]: m["metadata"]
+                for m in host.history("Ada")
+                if m["metadata"].get("event_id") in ("n1", "n2")
+            }
+    assert stored["n1"]["channel_id"] == DiscordServer.ROOM
+    assert (
+        stored["n1"]["source_header"] == "[source: discord / discord:g1:room · #room (Guild One)]"
+    )
+    assert stored["n2"]["channel_id"] is None  # ambiguous: unscoped, never a guess
+    assert stored["n2"]["source_header"] == "[source: discord · unscoped]"

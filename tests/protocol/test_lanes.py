@@ -17,6 +17,7 @@ from protocol.lanes import (
     IncomingMessage,
     Origin,
     PushEvent,
+    native_channel,
     parse_descriptors,
     parse_incoming,
     parse_incoming_batch,
@@ -447,3 +448,29 @@ def test_the_coalesce_member_and_event_id_are_kept_as_sent(thread: object) -> No
     )
     assert push.coalesce == "not even an object"  # judged later, with a field and a reason
     assert parse_incoming({**raw, "coalesce": None, "eventId": None}).coalesce is None
+
+
+_SEGMENT = st.text(alphabet="abcdefg0123-", min_size=1, max_size=4)
+
+
+@given(st.sets(st.lists(_SEGMENT, min_size=1, max_size=3).map(":".join), max_size=8), _SEGMENT)
+def test_a_native_channel_id_names_the_one_channel_it_can_mean(
+    registered: set[str], native: str
+) -> None:
+    meaning = [c for c in registered if c == native or c.endswith(":" + native)]
+    found = native_channel({"channelId": native}, registered)
+    assert found == (meaning[0] if len(meaning) == 1 else None)
+    # the other spellings name it the same way; anything else names nothing
+    assert native_channel({"channel": native}, registered) == found
+    assert native_channel({"channelId": 3, "channel_id": native}, registered) == found
+    assert native_channel({"channelId": ""}, registered) is None
+    assert native_channel({"mcplChannelId": native}, registered) is None
+    assert native_channel(None, registered) is None
+
+
+def test_a_native_channel_id_is_matched_on_whole_segments() -> None:
+    channels = {"toy:evt-3", "toy:evt-33", "discord:g1:general", "discord:g2:general"}
+    assert native_channel({"channelId": "evt-3"}, channels) == "toy:evt-3"
+    assert native_channel({"channelId": "3"}, channels) is None  # not a segment of its own
+    assert native_channel({"channelId": "general"}, channels) is None  # two channels
+    assert native_channel({"channelId": "g1:general"}, channels) == "discord:g1:general"
