@@ -54,12 +54,18 @@ METHOD_NOT_FOUND = -32601
 
 class Legacy:
     def __init__(
-        self, record: Path, say: str, refuse: str | None, notifications_only: bool
+        self,
+        record: Path,
+        say: str,
+        refuse: str | None,
+        notifications_only: bool,
+        no_list: bool = False,
     ) -> None:
         self.record = record
         self.say = say
         self.refuse = refuse
         self.notifications_only = notifications_only
+        self.no_list = no_list  # a server that registers by request and lists nothing
         self.ids = itertools.count(1)
         self.posts = itertools.count(1)
         self.register = -1  # the id of our channels/register, once sent
@@ -90,7 +96,7 @@ class Legacy:
             return {"result": {"accepted": True}}
         if method == "ping":
             return {"result": {}}
-        if method == "channels/list":
+        if method == "channels/list" and not self.no_list:
             return {"result": {"channels": CHANNELS}}
         if method == "channels/publish" and not self.notifications_only:
             self.keep("request", params)
@@ -143,8 +149,9 @@ def main() -> None:
     parser.add_argument("--say", default="hello, is anyone there?")
     parser.add_argument("--refuse", default=None, metavar="REASON")
     parser.add_argument("--notifications-only", action="store_true")
+    parser.add_argument("--no-list", action="store_true", help="answer channels/list -32601")
     args = parser.parse_args()
-    Legacy(args.record, args.say, args.refuse, args.notifications_only).run()
+    Legacy(args.record, args.say, args.refuse, args.notifications_only, args.no_list).run()
 
 
 if __name__ == "__main__":

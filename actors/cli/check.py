@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import shutil
 import tempfile
@@ -180,13 +181,23 @@ async def _report_connect(cfg: Any) -> int:
     return status
 
 
+#: After the last server is ready, how long the check listens for nothing new before it reports
+#: the channels: a server may register its channels right after the handshake.
+SETTLE_S = 1.0
+
+
 async def _await_reports(host_cls: Any, quiet: Any, pending: set[str], deadline: float) -> int:
     status = 0
     mcpl: list[str] = []  # servers ready as MCPL servers, in the order they were
     undeclared: dict[str, dict[str, str]] = {}  # server -> channel -> the operator's line
     async with host_cls.open(quiet) as host:
         with trio.move_on_after(deadline):
-            async for event in host.trace():
+            events = host.trace()
+            while True:
+                with trio.move_on_after(SETTLE_S if not pending else math.inf) as settled:
+                    event = await events.__anext__()
+                if settled.cancelled_caught:
+                    break  # every server answered, and nothing more came for a while
                 sid = event.server_id
                 if sid is not None and event.kind == "publish-undeclared":
                     lines = undeclared.setdefault(sid, {})
@@ -205,13 +216,31 @@ async def _await_reports(host_cls: Any, quiet: Any, pending: set[str], deadline:
                     pending.discard(sid)
                     status = 1
                     print(f"  server {sid} (live): could not connect: {event.data.get('reason')}")
-                if not pending:
-                    break
         for sid in mcpl:
+            lines = undeclared.setdefault(sid, {})
             with trio.move_on_after(deadline):
-                await _listed_undeclared(host, sid, undeclared.setdefault(sid, {}))
-            _print_undeclared(sid, undeclared[sid])
+                await _listed_undeclared(host, sid, lines)
+            _held_channels(host, sid, lines)
+            _print_undeclared(sid, lines)
     return status
+
+
+def _held_channels(host: Any, sid: str, lines: dict[str, str]) -> None:
+    """Print every channel the host holds for ``sid`` (registered during or right after the
+    handshake, listed or not), and add to ``lines`` those that declare no publish target."""
+    from protocol.receipts import undeclared_channel_line
+
+    config = host.ctx.config
+    held = [i for i in host.ctx.channel_directory.infos([sid], config) if i.registered]
+    print(f"    channels: {len(held)}")
+    for info in held:
+        target = info.declared or "none declared"
+        print(f"    {info.channel_id} ({info.label or '-'}): publish target {target}")
+        if info.declared is None and info.channel_id not in lines:
+            flag = bool(config.publish_undeclared(sid))
+            lines[str(info.channel_id)] = undeclared_channel_line(
+                sid, str(info.channel_id), info.label, flag
+            )
 
 
 async def _listed_undeclared(host: Any, sid: str, lines: dict[str, str]) -> None:

@@ -237,9 +237,11 @@ async def test_a_publish_names_the_agents_conversation(tmp_path: Path) -> None:
 # ---- what the operator sees -------------------------------------------------------------------
 
 
-def toml_config(tmp_path: Path, *, publish_undeclared: bool = False) -> Path:
+def toml_config(
+    tmp_path: Path, *, publish_undeclared: bool = False, extra: tuple[str, ...] = ()
+) -> Path:
     model = scripted(tmp_path, "ada", ANSWER).removeprefix("scripted:")
-    command = [sys.executable, "-m", "tests.legacy_server", "--record", "received.jsonl"]
+    command = [sys.executable, "-m", "tests.legacy_server", "--record", "received.jsonl", *extra]
     flag = "publish_undeclared = true\n" if publish_undeclared else ""
     path = tmp_path / "mcplive.toml"
     path.write_text(
@@ -268,16 +270,22 @@ def test_the_transcript_says_once_per_channel_why_speech_is_held(tmp_path: Path)
     assert received(tmp_path) == []
 
 
-@pytest.mark.parametrize("flag", [False, True], ids=["default", "publish_undeclared"])
+@pytest.mark.parametrize(
+    ("flag", "extra"),
+    [(False, ()), (True, ()), (False, ("--no-list",))],
+    ids=["default", "publish_undeclared", "no-channels-list"],
+)
 def test_check_connect_names_the_channels_without_a_publish_target(
-    tmp_path: Path, flag: bool
+    tmp_path: Path, flag: bool, extra: tuple[str, ...]
 ) -> None:
-    result = mcplive(
-        "check", str(toml_config(tmp_path, publish_undeclared=flag)), "--connect", cwd=tmp_path
-    )
+    config = toml_config(tmp_path, publish_undeclared=flag, extra=extra)
+    result = mcplive("check", str(config), "--connect", cwd=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
     out = result.stdout
     assert "server legacy (live):" in out
+    # every channel the host holds, whether the server answers channels/list or not
+    assert "    channels: 2" in out
+    assert "legacy:#general (#general): publish target none declared" in out
     assert "channels without a publish target: 2" in out
     lines = [line.strip() for line in out.splitlines() if "declares no publish target" in line]
     assert len(lines) == 2, out
