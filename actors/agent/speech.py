@@ -356,6 +356,27 @@ class TurnSpeech:
             return None
         return self._place((route.server_id, route.channel_id, route.thread_id))
 
+    def explicit_place(self) -> Place | str:
+        """Where an explicit post that names no channel goes (``channel_publish`` without
+        ``channel_id``): the pinned place, the route, or the one conversation that woke the turn
+        even where prose cannot go (an explicit post may, as into a channel that declares no
+        publish target); otherwise the true reason there is none, in one line."""
+        if self.pin is not None:
+            return self.pin
+        here = self.route_place()
+        if here is not None:
+            return here
+        decision = self.decision
+        if isinstance(decision, Unroutable):
+            if decision.reason == "unresolved":
+                return "the channel this turn came from is not registered now; name a channel"
+            return self._place(decision.conversation)
+        if isinstance(decision, Hold):
+            return "several conversations woke this turn (the host never picks one); name one"
+        return (
+            "nothing woke this turn from a channel (the host never guesses one); name the channel"
+        )
+
     def _place(self, conversation: tuple[str, str, str | None]) -> Place:
         """A conversation (server, channel, thread) as a place, with the channel's label."""
         sid, cid, thread = conversation

@@ -464,12 +464,9 @@ class ToolRuntime:
                 thread_id=thread,
             )
         else:
-            here = self.speech.route_place() if self.speech is not None else None
-            if here is None:
-                return error(
-                    "no channel_id given, and this turn has no route to reply on (the host "
-                    "never guesses one); name the channel"
-                )
+            here = self.speech.explicit_place() if self.speech is not None else None
+            if not isinstance(here, Place):
+                return error(f"no channel_id given, and {here or 'no turn is running'}")
             place = attrs.evolve(here, thread_id=thread) if thread is not None else here
         outcome = await self.send(place, content)
         where = describe_place(place)

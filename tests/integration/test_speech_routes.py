@@ -389,6 +389,25 @@ async def test_channel_publish_without_a_channel_is_refused_on_a_turn_with_no_ro
             assert publishes(ctl) == []
 
 
+async def test_channel_publish_without_a_channel_posts_where_the_turn_came_from(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the channel declares no publish target: prose is held there, an explicit post is not,
+    # and the tool never says "no route" of a turn that came from a channel
+    model = Rounds([call("channel_publish", content="by the tool")])
+    monkeypatch.setattr("actors.host.make_model", lambda cfg: model)
+    with trio.fail_after(60):
+        async with running_lobby(tmp_path, {"Ada": ""}) as lb:
+            host, ctl = lb.host, lb.ctl
+            await register(ctl, channel("lobby:#legacy", "legacy"))
+            send_incoming(ctl, "lobby:#legacy", "l1", "anyone?")
+            result = await wait_trace(lb.stream, lambda e: e.kind == "tool-result", "result")
+            assert result.data["is_error"] is False, result.data
+            await ctl.wait_for(publish_received("by the tool"), "the tool's post")
+            await host.run_until_idle()
+            assert publishes(ctl) == [("lobby:#legacy", "by the tool")]
+
+
 def _scripted(tmp_path: Path, rules: str) -> str:
     path = tmp_path / f"rules{abs(hash(rules))}.toml"
     path.write_text(rules, encoding="utf-8")
