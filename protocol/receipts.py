@@ -28,6 +28,7 @@ __all__ = [
     "drafts_list",
     "hold_notice",
     "human_duration",
+    "resend_how",
     "sleep_announcement",
     "target_error_notice",
     "undeclared_channel_line",
@@ -36,10 +37,27 @@ __all__ = [
 
 MAX_BOUNCE_CANDIDATES: Final = 10
 
-_RESEND_HOW: Final = (
-    'To send it, use the drafts tool with action "resend" and a destination, start a message '
-    "with >>target, or open a channel with channel_open."
-)
+#: The prefix that addresses a segment of prose, by prose mode (the others have none).
+_PREFIXES: Final = {"explicit": ">>target", "hybrid": ">>>target"}
+
+
+def resend_how(mode: str, *, elsewhere: bool = False) -> str:
+    """The ways to send a kept draft that work in prose ``mode``: the drafts tool always, the
+    mode's own prefix only where it has one (``>>target`` in explicit mode, ``>>>target`` in
+    hybrid), ``channel_open`` where prose is published at all. With ``elsewhere`` the draft was
+    held by the place itself, so prose can only go to a channel that takes it."""
+    ways = ['use the drafts tool with action "resend" and a destination']
+    other = " that takes prose" if elsewhere else ""
+    prefix = _PREFIXES.get(mode)
+    if prefix is not None:
+        ways.append(f"start a message with {prefix} naming a channel{other}")
+    if mode != "disabled":
+        ways.append(f"open a channel{other} with channel_open")
+    if len(ways) == 1:
+        return f"To send it, {ways[0]}."
+    return "To send it, " + ", ".join(ways[:-1]) + ", or " + ways[-1] + "."
+
+
 _DRAFTS_HOW: Final = "use the drafts tool to list, resend or dismiss them"
 
 _UNROUTABLE_WHY: Final = {
@@ -166,27 +184,34 @@ def _places(places: Sequence[Place]) -> str:
     return "; ".join(describe_place(p) for p in places)
 
 
-def hold_notice(conversations: Sequence[Place], *, multiple_unknown: bool = False) -> str:
-    """The ``[held]`` notice of a turn woken by several conversations."""
+def hold_notice(
+    conversations: Sequence[Place], *, multiple_unknown: bool = False, mode: str = "locus"
+) -> str:
+    """The ``[held]`` notice of a turn woken by several conversations (``mode``: the agent's
+    prose mode, whose ways to resend it names)."""
     listed = _places(conversations)
     if multiple_unknown:
         more = "more conversations than can be listed"
         listed = f"{listed}; and {more}" if listed else more
     return (
         "[held] This turn was woken by several conversations, so unaddressed prose was not "
-        f"published; it is kept as drafts. Competing: {listed}. {_RESEND_HOW}"
+        f"published; it is kept as drafts. Competing: {listed}. {resend_how(mode)}"
     )
 
 
-def unroutable_notice(place: Place, reason: str) -> str:
-    """The ``[held]`` notice of prose that could not go to the one conversation of a turn. For
-    a channel without a declared target it names the two ways out: ``channel_publish``, or the
-    operator's ``publish_undeclared`` key for that server."""
+def unroutable_notice(
+    place: Place, reason: str, *, addressed: bool = False, mode: str = "locus"
+) -> str:
+    """The ``[held]`` notice of prose that could not go to ``place``: the one conversation of a
+    turn, or, with ``addressed``, the place the prose named (``>>target``). It gives the true
+    reason and only ways out that work there: for a channel without a declared target,
+    ``channel_publish`` or the operator's ``publish_undeclared`` key for that server; for a
+    thread, ``channel_publish`` without one; and the ways to resend that ``mode`` has
+    (:func:`resend_how`), never a prefix to a place that holds prose the same way."""
     why = _UNROUTABLE_WHY.get(reason, notice_value(reason))
-    text = (
-        f"[held] Unaddressed prose was not published to {describe_place(place)}: {why}. "
-        "It is kept as drafts."
-    )
+    where = describe_place(place)
+    what = f"Prose addressed to {where}" if addressed else f"Unaddressed prose to {where}"
+    text = f"[held] {what} was not published: {why}. It is kept as drafts."
     if reason == "untargetable":
         text += (
             " To post there anyway, call channel_publish with this channel (it publishes "
@@ -194,7 +219,9 @@ def unroutable_notice(place: Place, reason: str) -> str:
             "operator to set publish_undeclared = true for server "
             f"{notice_value(place.server_id)} in the host config, so replies go there."
         )
-    return f"{text} {_RESEND_HOW}"
+    elif reason == "thread":
+        text += " To post in the channel itself, call channel_publish with it and no thread_id."
+    return f"{text} {resend_how(mode, elsewhere=reason != 'unresolved')}"
 
 
 def undeclared_channel_line(

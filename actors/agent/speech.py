@@ -422,7 +422,7 @@ class TurnSpeech:
         place = place_of(found)
         problem = place_problem(self.places.get((found.server_id, found.channel_id)), None)
         if problem is not None:
-            self._notice(unroutable_notice(place, problem))
+            self._notice(unroutable_notice(place, problem, addressed=True, mode=self.mode))
             return Destination(place=place, kept=problem)
         return Destination(place=place)
 
@@ -438,7 +438,7 @@ class TurnSpeech:
             self._route_told = True
             here = self.route_place()
             assert here is not None
-            self._notice(unroutable_notice(here, problem))
+            self._notice(unroutable_notice(here, problem, mode=self.mode))
         return problem
 
     def _notice(self, text: str) -> None:
@@ -646,14 +646,17 @@ class TurnSpeech:
         ids = [i for i, _ in self.kept]
         if "held" in reasons and isinstance(self.decision, Hold):
             places = [self._place(c) for c in self.decision.conversations]
-            texts.append(hold_notice(places, multiple_unknown=self.decision.multiple_unknown))
+            unknown = self.decision.multiple_unknown
+            texts.append(hold_notice(places, multiple_unknown=unknown, mode=self.mode))
         bounced = [i for i, r in self.kept if r == "bounced"]
         if bounced:
             tokens = [target_token(v, self.channels) for v in self.channels]
             texts.append(bounce_notice(bounced, self.mode, tokens))
         if isinstance(self.decision, Unroutable) and self._unroutable_kept:
             texts.append(
-                unroutable_notice(self._place(self.decision.conversation), self.decision.reason)
+                unroutable_notice(
+                    self._place(self.decision.conversation), self.decision.reason, mode=self.mode
+                )
             )
         if self.tickets or ids or self.suppressed:
             deliveries = [

@@ -408,6 +408,29 @@ async def test_channel_publish_without_a_channel_posts_where_the_turn_came_from(
             assert publishes(ctl) == [("lobby:#legacy", "by the tool")]
 
 
+async def test_prose_addressed_to_a_channel_that_takes_none_is_told_the_true_reason(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model = Rounds([text(">>>#legacy are you there?")])
+    monkeypatch.setattr("actors.host.make_model", lambda cfg: model)
+    with trio.fail_after(60):
+        ada = {"model": _scripted(tmp_path, ""), "prose_mode": "hybrid"}
+        async with running_lobby(tmp_path, {"Ada": ada}) as lb:
+            host, ctl = lb.host, lb.ctl
+            await register(ctl, channel("lobby:#legacy", "legacy"))
+            send_incoming(ctl, "lobby:#general", "g1", "ask in legacy")
+            held = await wait_trace(lb.stream, lambda e: e.kind == "speech-held", "held prose")
+            assert held.data["reason"] == "untargetable"
+            await host.run_until_idle()
+            assert publishes(ctl) == []
+            [notice] = [n for n in notices(host.history("Ada"), "speech-notice") if "legacy" in n]
+            assert notice.startswith("[held] Prose addressed to")
+            assert "call channel_publish" in notice
+            # the prefix it suggests is the agent's own (hybrid: >>>), to a channel that takes it
+            assert "start a message with >>>target naming a channel that takes prose" in notice
+            assert ">>target" not in notice.replace(">>>target", "")
+
+
 def _scripted(tmp_path: Path, rules: str) -> str:
     path = tmp_path / f"rules{abs(hash(rules))}.toml"
     path.write_text(rules, encoding="utf-8")

@@ -245,7 +245,11 @@ def test_hold_names_each_conversation_and_how_to_resend() -> None:
     assert "drafts" in text
     assert describe_place(GENERAL) in text and describe_place(DEV) in text
     assert text.index(describe_place(GENERAL)) < text.index(describe_place(DEV))
-    assert "resend" in text and ">>" in text and "channel_open" in text
+    assert "resend" in text and "channel_open" in text
+    assert ">>" not in text  # locus prose has no prefix to suggest
+    assert "start a message with >>>target" in hold_notice([GENERAL], mode="hybrid")
+    assert "start a message with >>target" in hold_notice([GENERAL], mode="explicit")
+    assert "channel_open" not in hold_notice([GENERAL], mode="disabled")
     assert "more conversations" not in text
 
 

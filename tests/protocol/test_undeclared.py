@@ -157,3 +157,27 @@ def test_a_failed_segment_kept_as_a_draft_says_so() -> None:
         "[delivered] Failed: 1 segment to #dev (s / c) (refused; kept as a draft). "
         "Kept as drafts: 1 segment (use the drafts tool to list, resend or dismiss them)."
     )
+
+
+@given(
+    texts,
+    st.sampled_from(["untargetable", "thread"]),
+    st.booleans(),
+    st.sampled_from(["locus", "explicit", "hybrid", "disabled"]),
+)
+def test_a_held_notice_names_the_true_reason_and_only_fixes_that_work(
+    server: str, reason: str, addressed: bool, mode: str
+) -> None:
+    place = Place(server_id=server or "s", channel_id="c", label="#dev")
+    notice = unroutable_notice(place, reason, addressed=addressed, mode=mode)
+    # prose written with a prefix is not called unaddressed
+    assert notice.startswith("[held] Prose addressed to" if addressed else "[held] Unaddressed")
+    # the fixes it names work for this place: an explicit post; a prefix only the agent's own
+    # mode has, and only to a channel that takes prose
+    assert "call channel_publish" in notice
+    prefixes = {"explicit": ">>target", "hybrid": ">>>target"}
+    if mode in prefixes:
+        assert f"{prefixes[mode]} naming a channel that takes prose" in notice
+    assert (">>" in notice) is (mode in prefixes)
+    assert ("channel_open" in notice) is (mode != "disabled")
+    assert "\n" not in notice
