@@ -314,8 +314,9 @@ UNDECLARED_REASON: Final = "the server does not declare where posts land in this
 
 
 def legacy_outcome(outcome: PublishOutcome) -> PublishOutcome:
-    """The outcome of prose published in RFC-011's legacy form (:data:`LEGACY`): a delivery is
-    only unconfirmed, since the server never said where it lands; anything else stands."""
+    """The outcome of a post published in RFC-011's legacy form (no ``threadId``, to a channel
+    that declares no place): prose under :data:`LEGACY` and an explicit post alike. A delivery
+    is only unconfirmed, since the server never said where it lands; anything else stands."""
     if outcome.status != DELIVERED:
         return outcome
     return PublishOutcome(

@@ -111,6 +111,8 @@ async def send_publish(
     except (AskTimeout, ActorDied) as exc:
         return classify_error(str(exc) or type(exc).__name__), None
     outcome = classify_publish(result, thread)
-    if place == LEGACY and msg.prose:
+    if thread is ABSENT:
+        # the channel declares no place: whether prose or a tool's post, the server decides
+        # where it lands, so a delivery is unconfirmed (one rule for both)
         outcome = legacy_outcome(outcome)
     return outcome, result

@@ -156,6 +156,14 @@ async def test_publish_undeclared_publishes_in_the_legacy_form_unconfirmed(
             assert len(told) == 2
             assert all(e.data["publish_undeclared"] is True for e in told)
             assert all("unconfirmed" in e.data["text"] for e in told)
+            # an explicit post to the same channel is judged by the same rule as the prose
+            posted = await host.execute_tool_call(
+                "Ada", "channel_publish", {"channel_id": "legacy:#general", "content": "by hand"}
+            )
+            assert posted["is_error"] is False
+            assert "delivery unconfirmed" in posted["content"][0]["text"]
+            assert "does not declare where posts land" in posted["content"][0]["text"]
+            assert len(received(tmp_path)) == 2
             # a thread of such a channel is still no place to post
             refused = await host.execute_tool_call(
                 "Ada",
@@ -163,7 +171,7 @@ async def test_publish_undeclared_publishes_in_the_legacy_form_unconfirmed(
                 {"channel_id": "legacy:#general", "content": "x", "thread_id": "t1"},
             )
             assert refused["is_error"] is True
-            assert len(received(tmp_path)) == 1
+            assert len(received(tmp_path)) == 2
 
 
 async def test_a_server_taking_only_notifications_gets_one_and_the_outcome_is_unknown(
