@@ -20,6 +20,7 @@ import attrs
 
 from protocol import grants
 from protocol.addresses import address_problem
+from protocol.declarations import TAGGED_CAPABILITIES
 from protocol.gate import GateConfig, GateConfigError, parse_gate
 from protocol.mcpl import FeatureSet
 from protocol.redact import Redactor
@@ -62,6 +63,10 @@ class ServerConfig:
     inference_models: Mapping[str, str] = attrs.field(factory=dict)
     # publish plain speech to channels that declare no publish target (RFC-011 legacy form)
     publish_undeclared: bool = False
+    #: capabilities the server may use outside the feature sets that list them in their uses
+    #: (an operator's choice for a server whose manifest forgot them, such as heartbeat-mcpl's
+    #: pushEvents); only those it advertises and the host grants
+    allow_unlisted_uses: tuple[str, ...] = ()
     cwd: Path | None = None
 
     def inference_model_for(self, feature_set: str) -> str | None:
@@ -504,6 +509,13 @@ def _server(i: int, s: Mapping[str, Any], base: Path, problems: list[str]) -> Se
     if not isinstance(publish_undeclared, bool):
         problems.append(f"{where}.publish_undeclared: must be true or false")
         publish_undeclared = False
+    unlisted = _str_list(f"{where}.allow_unlisted_uses", s.get("allow_unlisted_uses"), problems)
+    for cap in unlisted or ():
+        if cap not in TAGGED_CAPABILITIES:
+            problems.append(
+                f"{where}.allow_unlisted_uses: {cap!r} is not a capability a feature set "
+                f"names; one of {', '.join(sorted(TAGGED_CAPABILITIES))}"
+            )
     if not valid:
         return None
     assert isinstance(sid, str)
@@ -527,6 +539,7 @@ def _server(i: int, s: Mapping[str, Any], base: Path, problems: list[str]) -> Se
         inference_requests_per_hour=numbers["inference_requests_per_hour"],
         inference_models=inference_models,
         publish_undeclared=publish_undeclared,
+        allow_unlisted_uses=tuple(c for c in unlisted or () if c in TAGGED_CAPABILITIES),
         cwd=base,
     )
 

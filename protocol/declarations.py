@@ -71,17 +71,20 @@ def declaration_mismatches(
     advertised: Collection[str],
     state: FeatureSetState | None = None,
     grant: Collection[str] | None = None,
+    allowed: Collection[str] = (),
 ) -> tuple[Mismatch, ...]:
     """Every mismatch between a manifest's feature sets and what it advertises, in declaration
     order, at most :data:`MAX_MISMATCHES` of them (then one line counting the rest).
 
     Given ``state`` (the sets the host derived from ``grant``, the advertised paths when None),
-    the :data:`UNLISTED_USE` lines come first: see :func:`unlisted_uses`.
+    the :data:`UNLISTED_USE` lines come first: see :func:`unlisted_uses` (``allowed``: the
+    capabilities the operator lets be used outside the sets that list them).
     """
     declared = declared_feature_sets(manifest)
     out: list[Mismatch] = []
     if state is not None:
-        out += unlisted_uses(state, declared.sets, advertised if grant is None else grant)
+        granted = advertised if grant is None else grant
+        out += unlisted_uses(state, declared.sets, granted, allowed)
     out += [Mismatch(problem=DECLARATION, text=note) for note in declared.diagnostics]
     raw = manifest.get("featureSets") if isinstance(manifest, Mapping) else None
     if isinstance(raw, list):  # the 0.4 array form can name a set twice; the last one is kept
@@ -145,20 +148,24 @@ def _named(names: Sequence[str]) -> str:
 
 
 def unlisted_uses(
-    state: FeatureSetState, declared: Mapping[str, FeatureSet], grant: Collection[str]
+    state: FeatureSetState,
+    declared: Mapping[str, FeatureSet],
+    grant: Collection[str],
+    allowed: Collection[str] = (),
 ) -> tuple[Mismatch, ...]:
     """The :data:`TAGGED_CAPABILITIES` that are granted but that no enabled set lists in
     ``uses``: every call exercising one names an enabled set (or none) and is refused.
 
     One line per capability, naming the enabled sets (at most :data:`MAX_NAMED_SETS`, then a
     count). A capability that a set the host deselected or disabled lists is the operator's
-    choice, not a mismatch, and is not reported.
+    choice, not a mismatch, and is not reported; so is a capability in ``allowed`` (the
+    operator lets it be used outside the sets that list it).
     """
     granted = frozenset(grant)
     enabled = sorted(state.enabled)
     out: list[Mismatch] = []
     for cap, method in TAGGED_CAPABILITIES.items():
-        if cap not in granted:
+        if cap not in granted or cap in allowed:
             continue
         listing = [n for n, fs in declared.items() if cap in fs.uses]
         if any(n in state.enabled for n in listing):

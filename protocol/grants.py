@@ -343,6 +343,7 @@ def admit(
     declared: Mapping[str, FeatureSet] = _NO_SETS,
     enabled: Collection[str] = frozenset(),
     ready: bool = True,
+    outside_sets: Collection[str] = frozenset(),
 ) -> None:
     """Admit one inbound MCPL call or raise the :class:`RpcError` to answer it with.
 
@@ -361,7 +362,8 @@ def admit(
     5. not declared: -32003 ``{featureSet}``;
     6. not in ``enabled``: -32001 ``{featureSet}``;
     7. the set's ``uses`` lacks the capability (a declaration mismatch):
-       -32002 ``{capability, featureSet}``.
+       -32002 ``{capability, featureSet}``, unless the operator lets the capability be used
+       outside the sets that list it (``outside_sets``: a server's ``allow_unlisted_uses``).
     """
     if method in REMOVED_METHODS:
         raise RpcError(code=METHOD_NOT_FOUND, message=f"{method} was removed in MCPL 0.5")
@@ -387,7 +389,7 @@ def admit(
         )
     if feature_set not in enabled:
         raise RpcError(code=FEATURE_SET_NOT_ENABLED, data={"featureSet": feature_set})
-    if cap not in fs.uses:
+    if cap not in fs.uses and cap not in outside_sets:
         raise _denied(
             cap,
             f"Capability denied: {cap} is not in the uses of feature set {feature_set}",

@@ -130,6 +130,9 @@ def _print_policy(sid: str, source: str, policy: Mapping[str, Any]) -> None:
         print(f"    feature set {name}: {state}")
     for text in policy.get("mismatches", []):
         print(f"    declaration mismatch: {one_line(text, 1000)}")
+    if policy.get("outside_sets"):
+        allowed = ", ".join(policy["outside_sets"])
+        print(f"    used outside its feature sets (allow_unlisted_uses): {allowed}")
 
 
 def _report_manifest_file(server: Any, path: Path) -> int:
@@ -153,12 +156,13 @@ def _report_manifest_file(server: Any, path: Path) -> int:
     grant = server.grant_for(advertised)
     declared = mcpl.declared_feature_sets(manifest)
     state = server.feature_sets_for(declared.sets, grant)
-    found = declaration_mismatches(manifest, advertised, state, grant)
+    allowed = server.allow_unlisted_uses
+    found = declaration_mismatches(manifest, advertised, state, grant, allowed)
     try:
         digest = manifest_digest(manifest)
     except ManifestError as exc:
         digest = f"refused ({exc.code})"
-    report = policy_report(advertised, grant, state, found)
+    report = policy_report(advertised, grant, state, found, frozenset(allowed) & grant)
     _print_policy(server.id, f"manifest {path}, digest {digest}", report)
     return 0
 

@@ -16,7 +16,7 @@ capability) and link.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 import trio
@@ -84,13 +84,15 @@ class LinkPolicy:
         declared = mcpl.declared_feature_sets(manifest)
         grant = cfg.grant_for(advertised)
         state = cfg.feature_sets_for(declared.sets, grant)
-        found = declaration_mismatches(manifest, advertised, state, grant)
+        allowed = cfg.allow_unlisted_uses
+        found = declaration_mismatches(manifest, advertised, state, grant, allowed)
         mismatched = self.report_declarations(found)
         params = grants.update_params(grant, state)
         link.manifest = manifest
         link.mcp_caps = caps
         link.feature_sets = declared.sets
-        link.policy = policy_report(advertised, grant, state, found)
+        link.outside_sets = frozenset(allowed) & grant
+        link.policy = policy_report(advertised, grant, state, found, link.outside_sets)
         try:
             result = await owner.request(link, "featureSets/update", params)
         except RpcError as exc:
@@ -262,13 +264,14 @@ class LinkPolicy:
         target = wanted - pending
         reduced = before_grant & target
         state = cfg.feature_sets_for(declared.sets, target)
-        found = declaration_mismatches(manifest, advertised, state, target)
+        found = declaration_mismatches(manifest, advertised, state, target, cfg.allow_unlisted_uses)
         if manifest is not link.manifest:
             self.report_declarations(found)
         # host-first: what the server no longer offers (or policy no longer allows) is gone now
         link.grant = reduced
         link.manifest = manifest
         link.feature_sets = declared.sets
+        link.outside_sets = frozenset(cfg.allow_unlisted_uses) & reduced
         link.enabled_sets = cfg.feature_sets_for(declared.sets, reduced).enabled
         params = grants.update_params(target, state)
         accepted = False
@@ -370,6 +373,7 @@ def policy_report(
     grant: frozenset[str],
     state: grants.FeatureSetState,
     mismatches: Sequence[Mismatch] = (),
+    outside_sets: Collection[str] = (),
 ) -> dict[str, Any]:
     """What a server advertised, what the host grants, each feature set's status, and the
     declaration mismatches found (their lines). An enabled set that an :data:`UNLISTED_USE`
@@ -395,4 +399,6 @@ def policy_report(
         "denied": sorted(advertised - grant),
         "feature_sets": {name: status(name, st) for name, st in sorted(state.statuses.items())},
         "mismatches": [m.text for m in mismatches],
+        # what the operator lets the server use outside the sets that list it
+        "outside_sets": sorted(outside_sets),
     }

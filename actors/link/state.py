@@ -73,6 +73,8 @@ class Link:
     grant: frozenset[str] = frozenset()
     feature_sets: Mapping[str, mcpl.FeatureSet] = attrs.field(factory=dict)
     enabled_sets: frozenset[str] = frozenset()
+    # capabilities the operator lets this server use outside the sets that list them
+    outside_sets: frozenset[str] = frozenset()
     policy: dict[str, Any] = attrs.field(factory=dict)  # what the handshake decided, for reports
     # manifest changes (SPEC §17): the manifest in force, the MCP capabilities it came with,
     # fetches in the rate window, and whether a fetch is running or another one is wanted
@@ -197,5 +199,10 @@ def admit(link: Link, method: str, feature_set: Any = None) -> None:
     if link.mcp_only and method not in grants.REMOVED_METHODS:
         raise RpcError(code=METHOD_NOT_FOUND, message=f"{method}: this connection runs MCP-only")
     grants.admit(
-        method, link.grant, feature_set, declared=link.feature_sets, enabled=link.enabled_sets
+        method,
+        link.grant,
+        feature_set,
+        declared=link.feature_sets,
+        enabled=link.enabled_sets,
+        outside_sets=link.outside_sets,
     )

@@ -93,7 +93,13 @@ def format_event(e: TraceEvent) -> str | None:
     if k == "ready":
         mode = "MCP-only (tools only)" if d.get("mcp_only") else "MCPL"
         tools = ", ".join(t for t in d.get("tools", []) if t) or "no tools"
-        return f"· {e.server_id} ready: {mode}; {tools}"
+        outside = (d.get("policy") or {}).get("outside_sets")
+        allowed = (
+            f"; {', '.join(outside)} allowed outside its feature sets (allow_unlisted_uses)"
+            if outside
+            else ""
+        )
+        return f"· {e.server_id} ready: {mode}; {tools}{allowed}"
     if k == "tools-changed":
         change = [f"+{n}" for n in d.get("added", [])] + [f"-{n}" for n in d.get("removed", [])]
         tools = ", ".join(d.get("tools", [])) or "no tools"

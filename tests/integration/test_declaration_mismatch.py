@@ -14,6 +14,9 @@ import pytest
 import trio
 
 from actors import Host
+from actors.config import load_config
+from actors.errors import ConfigError
+from actors.transcript.lines import format_event
 from tests.cli_helpers import MCPLIVE, child_env
 from tests.helpers import config, running_lobby, scripted, unstamped, wait_trace
 from tests.integration.test_server_failures import run_until
@@ -190,3 +193,63 @@ async def test_a_reload_sends_only_the_sets_the_host_enables(tmp_path: Path) -> 
             assert "pushEvents" in back["grants"]["lobby"]
             update = await lob.ctl.wait_for(update_received, "the next update", since=mark)
             assert update["message"]["params"]["enabled"] == ["lobby.chat", "lobby.events"]
+
+
+async def test_an_operator_lets_a_forgotten_use_through_with_allow_unlisted_uses(
+    tmp_path: Path,
+) -> None:
+    # heartbeat-mcpl's shape: pushEvents advertised and used, but listed in no set's uses
+    record = tmp_path / "omit.jsonl"
+    server = {**omitted(record), "allow_unlisted_uses": ["pushEvents"]}
+    cfg = config(tmp_path, [server], [{"name": "Ada", "model": scripted(tmp_path, "a", GREETER)}])
+    seen: list[Any] = []
+    with trio.fail_after(90):
+        async with Host.open(cfg) as host:
+            stream = host.trace()
+            await wait_trace(stream, lambda e: e.kind == "published", "Ada's reply", seen)
+            await host.run_until_idle()
+            pushed = [m for m in host.history("Ada") if m["metadata"].get("event_id")]
+    ready = next(e for e in seen if e.kind == "ready")
+    assert format_event(ready) == (
+        "· omit ready: MCPL; no tools; pushEvents allowed outside its feature sets "
+        "(allow_unlisted_uses)"
+    )
+    mismatches = [e.data for e in seen if e.kind == "declaration-mismatch"]
+    assert [m["problem"] for m in mismatches] == ["unknown-capability"]  # no unlisted-use line
+    assert not [e for e in seen if e.kind == "refused"]
+    pushes = [e["reply"] for e in recorded(record) if e.get("answer") == "push/event"]
+    assert [p.get("result") for p in pushes] == [{"accepted": True}] * 2
+    assert sorted(m["metadata"]["event_id"] for m in pushed) == ["e1", "e2"]
+
+
+def test_allow_unlisted_uses_names_only_capabilities_a_feature_set_can_use(
+    tmp_path: Path,
+) -> None:
+    server = {**omitted(), "allow_unlisted_uses": ["pushEvents", "tools"]}
+    cfg = config(tmp_path, [server], [{"name": "Ada", "model": scripted(tmp_path, "a", "")}])
+    with pytest.raises(ConfigError, match="allow_unlisted_uses: 'tools' is not a capability"):
+        load_config(cfg)
+
+
+def test_check_connect_states_what_is_allowed_outside_the_sets(tmp_path: Path) -> None:
+    (tmp_path / "quiet.toml").write_text("", encoding="utf-8")
+    path = tmp_path / "omit.toml"
+    path.write_text(
+        '[[servers]]\nid = "omit"\ncommand = ["python", "-m", "tests.omitted_use_server"]\n'
+        f'env = {{ PYTHONPATH = "{ROOT}" }}\nallow_unlisted_uses = ["pushEvents"]\n\n'
+        '[[agents]]\nname = "Ada"\nmodel = "scripted:quiet.toml"\n',
+        encoding="utf-8",
+    )
+    result = subprocess.run(
+        [*MCPLIVE, "check", "--connect", str(path)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=90,
+        env=child_env(),
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    under = result.stdout.splitlines()
+    assert "    used outside its feature sets (allow_unlisted_uses): pushEvents" in under
+    assert "    feature set omit.chat: enabled" in under  # its pushes are no longer refused
+    assert not any("uses lack pushEvents" in line for line in under)

@@ -746,3 +746,25 @@ class GrantChanges(RuleBasedStateMachine):
 
 
 TestGrantChanges = GrantChanges.TestCase
+
+
+@given(
+    st.sampled_from(sorted(FEATURE_SET_METHODS)),
+    st.lists(st.sampled_from(sorted(VOCABULARY)), max_size=4),
+    st.lists(st.sampled_from(sorted(VOCABULARY)), max_size=3),
+)
+def test_a_use_outside_the_sets_is_admitted_only_when_the_operator_allows_it(
+    method: str, uses: list[str], outside: list[str]
+) -> None:
+    cap = INBOUND_CAPABILITY[method]
+    sets = {"s.chat": FeatureSet(name="s.chat", description="", uses=tuple(uses))}
+    kwargs: dict[str, Any] = {"declared": sets, "enabled": {"s.chat"}, "outside_sets": outside}
+    if cap in uses or cap in outside:
+        admit(method, {cap}, "s.chat", **kwargs)
+    else:
+        with pytest.raises(RpcError) as refused:
+            admit(method, {cap}, "s.chat", **kwargs)
+        assert refused.value.data == {"capability": cap, "featureSet": "s.chat"}
+    # it never reaches past the grant: a capability not granted is refused all the same
+    with pytest.raises(RpcError):
+        admit(method, set(), "s.chat", **kwargs)
