@@ -2,9 +2,14 @@
 
 ::
 
-    from actors.serverkit import MCPLServer
+    from actors.serverkit import MCPLServer, Publish
 
     server = MCPLServer("demo")
+    room = server.channel("demo:room", label="#room", publish_target="root")
+
+    @room.on_publish
+    def heard(publish: Publish) -> None:
+        publish.echo()      # show the agent's words in #room, as the message they became
 
     @server.tool()
     def shout(text: str) -> str:
@@ -13,7 +18,8 @@
 
     @server.on_granted("pushEvents")
     async def hello() -> None:
-        await server.push_event("hello from demo")
+        # scoped to #room: the agent's answer is published there
+        await server.push_event("hello from demo", origin={"mcplChannelId": room.id})
 
     server.run()            # stdio; server.run("websocket", port=8765) for a websocket
 
@@ -44,8 +50,6 @@ host's requests while ours are pending, the grant gating every send -- are alrea
 sans-I/O :class:`protocol.jsonrpc.RpcSession` this toolkit reuses, which keeps the session
 testable without I/O.
 """
-
-from __future__ import annotations
 
 from protocol.server_session import NotGranted
 
@@ -91,3 +95,8 @@ __all__ = [
     "parse_address",
     "serve_websocket_each",
 ]
+
+
+def __dir__() -> list[str]:
+    """The public API: what ``__all__`` names (the modules behind it are the toolkit's own)."""
+    return sorted(__all__)

@@ -9,7 +9,10 @@ refused, since the toolkit cannot promise where it would land.
 
 What an agent says arrives as a :class:`Publish`: the publishing agent's ``conversationId``
 (``"agent:<name>"``, read back as :attr:`Publish.agent`), the place (:attr:`Publish.thread_id`,
-with :attr:`Publish.targeted` telling ``null`` from absent) and the content.
+with :attr:`Publish.targeted` telling ``null`` from absent) and the content. The publish is
+confirmed with a message id (the handler's own, or :attr:`Publish.message_id`, made up before
+the handler runs); :meth:`Publish.echo` posts the agent's words back into the channel as that
+message, so the host knows them for its own and they wake no one.
 """
 
 from __future__ import annotations
@@ -24,9 +27,21 @@ import attrs
 from protocol.errors import INVALID_PARAMS, UNKNOWN_CHANNEL, RpcError
 from protocol.server_forms import content_of, incoming_message
 
-__all__ = ["Channel", "ChannelSpec", "OpenRequest", "Publish", "PublishRefused", "content_of"]
+from .transport import warn
+
+__all__ = [
+    "Channel",
+    "ChannelSpec",
+    "Confirmation",
+    "OpenRequest",
+    "Publish",
+    "PublishRefused",
+    "content_of",
+]
 
 PUBLISH_TARGETS: Final = ("root", "exact")
+#: The tag of an echo: the host's own words, posted back (a host never wakes anyone for it).
+FROM_SELF: Final = "chat:from-self"
 _ABSENT: Final = object()
 
 
@@ -96,6 +111,12 @@ class Publish:
     #: the host sent it as a notification: no answer goes back, so a refusal is not seen
     notification: bool = False
     params: Mapping[str, Any] = attrs.field(factory=dict, repr=False)
+    #: the id the publish is confirmed with unless the handler returns one of its own (made up
+    #: by the toolkit before the handler runs, unique across the server's runs)
+    message_id: str | None = None
+    _confirmation: Confirmation | None = attrs.field(
+        default=None, repr=False, eq=False, alias="confirmation"
+    )
 
     @property
     def agent(self) -> str | None:
@@ -104,9 +125,51 @@ class Publish:
         return cid.removeprefix("agent:") if cid and cid.startswith("agent:") else None
 
     @property
+    def author(self) -> dict[str, str]:
+        """The agent as a message's author: ``{"id": conversation_id, "name": agent}``
+        (``"agent"`` stands in for what the host did not send)."""
+        cid = self.conversation_id or "agent"
+        return {"id": cid, "name": self.agent or cid}
+
+    @property
     def text(self) -> str:
         """The text blocks joined."""
         return _text(self.content)
+
+    def echo(
+        self,
+        content: str | Sequence[Mapping[str, Any]] | None = None,
+        *,
+        author: str | Mapping[str, Any] | None = None,
+        tags: Sequence[str] = (),
+        metadata: Mapping[str, Any] | None = None,
+    ) -> None:
+        """Post the agent's words back into the channel, as the message this publish was
+        confirmed as: the way to show other readers of the channel what the agent said.
+
+        The echo carries the id the publish was confirmed with (the handler's own id, or
+        :attr:`message_id` when the handler returns nothing), the agent as its author
+        (:attr:`author`, unless ``author`` is given), the publish's thread and the tag
+        ``chat:from-self`` (with any ``tags`` given), so the host recognises its own words and
+        never wakes an agent with them. ``content`` defaults to what the agent published.
+
+        It never waits: called in the publish handler (sync or async; no ``await``), the echo
+        goes out once the handler has returned and the publish is confirmed; called later, at
+        once. It is sent beside the host connection, like :meth:`MCPLServer.spawn
+        <actors.serverkit.MCPLServer.spawn>`, and its failure is logged, never raised. A
+        publish the handler refused (:class:`PublishRefused`) is echoed nowhere.
+        """
+        if self._confirmation is None:
+            raise RuntimeError("echo() needs a publish handed to a handler by the toolkit")
+        self._confirmation.echo(
+            {
+                "content": list(self.content) if content is None else content,
+                "author": self.author if author is None else author,
+                "thread_id": self.thread_id,
+                "tags": (FROM_SELF, *tags),
+                "metadata": metadata,
+            }
+        )
 
     @classmethod
     def from_params(cls, params: Mapping[str, Any], *, notification: bool = False) -> Publish:
@@ -132,6 +195,51 @@ class Publish:
             notification=notification,
             params=params,
         )
+
+
+@attrs.define(eq=False)
+class Confirmation:
+    """Where one publish stands, for its echo: its channel and the id made up for it; once the
+    handler has returned, the id it was confirmed with (``None``: refused). Echoes asked for
+    before then wait here, and go out in order once it is confirmed."""
+
+    channel: Channel
+    made_id: str
+    confirmed: str | None = None
+    settled: bool = False
+    waiting: list[dict[str, Any]] = attrs.field(factory=list)
+
+    def echo(self, message: dict[str, Any]) -> None:
+        """Send ``message`` (:meth:`Channel.send`'s arguments) as the publish's echo once the
+        publish is confirmed."""
+        if not self.settled:
+            self.waiting.append(message)
+        else:
+            self._send([message])
+
+    def settle(self, message_id: str | None) -> None:
+        """The handler returned: the publish is confirmed as ``message_id`` (``None``:
+        refused, so what waits is dropped); send what waits."""
+        self.settled, self.confirmed = True, message_id
+        waiting, self.waiting = self.waiting, []
+        if waiting:
+            self._send(waiting)
+
+    def _send(self, messages: list[dict[str, Any]]) -> None:
+        message_id = self.confirmed
+        if message_id is None:
+            warn(f"no echo in {self.channel.id!r}: the publish was refused, nothing was posted")
+            return
+        channel = self.channel
+
+        async def send() -> None:
+            for message in messages:
+                entry = await channel.send(message_id=message_id, **message)
+                if entry.get("accepted") is False:
+                    warn(f"echo {message_id} not accepted: {entry.get('reason', 'no reason')}")
+
+        if not channel._server.spawn(send, f"echo of {message_id}"):
+            warn(f"no echo of {message_id}: no host is connected")
 
 
 @attrs.frozen(kw_only=True)
@@ -166,6 +274,8 @@ class ChannelOwner(Protocol):
         self, channel: Channel, message: Mapping[str, Any]
     ) -> dict[str, Any]: ...
 
+    def spawn(self, fn: Callable[[], Awaitable[Any]], name: str = "") -> bool: ...
+
     async def channels_changed(
         self,
         *,
@@ -191,8 +301,10 @@ class Channel:
     def on_publish(self, fn: PublishHandler) -> PublishHandler:
         """Decorator: ``fn(publish)`` handles what agents publish here (sync or async).
 
-        Return nothing (delivered, a message id is made up), a message id string, or raise
-        :class:`PublishRefused` to refuse with nothing posted.
+        Return nothing (delivered as :attr:`Publish.message_id`, made up for it), a message id
+        string, or raise :class:`PublishRefused` to refuse with nothing posted. To show the
+        agent's words in the channel, call :meth:`Publish.echo`: never :meth:`send` them under
+        a new id, which the host would take for someone else's message.
         """
         self.publish_handler = fn
         return fn
@@ -201,7 +313,7 @@ class Channel:
         self,
         content: str | Sequence[Mapping[str, Any]],
         *,
-        author: str | Mapping[str, Any] = "user",
+        author: str | Mapping[str, Any],
         message_id: str | None = None,
         thread_id: str | None = None,
         tags: Sequence[str] = (),
@@ -211,8 +323,10 @@ class Channel:
     ) -> dict[str, Any]:
         """Deliver one message from ``author`` into this channel (``channels/incoming``).
 
-        ``author`` is a display name, or ``{"id", "name"}`` (an id the server keeps for the
-        person; an agent's echo uses ``Publish.conversation_id`` and ``Publish.agent``).
+        ``author`` (required: every message names who wrote it) is a display name, used as
+        its id too, or ``{"id", "name"}`` (an id the server keeps for the person). An agent's
+        words are echoed with :meth:`Publish.echo`, not sent with this.
+
         ``message_id`` left out, a new id unique across runs is made up. The host stores a
         message once per id: an id it already holds from this server is answered as accepted
         and not stored again (so a retry is safe, and a server that sets its own ids must keep

@@ -31,19 +31,23 @@ __all__ = ["HttpAnswer", "HttpHandler", "HttpRequest", "ReplayStream", "Shelf", 
 
 #: The longest request head read before the connection is refused.
 MAX_HEAD_BYTES = 16 * 1024
-#: How long a client may take to send its request head.
+#: How long a client may take to send its request head (and then its body).
 HEAD_TIMEOUT_S = 30.0
+#: The largest request body read for an HTTP handler; a larger one is answered 413.
+MAX_BODY_BYTES = 1024 * 1024
 
 
 @attrs.frozen(kw_only=True)
 class HttpRequest:
     """A plain HTTP request to the websocket listener: the method, the path (no query), the
-    target as sent, and the headers (names lower-cased; a repeated one keeps its last value)."""
+    target as sent, the headers (names lower-cased; a repeated one keeps its last value) and
+    the body (at most ``MAX_BODY_BYTES``, 1 MiB: a larger one is answered 413 for you)."""
 
     method: str
     path: str
     target: str
     headers: Mapping[str, str]
+    body: bytes = b""
 
 
 @attrs.frozen(kw_only=True)
@@ -182,7 +186,38 @@ async def _read_request(stream: trio.abc.Stream) -> tuple[h11.Connection, bytes,
             return conn, bytes(raw), None
 
 
-def _asked(event: h11.Request) -> HttpRequest:
+_TOO_LARGE = HttpAnswer(status=413, body=b"request body too large\n")
+_CUT_SHORT = HttpAnswer(status=400, body=b"request body cut short or malformed\n")
+
+
+async def _read_body(conn: h11.Connection, stream: trio.abc.Stream) -> bytes | HttpAnswer:
+    """The request's body, or the answer refusing it (over ``MAX_BODY_BYTES``: 413; cut
+    short or malformed: 400)."""
+    body = bytearray()
+    while True:
+        try:
+            event = conn.next_event()
+        except h11.RemoteProtocolError:
+            return _CUT_SHORT
+        if isinstance(event, h11.Data):
+            body += event.data
+            if len(body) > MAX_BODY_BYTES:
+                return _TOO_LARGE
+        elif isinstance(event, h11.EndOfMessage):
+            return bytes(body)
+        elif event is h11.NEED_DATA:
+            try:
+                data = await stream.receive_some(65536)
+            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+                data = b""
+            if not data:
+                return _CUT_SHORT
+            conn.receive_data(bytes(data))
+        else:
+            return _CUT_SHORT
+
+
+def _asked(event: h11.Request, body: bytes) -> HttpRequest:
     target = event.target.decode("latin-1")
     headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in event.headers}
     return HttpRequest(
@@ -190,6 +225,7 @@ def _asked(event: h11.Request) -> HttpRequest:
         path=target.partition("?")[0],
         target=target,
         headers=headers,
+        body=body,
     )
 
 
@@ -214,10 +250,18 @@ async def serve_connection(
         path = event.target.decode("latin-1").partition("?")[0]
         entry = shelf.get(path) if event.method == b"GET" else None
         answer = None
-        for handler in http:
-            answer = handler(_asked(event))
-            if answer is not None:
-                break
+        if http:
+            body: bytes | HttpAnswer = _CUT_SHORT
+            with trio.move_on_after(HEAD_TIMEOUT_S):
+                body = await _read_body(conn, stream)
+            if isinstance(body, HttpAnswer):
+                answer = body
+            else:
+                asked = _asked(event, body)
+                for handler in http:
+                    answer = handler(asked)
+                    if answer is not None:
+                        break
         if answer is not None:
             reply = _answer(conn, answer.status, answer.body, answer.headers)
         elif event.method != b"GET":

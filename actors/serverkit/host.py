@@ -11,12 +11,14 @@ import inspect
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
+import attrs
 import trio
 
 from protocol.errors import INVALID_PARAMS, UNKNOWN_FEATURE_SET, RpcError
 
 from .channels import (
     Channel,
+    Confirmation,
     OpenHandler,
     OpenRequest,
     Publish,
@@ -136,14 +138,18 @@ async def _publish(
     handler = channel.publish_handler or server.default_publish_handler
     if handler is None:
         return {"delivered": False, "reason": f"channel {channel.id!r} does not take publishes"}
+    # the id is made before the handler runs, so that its echo can carry it
+    confirmation = Confirmation(channel, new_message_id("pub"))
+    publish = attrs.evolve(publish, message_id=confirmation.made_id, confirmation=confirmation)
+    message_id: str | None = None
     try:
         value = await maybe_await(handler(publish))
+        message_id = value if isinstance(value, str) and value else confirmation.made_id
     except PublishRefused as exc:
         return {"delivered": False, "reason": str(exc) or "refused"}
-    out: dict[str, Any] = {
-        "delivered": True,
-        "messageId": value if isinstance(value, str) and value else new_message_id("pub"),
-    }
+    finally:
+        confirmation.settle(message_id)  # its echoes go out now (none if it was refused)
+    out: dict[str, Any] = {"delivered": True, "messageId": message_id}
     if publish.targeted:
         out["threadId"] = publish.thread_id
     return out

@@ -258,9 +258,16 @@ class MCPLServer(Declarations, ServeMixin):
         host stores it once. ``origin`` is free-form provenance the host keeps but never
         trusts; two members are read: ``author`` (``{"id", "name"}`` or a bare name: who the
         agent is told the event is from) and ``mcplChannelId`` (a channel of this server the
-        event belongs to). At most 32 levels of nesting are accepted. Raises
-        :class:`protocol.server_session.NotGranted`, before anything is written, when the host
-        has not granted ``pushEvents`` or the feature set.
+        event belongs to). At most 32 levels of nesting are accepted.
+
+        ``origin={"mcplChannelId": channel.id}`` scopes the push to that channel: an agent's
+        answer to it is published there. An unscoped push has no channel, so the answer goes
+        nowhere (mcplive keeps it as a draft). A push scoped to one of this server's channels
+        waits (at most the request timeout) until the host has taken the channel's
+        registration, as :meth:`Channel.send <actors.serverkit.Channel.send>` does.
+
+        Raises :class:`protocol.server_session.NotGranted`, before anything is written, when
+        the host has not granted ``pushEvents`` or the feature set.
         """
         params = push_params(
             content,
@@ -271,7 +278,11 @@ class MCPLServer(Declarations, ServeMixin):
             origin=origin,
             coalesce=coalesce,
         )
-        self._current("push/event").session.check("push/event", params)
+        link = self._current("push/event")
+        link.session.check("push/event", params)
+        scope = origin.get("mcplChannelId") if origin is not None else None
+        if isinstance(scope, str) and scope in self.channels:
+            await self._registration(link, scope)
         result = await self.call("push/event", params)
         out = PushResult(result if isinstance(result, Mapping) else {})
         out["eventId"] = params["eventId"]
@@ -281,11 +292,7 @@ class MCPLServer(Declarations, ServeMixin):
         """Deliver one ``channels/incoming`` message (used by :meth:`Channel.send`)."""
         link = self._current("channels/incoming")
         link.session.check("channels/incoming", {})
-        if link.grant.allows("channels.register") and channel.id not in self.accepted_channels(
-            link
-        ):
-            with trio.move_on_after(self.request_timeout):
-                await self.registered.wait()  # the registration may still be in flight
+        await self._registration(link, channel.id)
         if channel.id not in self.accepted_channels(link):
             raise NotGranted(f"channels/incoming: the host has not accepted channel {channel.id!r}")
         result = await self.call("channels/incoming", {"messages": [dict(message)]})
@@ -294,6 +301,15 @@ class MCPLServer(Declarations, ServeMixin):
             if isinstance(entry, Mapping) and entry.get("messageId") == message["messageId"]:
                 return dict(entry)
         return {"messageId": message["messageId"], "accepted": False, "reason": "no result"}
+
+    async def _registration(self, link: ServerLink, channel_id: str) -> None:
+        """Wait (at most the request timeout) while the registration of ``channel_id`` with
+        the host of ``link`` may still be in flight."""
+        if link.grant.allows("channels.register") and channel_id not in self.accepted_channels(
+            link
+        ):
+            with trio.move_on_after(self.request_timeout):
+                await self.registered.wait()
 
     async def channels_changed(
         self,

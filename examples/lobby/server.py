@@ -172,17 +172,13 @@ def publish_author(
 @server.on_publish
 def post(publish: Publish) -> str:
     """An agent spoke in one of the channels: log it, and post it back under the agent's name.
-    The echo is a task beside the answer: the handler returns without waiting for the host to
-    take the echo."""
+    The echo goes out once the handler has returned, under the id it returns: the host knows
+    it for the agent's own words, so it wakes no one."""
     channel = server.channels[publish.channel_id]
     author = publish_author(publish.conversation_id)
-    message_id = f"{RUN}-out-{next(posts)}"
     log(f"{channel.spec.label} <- {author['name']}: {publish.text}")
-    echo = functools.partial(
-        channel.send, list(publish.content), author=author, message_id=message_id
-    )
-    server.spawn(echo, "echo")
-    return message_id  # the id of the post that the publish became
+    publish.echo(author=author)
+    return f"{RUN}-out-{next(posts)}"  # the id of the post that the publish became
 
 
 # -- 4. Tools --------------------------------------------------------------------------------------

@@ -10,6 +10,7 @@ import trio
 import trio_websocket
 
 from actors.serverkit import HttpAnswer, HttpRequest, MCPLServer, serve_websocket_each
+from actors.serverkit.files import MAX_BODY_BYTES
 
 TIMEOUT = 20
 
@@ -97,3 +98,40 @@ async def test_each_host_connection_gets_a_server_of_its_own() -> None:
                 # the first connection is still served, by its own server
                 assert await which(one, 3) == "server 1"
             nursery.cancel_scope.cancel()
+
+
+async def test_a_handler_reads_the_request_body_up_to_its_cap() -> None:
+    server = MCPLServer("hooks")
+    bodies: list[bytes] = []
+
+    @server.on_http
+    def hook(request: HttpRequest) -> HttpAnswer | None:
+        bodies.append(request.body)
+        return HttpAnswer(status=202, body=b"taken")
+
+    async def post(port: int, body: bytes, *, chunked: bool = False) -> tuple[int, bytes]:
+        stream = await trio.open_tcp_stream("127.0.0.1", port)
+        async with stream:
+            if chunked:
+                head = "POST /hook HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+                data = b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body)
+            else:
+                head = f"POST /hook HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n\r\n"
+                data = body
+            await stream.send_all(head.encode() + data)
+            answer = b""
+            while chunk := await stream.receive_some(65536):
+                answer += chunk
+        head_bytes, _, rest = answer.partition(b"\r\n\r\n")
+        return int(head_bytes.split(b" ", 2)[1]), rest
+
+    with trio.fail_after(TIMEOUT):
+        async with trio.open_nursery() as nursery:
+            url = await nursery.start(functools.partial(server.serve_websocket, "127.0.0.1", 0))
+            port = int(url.rstrip("/").rpartition(":")[2])
+            assert await post(port, b'{"text": "build failed"}') == (202, b"taken")
+            assert await post(port, b"in chunks", chunked=True) == (202, b"taken")
+            status, _ = await post(port, b"x" * (MAX_BODY_BYTES + 1))
+            assert status == 413  # refused for the handler, which never sees it
+            nursery.cancel_scope.cancel()
+    assert bodies == [b'{"text": "build failed"}', b"in chunks"]

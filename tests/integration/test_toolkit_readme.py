@@ -1,4 +1,6 @@
-"""The README's first server, exactly as printed, run by ``mcplive`` as a user would run it."""
+"""The README's first server, exactly as printed, run by ``mcplive`` as a user would run it: the
+agent hears its push, calls its tool, and its reply is delivered into the server's channel and
+echoed there in that first run."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
@@ -40,7 +43,19 @@ def test_the_first_server_is_short_and_the_config_runs_it() -> None:
     assert 'command = ["python", "demo_server.py"]' in _blocks("toml")[0]
 
 
-async def test_the_readme_server_is_heard_and_its_tool_answers(tmp_path: Path) -> None:
+def _echoed(seen: list[dict[str, Any]]) -> bool:
+    """Whether the server has echoed a reply the host published (the same message id)."""
+    published = {
+        e["data"].get("receipt", {}).get("messageId") for e in seen if e["kind"] == "published"
+    }
+    return any(
+        e["kind"] == "incoming" and e["data"].get("message_id") in published - {None} for e in seen
+    )
+
+
+async def test_the_readme_server_is_heard_its_tool_answers_and_the_reply_arrives(
+    tmp_path: Path,
+) -> None:
     (tmp_path / "demo_server.py").write_text(_blocks("python")[0], encoding="utf-8")
     (tmp_path / "rules.toml").write_text(RULES, encoding="utf-8")
     agent = '\n[[agents]]\nname = "Ada"\nmodel = "scripted:rules.toml"\n'
@@ -49,7 +64,7 @@ async def test_the_readme_server_is_heard_and_its_tool_answers(tmp_path: Path) -
     # "python" in the config is the interpreter running these tests
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
-    seen: list[dict[str, object]] = []
+    seen: list[dict[str, Any]] = []
     with trio.fail_after(90):
         proc = await trio.lowlevel.open_process(
             [*MCPLIVE, "run", "mcplive.toml", "--json"],
@@ -61,7 +76,7 @@ async def test_the_readme_server_is_heard_and_its_tool_answers(tmp_path: Path) -
         assert proc.stdout is not None
         buf = b""
         try:
-            while not any(e.get("kind") == "tool-result" for e in seen):
+            while not _echoed(seen):
                 chunk = await proc.stdout.receive_some(65536)
                 assert chunk, f"mcplive exited early: {seen}"
                 buf += chunk
@@ -72,8 +87,18 @@ async def test_the_readme_server_is_heard_and_its_tool_answers(tmp_path: Path) -
             proc.send_signal(signal.SIGINT)
             await proc.wait()
     kinds = [e["kind"] for e in seen]
-    assert kinds.index("channel-registered") < kinds.index("tool-result")
+    assert kinds.index("channel-registered") < kinds.index("push")
     assert kinds.index("push") < kinds.index("tool-call") < kinds.index("tool-result")
+    assert kinds.index("tool-result") < kinds.index("published")
+    assert "speech-held" not in kinds  # the reply was not kept as a draft
+    [push] = [e for e in seen if e["kind"] == "push"]
+    [published] = [e for e in seen if e["kind"] == "published"]
+    [echo] = [e for e in seen if e["kind"] == "incoming"]
+    assert push["channel_id"] == published["channel_id"] == echo["channel_id"] == "demo:room"
+    assert published["agent"] == "Ada" and published["data"]["outcome"] == "delivered"
+    assert published["data"]["text"] == "Shouted."
+    assert echo["data"]["message_id"] == published["data"]["receipt"]["messageId"]
+    assert echo["data"]["author"] == "Ada" and echo["data"]["text"] == "Shouted."
     with trio.fail_after(60):
         history = await trio.run_process(
             [*MCPLIVE, "history", "--json"], cwd=tmp_path, env=env, capture_stdout=True
