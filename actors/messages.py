@@ -214,7 +214,10 @@ class Wake:
     addressed: bool = False
     text: str = ""  # the body, cut short: what the gate's filters read
     tags: tuple[str, ...] = ()
-    author: str | None = None
+    author: str | None = None  # the author's name (else its id), as the gate reads it
+    author_id: str | None = None  # the author's id, as the server gave it
+    # the agents whose posts this server echoed under this author (``protocol.loops``)
+    own_of: frozenset[str] = frozenset()
     place: str | None = None  # where prose may go (as ``ChannelInfo.place``)
     registered: bool = True
     deferred: bool = False  # an RFC-006 deferred notice: its batch is rendered at assembly

@@ -10,6 +10,9 @@ call the model, run its tool calls (at most ``MAX_TOOL_ROUNDS`` rounds), store e
 publish the final text to the conversation of the newest message that woke it. A wake by pushes
 alone publishes nothing.
 
+What its own speech caused does not wake it (:mod:`actors.agent.loops`): its own posts echoed
+back, repeats of them, and a channel whose items keep answering its posts too fast.
+
 Turns wait, while everything is still stored and wakes are buffered (at most 100, the oldest
 dropped), when the operator holds them (``Host.hold``), when the agent's speech has not settled,
 or when the agent is paused: a turn whose model refused the credential (or has none) pauses the
@@ -51,6 +54,7 @@ from .history import (
     new_record,
     render_for_model,
 )
+from .loops import LoopGuard
 from .rollback import CHECKPOINTS, record_checkpoints, roll_back
 from .speech import Drafts, SpeechSender, TurnSpeech
 from .tools import ToolRuntime
@@ -167,7 +171,11 @@ class AgentActor(Actor):
         self._last_turn: tuple[float, str] | None = None  # (wall-clock end, outcome)
         # speech: the outgoing queue, the drafts, and how many ended turns still wait for
         # their speech to settle (their receipts)
-        self.sender = SpeechSender(ctx, cfg.name, self.spawn, self._maybe_start, self.trace)
+        # the loops its own speech can make, through a server
+        self.loops = LoopGuard(cfg.name, self.trace, (a.name for a in ctx.config.agents))
+        self.sender = SpeechSender(
+            ctx, cfg.name, self.spawn, self._maybe_start, self.trace, on_send=self.loops.published
+        )
         self.drafts = Drafts(ctx, cfg.name)
         self._settling = 0
         self._parked = False
@@ -261,14 +269,19 @@ class AgentActor(Actor):
 
     # -- wakes ------------------------------------------------------------------------------
     def _note_wake(self, wake: Wake, *, start: bool = True) -> None:
-        """Take a wake: the gate decides whether a channel item wakes the agent at all (it is
-        stored either way); what does is buffered for the next turn (at most 100; the oldest
-        go first, their conversations still counted for the route). With ``start`` false the
-        caller starts the turn, once for a batch, and publishes the status."""
+        """Take a wake: the loop guard and the gate decide whether a channel item wakes the
+        agent at all (it is stored either way): the agent's own post or a repeat of one never
+        does, then the gate decides, then the loop breaker may defer it. What wakes is buffered
+        for the next turn (at most 100; the oldest go first, their conversations still counted
+        for the route). With ``start`` false the caller starts the turn, once for a batch, and
+        publishes the status."""
         if wake.occurrence is not None and wake.occurrence in self._withdrawn:
             return  # replaced or retracted before it got here: it wakes nobody
-        if wake.lane in ("incoming", "push") and not self.gate.admits(wake):
-            return
+        if wake.lane in ("incoming", "push"):
+            if self.loops.withholds(wake) or not self.gate.admits(wake):
+                return
+            if self.loops.defers(wake):
+                return
         candidate = candidate_of(wake)
         speech = self.speech
         if speech is not None and candidate is not None:

@@ -132,7 +132,8 @@ class Ticket:
 
 class SpeechSender:
     """One agent's outgoing speech: FIFO per channel; ``unsettled`` counts what is queued or
-    being sent, and ``on_settled`` runs each time it drops to zero."""
+    being sent, and ``on_settled`` runs each time it drops to zero. ``on_send(place, text)``
+    is told each post just before it is sent."""
 
     def __init__(
         self,
@@ -141,12 +142,14 @@ class SpeechSender:
         spawn: Callable[..., None],
         on_settled: Callable[[], None],
         trace: Callable[..., None],
+        on_send: Callable[[Place, str], None] | None = None,
     ) -> None:
         self.ctx = ctx
         self.agent = agent
         self._spawn = spawn
         self._on_settled = on_settled
         self._trace = trace
+        self._on_send = on_send
         self._queues: dict[tuple[str, str], deque[Ticket]] = {}
         self.unsettled = 0
 
@@ -171,6 +174,8 @@ class SpeechSender:
             while queue:
                 ticket = queue[0]
                 try:
+                    if self._on_send is not None:
+                        self._on_send(ticket.place, ticket.text)
                     ticket.outcome, raw = await publish(
                         self.ctx,
                         self.agent,

@@ -16,7 +16,10 @@ host's ``ChannelDirectory``, and the actor takes it over when it starts. The act
 its ``ChannelInfo`` there whenever it changes, for listings that do not ask it.
 
 Echoes: a message whose id matches one of our publish receipts, or tagged ``chat:from-self``,
-never wakes anyone, and it is not stored again for the agent that wrote it. While a publish to
+never wakes anyone, and it is not stored again for the agent that wrote it. The author of an
+echo known by its receipt is remembered as that agent's own account here
+(``protocol.loops.OwnAuthors``): a later message by it is stored as any is, and its wake names
+the agent (``Wake.own_of``), whom it does not wake (``actors.agent.loops``). While a publish to
 this channel is still waiting for its receipt, a batch holding an item that could be its echo
 (``protocol.echoes.EchoWatch``: a server may echo a post before it answers the publish) waits,
 in order with the other waiting batches, until no publish is pending, at most ``MAX_DEFERRED``
@@ -56,6 +59,7 @@ from protocol.content import ContentError, convert_blocks
 from protocol.echoes import EchoWatch
 from protocol.errors import INVALID_PARAMS, RpcError
 from protocol.lanes import ChannelDescriptor, IncomingMessage, PushEvent
+from protocol.loops import OwnAuthors
 from protocol.routes import (
     PublishOutcome,
     declared_target,
@@ -112,6 +116,7 @@ class ChannelActor(Actor):
         self.hearers = tuple(ctx.agents_hearing(server_id))  # the configured agents: fixed
         self._receipts = Receipts(MAX_RECEIPTS)  # what we posted, for echo detection
         self._echoes = EchoWatch(MAX_OWN_AUTHORS)  # publishes in flight, the host's accounts
+        self._own = OwnAuthors(MAX_OWN_AUTHORS)  # the accounts each agent's echoes came from
         self._flushing = False
         self._deferred: list[tuple[IngestBatch, Reply]] = []
         # RFC-006 subjects of this channel (their key) and where each lives: (thread, message)
@@ -305,6 +310,8 @@ class ChannelActor(Actor):
             occurrence_id = spec.event_id if spec is not None else None
             env = incoming_envelope(msg, self.sid, self.cid, tags, author_agent, occurrence_id)
             self._echoes.seen(msg.author.id, own=env.from_self)
+            if author_agent is not None:
+                self._own.note(msg.author.id, author_agent)
         else:
             env = push_envelope(msg, self.sid, self.cid, expand_tags(msg.tags)[0])
             if spec is not None and spec.channel_id is not None:
@@ -360,6 +367,7 @@ class ChannelActor(Actor):
             echo=echo,
             addressed=addressed,
             blocks=blocks,
+            own_of=self._own.agents(env.author_id),
         )
         return Append(records=records, dedupe=env.dedupe), tuple(body), wakes, env.author
 

@@ -54,6 +54,7 @@ class Envelope:
     dedupe: tuple[str, str, str]
     tags: tuple[str, ...]
     author: str = ""
+    author_id: str = ""
     author_agent: str | None = None
     from_self: bool = False
     message_id: str | None = None
@@ -96,6 +97,7 @@ def incoming_envelope(
         dedupe=("incoming", server_id, key),
         tags=tags,
         author=m.author.name or m.author.id,
+        author_id=m.author.id,
         author_agent=author_agent,
         from_self=author_agent is not None or "chat:from-self" in tags,
         message_id=m.message_id,
@@ -128,6 +130,7 @@ def push_envelope(
         meta=meta,
         dedupe=("event", server_id, e.event_id),
         tags=tags,
+        author_id=pushed_by.id if pushed_by is not None else "",
         thread_id=thread if isinstance(thread, str) and thread else None,
     )
 
@@ -233,9 +236,11 @@ def wakes_of(
     echo: bool,
     addressed: bool,
     blocks: list[dict[str, Any]],
+    own_of: frozenset[str] = frozenset(),
 ) -> tuple[tuple[str, Wake], ...]:
     """Who one item wakes: nobody for what the host itself published (``echo``); in a closed
-    channel only those it is ``addressed`` to."""
+    channel only those it is ``addressed`` to. ``own_of``: the agents whose posts the server
+    echoed under this item's author (each agent's wake decides what that means for it)."""
     if echo:
         return ()
     woken = [agent for agent in hearers if addressed or agent in view.open]
@@ -252,6 +257,8 @@ def wakes_of(
         text=text[:WAKE_TEXT_CHARS],
         tags=env.tags,
         author=env.author or None,
+        author_id=env.author_id or None,
+        own_of=own_of,
         place=view.place,
         registered=view.registered,
         occurrence=env.meta.get("occurrence"),

@@ -29,6 +29,7 @@ LEVELS: dict[str, int] = {
     "turn-start": DEBUG,
     "wake-parked": DEBUG,
     "wake-withdrawn": DEBUG,
+    "wake-withheld": DEBUG,
     "route-suspended": DEBUG,
     "header-notice": DEBUG,
     "coalesce-compacted": DEBUG,
@@ -51,11 +52,24 @@ LEVELS: dict[str, int] = {
     "error": ERROR,
     "agent-paused": ERROR,
     "loop-stall": WARNING,
+    "wakes-deferred": WARNING,
+}
+
+#: Why an item did not wake its agent (``wake-withheld``), and why a deferral ended.
+WITHHELD = {"own": "its own post", "repeat": "a repeat of its post", "loop": "deferred"}
+RESUMED = {
+    "another voice": "someone else spoke",
+    "quiet": "the channel was quiet",
+    "cool-down": "the cool-down is over",
 }
 
 
 def _count(value: Any) -> str:
     return f"{value:,}" if isinstance(value, int) else str(value)
+
+
+def _seconds(value: Any) -> str:
+    return f"{value:g}" if isinstance(value, int | float) else str(value)
 
 
 def level_of(e: TraceEvent) -> int:
@@ -125,6 +139,17 @@ def format_event(e: TraceEvent) -> str | None:
         return f"· {e.agent} sleeps for {d.get('seconds')}s"
     if k == "awake":
         return f"· {e.agent} wakes: {d.get('reason')}"
+    if k == "wakes-deferred":
+        return (
+            f"! {e.agent}: wakes from {where} deferred: {d.get('answers')} of its posts there "
+            f"were answered within {_seconds(d.get('window_s'))} s (a loop?); stored, not waking"
+        )
+    if k == "wakes-resumed":
+        why = RESUMED.get(str(d.get("reason")), d.get("reason"))
+        return f"· {e.agent}: wakes from {where} resumed ({why}; {d.get('held')} deferred)"
+    if k == "wake-withheld":
+        why = WITHHELD.get(str(d.get("reason")), d.get("reason"))
+        return f"  {e.agent} not woken by {d.get('author') or '?'} in {where}: {why}"
     if k == "gate-batch":
         return f"· {e.agent}: {d.get('count')} events batched by gate policy {d.get('policy')}"
     if k == "local":
