@@ -86,7 +86,8 @@ class ChannelSpec:
 
 @attrs.frozen(kw_only=True)
 class Publish:
-    """What an agent published into one of our channels."""
+    """What an agent published into one of our channels; :attr:`message_id` is the id it is
+    confirmed under unless its handler returns another before calling the host."""
 
     channel_id: str
     conversation_id: str | None
@@ -96,6 +97,9 @@ class Publish:
     #: the host sent it as a notification: no answer goes back, so a refusal is not seen
     notification: bool = False
     params: Mapping[str, Any] = attrs.field(factory=dict, repr=False)
+    #: the id the publish is confirmed under unless the handler returns another (made when it
+    #: arrives; the answer the handler's first call to the host sends names it)
+    message_id: str = attrs.field(factory=lambda: new_message_id("pub"))
 
     @property
     def agent(self) -> str | None:
@@ -191,8 +195,12 @@ class Channel:
     def on_publish(self, fn: PublishHandler) -> PublishHandler:
         """Decorator: ``fn(publish)`` handles what agents publish here (sync or async).
 
-        Return nothing (delivered, a message id is made up), a message id string, or raise
-        :class:`PublishRefused` to refuse with nothing posted.
+        Return nothing (delivered under :attr:`Publish.message_id`), a message id string, or
+        raise :class:`PublishRefused` to refuse with nothing posted. Decide before the first
+        call to the host: the publish is answered (delivered, under
+        :attr:`Publish.message_id`) just before the handler's first call to the host goes out,
+        since a host may hold the echo of a post until the post is answered. Publishes into one
+        channel are handled in the order they arrived, each once the one before is answered.
         """
         self.publish_handler = fn
         return fn

@@ -23,7 +23,6 @@ from .channels import (
     PublishHandler,
     PublishRefused,
     content_of,
-    new_message_id,
     unknown_channel,
 )
 from .context import (
@@ -85,7 +84,7 @@ async def answer_call(
             raise RpcError(code=INVALID_PARAMS, message=f"Unknown tool: {name!r}")
         return await tool.call(params.get("arguments"), server.thread_limiter)
     if method == "channels/publish":
-        return await _publish(server, params)
+        return await _publish(server, link, params)
     if method == "channels/list":
         return {"channels": [c.spec.to_wire() for c in server.channels.values()]}
     if method in ("channels/open", "channels/close"):
@@ -108,7 +107,7 @@ async def handle_notice(
     """Handle one host notification (an unknown one is ignored)."""
     if method == "channels/publish":
         try:
-            await _publish(server, params, notification=True)
+            await _publish(server, link, params, notification=True)
         except (RpcError, PublishRefused) as exc:
             warn(f"channels/publish notification dropped: {exc}")
     elif method == "inference/lifecycle" and server.lifecycle_hook is not None:
@@ -120,7 +119,7 @@ async def handle_notice(
 
 
 async def _publish(
-    server: Served, params: Mapping[str, Any], *, notification: bool = False
+    server: Served, link: ServerLink, params: Mapping[str, Any], *, notification: bool = False
 ) -> dict[str, Any]:
     try:
         publish = Publish.from_params(params, notification=notification)
@@ -136,16 +135,18 @@ async def _publish(
     handler = channel.publish_handler or server.default_publish_handler
     if handler is None:
         return {"delivered": False, "reason": f"channel {channel.id!r} does not take publishes"}
+    out: dict[str, Any] = {"delivered": True, "messageId": publish.message_id}
+    if publish.targeted:
+        out["threadId"] = publish.thread_id
+    # the answer should the handler call the host before it is done (the host may hold the
+    # echo of the post until the post is answered)
+    link.answer_on_first_call(dict(out))
     try:
         value = await maybe_await(handler(publish))
     except PublishRefused as exc:
         return {"delivered": False, "reason": str(exc) or "refused"}
-    out: dict[str, Any] = {
-        "delivered": True,
-        "messageId": value if isinstance(value, str) and value else new_message_id("pub"),
-    }
-    if publish.targeted:
-        out["threadId"] = publish.thread_id
+    if isinstance(value, str) and value:
+        out["messageId"] = value
     return out
 
 
