@@ -225,11 +225,14 @@ class ServerLink:
             await self._transport.aclose()
 
     def spawn(self, fn: Callable[[], Any], name: str = "") -> None:
-        """Run ``fn()`` (async) for as long as the link lives; its failure is logged."""
+        """Run ``fn()`` (async) for as long as the link lives; its failure is logged. It runs
+        beside the connection, not as part of the handler that started it: its calls to the
+        host do not answer that handler's publish."""
         if self._nursery is None or self.closed.is_set():
             return
 
         async def guarded() -> None:
+            CURRENT.set(None)
             try:
                 await fn()
             except Exception as exc:

@@ -19,7 +19,9 @@ The rules (the toolkit guide states them for authors):
   place for the rest of its handler.
 
 Each task keeps its :class:`Serving` in a context variable, so the link's sending calls find
-the answer they must write first; a task the handler starts inherits it.
+the answer they must write first. A task the handler starts in a nursery of its own inherits
+it (its calls count as the handler's); one started with ``server.spawn`` runs beside the
+connection and does not (the handler's return still decides the answer).
 """
 
 from __future__ import annotations
@@ -69,15 +71,13 @@ class Lanes:
     """Handlers taking turns, first come first served, per lane.
 
     A turn is taken in the reader, as the message is read (so the order is the order of the
-    wire), and given back once its handler is settled. Bounded by what may wait: the link takes
-    a turn only for a request the session admitted (at most its ``max_inbound`` unanswered) or a
-    notice within its own cap."""
+    wire), and given back once its message is settled (answered, or its handler done). Bounded
+    by what may wait: the link takes a turn only for a request the session admitted (at most
+    its ``max_inbound`` unanswered; it refuses more) or a notice within the link's
+    ``MAX_NOTICES`` (it drops more)."""
 
     def __init__(self) -> None:
         self._lanes: dict[Hashable, deque[Turn]] = {}
-
-    def __len__(self) -> int:
-        return sum(len(q) for q in self._lanes.values())
 
     def take(self, key: Hashable) -> Turn:
         """A turn at the end of ``key``'s lane (its ``go`` already set when the lane is empty)."""

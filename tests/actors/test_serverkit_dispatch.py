@@ -89,6 +89,46 @@ async def test_a_publish_is_answered_before_its_handler_first_calls_the_host(
             assert sent == [result]  # the handler went on to the end
 
 
+async def test_the_handlers_own_tasks_call_for_it_and_a_spawned_one_does_not(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A child in the handler's nursery is the handler's: its echo answers the publish first.
+    A task started with ``server.spawn`` runs beside the connection: the handler's return
+    decides the answer, and the echo goes out before it (the host holds the echo meanwhile)."""
+    server = chat()
+    room = server.channels["a"]
+    gate = trio.Event()
+
+    @room.on_publish
+    async def post(p: Publish) -> str:
+        author = {"id": "agent:Ada", "name": "Ada"}
+        if p.text == "nursery":
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(functools.partial(room.send, p.text, author=author))
+        else:
+            server.spawn(functools.partial(room.send, p.text, author=author, message_id="m-2"))
+            await gate.wait()
+        return "m-" + p.text
+
+    with trio.fail_after(60):
+        async with serving(server) as host:
+            await connected(host)
+            first = await publish(host, "a", "nursery")
+            answer = await host.answer_to(first)
+            assert answer["result"]["messageId"] != "m-nursery"  # answered before the echo
+            incoming = await host.read()
+            [message] = incoming["params"]["messages"]
+            result = {"messageId": message["messageId"], "accepted": True}
+            await host.send({"id": incoming["id"], "result": {"results": [result]}})
+            second = await publish(host, "a", "spawned")
+            echo = await host.read()
+            assert echo["method"] == "channels/incoming"  # the echo first, the answer waits
+            gate.set()
+            assert (await host.answer_to(second))["result"]["messageId"] == "m-spawned"
+            result = {"messageId": "m-2", "accepted": True}
+            await host.send({"id": echo["id"], "result": {"results": [result]}})
+
+
 async def test_publishes_into_one_channel_are_handled_in_the_order_they_came(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
