@@ -259,12 +259,23 @@ class Actor:
     def _inline(self, msg: Any) -> Awaitable[Any] | None:
         return self.serve_inline(msg) if self._serving else None
 
+    @property
+    def running(self) -> bool:
+        """The loop serves messages: the actor has started and not yet stopped."""
+        return self._serving
+
     def spawn(self, fn: Callable[..., Awaitable[Any]], *args: Any, counted: bool = True) -> None:
-        """Run ``fn(*args)`` in the actor's nursery; a counted task is work in flight."""
+        """Run ``fn(*args)`` in the actor's nursery; a counted task is work in flight. Raises
+        ``ActorDied`` once the actor's nursery has closed."""
         assert self._nursery is not None, "actor not started"
         if counted:
             self.work.inc()
-        self._nursery.start_soon(self._guarded, fn, args, counted)
+        try:
+            self._nursery.start_soon(self._guarded, fn, args, counted)
+        except RuntimeError:  # the nursery closed: the actor has stopped
+            if counted:
+                self.work.dec()
+            raise ActorDied(self.name) from None
 
     async def _guarded(
         self, fn: Callable[..., Awaitable[Any]], args: tuple[Any, ...], counted: bool

@@ -55,6 +55,10 @@ from protocol.routes import (
 )
 from store import PutState
 
+#: What a publish the host's stop cut short says: it may or may not have landed.
+CUT_SHORT = "the publish was cut short: the host is stopping"
+#: What a segment still queued when the host stopped says.
+NOT_SENT_STOPPING = "not sent: the host is stopping"
 #: Unsettled segments one agent may have queued; past it a segment is kept as a draft.
 MAX_SPEECH_QUEUE = 256
 #: Drafts kept per agent; the oldest are forgotten first.
@@ -107,6 +111,8 @@ async def publish(
     except TimeoutError as exc:
         return PublishOutcome(status="unconfirmed", reason=str(exc)), None
     except Exception as exc:
+        if ctx.closing:  # whatever the stop broke on the way, it is the stop that counts
+            return PublishOutcome(status="unconfirmed", reason=CUT_SHORT), None
         return PublishOutcome(status="failed", reason=str(exc) or type(exc).__name__), None
 
 
@@ -173,6 +179,7 @@ class SpeechSender:
         try:
             while queue:
                 ticket = queue[0]
+                raw: Any = None
                 try:
                     if self._on_send is not None:
                         self._on_send(ticket.place, ticket.text)
@@ -184,20 +191,27 @@ class SpeechSender:
                         key=ticket.key,
                         prose=ticket.prose,
                     )
-                    self._trace(
-                        "published",
-                        ticket.place,
-                        text=ticket.text,
-                        outcome=ticket.outcome.status,
-                        reason=ticket.outcome.reason,
-                        receipt=dict(raw) if isinstance(raw, Mapping) else {},
-                    )
+                except trio.Cancelled:
+                    if self.ctx.closing:  # sent, but its answer will never be read
+                        ticket.outcome = PublishOutcome(status="unconfirmed", reason=CUT_SHORT)
+                    raise
                 finally:
+                    if ticket.outcome is not None:
+                        self._trace(
+                            "published",
+                            ticket.place,
+                            text=ticket.text,
+                            outcome=ticket.outcome.status,
+                            reason=ticket.outcome.reason,
+                            receipt=dict(raw) if isinstance(raw, Mapping) else {},
+                        )
                     queue.popleft()
                     ticket.done.set()
                     self.unsettled -= 1
         finally:
             for ticket in queue:  # cancelled (the host is stopping): nothing more is sent
+                if self.ctx.closing:
+                    ticket.outcome = PublishOutcome(status="failed", reason=NOT_SENT_STOPPING)
                 ticket.done.set()
             self.unsettled -= len(queue)
             queue.clear()
@@ -633,9 +647,16 @@ class TurnSpeech:
         kept: set[int] = set()
         for i, ticket in enumerate(self.tickets):
             outcome = ticket.outcome
+            stopped = outcome is not None and outcome.reason in (CUT_SHORT, NOT_SENT_STOPPING)
             if not ticket.prose or (outcome is not None and outcome.status != "failed"):
-                continue
-            reason = "not sent" if outcome is None else f"failed: {outcome.reason or 'refused'}"
+                if not stopped:  # a post the stop cut short may not have landed: kept too
+                    continue
+            if outcome is None:
+                reason = "not sent"
+            elif stopped:
+                reason = str(outcome.reason)
+            else:
+                reason = f"failed: {outcome.reason or 'refused'}"
             self._keep(ticket.text, Destination(place=ticket.place, kept=reason))
             kept.add(i)
         return kept

@@ -475,7 +475,9 @@ class ChannelActor(Actor):
             return await self._send_publish(msg)
         finally:
             self._echoes.end(token)
-            if not self._echoes.pending and not self._flushing and self._deferred:
+            # a stopped channel starts nothing: its end answers what waits (ActorDied), and a
+            # publish cancelled by the stop stays cancelled
+            if not self._echoes.pending and not self._flushing and self._deferred and self.running:
                 self._flushing = True  # what waits behind it stays behind until the task runs
                 self.spawn(self._flush_deferred)
 

@@ -30,6 +30,12 @@ refuses, before anything is written, a send the host has not granted
 :mod:`protocol.server_session`; the trio runtime of one connection in
 :mod:`actors.serverkit.link`.
 
+Handlers may await any call of the toolkit: each host request and notice is handled in a task
+of its own while the connection reads on. Publishes into one channel are handled in the order
+they arrived, lifecycle notices one at a time, and a publish is answered (delivered, under
+:attr:`Publish.message_id`) just before its handler's first call to the host, since a host may
+hold the echo of a post until the post is answered (:mod:`actors.serverkit.serving`).
+
 Feature sets: the server declares ``<name>`` (push events, channels, tools), and when it uses
 them ``<name>.context`` (context hooks, lifecycle) and ``<name>.inference`` (asking the host for
 inference), so that a host denying one does not disable the others. More can be declared with

@@ -101,7 +101,8 @@ class ChannelSpec:
 
 @attrs.frozen(kw_only=True)
 class Publish:
-    """What an agent published into one of our channels."""
+    """What an agent published into one of our channels; :attr:`message_id` is the id it is
+    confirmed under unless its handler returns another before calling the host."""
 
     channel_id: str
     conversation_id: str | None
@@ -111,9 +112,10 @@ class Publish:
     #: the host sent it as a notification: no answer goes back, so a refusal is not seen
     notification: bool = False
     params: Mapping[str, Any] = attrs.field(factory=dict, repr=False)
-    #: the id the publish is confirmed with unless the handler returns one of its own (made up
-    #: by the toolkit before the handler runs, unique across the server's runs)
-    message_id: str | None = None
+    #: the id the publish is confirmed with unless the handler returns one of its own (made
+    #: when it arrives, unique across the server's runs; the early answer sent before the
+    #: handler's first call to the host names it, and so does :meth:`echo`)
+    message_id: str = attrs.field(factory=lambda: new_message_id("pub"))
     _confirmation: Confirmation | None = attrs.field(
         default=None, repr=False, eq=False, alias="confirmation"
     )
@@ -301,10 +303,14 @@ class Channel:
     def on_publish(self, fn: PublishHandler) -> PublishHandler:
         """Decorator: ``fn(publish)`` handles what agents publish here (sync or async).
 
-        Return nothing (delivered as :attr:`Publish.message_id`, made up for it), a message id
-        string, or raise :class:`PublishRefused` to refuse with nothing posted. To show the
-        agent's words in the channel, call :meth:`Publish.echo`: never :meth:`send` them under
-        a new id, which the host would take for someone else's message.
+        Return nothing (delivered as :attr:`Publish.message_id`), a message id string, or raise
+        :class:`PublishRefused` to refuse with nothing posted. Decide before the first call to
+        the host: the publish is answered (delivered, as :attr:`Publish.message_id`) just before
+        the handler's first call to the host goes out, since a host may hold the echo of a post
+        until the post is answered. Publishes into one channel are handled in the order they
+        arrived, each once the one before is answered. To show the agent's words in the
+        channel, call :meth:`Publish.echo`: never :meth:`send` them under a new id, which the
+        host would take for someone else's message.
         """
         self.publish_handler = fn
         return fn

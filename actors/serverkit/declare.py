@@ -133,7 +133,9 @@ class Declarations:
         return decl
 
     def on_publish(self, fn: PublishHandler) -> PublishHandler:
-        """Decorator: handle publishes into channels that have no handler of their own."""
+        """Decorator: handle publishes into channels that have no handler of their own (in
+        order per channel, answered by the handler's first call to the host: see
+        :meth:`actors.serverkit.Channel.on_publish`)."""
         self.default_publish_handler = fn
         return fn
 
@@ -157,7 +159,8 @@ class Declarations:
         return fn
 
     def on_lifecycle(self, fn: Callable[[Lifecycle], Any]) -> Callable[[Lifecycle], Any]:
-        """Decorator: ``fn(event)`` for each ``inference/lifecycle`` notice."""
+        """Decorator: ``fn(event)`` for each ``inference/lifecycle`` notice, one at a time in
+        the order the host sent them (the next waits until ``fn`` has returned)."""
         self.lifecycle_hook = fn
         return fn
 

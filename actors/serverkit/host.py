@@ -25,7 +25,6 @@ from .channels import (
     PublishHandler,
     PublishRefused,
     content_of,
-    new_message_id,
     unknown_channel,
 )
 from .context import (
@@ -87,7 +86,7 @@ async def answer_call(
             raise RpcError(code=INVALID_PARAMS, message=f"Unknown tool: {name!r}")
         return await tool.call(params.get("arguments"), server.thread_limiter)
     if method == "channels/publish":
-        return await _publish(server, params)
+        return await _publish(server, link, params)
     if method == "channels/list":
         return {"channels": [c.spec.to_wire() for c in server.channels.values()]}
     if method in ("channels/open", "channels/close"):
@@ -110,7 +109,7 @@ async def handle_notice(
     """Handle one host notification (an unknown one is ignored)."""
     if method == "channels/publish":
         try:
-            await _publish(server, params, notification=True)
+            await _publish(server, link, params, notification=True)
         except (RpcError, PublishRefused) as exc:
             warn(f"channels/publish notification dropped: {exc}")
     elif method == "inference/lifecycle" and server.lifecycle_hook is not None:
@@ -122,7 +121,7 @@ async def handle_notice(
 
 
 async def _publish(
-    server: Served, params: Mapping[str, Any], *, notification: bool = False
+    server: Served, link: ServerLink, params: Mapping[str, Any], *, notification: bool = False
 ) -> dict[str, Any]:
     try:
         publish = Publish.from_params(params, notification=notification)
@@ -138,20 +137,26 @@ async def _publish(
     handler = channel.publish_handler or server.default_publish_handler
     if handler is None:
         return {"delivered": False, "reason": f"channel {channel.id!r} does not take publishes"}
-    # the id is made before the handler runs, so that its echo can carry it
-    confirmation = Confirmation(channel, new_message_id("pub"))
-    publish = attrs.evolve(publish, message_id=confirmation.made_id, confirmation=confirmation)
+    # the id is made when the publish arrives (Publish.message_id), so that its echo can carry
+    # it; it is the answer should the handler call the host before it is done (the host may
+    # hold the echo of the post until the post is answered)
+    confirmation = Confirmation(channel, publish.message_id)
+    publish = attrs.evolve(publish, confirmation=confirmation)
+    out: dict[str, Any] = {"delivered": True, "messageId": publish.message_id}
+    if publish.targeted:
+        out["threadId"] = publish.thread_id
+    link.answer_on_first_call(dict(out))
     message_id: str | None = None
     try:
         value = await maybe_await(handler(publish))
-        message_id = value if isinstance(value, str) and value else confirmation.made_id
+        message_id = value if isinstance(value, str) and value else publish.message_id
     except PublishRefused as exc:
         return {"delivered": False, "reason": str(exc) or "refused"}
     finally:
+        if message_id is not None and link.answered_early():
+            message_id = publish.message_id  # the id the host was told: the echo carries it
         confirmation.settle(message_id)  # its echoes go out now (none if it was refused)
-    out: dict[str, Any] = {"delivered": True, "messageId": message_id}
-    if publish.targeted:
-        out["threadId"] = publish.thread_id
+    out["messageId"] = message_id
     return out
 
 

@@ -1,13 +1,17 @@
 """One host connection of the server toolkit: the reader, the writer and the pending asks.
 
 The reader only decodes (through the pure :class:`protocol.server_session.ServerSession`) and
-dispatches; it never awaits one of our own requests, so the host's requests are served while
-ours are pending (a ``push/event`` sent from inside a ``tools/call`` handler is answered while
-the call is still open). Each host request runs in its own task in the link's nursery, at most
-``max_handlers`` at a time (the session refuses more than its ``max_inbound`` waiting ones with
-an error). Lines leave through a bounded outbox drained by one writer task: a sender waits
-while it is full (backpressure). At most ``max_pending`` of our requests are unanswered; a
-further one waits for a slot.
+dispatches; it never awaits one of our own requests, nor a handler, so the host's requests are
+served while ours are pending and the host's answers reach a handler that awaits them (a
+``push/event`` sent from inside a ``tools/call`` handler is answered while the call is still
+open). Each host request and notice runs in its own task in the link's nursery, in the order
+and under the rules of :mod:`actors.serverkit.serving` (publishes into one channel one after
+the other, a publish answered before its handler's first call to the host). At most
+``max_handlers`` requests are handled at a time (the session refuses more than its
+``max_inbound`` waiting ones with an error) and :data:`MAX_NOTICES` notices (a further one is
+dropped with a line on stderr). Lines leave through a bounded outbox drained by one writer
+task: a sender waits while it is full (backpressure). At most ``max_pending`` of our requests
+are unanswered; a further one waits for a slot.
 
 When the link ends every pending request fails with :class:`LinkLost` and every task the link
 started (handlers, ``on_granted`` hooks) is cancelled.
@@ -25,8 +29,9 @@ import trio
 
 from protocol import server_session as ss
 from protocol.errors import INTERNAL_ERROR, RpcError
-from protocol.jsonrpc import Id, method_not_found
+from protocol.jsonrpc import Id, LocalProtocolError, method_not_found
 
+from .serving import CURRENT, UNSET, Lanes, Serving, Turn, lane_of
 from .transport import LineTransport, TransportClosed, warn
 
 __all__ = [
@@ -39,6 +44,11 @@ __all__ = [
     "RequestTimeout",
     "ServerLink",
 ]
+
+
+#: Host notices being handled or waiting for their turn; past it, one more is dropped (with a
+#: line on stderr): the reader never waits for a handler.
+MAX_NOTICES = 256
 
 
 class _NoAnswer:
@@ -181,7 +191,9 @@ class ServerLink:
         self._transport = transport
         self._dispatch = dispatch
         self.request_timeout = request_timeout
-        self._handlers = trio.CapacityLimiter(max_handlers)
+        self._handlers = trio.Semaphore(max_handlers)
+        self._lanes = Lanes()
+        self._notices = 0
         self._slots = trio.Semaphore(max_pending)
         self._out_send, self._out_recv = trio.open_memory_channel[str](outbox_size)
         self._waiters: dict[Id, _Waiter] = {}
@@ -213,11 +225,14 @@ class ServerLink:
             await self._transport.aclose()
 
     def spawn(self, fn: Callable[[], Any], name: str = "") -> None:
-        """Run ``fn()`` (async) for as long as the link lives; its failure is logged."""
+        """Run ``fn()`` (async) for as long as the link lives; its failure is logged. It runs
+        beside the connection, not as part of the handler that started it: its calls to the
+        host do not answer that handler's publish."""
         if self._nursery is None or self.closed.is_set():
             return
 
         async def guarded() -> None:
+            CURRENT.set(None)
             try:
                 await fn()
             except Exception as exc:
@@ -264,12 +279,17 @@ class ServerLink:
             await self._out_send.send(event.line)
         elif isinstance(event, ss.HostCall):
             assert self._nursery is not None
-            self._nursery.start_soon(self._serve, event)
+            self._nursery.start_soon(self._serve, event, self._turn(event.method, event.params))
         elif isinstance(event, ss.HostNotice):
             if event.method == "inference/chunk":
                 self._chunk(event.params)
+            elif self._notices >= MAX_NOTICES:
+                warn(f"{event.method} dropped: {MAX_NOTICES} notices are being handled already")
             else:
-                self.spawn(lambda: self._dispatch.host_notice(self, event.method, event.params))
+                assert self._nursery is not None
+                self._notices += 1
+                turn = self._turn(event.method, event.params)
+                self._nursery.start_soon(self._notice, event, turn)
         elif isinstance(event, ss.Answered):
             self._settle(event.id, result=event.result)
         elif isinstance(event, ss.Failed):
@@ -286,31 +306,124 @@ class ServerLink:
             else:
                 warn(event.text)
 
-    async def _serve(self, call: ss.HostCall) -> None:
-        async with self._handlers:
-            try:
-                override = self._overrides.get(call.method)
-                if override is not None:
-                    result = override(HostRequest(call.id, call.method, call.params, call.default))
-                    if inspect.isawaitable(result):
-                        result = await result
-                    if result is NO_ANSWER:
-                        return
-                else:
-                    result = await self._dispatch.host_call(self, call.method, call.params)
-                line = self.session.answer(call.id, result)
-            except RpcError as refusal:
-                line = self.session.answer_error(call.id, refusal)
-            except Exception as exc:  # a handler's bug (or a result that is not JSON): -32603
-                warn(f"{call.method} failed: {type(exc).__name__}: {exc}")
-                internal = RpcError(
-                    code=INTERNAL_ERROR, message=f"{type(exc).__name__} in {call.method}"
-                )
-                line = self.session.answer_error(call.id, internal)
+    def _turn(self, method: str, params: Mapping[str, Any]) -> Turn | None:
+        """A turn in the lane of this message (taken as it is read), or None."""
+        key = lane_of(method, params)
+        return self._lanes.take(key) if key is not None else None
+
+    def _free(self, serving: Serving) -> None:
+        """Give back what ``serving`` holds: its turn and its handler place."""
+        if serving.turn is not None:
+            self._lanes.give_back(serving.turn)
+            serving.turn = None
+        if serving.holds_place:
+            serving.holds_place = False
+            self._handlers.release()
+
+    async def _serve(self, call: ss.HostCall, turn: Turn | None) -> None:
+        serving = Serving(self, call.method, call.id, turn)
+        CURRENT.set(serving)
         try:
-            await self._out_send.send(line)
-        except trio.ClosedResourceError:
-            pass
+            if turn is not None:
+                await turn.go.wait()
+            await self._handlers.acquire()
+            serving.holds_place = True
+            result, error = await self._decide(call)
+            if serving.answered:  # answered as the handler first called the host
+                self._too_late(serving, result, error)
+                return
+            serving.answered = True
+            if result is NO_ANSWER:
+                return
+            try:
+                line = (
+                    self.session.answer_error(call.id, error)
+                    if error is not None
+                    else self.session.answer(call.id, result)
+                )
+            except Exception as exc:  # a result that is not JSON: -32603
+                warn(f"{call.method} failed: {type(exc).__name__}: {exc}")
+                line = self.session.answer_error(call.id, _internal(exc, call.method))
+            try:
+                await self._out_send.send(line)
+            except trio.ClosedResourceError:
+                pass
+        finally:
+            serving.answered = True
+            self._free(serving)
+
+    async def _decide(self, call: ss.HostCall) -> tuple[Any, RpcError | None]:
+        """The handler's result for ``call`` (or :data:`NO_ANSWER`), or the error refusing it."""
+        try:
+            override = self._overrides.get(call.method)
+            if override is not None:
+                result = override(HostRequest(call.id, call.method, call.params, call.default))
+                if inspect.isawaitable(result):
+                    result = await result
+                return result, None
+            return await self._dispatch.host_call(self, call.method, call.params), None
+        except RpcError as refusal:
+            return None, refusal
+        except Exception as exc:  # a handler's bug: -32603
+            warn(f"{call.method} failed: {type(exc).__name__}: {exc}")
+            return None, _internal(exc, call.method)
+
+    def _too_late(self, serving: Serving, result: Any, error: RpcError | None) -> None:
+        if error is None and result == serving.early:
+            return
+        decided = f"error {error}" if error is not None else f"result {result!r}"
+        warn(
+            f"{serving.method} was answered {serving.early!r} when its handler first called the "
+            f"host; what the handler decided after that ({decided}) was not sent"
+        )
+
+    async def _notice(self, notice: ss.HostNotice, turn: Turn | None) -> None:
+        serving = Serving(self, notice.method, None, turn)
+        CURRENT.set(serving)
+        try:
+            if turn is not None:
+                await turn.go.wait()
+            await self._dispatch.host_notice(self, notice.method, notice.params)
+        except Exception as exc:  # a handler's bug never ends the connection
+            warn(f"{notice.method} failed: {type(exc).__name__}: {exc}")
+        finally:
+            serving.answered = True
+            self._free(serving)
+            self._notices -= 1
+
+    def answer_on_first_call(self, result: Any) -> None:
+        """Arm ``result`` as the answer to the host request the current task handles: it is
+        written just before the first line this task (or a task it starts) sends to the host,
+        unless the handler is done first. For a notice, that first send ends the notice's turn
+        in its lane. Used for ``channels/publish`` (see :mod:`actors.serverkit.serving`)."""
+        serving = CURRENT.get()
+        if serving is not None and serving.owner is self and not serving.answered:
+            serving.early = result
+
+    def answered_early(self) -> bool:
+        """Whether the host request the current task handles was already answered: its armed
+        answer went out before one of the handler's calls (:meth:`answer_on_first_call`)."""
+        serving = CURRENT.get()
+        return serving is not None and serving.owner is self and serving.answered
+
+    async def _answer_first(self) -> None:
+        """Before one of our sends: write the answer armed for what this task handles."""
+        serving = CURRENT.get()
+        if (
+            serving is None
+            or serving.owner is not self
+            or serving.answered
+            or serving.early is UNSET
+        ):
+            return
+        serving.answered = True
+        try:
+            if serving.id is not None:
+                await self._out_send.send(self.session.answer(serving.id, serving.early))
+        except (trio.ClosedResourceError, LocalProtocolError):
+            pass  # the link ended: the send that follows says so
+        finally:
+            self._free(serving)
 
     def _chunk(self, params: Mapping[str, Any]) -> None:
         rid = params.get("requestId")
@@ -346,6 +459,7 @@ class ServerLink:
         self.session.check(method, params)
         if self.closed.is_set():
             raise LinkLost(f"{method}: the host connection is closed")
+        await self._answer_first()
         wait = self.request_timeout if timeout is None else timeout
         async with self._slots:
             rid, line = self.session.request(
@@ -389,6 +503,7 @@ class ServerLink:
             self.session.check(method, params)
         if self.closed.is_set():
             raise LinkLost(f"{method}: the host connection is closed")
+        await self._answer_first()
         await self._slots.acquire()
         try:
             if check:  # again: the grant may have changed while we waited for the slot
@@ -431,7 +546,12 @@ class ServerLink:
         """Queue one ready-made line for the writer."""
         if self.closed.is_set():
             raise LinkLost("the host connection is closed")
+        await self._answer_first()
         await self._out_send.send(line)
+
+
+def _internal(exc: Exception, method: str) -> RpcError:
+    return RpcError(code=INTERNAL_ERROR, message=f"{type(exc).__name__} in {method}")
 
 
 def no_handler(method: str) -> RpcError:

@@ -217,8 +217,9 @@ class MCPLServer(Declarations, ServeMixin):
     def spawn(self, fn: Callable[[], Awaitable[Any]], name: str = "") -> bool:
         """Run the async ``fn()`` beside the current host connection (e.g. a handler's follow-up
         message, sent without holding up the handler's answer); it is cancelled when that connection
-        ends and its failure is logged, never raised. Returns False, running nothing, when no
-        host is connected."""
+        ends and its failure is logged, never raised. Its calls to the host are not the
+        handler's: a publish handler that spawns its echo still decides its answer by what it
+        returns. Returns False, running nothing, when no host is connected."""
         link = self._link
         if link is None:
             return False

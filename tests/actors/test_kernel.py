@@ -449,6 +449,22 @@ async def test_cancel_leaves_no_task_behind(autojump_clock):
     assert work.count == 0
 
 
+async def test_a_task_spawned_once_the_actor_stopped_fails_as_a_dead_actor(autojump_clock):
+    """Not with trio's own ``Nursery is closed to new arrivals``, which reached a user through
+    a publish that the host's stop cut short after its channel had stopped."""
+    work = Work()
+    actor = Probe(work)
+    with trio.fail_after(2 * LONG):
+        async with trio.open_nursery() as nursery:
+            ref = await nursery.start(actor.run)
+            assert actor.running
+            await ref.ask(Stop(), timeout=LONG)
+    assert not actor.running
+    with pytest.raises(ActorDied):
+        actor.spawn(actor._forever, "late")
+    assert work.count == 0
+
+
 # -- Work -------------------------------------------------------------------------------------
 
 

@@ -188,3 +188,45 @@ async def test_a_push_scoped_to_a_channel_waits_for_its_registration() -> None:
                 assert push["method"] == "push/event"
                 assert push["params"]["origin"] == origin
                 await host.send({"id": push["id"], "result": {"accepted": True}})
+
+
+async def test_a_publish_answered_early_is_echoed_as_the_id_the_host_was_told(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # the handler asks for its echo, then calls the host (so the publish is answered at once,
+    # as delivered under message_id), then returns an id of its own: too late to be the
+    # confirmed one, so the echo carries the id the host was told
+    server = MCPLServer("room", request_timeout=5)
+    channel = server.channel(CHANNEL, label="#a", publish_target="root")
+
+    @channel.on_publish
+    async def post(publish: Publish) -> str:
+        publish.echo()
+        await channel.send("a note first", author="bot")
+        return "own-9"
+
+    params = {
+        "channelId": CHANNEL,
+        "content": [{"type": "text", "text": "hello"}],
+        "conversationId": "agent:Ada",
+    }
+    with trio.fail_after(30):
+        async with serving(server) as host:
+            await started(host)
+            rid = await host.ask("channels/publish", params)
+            answer: dict[str, Any] | None = None
+            echoed: dict[str, Any] | None = None
+            while answer is None or echoed is None:
+                msg = await host.read()
+                if msg.get("id") == rid and "method" not in msg:
+                    answer = msg
+                elif msg.get("method") == "channels/incoming":
+                    [message] = msg["params"]["messages"]
+                    if "chat:from-self" in message.get("tags", []):
+                        echoed = message
+                    entry = {"messageId": message["messageId"], "accepted": True}
+                    await host.send({"id": msg["id"], "result": {"results": [entry]}})
+    told = answer["result"]["messageId"]
+    assert answer["result"] == {"delivered": True, "messageId": told}
+    assert told != "own-9"
+    assert echoed["messageId"] == told
