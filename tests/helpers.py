@@ -45,17 +45,16 @@ def lobby(address: str, *extra: str, sid: str = "lobby", **keys: Any) -> dict[st
 
 
 @asynccontextmanager
-async def ws_lobby(*extra: str) -> AsyncIterator[str]:
-    """A lobby serving websockets as a subprocess; yields its ws:// address."""
-    proc = await trio.lowlevel.open_process(
-        [*LOBBY, "--ws", "127.0.0.1:0", *extra], stdout=subprocess.PIPE
-    )
+async def listening(cmd: list[str], env: dict[str, str] | None = None) -> AsyncIterator[str]:
+    """A websocket server started as a subprocess that prints ``LISTENING <address>`` once it
+    listens; yields the address, and kills the process at the end."""
+    proc = await trio.lowlevel.open_process(cmd, stdout=subprocess.PIPE, env=env)
     try:
         assert proc.stdout is not None
         buf = b""
         while b"\n" not in buf:
             chunk = await proc.stdout.receive_some(4096)
-            assert chunk, "the lobby exited before listening"
+            assert chunk, "the server exited before listening"
             buf += chunk
         line = buf.split(b"\n", 1)[0].decode()
         assert line.startswith("LISTENING ")
@@ -64,6 +63,13 @@ async def ws_lobby(*extra: str) -> AsyncIterator[str]:
         proc.kill()
         with trio.CancelScope(shield=True):
             await proc.wait()
+
+
+@asynccontextmanager
+async def ws_lobby(*extra: str) -> AsyncIterator[str]:
+    """A lobby serving websockets as a subprocess; yields its ws:// address."""
+    async with listening([*LOBBY, "--ws", "127.0.0.1:0", *extra]) as address:
+        yield address
 
 
 def scripted(tmp_path: Path, name: str, rules: str) -> str:
@@ -328,3 +334,16 @@ async def interrupt(proc: trio.Process) -> None:
     if proc.returncode is None:
         proc.kill()
         await proc.wait()
+
+
+async def drain_ready(stream: Any) -> list[TraceEvent]:
+    """The trace events already delivered to ``stream`` (a ``TraceStream``), without waiting
+    for more."""
+    out: list[TraceEvent] = []
+    while True:
+        before = len(out)
+        with trio.move_on_after(0):  # the stream hands out at most 64 before it checkpoints
+            async for event in stream:
+                out.append(event)
+        if len(out) == before:
+            return out

@@ -9,10 +9,8 @@ from __future__ import annotations
 import ast
 import json
 import os
-import subprocess
 import sys
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +20,7 @@ import trio
 from actors import Host
 from actors.host import TraceStream
 from actors.trace import TraceEvent
-from tests.helpers import config, scripted, texts, wait_trace
+from tests.helpers import config, listening, scripted, texts, wait_trace
 
 pytestmark = pytest.mark.slow
 
@@ -93,26 +91,6 @@ def test_each_server_is_short_and_uses_only_the_toolkit(name: str) -> None:
 
 
 # -- a webhook ---------------------------------------------------------------------------------
-
-
-@asynccontextmanager
-async def listening(cmd: list[str], env: dict[str, str] | None = None) -> AsyncIterator[str]:
-    """A websocket server started as a subprocess; yields the address it prints."""
-    proc = await trio.lowlevel.open_process(cmd, stdout=subprocess.PIPE, env=env)
-    try:
-        assert proc.stdout is not None
-        buf = b""
-        while b"\n" not in buf:
-            chunk = await proc.stdout.receive_some(4096)
-            assert chunk, "the server exited before listening"
-            buf += chunk
-        line = buf.split(b"\n", 1)[0].decode()
-        assert line.startswith("LISTENING ")
-        yield line.split(" ", 1)[1]
-    finally:
-        proc.kill()
-        with trio.CancelScope(shield=True):
-            await proc.wait()
 
 
 async def post(port: int, path: str, body: bytes, **headers: str) -> int:

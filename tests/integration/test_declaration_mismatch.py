@@ -124,12 +124,14 @@ async def test_the_transcript_shows_both_mismatch_lines(tmp_path: Path) -> None:
     assert sum(line == f"? omit: {REFUSAL_LINE}" for line in lines) == 1  # once, two refusals
 
 
-def test_check_connect_names_the_set_and_the_missing_use(tmp_path: Path) -> None:
+def check_connect(tmp_path: Path, server_keys: str = "") -> list[str]:
+    """``mcplive check --connect`` on a config with the omitted-use server (and ``server_keys``
+    added to its entry); the lines it printed, once it exited 0."""
     (tmp_path / "quiet.toml").write_text("", encoding="utf-8")
     path = tmp_path / "omit.toml"
     path.write_text(
         '[[servers]]\nid = "omit"\ncommand = ["python", "-m", "tests.omitted_use_server"]\n'
-        f'env = {{ PYTHONPATH = "{ROOT}" }}\n\n'
+        f'env = {{ PYTHONPATH = "{ROOT}" }}\n{server_keys}\n'
         '[[agents]]\nname = "Ada"\nmodel = "scripted:quiet.toml"\n',
         encoding="utf-8",
     )
@@ -142,7 +144,11 @@ def test_check_connect_names_the_set_and_the_missing_use(tmp_path: Path) -> None
         env=child_env(),
     )
     assert result.returncode == 0, result.stdout + result.stderr
-    lines = result.stdout.splitlines()
+    return result.stdout.splitlines()
+
+
+def test_check_connect_names_the_set_and_the_missing_use(tmp_path: Path) -> None:
+    lines = check_connect(tmp_path)
     at = lines.index("  server omit (live):")
     under = lines[at + 1 :]
     assert (
@@ -232,24 +238,7 @@ def test_allow_unlisted_uses_names_only_capabilities_a_feature_set_can_use(
 
 
 def test_check_connect_states_what_is_allowed_outside_the_sets(tmp_path: Path) -> None:
-    (tmp_path / "quiet.toml").write_text("", encoding="utf-8")
-    path = tmp_path / "omit.toml"
-    path.write_text(
-        '[[servers]]\nid = "omit"\ncommand = ["python", "-m", "tests.omitted_use_server"]\n'
-        f'env = {{ PYTHONPATH = "{ROOT}" }}\nallow_unlisted_uses = ["pushEvents"]\n\n'
-        '[[agents]]\nname = "Ada"\nmodel = "scripted:quiet.toml"\n',
-        encoding="utf-8",
-    )
-    result = subprocess.run(
-        [*MCPLIVE, "check", "--connect", str(path)],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=90,
-        env=child_env(),
-    )
-    assert result.returncode == 0, result.stdout + result.stderr
-    under = result.stdout.splitlines()
+    under = check_connect(tmp_path, 'allow_unlisted_uses = ["pushEvents"]\n')
     assert "    used outside its feature sets (allow_unlisted_uses): pushEvents" in under
     assert "    feature set omit.chat: enabled" in under  # its pushes are no longer refused
     assert not any("uses lack pushEvents" in line for line in under)

@@ -21,7 +21,6 @@ import trio
 from actors import Host
 from actors.config import load_config
 from actors.errors import ConfigError
-from actors.host import TraceStream
 from actors.trace import TraceEvent
 from protocol.receipts import Place, describe_place, hold_notice, sleep_announcement
 from tests.helpers import (
@@ -30,6 +29,7 @@ from tests.helpers import (
     agent_configs,
     answered,
     config,
+    drain_ready,
     incoming_answered,
     install,
     publish_received,
@@ -92,18 +92,6 @@ async def send_and_wait(
     """One ``channels/incoming`` request, answered by the host before this returns."""
     send_incoming(ctl, channel, message_id, text, **extra)
     return await ctl.wait_for(incoming_answered(message_id), f"{message_id} answered")
-
-
-async def drain_ready(stream: TraceStream) -> list[TraceEvent]:
-    """The trace events already delivered to ``stream``, without waiting for more."""
-    out: list[TraceEvent] = []
-    while True:
-        before = len(out)
-        with trio.move_on_after(0):  # the stream hands out at most 64 before it checkpoints
-            async for event in stream:
-                out.append(event)
-        if len(out) == before:
-            return out
 
 
 _barriers = itertools.count(1)

@@ -28,7 +28,7 @@ from actors.trace import TraceEvent
 from actors.transcript.lines import format_event
 from protocol.loops import LIMIT
 from tests.chat_servers import DiscordServer, running_chat
-from tests.helpers import config, scripted, texts, wait_trace
+from tests.helpers import config, drain_ready, scripted, texts, wait_trace
 
 pytestmark = pytest.mark.slow
 
@@ -45,18 +45,6 @@ def of(seen: list[TraceEvent], kind: str, agent: str = "Ada") -> list[TraceEvent
 
 def turns(seen: list[TraceEvent], agent: str = "Ada") -> int:
     return len(of(seen, "turn-start", agent))
-
-
-async def drain(stream: TraceStream) -> list[TraceEvent]:
-    """The trace events already delivered to ``stream``, without waiting for more."""
-    out: list[TraceEvent] = []
-    while True:
-        before = len(out)
-        with trio.move_on_after(0):  # the stream hands out at most 64 before it checkpoints
-            async for event in stream:
-                out.append(event)
-        if len(out) == before:
-            return out
 
 
 @asynccontextmanager
@@ -93,7 +81,7 @@ async def test_a_server_echoing_under_the_agents_author_gets_one_turn(tmp_path: 
             await say(host, "hello there")
             await wait_trace(stream, withheld_or_past(3, seen), "the echo withheld", seen)
             await host.run_until_idle()
-            seen += await drain(stream)
+            seen += await drain_ready(stream)
             assert turns(seen) <= 3
             assert turns(seen) == 1 and len(of(seen, "published")) == 1
             [withheld] = of(seen, "wake-withheld")
@@ -110,7 +98,7 @@ async def test_a_server_relaying_the_agents_words_under_its_own_author(tmp_path:
             await say(host, "hello there")
             await wait_trace(stream, withheld_or_past(3, seen), "the relay withheld", seen)
             await host.run_until_idle()
-            seen += await drain(stream)
+            seen += await drain_ready(stream)
             assert turns(seen) == 1
             [withheld] = of(seen, "wake-withheld")
             assert withheld.data == {"reason": "repeat", "author": "Relay"}
@@ -131,7 +119,7 @@ async def test_a_bot_answering_every_post_trips_the_breaker(tmp_path: Path) -> N
                 seen,
             )
             await host.run_until_idle()
-            seen += await drain(stream)
+            seen += await drain_ready(stream)
             # Alice's message, then one turn per bot reply up to the limit
             assert turns(seen) == 1 + LIMIT and len(of(seen, "published")) == 1 + LIMIT
             [deferred] = of(seen, "wakes-deferred")
@@ -155,7 +143,7 @@ async def test_a_bot_answering_every_post_trips_the_breaker(tmp_path: Path) -> N
                 seen,
             )
             await host.run_until_idle()
-            seen += await drain(stream)
+            seen += await drain_ready(stream)
             [resumed] = of(seen, "wakes-resumed")
             assert resumed.data == {"reason": "another voice", "held": 1}
             assert [e.kind for e in seen[mark:] if e.agent == "Ada"].index("wakes-resumed") < [
@@ -206,7 +194,7 @@ async def test_an_account_that_echoed_a_post_wakes_its_agent_no_more(tmp_path: P
             # the same account again, under a new id and with new words
             await server.say(room, "later-1", "something else entirely", author=OWN_ACCOUNT)
             await host.run_until_idle()
-            seen = await drain(stream)
+            seen = await drain_ready(stream)
             [withheld] = of(seen, "wake-withheld")
             assert withheld.data == {"reason": "own", "author": "mcplive"}
             assert turns(seen) == 0
