@@ -33,6 +33,8 @@ import attrs
 import outcome
 import trio
 
+from protocol.backoff import ceiling
+
 from .errors import ActorDied, AskTimeout, MailboxFull
 
 log = logging.getLogger("mcplive")
@@ -353,14 +355,13 @@ class Actor:
 def backoff_delay(attempt: int, base: float, cap: float, rng: random.Random) -> float:
     """Seconds to wait before retry number ``attempt`` (1 for the first retry).
 
-    The ceiling doubles per attempt, ``min(cap, base * 2**(attempt-1))``, and the delay is drawn
+    The ceiling (:func:`protocol.backoff.ceiling`) doubles per attempt,
+    ``min(cap, base * 2**(attempt-1))``, and the delay is drawn
     uniformly from ``[ceiling/2, ceiling]`` ("equal jitter"): never above ``cap``, never below
     half the ceiling.
     """
-    if attempt < 1:
-        raise ValueError("attempt counts from 1")
-    ceiling = min(cap, base * 2.0 ** min(attempt - 1, 64))
-    return ceiling / 2 + rng.random() * ceiling / 2
+    top = ceiling(attempt, base, cap)
+    return top / 2 + rng.random() * top / 2
 
 
 class BatchQueue(Generic[M]):

@@ -221,13 +221,28 @@ async def barrier(ctl: Any) -> None:
     await ctl.wait_for(lambda e: e["event"] == "pong" and e["id"] == ping, ping, since=mark)
 
 
-async def ready(ctl: Any) -> None:
+async def ready(ctl: Any, host: Host | None = None, sid: str = "lobby") -> None:
+    """The lobby is ready and its channels are registered; with ``host``, the host's link to
+    it (server ``sid``) is ready too (the host serves the lobby's requests from the moment its
+    policy is sent, so the register may be answered before the host has listed the tools)."""
     await ctl.wait_for(lambda e: e["event"] == "ready", "lobby ready")
     # the lobby registers its channels right after it is ready
     await ctl.wait_for(
         lambda e: e["event"] == "response" and e["request"]["method"] == "channels/register",
         "channels registered",
     )
+    if host is not None:
+        await host_ready(host, sid)
+
+
+async def host_ready(host: Host, sid: str) -> None:
+    """Until the host's link to server ``sid`` is ready (now, or at its next ``ready`` event)."""
+    stream = host.trace(kinds={"ready"})
+    try:
+        while not getattr(host.ctx.statuses.get(sid), "ready", False):
+            await stream.__anext__()
+    finally:
+        await stream.aclose()
 
 
 AgentSpec = str | dict[str, Any]  # scripted rules text, or the rest of an agent's entry
@@ -276,7 +291,7 @@ async def running_lobby(
             stream = host.trace()
             ctl = await listener.accept()
             if wait_ready:
-                await ready(ctl)
+                await ready(ctl, host, server["id"])
             yield RunningLobby(host=host, ctl=ctl, stream=stream, listener=listener)
 
 

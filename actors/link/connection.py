@@ -7,8 +7,8 @@ the actor (they see it as an ``actors.link.state.LinkOwner``):
 
 - ``actors.link.run``: the life of a link once its transport is open: its tasks, the handshake
   under its deadline, the server's notifications;
-- ``actors.link.io``: the wire loop of a link (writer, reader, dispatcher, pre-readiness
-  buffer);
+- ``actors.link.io``: the wire loop of a link (writer, reader, dispatcher, and the requests
+  held until the host's policy is decided);
 - ``actors.link.handshake.LinkPolicy``: the handshake, and manifest changes (re-applying a policy);
 - ``actors.link.inbound.HotLanes``: ``push/event`` and ``channels/incoming``, from admission to the
   answer after the commit, and the report of items skipped as already stored;
@@ -27,15 +27,18 @@ dropped.
 
 The actor's own mailbox serves ``Call``/``Status`` asks from agents and channels; a ``Call`` runs
 in a child task, so a server that never answers stalls only the asker, and only until the request
-deadline (after which a ``ping`` probe tells a slow server from a silent one).
+deadline (after which a ``ping`` probe tells a slow server from a silent one). A ``Call`` made
+while a link's handshake finishes under a policy already in force waits for its end.
 
 Supervision: the whole handshake (``initialize`` to ``tools/list``) has ``request_timeout_s``;
-past it the link has failed: the server's requests that waited for readiness are refused
+past it the link has failed: the server's requests that still wait for a policy are refused
 (-32002) and the link is closed. A link that ends (EOF, crash, silence, garbage that kills the
 transport, a failed handshake) is reported (``disconnected``: how it ended, the handshake step
-it died in, the server's last stderr lines) and reopened after an exponential backoff with
-jitter (5 s base, 5 min cap), with a fresh handshake. Nothing that happens on a link escapes
-into the host.
+it died in, the server's last stderr lines, the retry's number and delay) and reopened after an
+exponential backoff with jitter (5 s base, 5 min cap), with a fresh handshake. A link that was
+never ready, or ready for less than ``HEALTHY_AFTER_S``, counts as a failed attempt: the next
+wait doubles, up to the cap; only a link ready that long starts again from the first retry
+(``protocol.backoff``). Nothing that happens on a link escapes into the host.
 """
 
 from __future__ import annotations
@@ -52,6 +55,7 @@ from actors.errors import NotConnected
 from actors.kernel import Actor, Reply, backoff_delay
 from actors.messages import Call, CancelCall, ConnStatus, Notify, Reconfigure, Reconnect, Status
 from protocol import jsonrpc as rpc
+from protocol.backoff import next_attempt
 from protocol.errors import INTERNAL_ERROR, METHOD_NOT_FOUND, RpcError
 
 from .end import StderrTail, ending
@@ -67,7 +71,7 @@ from .transport import Transport, open_transport
 MAX_KEYED_CALLS = 1024
 BACKOFF_BASE_S = 5.0
 BACKOFF_CAP_S = 300.0
-HEALTHY_AFTER_S = 60.0
+HEALTHY_AFTER_S = 30.0  # a link ready this long resets the retry count; a shorter one adds one
 PROBE_TIMEOUT_S = 10.0
 
 
@@ -124,9 +128,12 @@ class ConnectionActor(Actor):
         if isinstance(msg, Status):
             reply.value(self.status())
         elif isinstance(msg, Call):
-            call = self._start_call(msg, reply)
-            if call is not None:
-                self.spawn(self._do_call, *call)
+            if self._handshake_ending() is None:
+                call = self._start_call(msg, reply)
+                if call is not None:
+                    self.spawn(self._do_call, *call)
+            else:
+                self.spawn(self._call, msg, reply)
         elif isinstance(msg, CancelCall):
             link = self.link
             cancelled = link.calls.pop(msg.key, None) if link is not None else None
@@ -150,16 +157,35 @@ class ConnectionActor(Actor):
 
     async def _call_here(self, msg: Call) -> Any:
         reply = Reply(trio.Event())
+        await self._call(msg, reply)
+        assert reply.result is not None  # _call answers, or raises a cancellation
+        return reply.result.unwrap()
+
+    async def _call(self, msg: Call, reply: Reply) -> None:
+        """Make ``msg``'s request and answer ``reply``, once the handshake is over if it is
+        finishing (:meth:`_handshake_ending`)."""
+        ending = self._handshake_ending()
+        if ending is not None:
+            await ending.wait()
         call = self._start_call(msg, reply)
         if call is not None:
             await self._do_call(*call)
-        assert reply.result is not None  # _do_call answers, or raises a cancellation
-        return reply.result.unwrap()
+
+    def _handshake_ending(self) -> trio.Event | None:
+        """What a call waits for when the link's handshake is finishing under a policy already
+        in force (the server's requests are served from then on, so an agent may answer a
+        message of the server before its tools are listed): the end of the handshake, ready or
+        failed, at most its deadline away. None when the call is decided at once."""
+        link = self.link
+        if link is not None and link.decided and not link.ready:
+            return link.handshake_over
+        return None
 
     def _start_call(
         self, msg: Call, reply: Reply
     ) -> tuple[Link, Call, Reply, trio.CancelScope] | None:
-        """What ``_do_call`` needs for ``msg``, or None with ``reply`` refused (no ready link)."""
+        """What ``_do_call`` needs for ``msg``, or None with ``reply`` refused (no ready link;
+        a link still connecting refuses at once, as one between links does)."""
         link = self.link
         if link is None or not link.ready:
             reply.error(NotConnected(f"server {self.sid} is not connected"))
@@ -358,9 +384,8 @@ class ConnectionActor(Actor):
     async def _supervise(self) -> None:
         attempt = 0
         while not self.ctx.closing:
-            started = trio.current_time()
             try:
-                reason, report = await self._run_link()
+                reason, report, ready_for = await self._run_link()
             finally:
                 self.link = None
                 self.publish_status()
@@ -370,9 +395,7 @@ class ConnectionActor(Actor):
             self.ctx.last_read.pop(self.sid, None)
             self.last_error = reason
             self.publish_status()
-            if trio.current_time() - started >= HEALTHY_AFTER_S:
-                attempt = 0
-            attempt += 1
+            attempt = next_attempt(attempt, ready_for, HEALTHY_AFTER_S)
             delay = backoff_delay(attempt, BACKOFF_BASE_S, BACKOFF_CAP_S, self.ctx.rng)
             self.trace(
                 "disconnected",
@@ -390,8 +413,9 @@ class ConnectionActor(Actor):
         if isinstance(status, ConnStatus):
             self.ctx.statuses[self.sid] = attrs.evolve(status, stderr_tail=self.tail.lines())
 
-    async def _run_link(self) -> tuple[str, dict[str, Any]]:
-        """Open a link, run it until it ends; how it ended (one line) and the report's data."""
+    async def _run_link(self) -> tuple[str, dict[str, Any], float | None]:
+        """Open a link, run it until it ends; how it ended (one line), the report's data, and
+        how long the link was ready (None if it never was)."""
         self.connects += 1
         self.tail.clear()
         self.publish_status()
@@ -419,7 +443,9 @@ class ConnectionActor(Actor):
             "exit_code": process.returncode if process is not None else None,
             "stderr_tail": list(self.tail.lines()),
         }
-        return reason, report
+        ready_at = link.ready_at if link is not None else None
+        ready_for = trio.current_time() - ready_at if ready_at is not None else None
+        return reason, report, ready_for
 
 
 __all__ = [

@@ -2,12 +2,17 @@
 
 ``LinkPolicy.handshake`` runs ``initialize``, ``notifications/initialized``, the
 ``featureSets/update`` negotiation and ``tools/list`` on a fresh link, naming the step in
-``Link.step`` so a server that dies in it is reported with it. A step that gets no answer
-(``RequestTimeout``) fails the handshake; an unanswered ``featureSets/update`` is no receipt, so
-it never makes the link ready (MCP-only or not). ``apply_manifest`` diffs a manifest
-against the one in force and re-applies the policy of a ``ServerConfig`` to the live link
-(host-first revocation, then ``featureSets/update``); it serves ``mcpl/manifestChanged`` and can
-serve a new config's masks alike. Declaration mismatches (``protocol.declarations``) are traced
+``Link.step`` so a server that dies in it is reported with it. The grant the initial
+``featureSets/update`` announces is in force from the moment it is sent (host-first): the
+server's requests are served under it while the handshake waits for the receipt, which can only
+take the grant away. A step that gets no answer (``RequestTimeout``) fails the handshake; an
+unanswered ``featureSets/update`` is no receipt, so it never makes the link ready (MCP-only or
+not).
+
+``apply_manifest`` diffs a manifest against the one in force and re-applies the policy of a
+``ServerConfig`` to the live link (host-first revocation, then ``featureSets/update``); it serves
+``mcpl/manifestChanged`` (one announced while the handshake runs is fetched once it is over) and
+can serve a new config's masks alike. Declaration mismatches (``protocol.declarations``) are traced
 once per handshake and per manifest change; a call refused because its feature set's ``uses``
 lacks the capability it exercises is traced as one too (``note_refused_use``), once per (set,
 capability) and link.
@@ -68,6 +73,7 @@ class LinkPolicy:
             await self.negotiate(link, manifest, caps)
         else:
             link.mcp_only = True
+            link.decide()  # MCP-only is the policy: MCPL calls get -32601 from now on
             owner.trace("mcp-only", reason="the server sent no experimental.mcpl")
         # An MCP-only server keeps its tools; an MCPL server's tools need the ``tools`` grant.
         if caps.get("tools") is not None and (link.mcp_only or "tools" in link.grant):
@@ -93,6 +99,14 @@ class LinkPolicy:
         link.feature_sets = declared.sets
         link.outside_sets = frozenset(allowed) & grant
         link.policy = policy_report(advertised, grant, state, found, link.outside_sets)
+        # Host-first (SPEC §6.7): the grant is the host's own decision, in force from the moment
+        # its update is sent. The server's requests are judged under it at once, never after
+        # its receipt: a server that waits on its own request before it reads this update is
+        # answered, so the host never needs the server's answer while the server waits on it.
+        # The receipt is testimony: it may take the grant away (MCP-only, close), never widen it.
+        link.grant = grant
+        link.enabled_sets = state.enabled
+        link.decide()  # in the step that queues the update (no checkpoint in between)
         try:
             result = await owner.request(link, "featureSets/update", params)
         except RpcError as exc:
@@ -110,6 +124,9 @@ class LinkPolicy:
             receipt = mcpl.read_receipt(result)
         if receipt.note:
             owner.diagnostic(receipt.note)
+        if receipt.close or receipt.mcp_only:  # the server does not take part: nothing is granted
+            link.grant = frozenset()
+            link.enabled_sets = frozenset()
         if receipt.close:
             link.close(receipt.note)
             raise NotConnected(receipt.note)
@@ -117,9 +134,6 @@ class LinkPolicy:
             link.mcp_only = True
             owner.trace("mcp-only", reason=receipt.note)
             return
-        # The grant is empty until the receipt: only now does the policy come into force.
-        link.grant = grant
-        link.enabled_sets = state.enabled
         for status in state.statuses.values():
             if not status.enabled and status.name not in mismatched:
                 owner.diagnostic(f"feature set {status.name} not enabled: {status.reason}")
@@ -185,17 +199,25 @@ class LinkPolicy:
         ):
             owner.diagnostic("malformed mcpl/manifestChanged ignored")
             return
-        if link.mcp_only or not link.ready:
+        if link.mcp_only or not link.decided:
             owner.diagnostic("mcpl/manifestChanged before the policy is in force; ignored")
             return
+        if not link.ready:  # the handshake still runs: fetched once it is over
+            link.refetch = True
+            return
+        self.fetch_manifest(link)
+
+    def fetch_manifest(self, link: Link) -> None:
+        """Fetch the manifest now (rate-limited), or once more after the running fetch."""
         if link.fetching:
             link.refetch = True  # coalesced into one more fetch after the running one
             return
+        link.refetch = False
         if not self._may_fetch(link):
             return
         link.fetching = True
         assert link.nursery is not None
-        owner.work.inc()
+        self.owner.work.inc()
         link.nursery.start_soon(self._refresh_manifest, link)
 
     def _may_fetch(self, link: Link) -> bool:

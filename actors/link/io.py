@@ -1,29 +1,35 @@
-"""The wire loop of one link: the writer, the reader, the dispatcher, and the buffer of
-requests that arrive before the link is ready.
+"""The wire loop of one link: the writer, the reader, the dispatcher, and the requests that
+arrive before the host has decided its policy for the link.
 
 The reader only decodes and dispatches: answers to our requests resolve their waiters, the
-server's requests go to a bounded batch queue (or, before readiness, to a buffer capped at
-``PRE_READY_CAP``, past which they are refused), notifications go to the actor, except a
-ready link's ``channels/changed``, which goes to the queue with the requests. The dispatcher
-takes the queue in arrival order: admission checks run in that order, and a channel change
-(``channels/register``, ``channels/changed``) is applied before any later message is checked,
-so a push or a message naming a channel announced just before it finds the channel. Hot-lane
-requests go to ``actors.link.inbound.HotLanes`` a batch at a time; any other request gets a handler
-task of ``actors.link.requests.ServerRequests`` (at most ``MAX_HANDLERS``). The writer owns the
-transport's send side, fed by the bounded outbox, and writes whatever waits in one go. Every
-queue is bounded and its producer waits when it is full: a flooding server is slowed down by its
-own transport.
+server's requests go to a bounded batch queue (or, before the decision, to a buffer capped at
+``EARLY_CAP``, past which they are refused), notifications go to the actor, except the
+``channels/changed`` of a link whose policy is in force, which goes to the queue with the
+requests. The dispatcher takes the queue in arrival order: admission checks run in that order,
+and a channel change (``channels/register``, ``channels/changed``) is applied before any later
+message is checked, so a push or a message naming a channel announced just before it finds the
+channel. Hot-lane requests go to ``actors.link.inbound.HotLanes`` a batch at a time; any other
+request gets a handler task of ``actors.link.requests.ServerRequests`` (at most
+``MAX_HANDLERS``). The writer owns the transport's send side, fed by the bounded outbox, and
+writes whatever waits in one go. Every queue is bounded and its producer waits when it is full:
+a flooding server is slowed down by its own transport.
 
-A request that arrives before readiness waits in the buffer at most ``PRE_READY_WAIT_S``; then
-it is refused with -32002 ``{capability}`` (SPEC §5.3: privileged calls before the policy
-receipt are refused and retried). The bound is well under the 30 s after which servers give up
-on their own requests, so a server that waits for its request's answer before it reads anything
-else (and so never reads our ``featureSets/update``) is unblocked, answers the update, and
-retries.
+The host's policy (its grant, announced by the initial ``featureSets/update``) is its own
+decision and is in force from the moment it is sent (SPEC §6.7, host-first): the server's
+requests are judged under it at once, while the handshake goes on, and never wait for the
+server's receipt. So a server that reads nothing until its own first request is answered (an
+eager ``channels/register`` right after ``initialize``) is answered, reads our policy, and the
+handshake completes. A request that arrives before the decision (the host decides as soon as it
+has the server's ``initialize`` answer) waits in the buffer until the decision
+(:meth:`LinkIO.hold_early`), then goes to the dispatcher ahead of anything later. Only a request
+sent before the server even answered ``initialize`` can wait longer, for that answer, and at
+most ``EARLY_WAIT_S``: then it is refused with -32002 ``{capability}`` (no policy in force
+yet), well before the 30 s after which servers give up on their own requests.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -42,8 +48,8 @@ from .requests import ServerRequests
 from .state import INGEST_SLICE, READ_BATCH, TAKE_LIMIT, Link, LinkOwner, describe
 from .transport import Transport
 
-PRE_READY_CAP = 1000
-PRE_READY_WAIT_S = 5.0  # the longest a request waits for readiness before its -32002
+EARLY_CAP = 1000  # requests held until the policy is decided; past it, refused at once (-32002)
+EARLY_WAIT_S = 5.0  # the longest a request waits for the decision before its -32002
 NOT_READY = "connection not ready; retry later"
 OUTBOX_CAP = 1024
 MAX_HANDLERS = 128
@@ -56,9 +62,9 @@ SHARED_ANSWERS = 2 * INGEST_SLICE
 #: The requests a reader keeps queued while others need the host (past it, it stops reading).
 SHARED_QUEUE = 4 * INGEST_SLICE
 # Every request the server may have in flight with us: the queues (each may overshoot its cap by
-# one batch), the batch in each worker's hands, the handlers and the pre-readiness buffer.
+# one batch), the batch in each worker's hands, the handlers and the buffer before the decision.
 INBOUND_CAP = REQUEST_QUEUE_CAP + ANSWER_QUEUE_CAP + 2 * READ_BATCH + 2 * TAKE_LIMIT
-INBOUND_CAP += MAX_HANDLERS + PRE_READY_CAP
+INBOUND_CAP += MAX_HANDLERS + EARLY_CAP
 MAX_PENDING = 256  # our own requests awaiting the server's answer
 HOT_LANES = frozenset({"push/event", "channels/incoming"})
 # what changes the channels a later push or message is checked against: applied in order
@@ -157,10 +163,10 @@ class LinkIO:
                         self.owner.diagnostic(f"undecodable line ({item.size} bytes) skipped")
                         continue
                     for event in link.session.receive_line(item):
-                        if link.ready and isinstance(event, rpc.RequestReceived):
+                        if link.admitting and isinstance(event, rpc.RequestReceived):
                             self.owner.work.inc()  # released once the request is answered
                             batch.append(event.request)
-                        elif link.ready and _changes_channels(event):
+                        elif link.admitting and _changes_channels(event):
                             assert isinstance(event, rpc.NotificationReceived)
                             self.owner.work.inc()  # released once the change is applied
                             batch.append(event.notification)
@@ -252,12 +258,12 @@ class LinkIO:
             self.resolve(link, event.id, outcome.Error(event.error))
         elif isinstance(event, rpc.RequestReceived):
             req = event.request
-            if not link.ready:
-                if len(link.pre_ready) >= PRE_READY_CAP:
+            if not link.admitting:  # held until the decision (hold_early)
+                if len(link.early) >= EARLY_CAP:
                     await self.refuse_not_ready(link, req)
                 else:
-                    link.pre_ready.append((req, trio.current_time() + PRE_READY_WAIT_S))
-                    link.pre_ready_added.set()
+                    link.early.append((req, trio.current_time() + EARLY_WAIT_S))
+                    link.early_wake.set()
                 return
             self.owner.work.inc()
             await self.queue_requests(link, [req])
@@ -292,42 +298,41 @@ class LinkIO:
             self.owner.work.dec(len(batch))
             raise
 
-    async def flush_pre_ready(self, link: Link) -> None:
-        """Queue what waited for readiness, in arrival order. The caller marks the link ready
-        in the same step as the buffer is found empty (the reader keeps buffering until then)."""
-        while link.pre_ready:
-            waiting: list[rpc.Request | rpc.Notification] = [req for req, _ in link.pre_ready]
-            link.pre_ready.clear()
+    async def hold_early(self, link: Link) -> None:
+        """Hold the requests that arrive before the host decided its policy, until it does
+        (:meth:`actors.link.state.Link.decide`); then queue them in arrival order and let the
+        reader queue what follows itself. A request whose ``EARLY_WAIT_S`` runs out first (the
+        decision waits for the server's ``initialize`` answer) is refused with -32002."""
+        while not link.decided:
+            due = link.early[0][1] if link.early else math.inf
+            link.early_wake = trio.Event()
+            with trio.move_on_at(due):
+                await link.early_wake.wait()
+            now = trio.current_time()
+            while link.early and link.early[0][1] <= now and not link.decided:
+                req, _ = link.early.popleft()
+                await self.refuse_not_ready(link, req)
+        while link.early:  # the reader holds on while these are queued
+            waiting: list[rpc.Request | rpc.Notification] = [req for req, _ in link.early]
+            link.early.clear()
             self.owner.work.inc(len(waiting))
             for i in range(0, len(waiting), READ_BATCH):
                 await self.queue_requests(link, waiting[i : i + READ_BATCH])
+        link.admitting = True  # in the step that found the buffer empty: the order is kept
 
-    async def pre_ready_expiry(self, link: Link) -> None:
-        """Refuse (-32002) each buffered request whose ``PRE_READY_WAIT_S`` ran out before
-        the link was ready; runs until the link is ready."""
-        while not link.ready:
-            if not link.pre_ready:
-                link.pre_ready_added = trio.Event()
-                await link.pre_ready_added.wait()
-                continue
-            await trio.sleep_until(link.pre_ready[0][1])
-            now = trio.current_time()
-            while link.pre_ready and link.pre_ready[0][1] <= now and not link.ready:
-                req, _ = link.pre_ready.popleft()
-                await self.refuse_not_ready(link, req)
-
-    async def refuse_pre_ready(self, link: Link) -> int:
-        """The link will not become ready: refuse (-32002) every buffered request now; how
+    async def refuse_early(self, link: Link) -> int:
+        """The link will not get a policy: refuse (-32002) every request still held now; how
         many there were."""
-        waiting = [req for req, _ in link.pre_ready]
-        link.pre_ready.clear()
+        waiting = [req for req, _ in link.early]
+        link.early.clear()
         for req in waiting:
             await self.refuse_not_ready(link, req)
         return len(waiting)
 
     async def refuse_not_ready(self, link: Link, req: rpc.Request) -> None:
-        """SPEC §5.3: a privileged call before the policy receipt gets -32002 ``{capability}``
-        (a request that needs no capability, such as ``ping``, gets it without data)."""
+        """SPEC §5.3: a privileged call before any policy is in force gets -32002
+        ``{capability}`` (a request that needs no capability, such as ``ping``, gets it without
+        data)."""
         cap = grants.INBOUND_CAPABILITY.get(req.method)
         err = RpcError(
             code=CAPABILITY_DENIED, message=NOT_READY, data={"capability": cap} if cap else None

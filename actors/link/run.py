@@ -2,13 +2,13 @@
 and the server's notifications.
 
 ``LinkRun.serve`` starts the link's tasks (``actors.link.io``: writer, reader, dispatcher, the
-expiry of the pre-readiness buffer; ``actors.link.inbound``: the responder and the skip reporter; a
-websocket pinger), runs the handshake (``actors.link.handshake.LinkPolicy``) and returns when the
-link is closed.
+holder of the requests that arrive before the host's policy is decided; ``actors.link.inbound``:
+the responder and the skip reporter; a websocket pinger), runs the handshake
+(``actors.link.handshake.LinkPolicy``) and returns when the link is closed.
 
 The whole handshake (``initialize``, ``featureSets/update``, ``tools/list``) must finish within
 the server's ``request_timeout_s``. Past it the link has failed: the server's requests still
-waiting for readiness are refused (-32002) and written out, a diagnostic names the step it
+waiting for a policy are refused (-32002) and written out, a diagnostic names the step it
 waited for, and the link is closed; the connection reports it and reconnects after its backoff.
 A handshake counts as work in flight (``Host.run_until_idle``) only for its first
 ``HANDSHAKE_WORK_S``: one still waiting on its server after that is stuck on the server, not on
@@ -23,13 +23,13 @@ from protocol import jsonrpc as rpc
 
 from .handshake import LinkPolicy
 from .inbound import HotLanes
-from .io import PRE_READY_WAIT_S, LinkIO
+from .io import EARLY_WAIT_S, LinkIO
 from .requests import ServerRequests
 from .state import Link, LinkOwner, RequestTimeout
 from .tally import SkipTally
 
 IGNORED_REPORT_S = 10.0  # at most one line per server this often for unknown notifications
-HANDSHAKE_WORK_S = PRE_READY_WAIT_S  # the longest a handshake counts as work in flight
+HANDSHAKE_WORK_S = EARLY_WAIT_S  # the longest a handshake counts as work in flight
 DRAIN_S = 5.0  # the longest a failed handshake's refusals wait to be written
 
 
@@ -54,7 +54,7 @@ class LinkRun:
             nursery.start_soon(io.writer, link)
             nursery.start_soon(io.reader, link)
             nursery.start_soon(io.dispatcher, link)
-            nursery.start_soon(io.pre_ready_expiry, link)
+            nursery.start_soon(io.hold_early, link)
             nursery.start_soon(self.lanes.responder, link)
             nursery.start_soon(self.lanes.skip_reporter)
             if owner.cfg.url is not None:
@@ -66,6 +66,7 @@ class LinkRun:
                 await self._handshake(link)
             finally:
                 settled.cancel()
+                link.handshake_over.set()  # the calls that waited for it go on (or fail)
             await link.closed.wait()
             nursery.cancel_scope.cancel()
 
@@ -89,10 +90,10 @@ class LinkRun:
         except (trio.TooSlowError, RequestTimeout):
             await self._failed(link, f"the handshake timed out after {deadline:g}s")
             return
-        # What waited for readiness goes first; the buffer is empty when the link turns ready.
-        await self.io.flush_pre_ready(link)
+        # The policy has been in force since its featureSets/update was sent (the server's
+        # requests were served meanwhile); now the agents may call the server too.
         link.ready = True
-        link.pre_ready_added.set()  # the buffer's expiry ends
+        link.ready_at = trio.current_time()
         owner.publish_status()
         owner.trace(
             "ready",
@@ -103,11 +104,14 @@ class LinkRun:
             tools=[t.get("name") for t in link.tools],
             server_info=info,
         )
+        if link.refetch and not link.mcp_only:  # announced while the handshake ran
+            self.policy.fetch_manifest(link)
 
     async def _failed(self, link: Link, reason: str) -> None:
-        """The link will never be ready: refuse what waits for readiness (-32002, so the server
-        retries on the next link), write it out (at most ``DRAIN_S``), and close the link."""
-        refused = await self.io.refuse_pre_ready(link)
+        """The link will never be ready: refuse what still waits for a policy (-32002, so the
+        server retries on the next link), write it out (at most ``DRAIN_S``), and close the
+        link."""
+        refused = await self.io.refuse_early(link)
         waiting = f" {refused} waiting request(s) refused (-32002);" if refused else ""
         self.owner.diagnostic(
             f"{reason} waiting for {link.step};{waiting} closing the link to reconnect"
@@ -141,8 +145,8 @@ class LinkRun:
                     link.nursery.start_soon(self.refresh_tools, link)
         elif method == "mcpl/manifestChanged":
             self.policy.on_manifest_changed(link, note.params)
-        elif method == "channels/changed":  # a ready link's are queued, applied in order
-            self.owner.diagnostic("channels/changed dropped: the connection is not ready yet")
+        elif method == "channels/changed":  # once a policy is in force, queued in order
+            self.owner.diagnostic("channels/changed dropped: no policy is in force yet")
         elif method.startswith("notifications/"):
             pass  # MCP housekeeping (progress, logging, …) is tolerated and ignored
         else:

@@ -63,7 +63,18 @@ class Link:
     requests: BatchQueue[rpc.Request | rpc.Notification]
     answers: BatchQueue[Any]  # inbound.Pending, answered by the responder in order
     waiters: dict[rpc.Id, trio.MemorySendChannel[outcome.Outcome[Any]]] = attrs.field(factory=dict)
+    # the host's policy for this link is decided and in force (SPEC §6.7, host-first): its
+    # featureSets/update is sent, or the link runs MCP-only; the server's requests are judged
+    # under it from then on, never after the server's answer (see :meth:`decide`)
+    decided: bool = False
+    # the reader queues the server's requests for the dispatcher itself: set once the requests
+    # that arrived before the decision are queued, in the step that finds none left
+    admitting: bool = False
+    # the handshake is over (tools listed): the agents may call the server; ``ready_at`` is when
+    # it turned ready (trio time), what the connection's backoff asks of a link that ended
     ready: bool = False
+    ready_at: float | None = None
+    handshake_over: trio.Event = attrs.field(factory=trio.Event)  # ready, or never will be
     mcp_only: bool = False
     # the handshake request in flight ("initialize", "featureSets/update", "tools/list"), or
     # None: what a failure report names as the step the server died in
@@ -77,7 +88,8 @@ class Link:
     outside_sets: frozenset[str] = frozenset()
     policy: dict[str, Any] = attrs.field(factory=dict)  # what the handshake decided, for reports
     # manifest changes (SPEC §17): the manifest in force, the MCP capabilities it came with,
-    # fetches in the rate window, and whether a fetch is running or another one is wanted
+    # fetches in the rate window, and whether a fetch is running or another one is wanted (one
+    # announced during the handshake is wanted once it is over)
     manifest: Mapping[str, Any] = attrs.field(factory=dict)
     mcp_caps: Mapping[str, Any] = attrs.field(factory=dict)
     fetches: deque[float] = attrs.field(factory=lambda: deque(maxlen=MANIFEST_FETCHES))
@@ -93,9 +105,11 @@ class Link:
     # the channels whose lack of a publish target the operator was told of: a subset of
     # ``channels`` (so bounded by the channels a server may register)
     undeclared_told: set[str] = attrs.field(factory=set)
-    # requests that arrived before readiness, each with the time it is refused at (-32002)
-    pre_ready: deque[tuple[rpc.Request, float]] = attrs.field(factory=lambda: deque())
-    pre_ready_added: trio.Event = attrs.field(factory=trio.Event)
+    # requests that arrived before the decision, each with the time it is refused at (-32002)
+    # if the decision has not come by then; at most ``actors.link.io.EARLY_CAP`` (past it, a
+    # request is refused at once)
+    early: deque[tuple[rpc.Request, float]] = attrs.field(factory=lambda: deque())
+    early_wake: trio.Event = attrs.field(factory=trio.Event)  # a request held, or the decision
     closed: trio.Event = attrs.field(factory=trio.Event)
     written: trio.Event = attrs.field(factory=trio.Event)  # the writer has stopped
     probing: bool = False
@@ -123,6 +137,15 @@ class Link:
         if not self.outbox_send.statistics().tasks_waiting_receive:
             return False
         return self.transport.send_now(lines)
+
+    def decide(self) -> None:
+        """The host's policy is in force from now: what the server asks from now on is judged
+        under it at once, and what it asked before is released to the dispatcher (in arrival
+        order, ahead of anything later). The caller has set the grant (or ``mcp_only``) and
+        queued the ``featureSets/update`` announcing it in this same step, so the server reads
+        the policy before any answer given under it."""
+        self.decided = True
+        self.early_wake.set()
 
     def close(self, reason: str) -> None:
         """The host ends the link (the first reason given is the one reported)."""

@@ -177,8 +177,10 @@ def format_event(e: TraceEvent) -> str | None:
     if k == "error":
         return f"! {e.agent or e.server_id}: {d.get('error')}"
     if k == "disconnected":
-        retry = d.get("retry_in_s")
+        retry, attempt = d.get("retry_in_s"), d.get("attempt")
         line = f"! {e.server_id} disconnected ({d.get('reason')}); reconnecting in {retry}s"
+        if attempt is not None:  # the number of this retry in a row of failed links
+            line += f" (attempt {attempt})"
         return "\n    | ".join([line, *d.get("stderr_tail", ())])  # its last stderr lines
     if k == "diagnostic":
         return f"? {e.server_id or e.agent}: {_excerpt(d.get('text'))}"

@@ -62,7 +62,7 @@ async def flooded_reader(
     to_host, from_server = trio.open_memory_channel[str](len(lines) + 16)
     to_server, _ = trio.open_memory_channel[str](16)
     link = new_link(MemoryTransport(to_server, from_server))
-    link.ready = True
+    link.decided = link.admitting = link.ready = True
     owner = Owner(shared)
     io = LinkIO(owner, lanes=None, requests=None, on_notification=lambda _l, _n: None)  # type: ignore[arg-type]
     for line in lines:

@@ -11,14 +11,19 @@ import actors.channel.actor
 import actors.context
 import actors.directory
 import actors.link.io
+from actors import Host
 from actors.messages import Describe
+from tests import editor_like_server as editor_like
 from tests.helpers import (
     answered,
+    config,
     incoming_answered,
     publish_received,
     running_lobby,
+    scripted,
     send_incoming,
     texts,
+    wait_trace,
     without_notices,
 )
 
@@ -44,48 +49,29 @@ async def test_channels_per_server_cap_refuses_per_item(
             assert "lobby:#x1" not in listed["content"][0]["text"]
 
 
-async def test_pre_readiness_buffer_cap_refuses_the_overflow(
+async def test_requests_before_the_policy_is_decided_wait_within_a_cap(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(actors.link.io, "PRE_READY_CAP", 3)
+    """Five pings sent before the server answers ``initialize`` (so before the host can decide
+    its policy): the two past the cap are refused at once; the three held are answered once the
+    policy is decided, while the server, waiting for them, reads nothing else (the host's
+    ``featureSets/update`` waits unanswered meanwhile)."""
+    monkeypatch.setattr(actors.link.io, "EARLY_CAP", 3)
+    agents = [{"name": "Ada", "model": scripted(tmp_path, "ada", "")}]
+    servers = [editor_like.server_config("--early-pings", "5")]
     with trio.fail_after(60):
-        async with running_lobby(
-            tmp_path, {"Ada": ""}, "--fsu-mode", "never", request_timeout_s=3, wait_ready=False
-        ) as lb:
-            ctl = lb.ctl
-            await ctl.wait_for(
-                lambda e: (
-                    e["event"] == "received" and e["message"].get("method") == "featureSets/update"
-                ),
-                "update sent",
-            )
-            for i in range(5):  # all before the connection is ready
-                ping = {"jsonrpc": "2.0", "id": f"early{i}", "method": "ping"}
-                ctl.send({"cmd": "raw", "message": ping})
-            answers = []
-            for i in range(5):
-                event = await ctl.wait_for(
-                    lambda e, i=i: (
-                        e["event"] == "response" and e["request"].get("id") == f"early{i}"
-                    ),
-                    f"answer to early{i}",
-                )
-                answers.append(event["response"])
-            # the lobby's channels/register and two pings waited for readiness (the cap is 3);
-            # the three pings past the cap were refused at once, the others when the
-            # handshake failed (the update is never answered): every one with -32002
-            assert [a["error"]["code"] for a in answers] == [-32002] * 5
-            assert "not ready" in answers[2]["error"]["message"]
-            refusal = {"capability": "channels.register"}
-            await ctl.wait_for(  # the lobby's register, refused the same way
-                lambda e: (
-                    e["event"] == "received"
-                    and e["message"].get("error", {}).get("data") == refusal
-                    and e["message"]["error"]["code"] == -32002
-                ),
-                "the register refused",
-            )
-            await lb.host.run_until_idle()
+        async with Host.open(config(tmp_path, servers, agents)) as host:
+            stream = host.trace(kinds={"server-log"})
+            lines: list[str] = []
+            while not lines or "register" not in lines[-1]:
+                event = await wait_trace(stream, lambda e: "[editor] " in e.data["line"], "a log")
+                lines.append(event.data["line"].removeprefix("[editor] "))
+    refused = [f"early{n}: -32002 connection not ready; retry later" for n in (3, 4)]
+    answered = [f"early{n}: answered" for n in range(3)]
+    registered = (
+        "channels/register answered: {'results': [{'id': 'editor:#notes', 'accepted': True}]}"
+    )
+    assert lines == [*refused, *answered, registered]
 
 
 async def test_publish_receipts_are_forgotten_oldest_first(

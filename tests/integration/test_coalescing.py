@@ -418,7 +418,7 @@ async def test_a_rendered_reference_is_stubbed_and_bound_to_the_pushing_server(
             agents = [{"name": "Ada", "model": scripted(tmp_path, "ada", "")}]
             async with Host.open(config(tmp_path, servers, agents)) as host:
                 ctl = await listener.accept()
-                await ready(ctl)
+                await ready(ctl, host)
                 extra: dict[str, Any] = {}
                 if scoped:
                     mark = ctl.mark()

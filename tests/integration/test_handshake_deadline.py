@@ -2,10 +2,11 @@
 
 A websocket server (``tests.blocking_server``) sends ``channels/register`` right after
 ``notifications/initialized`` and reads nothing else until it is answered, so it never reads
-our ``featureSets/update`` until then. The host refuses the buffered register with -32002 long
-before the server gives up (30 s): the server answers the update, retries, and an agent
-converses in the channel. A server that never answers the handshake at all fails the link,
-which is reopened after the backoff.
+our ``featureSets/update`` until then. The grant that update announces is in force from the
+moment it is sent (host-first), so the register is judged under it and accepted at once: the
+server reads the update, answers it, and an agent converses in the channel, with no refusal and
+no reconnect. A server that never answers the handshake at all fails the link, which is
+reopened after the backoff.
 """
 
 from __future__ import annotations
@@ -22,12 +23,13 @@ import trio.testing
 
 from actors import Host
 from actors.config import ServerConfig
-from actors.link.io import PRE_READY_WAIT_S
+from actors.link.io import EARLY_WAIT_S
 from actors.link.run import HANDSHAKE_WORK_S
+from actors.messages import Call
 from actors.trace import TraceEvent
 from actors.transcript.lines import format_event
 from tests.blocking_server import ROOM, BlockingServer
-from tests.helpers import config, scripted
+from tests.helpers import config, host_ready, scripted
 from tests.vector_server import MemoryTransport
 
 HELLO = '[[rules]]\nwhen = "(?i)hello"\nsay = "hi una"\n'
@@ -53,15 +55,13 @@ async def test_a_server_blocked_on_its_own_register_is_answered_and_served(
             agents = [{"name": "Ada", "model": scripted(tmp_path, "ada", HELLO)}]
             async with Host.open(config(tmp_path, [server.server_config()], agents)) as host:
                 trace = host.ctx.trace.subscribe_nowait()
-                # a stuck handshake is not work: this returns long before the server gives up
                 await host.run_until_idle()
                 assert not server.gave_up
                 await server.registered.wait()
                 assert not server.gave_up  # unblocked by our answer, not by its own timeout
-                first, retried = server.register_answers
-                assert first["error"]["code"] == -32002
-                assert first["error"]["data"] == {"capability": "channels.register"}
-                assert retried["result"]["results"] == [{"id": ROOM, "accepted": True}]
+                (first,) = server.register_answers  # accepted the first time: no retry
+                assert first["result"]["results"] == [{"id": ROOM, "accepted": True}]
+                await host_ready(host, "block")  # the handshake goes on after the register
                 await server.say(ROOM, "m1", "hello Ada")
                 await server.publish_seen.wait()
                 await host.run_until_idle()
@@ -71,19 +71,14 @@ async def test_a_server_blocked_on_its_own_register_is_answered_and_served(
                 lines = [format_event(e) for e in drain(trace)]
             nursery.cancel_scope.cancel()
     shown = [line for line in lines if line]
-    refused = (
-        "! block: refused channels/register (-32002): connection not ready; retry later"
-        " (capability channels.register)"
-    )
     order = [
-        refused,
+        f"· block registered {ROOM} (#room)",  # while the handshake waits for the receipt
         "· block ready: MCPL; noop",
-        f"· block registered {ROOM} (#room)",
         f"block {ROOM} | una: hello Ada",
         f"block {ROOM} | Ada → hi una",
     ]
     assert [line for line in shown if line in order] == order
-    assert not any("disconnected" in line for line in shown)
+    assert not any("disconnected" in line or "refused" in line for line in shown)
 
 
 # -- a server that never answers ----------------------------------------------------------------
@@ -141,7 +136,7 @@ async def test_a_handshake_past_its_deadline_fails_and_is_retried_after_the_back
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(settle)
                 await trio.testing.wait_all_tasks_blocked()
-                mock_clock.jump(max(HANDSHAKE_WORK_S, PRE_READY_WAIT_S))
+                mock_clock.jump(max(HANDSHAKE_WORK_S, EARLY_WAIT_S))
                 with trio.fail_after(1):  # long before the handshake's deadline
                     await idle.wait()
             # idle while the handshake is stuck, before its deadline
@@ -176,3 +171,69 @@ async def test_a_handshake_past_its_deadline_fails_and_is_retried_after_the_back
             while again.kind != "connecting":
                 again = await trace.receive()
             assert again.data["attempt"] == 2 and silent.opened == 2
+
+
+# -- a call made while the handshake finishes ----------------------------------------------------
+
+
+class ByHand:
+    """A server the test plays message by message over memory channels."""
+
+    def __init__(self) -> None:
+        self.to_host, self._from_server = trio.open_memory_channel[str](100)
+        self._to_server, self.from_host = trio.open_memory_channel[str](100)
+
+    @asynccontextmanager
+    async def open_transport(self, cfg: ServerConfig, on_stderr: Any) -> AsyncIterator[Any]:
+        yield MemoryTransport(self._to_server, self._from_server)
+
+    def send(self, message: dict[str, Any]) -> None:
+        self.to_host.send_nowait(json.dumps({"jsonrpc": "2.0", **message}))
+
+    async def receive(self, method: str | None = None) -> dict[str, Any]:
+        """The host's next message (a request or notification of ``method``, if given)."""
+        message: dict[str, Any] = json.loads(await self.from_host.receive())
+        assert message.get("method") == method, message
+        return message
+
+
+async def test_a_call_made_while_the_handshake_finishes_waits_for_its_end(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The policy is in force once its update is sent, so the server's messages are served (and
+    may be answered by an agent) before the handshake is over; a call made meanwhile is sent
+    once the link is ready, never refused as "not connected"."""
+    hand = ByHand()
+    monkeypatch.setattr("actors.link.connection.open_transport", hand.open_transport)
+    agents = [{"name": "Ada", "model": scripted(tmp_path, "ada", "")}]
+    manifest = {"version": "0.5", "channels": {"register": True, "publish": True}}
+    caps = {"tools": {}, "experimental": {"mcpl": manifest}}
+    answers: list[Any] = []
+    with trio.fail_after(60):
+        async with Host.open(config(tmp_path, [{"id": "hand", "command": ["x"]}], agents)) as host:
+            init = await hand.receive("initialize")
+            hand.send(
+                {
+                    "id": init["id"],
+                    "result": {"protocolVersion": "2024-11-05", "capabilities": caps},
+                }
+            )
+            await hand.receive("notifications/initialized")
+            update = await hand.receive("featureSets/update")
+            conn = host.ctx.connections["hand"]
+
+            async def call() -> None:
+                answers.append(
+                    await conn.ask(Call(method="tools/call", params={"name": "t"}), timeout=60)
+                )
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(call)
+                await trio.testing.wait_all_tasks_blocked()
+                assert answers == []  # it waits: not refused, not sent
+                hand.send({"id": update["id"], "result": {"accepted": True}})
+                listing = await hand.receive("tools/list")
+                hand.send({"id": listing["id"], "result": {"tools": [{"name": "t"}]}})
+                sent = await hand.receive("tools/call")
+                hand.send({"id": sent["id"], "result": {"content": []}})
+    assert answers == [{"content": []}]

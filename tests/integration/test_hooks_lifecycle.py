@@ -294,8 +294,8 @@ async def test_silent_hook_server_delays_only_its_agent_and_fails_open(tmp_path:
                 stream = h.trace()
                 slow = await l_slow.accept()
                 quick = await l_quick.accept()
-                await ready(slow)
-                await ready(quick)
+                await ready(slow, h, "slow")
+                await ready(quick, h, "quick")
                 slow.send({"cmd": "hook", "mode": "never"})
                 await slow.wait_for(lambda e: e["event"] == "hook_mode", "hook mode set")
 

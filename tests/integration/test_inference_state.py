@@ -100,8 +100,8 @@ async def lobbies(
         host = await stack.enter_async_context(Host.open(cfg))
         for sid, listener in listeners.items():
             ctls[sid] = await listener.accept()
-        for ctl in ctls.values():
-            await ready(ctl)
+        for sid, ctl in ctls.items():
+            await ready(ctl, host, sid)
         yield host, ctls
 
 
@@ -640,7 +640,7 @@ async def test_a_checkpoint_the_restarted_server_lost_is_reported_per_server(
             lb.ctl.send({"cmd": "crash"})
             await wait_trace(lb.stream, lambda e: e.kind == "disconnected", "the crash")
             second = await lb.listener.accept(timeout=60)
-            await ready(second)  # a new process: its notebook is empty
+            await ready(second, host)  # a new process: its notebook is empty
             before = without_notices(host.history("Ada"))
             to = recorded_at(before, "cp-1")
             later = later_ids(host.history("Ada"), to)
@@ -712,7 +712,7 @@ async def test_cli_rollback_prints_the_outcome_and_refuses_unknown_ids(tmp_path:
             cfg = toml_config(tmp_path, listener.address)
             async with Host.open(cfg) as host:
                 ctl = await listener.accept()
-                await ready(ctl)
+                await ready(ctl, host)
                 for i, word in enumerate(("alpha", "beta"), 1):
                     await add_note(host, ctl, word, f"n{i}")
                 everything = host.history("Ada")

@@ -50,7 +50,7 @@ async def kit_host(
         async with Host.open(config(tmp_path, [server], agent_configs(tmp_path, agents))) as host:
             ctl = await listener.accept()
             async with ctl:
-                await ready(ctl)
+                await ready(ctl, host)
                 yield host, ctl
 
 

@@ -157,8 +157,8 @@ async def test_pending_speech_parks_only_its_own_agent(tmp_path: Path) -> None:
                 stream = h.trace()
                 slow = await l_slow.accept()
                 quick = await l_quick.accept()
-                await ready(slow)
-                await ready(quick)
+                await ready(slow, h, "slow")
+                await ready(quick, h, "quick")
 
                 async def b_turn(word: str) -> None:
                     send_incoming(quick, "lobby:#general", f"b-{word}", word)

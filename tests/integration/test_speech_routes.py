@@ -180,8 +180,8 @@ async def test_a_draft_resends_through_the_server_its_label_names(
             ) as host:
                 stream = host.trace()
                 one, two = await la.accept(), await lb_.accept()
-                await ready(one)
-                await ready(two)
+                await ready(one, host, "one")
+                await ready(two, host, "two")
                 await register(one, channel("shared", "alpha", capabilities=ROOT))
                 await register(two, channel("shared", "beta", capabilities=ROOT))
                 # an unscoped push wakes Ada: no conversation to answer, so the reply is a draft

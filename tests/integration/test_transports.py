@@ -47,7 +47,7 @@ async def test_websocket_server_with_token(tmp_path: Path) -> None:
                 )
                 async with Host.open(cfg) as host:
                     ctl = await listener.accept()
-                    await ready(ctl)
+                    await ready(ctl, host)
                     send_incoming(ctl, "lobby:#general", "w1", "hello ws")
                     await ctl.wait_for(publish_received(), "reply over websocket")
                     await host.run_until_idle()
