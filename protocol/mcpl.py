@@ -78,12 +78,22 @@ def _covered(prefix: str) -> set[str]:
     return {p for p in VOCABULARY if p == prefix or p.startswith(dotted)}
 
 
+#: The 0.4 name (``channels: {observe: true}``, ``uses: ["channels.observe"]``) of the server's
+#: channel messages to the host, which 0.5 calls ``channels.incoming`` (RFC-002 renamed it:
+#: ``channels/incoming`` is content injection, not observation). A 0.4 server such as
+#: mcpl-editor still sends it; it is read as the 0.5 path, with a diagnostic for the uses.
+OBSERVE_04 = "observe"
+INCOMING = "channels.incoming"
+OBSERVE_PATH_04 = "channels.observe"
+
+
 def advertised_paths(manifest: Any, mcp_capabilities: Any = None) -> frozenset[str]:
     """The recursive advertisement walk (SPEC §5.1).
 
     ``true`` covers every vocabulary leaf beneath its node; an object is descended into and also
     advertises its own node when that node is a path; anything else covers nothing. ``tools``
-    comes only from MCP's outer ``capabilities.tools``.
+    comes only from MCP's outer ``capabilities.tools``. A 0.4 ``channels.observe: true``
+    advertises ``channels.incoming`` (:data:`OBSERVE_04`).
     """
     found: set[str] = set()
 
@@ -104,6 +114,9 @@ def advertised_paths(manifest: Any, mcp_capabilities: Any = None) -> frozenset[s
             if isinstance(key, str) and key and key not in ("featureSets", "tools"):
                 walk(key, child, 1)
     found.discard("tools")
+    channels = manifest.get("channels") if isinstance(manifest, Mapping) else None
+    if isinstance(channels, Mapping) and channels.get(OBSERVE_04) is True:
+        found.add(INCOMING)  # the 0.4 name of what 0.5 calls channels.incoming
     if isinstance(mcp_capabilities, Mapping) and mcp_capabilities.get("tools") not in (
         None,
         False,
@@ -157,7 +170,12 @@ def declared_feature_sets(manifest: Any) -> DeclaredSets:
         uses: tuple[str, ...] = ()
         if isinstance(uses_raw, list):
             if all(isinstance(u, str) for u in uses_raw):
-                uses = tuple(uses_raw)
+                uses = tuple(INCOMING if u == OBSERVE_PATH_04 else u for u in uses_raw)
+                if OBSERVE_PATH_04 in uses_raw:
+                    notes.append(
+                        f"feature set {name!r} uses {OBSERVE_PATH_04!r}, the 0.4 name of "
+                        f"{INCOMING!r}; read as {INCOMING}"
+                    )
             else:
                 # An entry that is not a path is an unknown value: the set fails closed (§6.4).
                 notes.append(f"feature set {name!r}: uses holds a non-string; the set is unusable")

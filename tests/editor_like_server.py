@@ -3,8 +3,10 @@ nothing else until that request is answered, as the public mcpl-editor does:
 ``python -m tests.editor_like_server [--greet] [--early-pings N] [--silent-launches N
 --launches PATH]``.
 
-1. It answers ``initialize`` (channels ``register``/``incoming``/``publish`` in one feature set,
-   ``editor.notes``, and MCP tools), then at once sends ``channels/register`` for
+1. It answers ``initialize`` as mcpl-editor does (channels ``register``/``observe``/``publish``,
+   ``observe`` being the 0.4 name of ``incoming``, in one feature set, ``editor.notes``; a set
+   ``editor.observe`` using ``stateUpdate``, which MCPL never had; and MCP tools), then at
+   once sends ``channels/register`` for
    ``editor:#notes``.
 2. Until that request is answered it serves nothing: what the host sends meanwhile
    (``notifications/initialized``, ``featureSets/update``) is only kept. An error answer ends it
@@ -41,14 +43,22 @@ from typing import Any
 from tests.stdio_wire import receive, send
 
 ROOM = "editor:#notes"
+# as mcpl-editor 0.1.1 declares itself: "0.5", but with the 0.4 name of channels.incoming
+# (``observe``), and a set that uses a capability MCPL never had (``stateUpdate``)
 MANIFEST = {
     "version": "0.5",
-    "channels": {"register": True, "incoming": True, "publish": True},
+    "pushEvents": True,
+    "stateUpdate": True,
+    "channels": {"register": True, "publish": True, "observe": True},
     "featureSets": {
         "editor.notes": {
             "description": "Notes on the open files.",
-            "uses": ["channels.register", "channels.incoming", "channels.publish"],
-        }
+            "uses": ["channels.register", "channels.observe", "channels.publish"],
+        },
+        "editor.observe": {
+            "description": "Document changes.",
+            "uses": ["pushEvents", "stateUpdate"],
+        },
     },
 }
 CHANNEL = {

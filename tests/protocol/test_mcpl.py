@@ -98,11 +98,24 @@ def test_anything_but_true_or_an_object_covers_nothing(value: Any) -> None:
     assert advertised_paths(manifest) == frozenset()
 
 
+def test_the_04_name_of_channels_incoming_advertises_it_and_nothing_more() -> None:
+    # mcpl-editor (which says "0.5") still advertises and uses the 0.4 name ``observe``
+    assert advertised_paths({"channels": {"observe": True}}) == {"channels.incoming"}
+    assert advertised_paths({"channels": {"observe": 1}}) == frozenset()
+    declared = declared_feature_sets(
+        {"featureSets": {"e.chat": {"uses": ["channels.publish", "channels.observe"]}}}
+    )
+    assert declared.sets["e.chat"].uses == ("channels.publish", "channels.incoming")
+    assert declared.diagnostics == (
+        "feature set 'e.chat' uses 'channels.observe', the 0.4 name of 'channels.incoming'; "
+        "read as channels.incoming",
+    )
+
+
 @pytest.mark.parametrize(
     "manifest",
     [
         {"contextHooks": {"afterInference": True}},
-        {"channels": {"observe": True}},
         {"memory": True},
         {"memory": {"pushEvents": True}},
         {"featureSets": {"pushEvents": True}},
