@@ -159,7 +159,7 @@ def test_check_reports_the_grant_for_a_manifest_file(tmp_path: Path) -> None:
                 "featureSets": {
                     "lobby.chat": {"description": "", "uses": ["channels.register"]},
                     "lobby.events": {"description": "", "uses": ["pushEvents"]},
-                    "lobby.old": {"description": "", "uses": ["channels.observe"]},
+                    "lobby.old": {"description": "", "uses": ["contextHooks.afterInference"]},
                 },
             }
         ),
