@@ -20,8 +20,9 @@ import attrs
 
 from protocol import grants
 from protocol.addresses import address_problem
+from protocol.addressing import MAX_ALIAS, MAX_ALIASES
 from protocol.declarations import TAGGED_CAPABILITIES
-from protocol.gate import GateConfig, GateConfigError, parse_gate
+from protocol.gate import PRESETS, GateConfig, GateConfigError, parse_gate, preset
 from protocol.mcpl import FeatureSet
 from protocol.redact import Redactor
 from protocol.uri import McplUriError, parse_endpoint
@@ -104,6 +105,10 @@ class AgentConfig:
     gate: Path | None = None
     #: the gate file's policies as read with the config (None: read them when the agent starts)
     gate_policy: GateConfig | None = attrs.field(default=None, eq=False, repr=False)
+    #: the built-in gate preset named by ``gate`` (such as ``"community"``); None: a file or none
+    gate_preset: str | None = None
+    #: other names that address the agent in a message (besides its own)
+    aliases: tuple[str, ...] = ()
     context_tokens: int = 60_000
     max_tokens: int = DEFAULT_MAX_TOKENS  # the most a reply may take
     temperature: float | None = None  # None: the provider's default
@@ -609,15 +614,20 @@ def _agent(i: int, a: Mapping[str, Any], base: Path, problems: list[str]) -> Age
     gate = a.get("gate")
     gate_path = None
     gate_policy = None
+    gate_preset = None
     if gate is not None:
         if not isinstance(gate, str):
-            problems.append(f"{where}.gate: must be a path string")
+            problems.append(f"{where}.gate: must be a path string or a preset name")
+        elif gate in PRESETS:
+            gate_preset = gate
+            gate_policy = preset(gate)
         else:
             gate_path = (base / gate).resolve()
             try:
                 gate_policy = load_gate(gate_path)
             except ConfigError as exc:
                 problems.append(f"{where}.gate: {exc}")
+    aliases = _aliases(where, a.get("aliases"), problems)
     summary_model = _summary_model(where, a.get("summary_model"), model, endpoint, base, problems)
     images = a.get("images", True)
     if not isinstance(images, bool):
@@ -638,12 +648,31 @@ def _agent(i: int, a: Mapping[str, Any], base: Path, problems: list[str]) -> Age
         prose_mode=mode,
         gate=gate_path,
         gate_policy=gate_policy,
+        gate_preset=gate_preset,
+        aliases=aliases,
         context_tokens=context_tokens,
         summary_model=summary_model,
         images=images,
         **endpoint,
         **sampling,
     )
+
+
+def _aliases(where: str, value: Any, problems: list[str]) -> tuple[str, ...]:
+    """The agent's checked ``aliases``: at most ``MAX_ALIASES`` non-blank strings."""
+    if value is None:
+        return ()
+    if (
+        not isinstance(value, list)
+        or len(value) > MAX_ALIASES
+        or not all(isinstance(v, str) and v.strip() and len(v) <= MAX_ALIAS for v in value)
+    ):
+        problems.append(
+            f"{where}.aliases: must be a list of at most {MAX_ALIASES} names "
+            f"(each 1 to {MAX_ALIAS} characters)"
+        )
+        return ()
+    return tuple(v.strip() for v in value)
 
 
 def _summary_model(

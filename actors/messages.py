@@ -218,6 +218,9 @@ class Wake:
     author_id: str | None = None  # the author's id, as the server gave it
     # the agents whose posts this server echoed under this author (``protocol.loops``)
     own_of: frozenset[str] = frozenset()
+    # the agents whose messages this item replies to or threads under (their receipts)
+    replies_to: frozenset[str] = frozenset()
+    direct: bool = False  # it came in a direct message channel
     place: str | None = None  # where prose may go (as ``ChannelInfo.place``)
     registered: bool = True
     deferred: bool = False  # an RFC-006 deferred notice: its batch is rendered at assembly

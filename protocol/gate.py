@@ -877,3 +877,34 @@ class WakeBuffer(Generic[T]):
     @property
     def overflow(self) -> bool:
         return self._overflow
+
+
+# --- presets ------------------------------------------------------------------------------
+
+#: The ``community`` preset (``gate = "community"`` in an agent's config), in the policy
+#: language: pushes wake; a channel item wakes only when it addresses the agent (the host sets
+#: the event's ``addressed`` metadata: a mention of its name or an alias, a reply to one of its
+#: messages, a server's ``chat:addressed`` tag, or a direct message channel). Everything else
+#: is stored without a wake and read at the agent's next turn.
+COMMUNITY_GATE_TOML: Final = """\
+default = "skip"
+
+[[policies]]
+name = "pushes"
+match = { scope = ["push"] }
+behavior = "always"
+
+[[policies]]
+name = "addressed"
+match = { metadata_true = ["addressed"] }
+behavior = "always"
+"""
+
+#: The built-in presets by name, as their policy files read.
+PRESETS: Final = {"community": COMMUNITY_GATE_TOML}
+
+
+def preset(name: str) -> GateConfig | None:
+    """The built-in preset called ``name``, or None when there is none."""
+    text = PRESETS.get(name)
+    return None if text is None else parse_gate(text, "toml")

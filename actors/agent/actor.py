@@ -179,7 +179,9 @@ class AgentActor(Actor):
         self.drafts = Drafts(ctx, cfg.name)
         self._settling = 0
         self._parked = False
-        self.gate = WakeGate(cfg.gate, self.trace, self._wake_self, cfg.gate_policy)
+        self.gate = WakeGate(
+            cfg.gate, self.trace, self._wake_self, cfg.gate_policy, (cfg.name, *cfg.aliases)
+        )
         self._publish_status()
 
     async def on_start(self) -> None:
@@ -387,7 +389,7 @@ class AgentActor(Actor):
         re-read now. True when the gate's policies changed."""
         self.cfg = cfg
         self.system = cfg.system_prompt or DEFAULT_PROMPT.format(name=cfg.name)
-        return self.gate.reconfigure(cfg.gate, cfg.gate_policy)
+        return self.gate.reconfigure(cfg.gate, cfg.gate_policy, (cfg.name, *cfg.aliases))
 
     def _resume(self) -> bool:
         if self.paused is None:

@@ -22,6 +22,7 @@ from actors.config import load_gate
 from actors.errors import ConfigError
 from actors.messages import Wake
 from actors.reload import OffLoop, SlowRead
+from protocol.addressing import addresses
 from protocol.gate import Gate, GateConfig, GateEvent
 
 #: How often (in seconds of the host's clock) the gate file's modification time is checked.
@@ -58,10 +59,13 @@ class WakeGate:
         trace: Callable[..., Any],
         wake: Callable[[Wake], None],
         policy: GateConfig | None = None,
+        names: tuple[str, ...] = (),
     ) -> None:
-        """``policy`` is the file's content as the config read it; without it (an
-        ``AgentConfig`` built by hand) the file is read here."""
+        """``policy`` is the file's content as the config read it (or a built-in preset,
+        with no file); without it (an ``AgentConfig`` built by hand) the file is read here.
+        ``names``: the agent's name and aliases, which address it in a message."""
         self.path = path
+        self.names = names
         self._mtime = _mtime(path)
         if policy is None and path is not None:
             policy = load_gate(path)
@@ -86,7 +90,7 @@ class WakeGate:
             text=wake.text,
             tags=wake.tags,
             author=wake.author,
-            metadata={"addressed": wake.addressed},
+            metadata={"addressed": self.addresses(wake)},
             item=wake.occurrence,
         )
         decision = self.gate.decide(event, now)
@@ -102,6 +106,17 @@ class WakeGate:
         if decision.due is not None:
             self._timer_changed.set()
         return False
+
+    def addresses(self, wake: Wake) -> bool:
+        """Whether a channel item addresses this agent (``protocol.addressing``)."""
+        if wake.addressed or wake.direct:
+            return True
+        if not self.names:
+            return False
+        agent, *aliases = self.names
+        return addresses(
+            aliases, agent=agent, text=wake.text, replies_to=wake.replies_to, direct=wake.direct
+        )
 
     def withdraw(self, occurrence: str) -> bool:
         """Drop a withdrawn occurrence from a debounce batch; whether one held it."""
@@ -145,14 +160,18 @@ class WakeGate:
         self._timer_changed.set()
         return True
 
-    def reconfigure(self, path: Path | None, policy: GateConfig | None) -> bool:
+    def reconfigure(
+        self, path: Path | None, policy: GateConfig | None, names: tuple[str, ...] | None = None
+    ) -> bool:
         """A config reload: the policies it read from the gate file (a new one, or the same one
-        changed on disk) are put in force; no file drops every policy. True when the policies
-        changed."""
+        changed on disk) or the preset it names are put in force; neither drops every policy.
+        True when the policies changed."""
         self.path = path
+        if names is not None:
+            self.names = names
         self._mtime = None  # the watch reads the file again: it may change after the config read
         if path is None:
-            return self._apply(GateConfig())
+            return self._apply(policy if policy is not None else GateConfig())
         return self._apply(policy if policy is not None else load_gate(path))
 
     def _batch(self, batch: Any) -> None:

@@ -55,6 +55,7 @@ from actors.messages import (
     Unregister,
 )
 from actors.references.registry import resolve_references
+from protocol.addressing import is_direct
 from protocol.content import ContentError, convert_blocks
 from protocol.echoes import EchoWatch
 from protocol.errors import INVALID_PARAMS, RpcError
@@ -368,8 +369,15 @@ class ChannelActor(Actor):
             addressed=addressed,
             blocks=blocks,
             own_of=self._own.agents(env.author_id),
+            replies_to=self._replied_agents(env.reply_to, env.thread_id),
+            direct=is_direct(self.descriptor.type if self.descriptor is not None else None),
         )
         return Append(records=records, dedupe=env.dedupe), tuple(body), wakes, env.author
+
+    def _replied_agents(self, reply_to: str | None, thread_id: str | None) -> frozenset[str]:
+        """The agents who wrote the message an item replies to or the thread it is in."""
+        found = (self._receipts.get(m) for m in (reply_to, thread_id) if m is not None)
+        return frozenset(a for a in found if a is not None)
 
     def _note_subject(self, key: str, thread_id: str | None, message_id: str | None) -> None:
         """Remember where an RFC-006 subject lives (its corrections are delivered there)."""

@@ -237,10 +237,13 @@ def wakes_of(
     addressed: bool,
     blocks: list[dict[str, Any]],
     own_of: frozenset[str] = frozenset(),
+    replies_to: frozenset[str] = frozenset(),
+    direct: bool = False,
 ) -> tuple[tuple[str, Wake], ...]:
     """Who one item wakes: nobody for what the host itself published (``echo``); in a closed
     channel only those it is ``addressed`` to. ``own_of``: the agents whose posts the server
-    echoed under this item's author (each agent's wake decides what that means for it)."""
+    echoed under this item's author (each agent's wake decides what that means for it);
+    ``replies_to``: the agents whose messages it answers; ``direct``: a direct message channel."""
     if echo:
         return ()
     woken = [agent for agent in hearers if addressed or agent in view.open]
@@ -259,6 +262,8 @@ def wakes_of(
         author=env.author or None,
         author_id=env.author_id or None,
         own_of=own_of,
+        replies_to=replies_to,
+        direct=direct,
         place=view.place,
         registered=view.registered,
         occurrence=env.meta.get("occurrence"),

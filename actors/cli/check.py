@@ -14,7 +14,13 @@ from typing import Any
 
 import trio
 
-from actors.config import ConfigErrors, ServerConfig, data_dir_problem, load_config
+from actors.config import (
+    AgentConfig,
+    ConfigErrors,
+    ServerConfig,
+    data_dir_problem,
+    load_config,
+)
 from actors.datadir import holder
 from actors.errors import ConfigError
 from protocol.display import one_line
@@ -85,6 +91,7 @@ def cmd_check(args: argparse.Namespace) -> int:
             f"  agent {a.name}: {a.model}{endpoint}; hears {hears}; "
             f"{a.context_tokens:,} context tokens, {folds[a.name]}"
         )
+        print(f"  agent {a.name}: {wakes_line(a)}")
     status = 0
     for sid, path in manifests.items():
         server = next(s for s in cfg.servers if s.id == sid)
@@ -92,6 +99,26 @@ def cmd_check(args: argparse.Namespace) -> int:
     if args.connect:
         status |= trio.run(_report_connect, cfg)
     return status
+
+
+def wakes_line(a: AgentConfig) -> str:
+    """What wakes the agent, in one line: its gate preset, its gate file, or everything."""
+    if a.gate_preset == "community":
+        aliases = f", aliases: {', '.join(a.aliases)}" if a.aliases else ""
+        return (
+            "wakes on pushes, direct messages and messages addressing it "
+            f"({a.name}, @{a.name}{aliases}, replies to it); "
+            "other chatter is stored for its next turn"
+        )
+    if a.gate is not None:
+        policy = a.gate_policy
+        if policy is None:
+            return f"wakes as its gate file {a.gate} says"
+        return (
+            f"wakes as its gate file {a.gate} says ({len(policy.policies)} "
+            f"polic{'y' if len(policy.policies) == 1 else 'ies'}, default {policy.default})"
+        )
+    return 'wakes on every item it hears (no gate; gate = "community" wakes on less)'
 
 
 def command_problem(server: ServerConfig) -> str | None:
