@@ -58,13 +58,17 @@ def addresses(
     tags: Iterable[str] = (),
     replies_to: Collection[str] = (),
     direct: bool = False,
+    others: Iterable[str] = (),
 ) -> bool:
     """Whether an item addresses ``agent`` (whose names, its own and its aliases, are
-    ``names``): a server's tag, a direct channel, a reply to (or a thread under) one of the
-    agent's messages (``replies_to``: the agents whose messages it answers), or a mention."""
-    return (
-        direct
-        or is_addressed(tuple(tags))
-        or agent in replies_to
-        or mentions(text, (agent, *names))
-    )
+    ``names``): a direct channel (or a server's ``chat:dm`` tag), a reply to (or a thread
+    under) one of the agent's messages (``replies_to``: the agents whose messages it answers),
+    a mention, or a server's ``chat:addressed``/``chat:mention`` tag.
+
+    Agents of one host share the server's account, so a server's tag says the account was
+    addressed, not which agent: a tagged item that names one of ``others`` (the names of the
+    host's other agents) and not this agent is theirs, not this agent's."""
+    tags = tuple(tags)
+    if direct or "chat:dm" in tags or agent in replies_to or mentions(text, (agent, *names)):
+        return True
+    return is_addressed(tags) and not mentions(text, others)

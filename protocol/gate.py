@@ -882,12 +882,18 @@ class WakeBuffer(Generic[T]):
 # --- presets ------------------------------------------------------------------------------
 
 #: The ``community`` preset (``gate = "community"`` in an agent's config), in the policy
-#: language: pushes wake; a channel item wakes only when it addresses the agent (the host sets
-#: the event's ``addressed`` metadata: a mention of its name or an alias, a reply to one of its
-#: messages, a server's ``chat:addressed`` tag, or a direct message channel). Everything else
-#: is stored without a wake and read at the agent's next turn.
+#: language: pushes wake, except those their server tags ``chat:ambient``; a channel item wakes
+#: only when it addresses the agent (the host sets the event's ``addressed`` metadata: a mention
+#: of its name or an alias, a reply to one of its messages, a server's ``chat:addressed`` tag, or
+#: a direct message channel). Everything else is stored without a wake and read at the agent's
+#: next turn.
 COMMUNITY_GATE_TOML: Final = """\
 default = "skip"
+
+[[policies]]
+name = "ambient-pushes"
+match = { scope = ["push"], tags_any = ["chat:ambient"] }
+behavior = "skip"
 
 [[policies]]
 name = "pushes"

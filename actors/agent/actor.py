@@ -180,7 +180,7 @@ class AgentActor(Actor):
         self._settling = 0
         self._parked = False
         self.gate = WakeGate(
-            cfg.gate, self.trace, self._wake_self, cfg.gate_policy, (cfg.name, *cfg.aliases)
+            cfg.gate, self.trace, self._wake_self, cfg.gate_policy, *self._names(cfg)
         )
         self._publish_status()
 
@@ -389,7 +389,14 @@ class AgentActor(Actor):
         re-read now. True when the gate's policies changed."""
         self.cfg = cfg
         self.system = cfg.system_prompt or DEFAULT_PROMPT.format(name=cfg.name)
-        return self.gate.reconfigure(cfg.gate, cfg.gate_policy, (cfg.name, *cfg.aliases))
+        return self.gate.reconfigure(cfg.gate, cfg.gate_policy, *self._names(cfg))
+
+    def _names(self, cfg: AgentConfig) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """The agent's name and aliases, and those of the host's other agents."""
+        others = tuple(
+            n for a in self.ctx.config.agents if a.name != cfg.name for n in (a.name, *a.aliases)
+        )
+        return (cfg.name, *cfg.aliases), others
 
     def _resume(self) -> bool:
         if self.paused is None:

@@ -60,12 +60,15 @@ class WakeGate:
         wake: Callable[[Wake], None],
         policy: GateConfig | None = None,
         names: tuple[str, ...] = (),
+        others: tuple[str, ...] = (),
     ) -> None:
         """``policy`` is the file's content as the config read it (or a built-in preset,
         with no file); without it (an ``AgentConfig`` built by hand) the file is read here.
-        ``names``: the agent's name and aliases, which address it in a message."""
+        ``names``: the agent's name and aliases, which address it in a message; ``others``:
+        those of the host's other agents."""
         self.path = path
         self.names = names
+        self.others = others
         self._mtime = _mtime(path)
         if policy is None and path is not None:
             policy = load_gate(path)
@@ -109,13 +112,17 @@ class WakeGate:
 
     def addresses(self, wake: Wake) -> bool:
         """Whether a channel item addresses this agent (``protocol.addressing``)."""
-        if wake.addressed or wake.direct:
-            return True
         if not self.names:
-            return False
+            return wake.addressed or wake.direct
         agent, *aliases = self.names
         return addresses(
-            aliases, agent=agent, text=wake.text, replies_to=wake.replies_to, direct=wake.direct
+            aliases,
+            agent=agent,
+            text=wake.text,
+            tags=wake.tags,
+            replies_to=wake.replies_to,
+            direct=wake.direct,
+            others=self.others,
         )
 
     def withdraw(self, occurrence: str) -> bool:
@@ -161,7 +168,11 @@ class WakeGate:
         return True
 
     def reconfigure(
-        self, path: Path | None, policy: GateConfig | None, names: tuple[str, ...] | None = None
+        self,
+        path: Path | None,
+        policy: GateConfig | None,
+        names: tuple[str, ...] | None = None,
+        others: tuple[str, ...] | None = None,
     ) -> bool:
         """A config reload: the policies it read from the gate file (a new one, or the same one
         changed on disk) or the preset it names are put in force; neither drops every policy.
@@ -169,6 +180,8 @@ class WakeGate:
         self.path = path
         if names is not None:
             self.names = names
+        if others is not None:
+            self.others = others
         self._mtime = None  # the watch reads the file again: it may change after the config read
         if path is None:
             return self._apply(policy if policy is not None else GateConfig())

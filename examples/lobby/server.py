@@ -57,13 +57,13 @@ def log(text: str) -> None:
 PEOPLE = ({"id": "alice", "name": "Alice"}, {"id": "bob", "name": "Bob"})
 #: What they say, in turn, one line a tick; a line that names an agent carries a mention tag.
 SCRIPT_LINES: tuple[tuple[str, list[str]], ...] = (
-    ("hello everyone!", []),
-    ("what's the weather in Paris?", []),
-    ("anyone here?", []),
+    ("hello everyone! hi Ada!", ["chat:mention"]),
+    ("Ada, what's the weather in Paris?", ["chat:mention"]),
+    ("anyone here? Grace?", ["chat:mention"]),
     ("@Ada are you around?", ["chat:mention"]),
     ("I just rolled a 20!", []),
     ("brb, coffee", []),
-    ("@Ada can you roll a die for me?", ["chat:mention"]),
+    ("@Grace can you roll a die for me?", ["chat:mention"]),
 )
 INTERVAL = 2.0  # seconds from one line to the next
 CHIME = "The lobby clock chimes."
@@ -299,7 +299,10 @@ async def say(tick: int) -> None:
         n = next(chimes)
         origin = {"mcplChannelId": channels["general"].id} if n % 2 == 0 else None
         log(f"push: {CHIME}")
-        await server.push_event(CHIME, event_id=f"{RUN}-e{n}", origin=origin)
+        # background news: an agent on the community gate reads it at its next turn
+        await server.push_event(
+            CHIME, event_id=f"{RUN}-e{n}", origin=origin, tags=["chat:ambient"]
+        )
 
 
 async def share_photo() -> None:

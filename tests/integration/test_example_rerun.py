@@ -20,7 +20,7 @@ pytestmark = pytest.mark.slow
 
 SHARED = "| (push) Alice shared a photo of the board game night."
 SKIPPED = "· 1 already-stored item skipped from lobby"
-ALICE = "lobby lobby:#general | Alice: hello everyone!"  # the script's first line
+ALICE = "lobby lobby:#general | Alice: hello everyone! hi Ada!"  # the script's first line
 
 
 def message_ids(data_dir: Path, cwd: Path) -> set[str]:

@@ -93,3 +93,23 @@ def test_the_community_preset_wakes_on_pushes_and_what_addresses_the_agent() -> 
     assert gate.decide(_event(addressed=True), 0.0).wake
     chatter = gate.decide(_event(), 0.0)
     assert not chatter.wake and chatter.behavior == "default"
+
+
+def test_a_server_tag_naming_another_agent_of_the_host_is_theirs() -> None:
+    tags = ("chat:addressed", "chat:mention")
+
+    def grace(text: str) -> bool:
+        return addresses((), agent="Grace", text=text, tags=tags, others=("Ada",))
+
+    assert not grace("@Ada are you around?")
+    assert grace("@Ada and @Grace, hi")
+    assert grace("are you around?")
+    dm = ("chat:addressed", "chat:dm")
+    assert addresses((), agent="Grace", text="tell Ada hi", tags=dm, others=("Ada",))
+
+
+def test_the_community_preset_lets_ambient_pushes_sleep() -> None:
+    config = preset("community")
+    assert config is not None
+    ambient = GateEvent(kind="push", server_id="s", tags=("chat:ambient",))
+    assert not Gate(config).decide(ambient, 0.0).wake
