@@ -300,9 +300,7 @@ async def say(tick: int) -> None:
         origin = {"mcplChannelId": channels["general"].id} if n % 2 == 0 else None
         log(f"push: {CHIME}")
         # background news: an agent on the community gate reads it at its next turn
-        await server.push_event(
-            CHIME, event_id=f"{RUN}-e{n}", origin=origin, tags=["chat:ambient"]
-        )
+        await server.push_event(CHIME, event_id=f"{RUN}-e{n}", origin=origin, tags=["chat:ambient"])
 
 
 async def share_photo() -> None:
