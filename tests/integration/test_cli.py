@@ -83,6 +83,10 @@ def test_check_accepts_the_bundled_example(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stdout + result.stderr
     assert "ok — 1 server(s), 2 agent(s)" in result.stdout
     assert "agent Ada: scripted:" in result.stdout
+    assert (
+        "  agent Grace: wakes on pushes, direct messages and messages addressing it "
+        "(Grace, @Grace, replies to it); other chatter is stored for its next turn"
+    ) in result.stdout.splitlines()
 
 
 def test_check_reports_every_problem_on_one_line_each(tmp_path: Path) -> None:
