@@ -24,6 +24,7 @@ from protocol.addressing import MAX_ALIAS, MAX_ALIASES
 from protocol.declarations import TAGGED_CAPABILITIES
 from protocol.gate import PRESETS, GateConfig, GateConfigError, parse_gate, preset
 from protocol.mcpl import FeatureSet
+from protocol.prices import PRICE_KEYS, Price
 from protocol.redact import Redactor
 from protocol.uri import McplUriError, parse_endpoint
 
@@ -130,6 +131,8 @@ class HostConfig:
     inference_model: str | None = None  # the model for inference requests no route names
     web: str | None = None  # the operator console's address; None: no console
     web_token_env: str | None = None  # the variable holding the console's access token
+    #: ``[prices."model-name"]``: prices over the built-in table (:mod:`protocol.prices`)
+    prices: Mapping[str, Price] = attrs.field(factory=dict)
 
     def server(self, server_id: str) -> ServerConfig | None:
         return next((s for s in self.servers if s.id == server_id), None)
@@ -192,7 +195,7 @@ def unknown_key(where: str, key: str, known: Collection[str], fallback: str) -> 
 
 
 _HOST_KEYS = ("data_dir", "inference_model", "web", "web_token_env")
-_TOP_KEYS = ("host", "servers", "agents")
+_TOP_KEYS = ("host", "servers", "agents", "prices")
 
 
 def load_config(
@@ -236,8 +239,9 @@ def load_config(
     for key in raw:
         if key not in _TOP_KEYS:
             problems.append(
-                unknown_key("", key, _TOP_KEYS, "use [host], [[servers]] or [[agents]]")
+                unknown_key("", key, _TOP_KEYS, "use [host], [[servers]], [[agents]] or [prices]")
             )
+    prices = prices_of(raw.get("prices", {}), problems)
     servers = [
         _server(i, s, base, problems) for i, s in enumerate(_tables(raw, "servers", problems))
     ]
@@ -276,7 +280,27 @@ def load_config(
         inference_model=inference_model,
         web=host.get("web"),
         web_token_env=host.get("web_token_env"),
+        prices=prices,
     )
+
+
+def prices_of(raw: Any, problems: list[str]) -> dict[str, Price]:
+    """``[prices."model-name"]`` tables, each with ``input``, ``output``, ``cache_read`` and
+    ``cache_write`` in US dollars per million tokens."""
+    if not isinstance(raw, Mapping):
+        problems.append('prices: must be a table of models ([prices."model-name"])')
+        return {}
+    found: dict[str, Price] = {}
+    for model, figures in raw.items():
+        where = f'prices."{model}"'
+        if not isinstance(figures, Mapping):
+            problems.append(f"{where}: must be a table with {', '.join(PRICE_KEYS)}")
+            continue
+        try:
+            found[model] = Price.of(figures)
+        except ValueError as exc:
+            problems.append(f"{where}: {exc} (USD per million tokens: {', '.join(PRICE_KEYS)})")
+    return found
 
 
 def _keys(keys: Collection[str]) -> str:

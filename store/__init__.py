@@ -10,7 +10,7 @@ from store.bodytext import body_text, text_matcher
 from store.codec import decode_body, decode_value, encode_body, encode_value
 from store.errors import CorruptRecord, StoreClosed, StoreDamaged, StoreError, StoreFull
 from store.facts import HEADER_FACT, NOTICE_FACT, NOTICE_KIND, facts_of
-from store.reader import Reader, SkippedRecord, StoredRow
+from store.reader import Reader, SkippedRecord, StoredRow, UsageTotal
 from store.records import (
     ROLES,
     Append,
@@ -21,6 +21,7 @@ from store.records import (
     OpResult,
     Outcome,
     PutState,
+    RecordUsage,
     TrimJournal,
 )
 from store.schema import SCHEMA_VERSION
@@ -53,6 +54,7 @@ __all__ = [
     "Outcome",
     "PutState",
     "Reader",
+    "RecordUsage",
     "SkippedRecord",
     "StoreClosed",
     "StoreDamaged",
@@ -60,6 +62,7 @@ __all__ = [
     "StoreFull",
     "StoredRow",
     "TrimJournal",
+    "UsageTotal",
     "WriterStats",
     "body_text",
     "connect",

@@ -6,6 +6,7 @@ left out and reported once (:class:`SkippedRecord`), never raised.
 
 from __future__ import annotations
 
+import math
 import os
 import sqlite3
 import threading
@@ -165,6 +166,7 @@ class Reader:
             raise self._failure(exc) from exc
         self._indexed = version >= 3
         self._items = version >= 4
+        self._ledger = version >= 5
 
     def close(self) -> None:
         with self._lock:
@@ -531,6 +533,13 @@ class Reader:
         table = "message_refs" if self._items else "messages"
         return int(self._query(f"SELECT COUNT(*) FROM {table}")[0][0])
 
+    def usage(self, *, since: float | None = None, agent: str | None = None) -> list[UsageTotal]:
+        """The usage ledger summed by UTC day, agent, model and wake place (server, channel),
+        for the turns recorded at or after ``since`` (seconds since the epoch) of ``agent``
+        (None: every agent). One row per group: as many as there are days, agents, models and
+        places used together, not one per turn."""
+        return _usage_totals(self, since, agent)
+
     def seq_of(self, message_id: str, agent: str | None = None) -> int | None:
         """The seq of the stored message ``message_id`` (of ``agent``, when given); None when
         there is none. One lookup on the id's unique index; the body is not read."""
@@ -538,3 +547,55 @@ class Reader:
         if not rows or (agent is not None and rows[0][1] != agent):
             return None
         return int(rows[0][0])
+
+
+@attrs.frozen(kw_only=True)
+class UsageTotal:
+    """The usage ledger's rows of one UTC day, agent, model and wake place, summed."""
+
+    day: str  # YYYY-MM-DD, UTC
+    agent: str
+    model: str
+    server: str | None
+    channel: str | None
+    turns: int
+    calls: int
+    silent_turns: int
+    failed_turns: int
+    input_tokens: int
+    output_tokens: int
+    cache_read_tokens: int
+    cache_write_tokens: int
+
+
+_USAGE_TOTALS = (
+    "SELECT date(at, 'unixepoch') AS day, agent, model, server, channel, COUNT(*), SUM(calls),"
+    " SUM(silent), SUM(phase = 'failed'), SUM(input_tokens), SUM(output_tokens),"
+    " SUM(cache_read_tokens), SUM(cache_write_tokens) FROM usage"
+    " WHERE at >= ? AND (? IS NULL OR agent = ?)"
+    " GROUP BY day, agent, model, server, channel ORDER BY day, agent, model, server, channel"
+)
+
+
+def _usage_totals(reader: Reader, since: float | None, agent: str | None) -> list[UsageTotal]:
+    if not reader._ledger:  # a store from before the ledger: nothing was recorded
+        return []
+    rows = reader._query(_USAGE_TOTALS, (-math.inf if since is None else since, agent, agent))
+    return [
+        UsageTotal(
+            day=day,
+            agent=name,
+            model=model,
+            server=server,
+            channel=channel,
+            turns=int(turns),
+            calls=int(calls),
+            silent_turns=int(silent),
+            failed_turns=int(failed),
+            input_tokens=int(i),
+            output_tokens=int(o),
+            cache_read_tokens=int(cr),
+            cache_write_tokens=int(cw),
+        )
+        for day, name, model, server, channel, turns, calls, silent, failed, i, o, cr, cw in rows
+    ]

@@ -1,9 +1,10 @@
 """Immutable records and write operations handled by the store.
 
 A write is one *op*: :class:`Append` (messages and journal entries, optionally guarded by a dedupe
-key), :class:`PutState` (small key-value state for host actors) or :class:`TrimJournal`. Each op
-is applied atomically and yields one result: :class:`AppendResult` for an append, ``None`` for a
-state write or a trim, or a :class:`~store.errors.StoreError` instance when that op alone failed.
+key), :class:`PutState` (small key-value state for host actors), :class:`TrimJournal` or
+:class:`RecordUsage` (a row of the usage ledger). Each op is applied atomically and yields one
+result: :class:`AppendResult` for an append, ``None`` for a state write, a trim or a usage row,
+or a :class:`~store.errors.StoreError` instance when that op alone failed.
 
 The journal
     An append-only command log in named *streams* (for example the state of RFC-006 event
@@ -244,10 +245,75 @@ class TrimJournal:
     before_seq: int = attrs.field(validator=_seq_bound)
 
 
+def _optional_str(_inst: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    if value is not None and not isinstance(value, str):
+        raise ValueError(f"{attribute.name} must be a string or None, got {value!r}")
+
+
+def _count(_inst: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{attribute.name} must be an int >= 0, got {value!r}")
+
+
+#: The ways a turn recorded in the usage ledger may have ended.
+USAGE_PHASES = frozenset({"completed", "aborted", "failed"})
+
+
+def _phase(_inst: object, _attribute: attrs.Attribute[Any], value: object) -> None:
+    if value not in USAGE_PHASES:
+        raise ValueError(f"phase must be one of {sorted(USAGE_PHASES)}, got {value!r}")
+
+
+@attrs.frozen(kw_only=True)
+class RecordUsage:
+    """One row of the usage ledger: what one turn of ``agent`` spent on ``model`` (``calls``
+    model calls, their tokens summed), at ``at`` (seconds since the epoch). ``turn`` is the
+    turn's index, ``turn_id`` its inference id; ``server``/``channel`` the wake that caused it
+    (None when none did). ``phase`` is how the turn ended; ``silent`` that it produced no
+    output (no text, no tool call but the quiet ones)."""
+
+    at: float = attrs.field(validator=_finite_number)
+    agent: str = attrs.field(validator=_non_empty_str)
+    model: str = attrs.field(validator=_non_empty_str)
+    turn: int = attrs.field(validator=_count)
+    turn_id: str = attrs.field(validator=_non_empty_str)
+    server: str | None = attrs.field(default=None, validator=_optional_str)
+    channel: str | None = attrs.field(default=None, validator=_optional_str)
+    phase: str = attrs.field(validator=_phase)
+    silent: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
+    calls: int = attrs.field(validator=_count)
+    input_tokens: int = attrs.field(default=0, validator=_count)
+    output_tokens: int = attrs.field(default=0, validator=_count)
+    cache_read_tokens: int = attrs.field(default=0, validator=_count)
+    cache_write_tokens: int = attrs.field(default=0, validator=_count)
+
+    def row(self) -> tuple[Any, ...]:
+        """The values of a ``usage`` row, in :data:`USAGE_COLUMNS` order."""
+        return tuple(getattr(self, name) for name in USAGE_COLUMNS)
+
+
+#: The columns of the ``usage`` table a :class:`RecordUsage` fills (see :mod:`store.schema`).
+USAGE_COLUMNS = (
+    "at",
+    "agent",
+    "model",
+    "turn",
+    "turn_id",
+    "server",
+    "channel",
+    "phase",
+    "silent",
+    "calls",
+    "input_tokens",
+    "output_tokens",
+    "cache_read_tokens",
+    "cache_write_tokens",
+)
+
 _APPEND_FIELDS = ("records", "dedupe", "journal")
 
 #: A write operation.
-Op: TypeAlias = Append | PutState | TrimJournal
+Op: TypeAlias = Append | PutState | TrimJournal | RecordUsage
 #: What a successful op yields.
 OpResult: TypeAlias = AppendResult | None
 #: What an op yields in a batch: its result, or the error that failed it alone.

@@ -3,7 +3,8 @@
 Versions: 1 had ``meta``, ``messages``, ``dedupe`` and ``state``; 2 adds ``journal`` (see
 :mod:`store.records`); 3 adds ``agent_facts`` (see :mod:`store.facts`), filled from the messages
 already stored; 4 stores each body once (see :mod:`store.items`) and indexes its text for search
-(see :mod:`store.textindex`).
+(see :mod:`store.textindex`); 5 adds ``usage``, the usage ledger (one row per turn that called a
+model, see :class:`store.records.RecordUsage`).
 
 Version 4 keeps messages in three tables:
 
@@ -33,7 +34,7 @@ from store.facts import FACTS_SCHEMA, backfill
 from store.textindex import TEXT_INDEX_SCHEMA
 
 #: Version of the schema below, kept in the ``meta`` table.
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 _BASE_SCHEMA = (
     "CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
@@ -86,8 +87,25 @@ _ITEM_VIEWS = (
     " DELETE FROM message_refs WHERE seq = OLD.seq;"
     " END",
 )
+#: Version 4 to 5: the usage ledger, one row per turn (times in seconds since the epoch).
+USAGE_SCHEMA = (
+    "CREATE TABLE IF NOT EXISTS usage ("
+    " num INTEGER PRIMARY KEY, at REAL NOT NULL, agent TEXT NOT NULL, model TEXT NOT NULL,"
+    " turn INTEGER NOT NULL, turn_id TEXT NOT NULL, server TEXT, channel TEXT,"
+    " phase TEXT NOT NULL, silent INTEGER NOT NULL, calls INTEGER NOT NULL,"
+    " input_tokens INTEGER NOT NULL, output_tokens INTEGER NOT NULL,"
+    " cache_read_tokens INTEGER NOT NULL, cache_write_tokens INTEGER NOT NULL)",
+    "CREATE INDEX IF NOT EXISTS usage_at ON usage (at)",
+)
 #: Every statement of a new store.
-SCHEMA = (*_BASE_SCHEMA, *JOURNAL_SCHEMA, *FACTS_SCHEMA, *_ITEM_TABLES, *_ITEM_VIEWS)
+SCHEMA = (
+    *_BASE_SCHEMA,
+    *JOURNAL_SCHEMA,
+    *FACTS_SCHEMA,
+    *_ITEM_TABLES,
+    *_ITEM_VIEWS,
+    *USAGE_SCHEMA,
+)
 
 
 def _bodies_once(conn: sqlite3.Connection) -> None:
@@ -109,6 +127,7 @@ UPGRADES: dict[int, tuple[str | Callable[[sqlite3.Connection], None], ...]] = {
     1: JOURNAL_SCHEMA,
     2: (backfill,),
     3: (_bodies_once,),
+    4: USAGE_SCHEMA,
 }
 
 

@@ -27,6 +27,7 @@ from store.errors import StoreClosed, StoreDamaged, StoreError
 from store.facts import FactWriter
 from store.items import ROWS_PER_STATEMENT, ItemWriter, insert_rows
 from store.records import (
+    USAGE_COLUMNS,
     Append,
     AppendResult,
     JournalEntry,
@@ -35,6 +36,7 @@ from store.records import (
     OpResult,
     Outcome,
     PutState,
+    RecordUsage,
     TrimJournal,
 )
 from store.schema import (
@@ -319,6 +321,10 @@ def _apply_bulk(
             _put_state(conn, op)
             outcomes.append(None)
             continue
+        if isinstance(op, RecordUsage):
+            _record_usage(conn, op)
+            outcomes.append(None)
+            continue
         if isinstance(op, TrimJournal):
             # The entries of earlier ops in the batch must exist before they can be trimmed.
             insert_rows(conn, _JOURNAL_TARGET, 2, entries)
@@ -383,6 +389,9 @@ def _apply_op(conn: sqlite3.Connection, op: Op, item_writer: ItemWriter) -> OpRe
     if isinstance(op, TrimJournal):
         _trim_journal(conn, op)
         return None
+    if isinstance(op, RecordUsage):
+        _record_usage(conn, op)
+        return None
     raise StoreError(f"not a store op: {op!r}")
 
 
@@ -430,3 +439,12 @@ def _put_state(conn: sqlite3.Connection, op: PutState) -> None:
         "INSERT OR REPLACE INTO state (namespace, key, value) VALUES (?, ?, ?)",
         (op.namespace, op.key, encode_value(op.value)),
     )
+
+
+_USAGE_INSERT = (
+    f"INSERT INTO usage ({', '.join(USAGE_COLUMNS)}) VALUES ({', '.join('?' * len(USAGE_COLUMNS))})"
+)
+
+
+def _record_usage(conn: sqlite3.Connection, op: RecordUsage) -> None:
+    conn.execute(_USAGE_INSERT, op.row())

@@ -11,7 +11,9 @@ is completed.
 Each model call's token usage is stored on the assistant message it produced
 (``metadata.usage``), with the turn's running total (``metadata.turn_usage``, so the turn's last
 assistant message holds its totals); the turn's totals are traced once at its end
-(``turn-usage``) and kept in :attr:`Turn.usage`. Each retry a provider makes is traced as it
+(``turn-usage``) and kept in :attr:`Turn.usage`. A turn that called the model, or failed calling
+it, also leaves one row in the store's usage ledger (:class:`store.RecordUsage`): handed to the
+writer as the turn ends, not waited for. Each retry a provider makes is traced as it
 happens (``model-retry``).
 
 Each request tells the provider which part of it the next turn sends again (for a prompt cache):
@@ -25,6 +27,7 @@ The turn runs in the agent's child task and touches no agent state: the agent re
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Protocol
@@ -49,6 +52,7 @@ from actors.models.base import (
 from actors.models.scripted import body_of
 from protocol.coalesce import inference_needed
 from protocol.gate import Drained
+from store import RecordUsage
 
 from .header_notice import HeaderNotice
 from .history import (
@@ -73,6 +77,8 @@ from .tools import ToolRuntime
 from .wakes import RouteChoice, route_of
 
 MAX_TOOL_ROUNDS = 8
+#: Tools whose call is no output: a turn that called only these (and wrote no text) is silent.
+QUIET_TOOLS = frozenset({"skip_reply", "think", "sleep"})
 #: How long a turn waits for a batch another turn is rendering (its render's own bound, and
 #: the time to store what it materialized).
 JOIN_RENDER_S = RENDER_TIMEOUT_S + 5.0
@@ -112,6 +118,7 @@ class Turn:
         self.phase = "failed"  # completed, aborted or failed, once it has ended
         self.usage = Usage()
         self.calls = 0  # model calls that returned a reply
+        self.spoke = False  # whether a reply had text, or called a tool that is not a quiet one
         self.failure: ModelError | None = None  # why the model failed, if it did
         self.target: WakeTarget | None = None
 
@@ -220,6 +227,35 @@ class Turn:
                     calls=self.calls,
                     **self.usage.as_dict(),
                 )
+            if self.calls or self.failure is not None:
+                await self._record_usage()
+
+    async def _record_usage(self) -> None:
+        """Hand the turn's row of the usage ledger to the writer (durable with the writes
+        around it; the turn does not wait for its commit)."""
+        target = self.target
+        used = self.usage
+        op = RecordUsage(
+            at=time.time(),
+            agent=self.agent,
+            model=self.owner.model.name,
+            turn=max(self.index, 0),
+            turn_id=self.inference_id,
+            server=None if target is None else target.server_id,
+            channel=None if target is None else target.channel_id,
+            phase=self.phase,
+            silent=self.phase == "completed" and not self.spoke,
+            calls=self.calls,
+            input_tokens=used.input_tokens,
+            output_tokens=used.output_tokens,
+            cache_read_tokens=used.cache_read_input_tokens,
+            cache_write_tokens=used.cache_creation_input_tokens,
+        )
+        with trio.CancelScope(shield=True):  # an aborted turn is recorded too
+            try:
+                await self.ctx.store.submit(op)
+            except Exception as exc:  # the store is closing or full: the turn still ends
+                self._trace("error", target, error=f"usage not recorded: {exc}", where="turn")
 
     async def _run(
         self,
@@ -301,6 +337,8 @@ class Turn:
             if not reply.blocks:
                 break
             uses = reply.tool_uses
+            if reply.text.strip() or any(u.get("name") not in QUIET_TOOLS for u in uses):
+                self.spoke = True
             said = await store_said(
                 self.ctx,
                 self.agent,

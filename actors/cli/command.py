@@ -1,5 +1,5 @@
-"""The ``mcplive`` command: its parser, ``run`` and ``rollback``; ``check`` and ``history`` live
-in their own modules, the transcript in ``transcript``."""
+"""The ``mcplive`` command: its parser, ``run`` and ``rollback``; ``check``, ``history`` and
+``usage`` live in their own modules, the transcript in ``transcript``."""
 
 from __future__ import annotations
 
@@ -39,6 +39,7 @@ from .history import cmd_history
 from .logs import redact_logs, setup_logging
 from .status import add_parser as add_status_parser
 from .systemd import notify
+from .usage import add_parser as add_usage_parser
 
 #: The folder holding this ``actors`` package (a clone's root, or site-packages).
 _SOURCE_ROOT = Path(__file__).resolve().parents[2]
@@ -382,6 +383,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="then print new messages as they are stored, until Ctrl-C",
     )
     hist.set_defaults(fn=cmd_history)
+    add_usage_parser(sub)
     back = sub.add_parser(
         "rollback",
         help="set aside an agent's messages after one message and roll servers' state back",
