@@ -208,7 +208,9 @@ def test_a_store_from_before_the_ledger_has_no_usage_and_gains_the_table(
     conn.close()
     with Reader(path, read_only=True) as reader:
         assert reader.usage() == []  # read as it is: no ledger yet
+    before = path.read_bytes()
     assert rows(capsys, "--data-dir", str(tmp_path / "data")) == []
+    assert path.read_bytes() == before  # read-only: not even upgraded
     with Database(path) as db:  # the writer upgrades it in place
         assert db.apply([turn(DAY1, "Ada", SONNET, 0)]) == [None]
     with Reader(path, read_only=True) as reader:

@@ -16,9 +16,10 @@ import trio
 from actors import Host
 from actors.config import load_config
 from actors.messages import AgentStatus
-from actors.models.base import Usage
+from actors.models.base import USAGE_KEYS, Usage
 from actors.trace import TraceEvent
 from actors.transcript.lines import format_event
+from store import Reader, db_path
 from tests.fake_anthropic import (
     FakeScript,
     HttpError,
@@ -141,6 +142,12 @@ async def test_a_refused_credential_pauses_the_agent_until_resumed(
                 assert (after.turns, after.last_outcome) == (2, "completed")
                 assert after.last_turn_at is not None and not after.turn_running
                 assert await host.resume("Ada") is False  # not paused any more
+                # the usage ledger counts the refused call's turn as failed
+                with Reader(db_path(tmp_path / "data"), read_only=True) as reader:
+                    ledger = reader.usage(agent="Ada")
+                assert sum(t.turns for t in ledger) == 2
+                assert sum(t.failed_turns for t in ledger) == 1
+                assert sum(t.calls for t in ledger) == 1
             nursery.cancel_scope.cancel()
 
 
@@ -270,6 +277,22 @@ async def test_usage_per_turn_is_stored_shown_and_reported(
                     if p["params"]["phase"] == "completed"
                 ]
                 assert done["usage"] == {"inputTokens": 230, "outputTokens": 29}
+                # and the usage ledger keeps it, with the turn and the wake
+                with Reader(db_path(tmp_path / "data"), read_only=True) as reader:
+                    [row] = reader.usage()
+                assert (row.agent, row.model, row.calls, row.turns) == (
+                    "Ada",
+                    "anthropic:claude-test",
+                    2,
+                    1,
+                )
+                assert (row.server, row.channel, row.silent_turns) == ("lobby", "lobby:#general", 0)
+                assert (
+                    row.input_tokens,
+                    row.output_tokens,
+                    row.cache_read_tokens,
+                    row.cache_write_tokens,
+                ) == tuple(total[k] for k in USAGE_KEYS)
             nursery.cancel_scope.cancel()
 
 
