@@ -11,6 +11,7 @@ import trio
 from hypothesis import given
 from hypothesis import strategies as st
 
+from examples.bench import community as bench_community
 from examples.bench import ingest as bench_ingest
 from examples.bench import marking as bench_marking
 from examples.bench import scale as bench_scale
@@ -128,3 +129,20 @@ async def test_search_first_turn_and_rollback_on_a_stored_history(tmp_path: Path
 def test_marking_and_its_baseline_find_the_same_openings() -> None:
     marked, plain = bench_marking.measure([bench_marking.block(50), "x [ Source: y"], 51)
     assert marked > 0 and plain > 0
+
+
+async def test_the_community_preset_answers_what_is_addressed_for_fewer_turns(
+    tmp_path: Path,
+) -> None:
+    with trio.fail_after(DEADLINE_S):
+        runs = await bench_community.compare(tmp_path, 12)
+    none, preset = runs["none"], runs["community"]
+    for run in (none, preset):
+        assert run["lines"] == 12
+        assert run["addressed"] == 3
+        assert run["answered"] == 3, run["unanswered"]
+        assert run["replies"] == 3
+    assert none["turns"] == 12 * len(bench_community.AGENTS)  # every line woke every agent
+    assert preset["turns"] == 3  # only the addressed agent, once per addressed line
+    assert preset["silent"] == 0 < none["silent"]
+    assert preset["tokens"] < none["tokens"]

@@ -35,6 +35,9 @@ time, the first turn's time to its model call, rollback time). Marking
 (``examples.bench.marking``) against a plain ``re`` scan of the same text. Hostile peers
 (``examples.bench.hostile``): the longest loop step while a healthy agent answers beside each
 hostile model endpoint, config or gate file and console request, against a quiet run's.
+Community (``examples.bench.community``): tokens per useful reply of five agents hearing a
+scripted conversation, with no gate against ``gate = "community"``, as a ratio, and whether the
+preset answered every line addressed to an agent.
 
 ``--quick`` runs every row on small sizes (under a minute). Figures are ratios of one run on one
 machine; nothing here is a test.
@@ -57,6 +60,7 @@ from typing import Any
 import attrs
 import trio
 
+from examples.bench import community as bench_community
 from examples.bench import hostile as bench_hostile
 from examples.bench import ingest as bench_ingest
 from examples.bench import marking as bench_marking
@@ -89,6 +93,7 @@ class Plan:
     flood: int = 100_000
     reply_rounds: int = 3  # (d) and (e): runs of each kind, pooled
     hostile_answers: int = 20  # the healthy agent's posts under each hostile peer
+    community_lines: int = 200  # lines of the scripted conversation five agents hear
 
 
 QUICK = Plan(
@@ -110,6 +115,7 @@ QUICK = Plan(
     flood=10_000,
     reply_rounds=1,
     hostile_answers=5,
+    community_lines=40,
 )
 
 
@@ -118,6 +124,8 @@ async def measure(kind: str, messages: int) -> dict[str, Any]:
     name, *params = kind.split("-")
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
+        if kind == "community":
+            return await bench_community.compare(work, messages)
         if kind.startswith("hostile:"):
             run = await bench_hostile.run_case(work, kind.split(":", 1)[1], answers=messages)
             return attrs.asdict(run)
@@ -424,6 +432,27 @@ async def hostile_rows(plan: Plan) -> None:
         )
 
 
+async def community_rows(plan: Plan) -> None:
+    runs = await in_fresh_process("community", plan.community_lines)
+    none, preset = runs["none"], runs["community"]
+    print(
+        f"tokens per useful reply, five agents hearing a scripted conversation of "
+        f"{plan.community_lines} lines ({preset['addressed']} address one agent, the rest chatter):"
+    )
+    for label, run in (("no gate (every line wakes all)", none), ('gate = "community"', preset)):
+        print(
+            f"  {label:31} {run['per_reply']:8.0f} tokens per reply  ({run['tokens']} tokens, "
+            f"{run['replies']} replies, {run['turns']} turns, {run['silent_share']:.0%} silent)"
+        )
+    answered = preset["answered"] == preset["addressed"]
+    print(
+        f"  no gate / community: {none['per_reply'] / preset['per_reply']:.1f}x "
+        f"(goal: far fewer tokens under the preset); under the preset "
+        f"{preset['answered']}/{preset['addressed']} addressed lines answered"
+        + ("" if answered else " (MISSED: " + "; ".join(preset["unanswered"]) + ")")
+    )
+
+
 def marking_rows() -> None:
     # marking header-shaped openings is linear: a block of 320,000 bytes with 40,000 openings
     bench_marking.report("marking", [bench_marking.block(40_000)], 40_000)
@@ -457,6 +486,7 @@ async def main() -> None:
         await channel_rows(plan)
         await store_rows(plan)
         await hostile_rows(plan)
+        await community_rows(plan)
     except MeasurementFailed as exc:
         sys.exit(str(exc))
     marking_rows()
