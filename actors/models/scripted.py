@@ -17,8 +17,8 @@ line by ``" / "``, cut at ``item_chars`` characters (default 200). Without it th
 not fold its agent's context (what leaves the context is dropped).
 
 Usage is an estimate, a token per four characters of what a reply read (the system prompt and the
-message bodies) and wrote (its text, or its tool calls as JSON); a silent reply reports zeros, and
-the cache counts are always zero.
+message bodies) and wrote (its text, or its tool calls as JSON); a silent reply reports what it
+read and no output, and the cache counts are always zero.
 """
 
 from __future__ import annotations
