@@ -69,7 +69,8 @@ class WakeGate:
         self.path = path
         self.names = names
         self.others = others
-        self._mtime = _mtime(path)
+        # not stat'ed here, on the loop: the watch's first read (in its thread) takes it
+        self._mtime: float | None = None
         if policy is None and path is not None:
             policy = load_gate(path)
         self.gate = Gate(policy)
