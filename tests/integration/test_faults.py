@@ -213,7 +213,8 @@ async def test_a_silent_server_is_detected_and_reconnected(tmp_path: Path) -> No
             await wait_trace(lb.stream, lambda e: e.kind == "disconnected", "reconnect", seen)
             assert any(e.kind == "diagnostic" and "server silent" in e.data["text"] for e in seen)
             second = await lb.listener.accept(timeout=60)
-            await ready(second)
+            # the tools are listed once the host's new link is ready, not when the lobby is
+            await ready(second, lb.host)
             again = await lb.host.execute_tool_call("Ada", "lobby--forecast", {"city": "Oslo"})
             assert again["is_error"] is False
 
