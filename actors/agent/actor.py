@@ -17,7 +17,11 @@ Turns wait, while everything is still stored and wakes are buffered (at most 100
 dropped), when the operator holds them (``Host.hold``), when the agent's speech has not settled,
 or when the agent is paused: a turn whose model refused the credential (or has none) pauses the
 agent, and no model call is made for it until ``Host.resume``; that turn's wakes wait with the
-others, so the first turn after the resume answers them all.
+others, so the first turn after the resume answers them all. A daily token budget
+(``budget_daily_tokens``, :mod:`protocol.budget`) pauses it too: today's tokens are read from the
+usage ledger when it starts and each turn's are added as it ends; at 80 % one warning
+(``budget-warning``), at 100 % a pause (``budget-paused``) until the next UTC day or
+``Host.resume`` (a budget still reached pauses it again at the end of the next turn).
 
 The agent publishes its :class:`~actors.messages.AgentStatus` into ``ctx.agent_statuses`` each
 time it changes.
@@ -31,6 +35,7 @@ from collections.abc import Awaitable
 from typing import Any
 
 import attrs
+import trio
 
 from actors.channel.envelope import new_id
 from actors.config import AgentConfig
@@ -38,10 +43,12 @@ from actors.context import HostContext
 from actors.kernel import Actor, Reply
 from actors.messages import AgentStatus, Reconfigure, Wake, Wakes, Withdraw
 from actors.models.base import Model, ModelAuthError, Usage
+from protocol.budget import DailyBudget, day_start, next_day
 from protocol.conversation import conversation_id
 from protocol.gate import Drained, WakeBuffer
 from protocol.source import mark_text
-from store import Append, MessageRecord, PutState
+from protocol.status import iso
+from store import Append, MessageRecord, PutState, Reader
 
 from .gate import GATE_RELOAD_S, WakeGate
 from .header_notice import HEADER_NOTICE, HeaderNotice
@@ -112,8 +119,8 @@ class HoldTurns:
 
 @attrs.frozen(kw_only=True)
 class Resume:
-    """Lift the pause a refused credential put on the agent; the answer says whether it was
-    paused. The wakes that waited start a turn at once."""
+    """Lift the pause a refused credential or the daily budget put on the agent; the answer
+    says whether it was paused. The wakes that waited start a turn at once."""
 
 
 @attrs.frozen(kw_only=True)
@@ -143,6 +150,19 @@ def pause_remedy(exc: ModelAuthError) -> str:
     )
 
 
+def tokens_of(used: Usage) -> int:
+    """The tokens a budget counts: every kind a call is billed for."""
+    return sum(used.as_dict().values())
+
+
+def _used_today(reader: Reader, agent: str, since: float) -> int:
+    """The tokens the usage ledger holds for ``agent`` since ``since`` (blocking)."""
+    return sum(
+        t.input_tokens + t.output_tokens + t.cache_read_tokens + t.cache_write_tokens
+        for t in reader.usage(since=since, agent=agent)
+    )
+
+
 class AgentActor(Actor):
     mailbox_size = 256
 
@@ -163,6 +183,9 @@ class AgentActor(Actor):
         self.turn_running = False  # a turn or a rollback runs: no other turn starts
         self.held = False  # turns held by the operator (``Host.hold``)
         self.paused: str | None = None  # why the model may not be called (``Host.resume``)
+        self._budget_paused = False  # the pause is the daily budget's (lifted at the next day)
+        #: today's tokens against ``budget_daily_tokens`` (None: no budget)
+        self.budget: DailyBudget | None = None
         # RFC-006 occurrences withdrawn (replaced or retracted unread), newest last: a wake of
         # one that arrives after its withdrawal is dropped too
         self._withdrawn: OrderedDict[str, None] = OrderedDict()
@@ -186,6 +209,8 @@ class AgentActor(Actor):
 
     async def on_start(self) -> None:
         await self.drafts.load()
+        await self._load_budget()
+        self.spawn(self._budget_days, counted=False)
         self.spawn(self.gate.run_timers, counted=False)
         self.spawn(self.gate.watch, counted=False)
 
@@ -368,6 +393,7 @@ class AgentActor(Actor):
             self._last_turn = (time.time(), turn.phase)
             if isinstance(turn.failure, ModelAuthError):
                 self._pause(turn.failure, turn.drained)
+            self._count_budget(turn.usage)
             self.turn_running = False
             self._maybe_start()
 
@@ -384,9 +410,75 @@ class AgentActor(Actor):
             waiting=self._queued(),
         )
 
+    # -- the daily budget ------------------------------------------------------------------
+    async def _load_budget(self) -> None:
+        """Count today's tokens from the usage ledger (off the loop) against the budget, and
+        pause at once when they have reached it (a restart the same day starts paused)."""
+        limit = self.cfg.budget_daily_tokens
+        if limit is None:
+            self.budget = None
+            return
+        now = time.time()
+        store = self.ctx.store
+        used = await store.read(_used_today, store.reader, self.cfg.name, day_start(now))
+        self.budget = DailyBudget.starting(limit, used, now)
+        if self.budget.exceeded(now) and self.paused is None:
+            self._budget_pause(now)
+        self._publish_status()
+
+    async def _budget_days(self) -> None:
+        """At each new UTC day: count from 0 again and lift a budget pause."""
+        while True:
+            now = time.time()
+            await trio.sleep(max(next_day(now) - now, 1.0))
+            self._new_day(time.time())
+
+    def _new_day(self, now: float) -> None:
+        if self.budget is not None:
+            self.budget.roll(now)
+        if self._budget_paused and (self.budget is None or not self.budget.exceeded(now)):
+            self._resume()
+
+    def _count_budget(self, used: Usage) -> None:
+        """Count an ended turn's tokens: warn once a day at 80 %, pause at 100 %."""
+        budget = self.budget
+        if budget is None:
+            return
+        now = time.time()
+        step = budget.add(tokens_of(used), now)
+        if step == "warn":
+            self.trace("budget-warning", used=budget.used, budget=budget.limit)
+        elif step == "pause" and self.paused is None:
+            self._budget_pause(now)
+
+    def _budget_pause(self, now: float) -> None:
+        """No turn until the next UTC day (or ``Host.resume``); wakes wait in the buffer."""
+        assert self.budget is not None
+        resumes_at = iso(next_day(now))
+        self.paused = (
+            f"daily token budget reached ({self.budget.used:,} of {self.budget.limit:,} "
+            f"tokens); resumes at {resumes_at}"
+        )
+        self._budget_paused = True
+        self.trace(
+            "budget-paused",
+            used=self.budget.used,
+            budget=self.budget.limit,
+            resumes_at=resumes_at,
+            waiting=self._queued(),
+        )
+
     def _reconfigure(self, cfg: AgentConfig) -> bool:
         """A config reload: the system prompt applies from the next turn, the gate file is
-        re-read now. True when the gate's policies changed."""
+        re-read now, a new budget counts from the next turn's end. True when the gate's
+        policies changed."""
+        limit = cfg.budget_daily_tokens
+        if limit is None:
+            self.budget = None
+        elif self.budget is not None:
+            self.budget.limit = limit
+        elif self.cfg.budget_daily_tokens is None:
+            self.spawn(self._load_budget, counted=False)
         self.cfg = cfg
         self.system = cfg.system_prompt or DEFAULT_PROMPT.format(name=cfg.name)
         return self.gate.reconfigure(cfg.gate, cfg.gate_policy, *self._names(cfg))
@@ -402,6 +494,7 @@ class AgentActor(Actor):
         if self.paused is None:
             return False
         self.paused = None
+        self._budget_paused = False
         self.trace("agent-resumed", waiting=self._queued())
         self._maybe_start()
         return True

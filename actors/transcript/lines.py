@@ -51,6 +51,8 @@ LEVELS: dict[str, int] = {
     "record-skipped": WARNING,
     "error": ERROR,
     "agent-paused": ERROR,
+    "budget-paused": WARNING,
+    "budget-warning": WARNING,
     "loop-stall": WARNING,
     "wakes-deferred": WARNING,
 }
@@ -198,6 +200,17 @@ def format_event(e: TraceEvent) -> str | None:
     if k == "agent-paused":
         reason, remedy = d.get("reason"), d.get("remedy")
         return f"! {e.agent} paused: {reason}; no model calls until resumed: {remedy}"
+    if k == "budget-warning":
+        return (
+            f"? {e.agent}: {_count(d.get('used'))} of its {_count(d.get('budget'))} daily tokens "
+            "used (80 %)"
+        )
+    if k == "budget-paused":
+        return (
+            f"! {e.agent} paused: daily token budget reached ({_count(d.get('used'))} of "
+            f"{_count(d.get('budget'))}); no turns until {d.get('resumes_at')} "
+            "(or resume it: raise the budget and SIGHUP, or the console)"
+        )
     if k == "agent-resumed":
         return f"· {e.agent} resumed ({d.get('waiting')} waiting wakes)"
     if k == "model-retry":

@@ -52,6 +52,8 @@ NEVER_COLLAPSED = frozenset(
         "turn-usage",
         "agent-paused",
         "agent-resumed",
+        "budget-paused",
+        "budget-warning",
         "config-reloaded",
         "rolled-back",
         "asleep",
