@@ -150,6 +150,11 @@ def pause_remedy(exc: ModelAuthError) -> str:
     )
 
 
+def wall_clock() -> float:
+    """Now, in POSIX seconds: the clock the daily budget's UTC day is read from."""
+    return time.time()
+
+
 def tokens_of(used: Usage) -> int:
     """The tokens a budget counts: every kind a call is billed for."""
     return sum(used.as_dict().values())
@@ -186,6 +191,7 @@ class AgentActor(Actor):
         self._budget_paused = False  # the pause is the daily budget's (lifted at the next day)
         #: today's tokens against ``budget_daily_tokens`` (None: no budget)
         self.budget: DailyBudget | None = None
+        self._day_timer = False
         # RFC-006 occurrences withdrawn (replaced or retracted unread), newest last: a wake of
         # one that arrives after its withdrawal is dropped too
         self._withdrawn: OrderedDict[str, None] = OrderedDict()
@@ -210,7 +216,6 @@ class AgentActor(Actor):
     async def on_start(self) -> None:
         await self.drafts.load()
         await self._load_budget()
-        self.spawn(self._budget_days, counted=False)
         self.spawn(self.gate.run_timers, counted=False)
         self.spawn(self.gate.watch, counted=False)
 
@@ -418,10 +423,13 @@ class AgentActor(Actor):
         if limit is None:
             self.budget = None
             return
-        now = time.time()
+        now = wall_clock()
         store = self.ctx.store
         used = await store.read(_used_today, store.reader, self.cfg.name, day_start(now))
         self.budget = DailyBudget.starting(limit, used, now)
+        if not self._day_timer:  # only an agent with a budget keeps a timer for the day's end
+            self._day_timer = True
+            self.spawn(self._budget_days, counted=False)
         if self.budget.exceeded(now) and self.paused is None:
             self._budget_pause(now)
         self._publish_status()
@@ -429,9 +437,9 @@ class AgentActor(Actor):
     async def _budget_days(self) -> None:
         """At each new UTC day: count from 0 again and lift a budget pause."""
         while True:
-            now = time.time()
+            now = wall_clock()
             await trio.sleep(max(next_day(now) - now, 1.0))
-            self._new_day(time.time())
+            self._new_day(wall_clock())
 
     def _new_day(self, now: float) -> None:
         if self.budget is not None:
@@ -444,7 +452,7 @@ class AgentActor(Actor):
         budget = self.budget
         if budget is None:
             return
-        now = time.time()
+        now = wall_clock()
         step = budget.add(tokens_of(used), now)
         if step == "warn":
             self.trace("budget-warning", used=budget.used, budget=budget.limit)
