@@ -119,6 +119,8 @@ class AgentConfig:
     images: bool = True  # False: the model reads text only (images become a short note)
     #: the most tokens (all kinds) the agent may use a UTC day; None: no budget
     budget_daily_tokens: int | None = None
+    #: the most the agent's model calls may cost a UTC day, in US dollars; None: no budget
+    budget_daily_usd: float | None = None
 
     def hears(self, server_id: str) -> bool:
         return self.servers is None or server_id in self.servers
@@ -666,6 +668,7 @@ def _agent(i: int, a: Mapping[str, Any], base: Path, problems: list[str]) -> Age
     budget = _number(
         f"{where}.budget_daily_tokens", a.get("budget_daily_tokens"), None, problems, integer=True
     )
+    budget_usd = _number(f"{where}.budget_daily_usd", a.get("budget_daily_usd"), None, problems)
     if not valid:
         return None
     assert isinstance(name, str) and isinstance(model, str)
@@ -683,6 +686,7 @@ def _agent(i: int, a: Mapping[str, Any], base: Path, problems: list[str]) -> Age
         summary_model=summary_model,
         images=images,
         budget_daily_tokens=budget,
+        budget_daily_usd=budget_usd,
         **endpoint,
         **sampling,
     )

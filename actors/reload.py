@@ -2,10 +2,10 @@
 
 :func:`plan_reload` compares the running config with a new one (pure). Only the *live* keys
 are taken: each agent's ``system_prompt``, ``gate``, ``max_tokens``, ``temperature``,
-``images`` (read at its next turn) and ``budget_daily_tokens`` (counted from its next turn's
-end), each server's capability and feature-set masks and its ``publish_undeclared`` (read where
-it is used). Everything else that differs (a server or agent added or removed, a server's
-command, url, token or limits, an agent's model, endpoint, key
+``images`` (read at its next turn), ``budget_daily_tokens`` and ``budget_daily_usd`` (counted
+from its next turn's end), each server's capability and feature-set masks and its
+``publish_undeclared`` (read where it is used). Everything else that differs (a server or agent
+added or removed, a server's command, url, token or limits, an agent's model, endpoint, key
 variable, servers or prose mode, ``data_dir``, the host's inference model) is listed
 as needing a restart and left as it runs. The config put in force is the running one with the
 new live keys, so every reader of ``ctx.config`` sees one consistent picture.
@@ -46,6 +46,7 @@ AGENT_LIVE = (
     "temperature",
     "images",
     "budget_daily_tokens",
+    "budget_daily_usd",
 )
 #: Derived from another key (``endpoint`` from ``url``, ``gate_policy`` from the ``gate`` file):
 #: never reported on its own.

@@ -1,9 +1,10 @@
-"""An agent's daily token budget: the UTC day, the 80 % warning and the 100 % pause.
+"""An agent's daily budget: the UTC day, the 80 % warning and the 100 % pause.
 
-A :class:`DailyBudget` counts the tokens an agent used on one UTC day (every kind a model call
-is billed for: input, output, cache read and cache write). Adding a turn's tokens says what the
-agent does next: nothing, warn once a day when the total first reaches :data:`WARN_AT` of the
-budget, or pause when it reaches the budget. A new UTC day starts the count again at 0.
+A :class:`DailyBudget` counts what an agent used on one UTC day: tokens (every kind a model
+call is billed for: input, output, cache read and cache write), or US dollars. Adding a turn's
+count says what the agent does next: nothing, warn once a day when the total first reaches
+:data:`WARN_AT` of the budget, or pause when it reaches the budget. A new UTC day starts the
+count again at 0.
 
 Pure: time is a parameter (POSIX seconds); nothing here reads a clock.
 """
@@ -34,13 +35,13 @@ def next_day(now: float) -> float:
 class DailyBudget:
     """The tokens used on the UTC day starting at ``day`` against ``limit``."""
 
-    limit: int
+    limit: float
     day: float
-    used: int = 0
+    used: float = 0
     warned: bool = False
 
     @classmethod
-    def starting(cls, limit: int, used: int, now: float) -> DailyBudget:
+    def starting(cls, limit: float, used: float, now: float) -> DailyBudget:
         """The budget at a start: ``used`` tokens already recorded today (``now``'s UTC day);
         a start at or past the warning share is not warned again."""
         return cls(limit=limit, day=day_start(now), used=used, warned=used >= WARN_AT * limit)
@@ -56,7 +57,7 @@ class DailyBudget:
         self.roll(now)
         return self.used >= self.limit
 
-    def add(self, tokens: int, now: float) -> Step:
+    def add(self, tokens: float, now: float) -> Step:
         """Count a turn's ``tokens`` (it ended at ``now``): ``"pause"`` when the day's total
         has reached the budget, ``"warn"`` the first time it reaches the warning share that
         day, else ``"ok"``."""

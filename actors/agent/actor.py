@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Mapping
 from typing import Any
 
 import attrs
@@ -46,6 +46,7 @@ from actors.models.base import Model, ModelAuthError, Usage
 from protocol.budget import DailyBudget, day_start, next_day
 from protocol.conversation import conversation_id
 from protocol.gate import Drained, WakeBuffer
+from protocol.prices import Price, cost, price_of, prices
 from protocol.source import mark_text
 from protocol.status import iso
 from store import Append, MessageRecord, PutState, Reader
@@ -160,12 +161,36 @@ def tokens_of(used: Usage) -> int:
     return sum(used.as_dict().values())
 
 
-def _used_today(reader: Reader, agent: str, since: float) -> int:
-    """The tokens the usage ledger holds for ``agent`` since ``since`` (blocking)."""
-    return sum(
-        t.input_tokens + t.output_tokens + t.cache_read_tokens + t.cache_write_tokens
-        for t in reader.usage(since=since, agent=agent)
+def _counts(used: Usage, price: Price | None) -> dict[str, float]:
+    """What a turn counts against each budget: its tokens, and its cost (0 with no price)."""
+    spent = cost(
+        price,
+        input_tokens=used.input_tokens,
+        output_tokens=used.output_tokens,
+        cache_read_tokens=used.cache_read_input_tokens,
+        cache_write_tokens=used.cache_creation_input_tokens,
     )
+    return {"tokens": tokens_of(used), "usd": float(spent or 0)}
+
+
+def _used_today(
+    reader: Reader, agent: str, since: float, table: Mapping[str, Price]
+) -> dict[str, float]:
+    """The tokens and the cost (of the priced models) the usage ledger holds for ``agent``
+    since ``since`` (blocking)."""
+    out = {"tokens": 0.0, "usd": 0.0}
+    for t in reader.usage(since=since, agent=agent):
+        out["tokens"] += t.input_tokens + t.output_tokens + t.cache_read_tokens
+        out["tokens"] += t.cache_write_tokens
+        spent = cost(
+            price_of(t.model, table),
+            input_tokens=t.input_tokens,
+            output_tokens=t.output_tokens,
+            cache_read_tokens=t.cache_read_tokens,
+            cache_write_tokens=t.cache_write_tokens,
+        )
+        out["usd"] += float(spent or 0)
+    return out
 
 
 class AgentActor(Actor):
@@ -190,7 +215,7 @@ class AgentActor(Actor):
         self.paused: str | None = None  # why the model may not be called (``Host.resume``)
         self._budget_paused = False  # the pause is the daily budget's (lifted at the next day)
         #: today's tokens against ``budget_daily_tokens`` (None: no budget)
-        self.budget: DailyBudget | None = None
+        self.budgets: dict[str, DailyBudget] = {}  # by unit: "tokens", "usd"
         self._day_timer = False
         # RFC-006 occurrences withdrawn (replaced or retracted unread), newest last: a wake of
         # one that arrives after its withdrawal is dropped too
@@ -416,22 +441,41 @@ class AgentActor(Actor):
         )
 
     # -- the daily budget ------------------------------------------------------------------
+    def _limits(self, cfg: AgentConfig) -> dict[str, float]:
+        """The agent's daily budgets by unit (``tokens``, ``usd``)."""
+        limits = {"tokens": cfg.budget_daily_tokens, "usd": cfg.budget_daily_usd}
+        return {unit: limit for unit, limit in limits.items() if limit is not None}
+
+    def _price(self) -> Price | None:
+        return price_of(self.model.name, prices(self.ctx.config.prices))
+
     async def _load_budget(self) -> None:
-        """Count today's tokens from the usage ledger (off the loop) against the budget, and
-        pause at once when they have reached it (a restart the same day starts paused)."""
-        limit = self.cfg.budget_daily_tokens
-        if limit is None:
-            self.budget = None
+        """Count today's tokens (and cost) from the usage ledger (off the loop) against the
+        budgets, and pause at once when one is reached (a restart the same day starts paused)."""
+        limits = self._limits(self.cfg)
+        if not limits:
+            self.budgets = {}
             return
         now = wall_clock()
         store = self.ctx.store
-        used = await store.read(_used_today, store.reader, self.cfg.name, day_start(now))
-        self.budget = DailyBudget.starting(limit, used, now)
+        table = prices(self.ctx.config.prices)
+        used = await store.read(_used_today, store.reader, self.cfg.name, day_start(now), table)
+        self.budgets = {
+            unit: DailyBudget.starting(limit, used[unit], now) for unit, limit in limits.items()
+        }
+        if "usd" in limits and self._price() is None:
+            self.trace(
+                "budget-unpriced",
+                model=self.model.name,
+                line=f"{self.model.name} has no price: budget_daily_usd counts nothing for it "
+                f'(add [prices."{self.model.name}"])',
+            )
         if not self._day_timer:  # only an agent with a budget keeps a timer for the day's end
             self._day_timer = True
             self.spawn(self._budget_days, counted=False)
-        if self.budget.exceeded(now) and self.paused is None:
-            self._budget_pause(now)
+        for unit, budget in self.budgets.items():
+            if budget.exceeded(now) and self.paused is None:
+                self._budget_pause(unit, now)
         self._publish_status()
 
     async def _budget_days(self) -> None:
@@ -442,51 +486,56 @@ class AgentActor(Actor):
             self._new_day(wall_clock())
 
     def _new_day(self, now: float) -> None:
-        if self.budget is not None:
-            self.budget.roll(now)
-        if self._budget_paused and (self.budget is None or not self.budget.exceeded(now)):
+        for budget in self.budgets.values():
+            budget.roll(now)
+        if self._budget_paused and not any(b.exceeded(now) for b in self.budgets.values()):
             self._resume()
 
     def _count_budget(self, used: Usage) -> None:
-        """Count an ended turn's tokens: warn once a day at 80 %, pause at 100 %."""
-        budget = self.budget
-        if budget is None:
+        """Count an ended turn's tokens and cost: warn once a day at 80 %, pause at 100 %."""
+        if not self.budgets:
             return
         now = wall_clock()
-        step = budget.add(tokens_of(used), now)
-        if step == "warn":
-            self.trace("budget-warning", used=budget.used, budget=budget.limit)
-        elif step == "pause" and self.paused is None:
-            self._budget_pause(now)
+        counts = _counts(used, self._price())
+        for unit, budget in self.budgets.items():
+            step = budget.add(counts[unit], now)
+            if step == "warn":
+                self.trace("budget-warning", unit=unit, used=budget.used, budget=budget.limit)
+            elif step == "pause" and self.paused is None:
+                self._budget_pause(unit, now)
 
-    def _budget_pause(self, now: float) -> None:
+    def _budget_pause(self, unit: str, now: float) -> None:
         """No turn until the next UTC day (or ``Host.resume``); wakes wait in the buffer."""
-        assert self.budget is not None
+        budget = self.budgets[unit]
         resumes_at = iso(next_day(now))
-        self.paused = (
-            f"daily token budget reached ({self.budget.used:,} of {self.budget.limit:,} "
-            f"tokens); resumes at {resumes_at}"
+        what = (
+            f"{budget.used:,.0f} of {budget.limit:,.0f} tokens"
+            if unit == "tokens"
+            else f"${budget.used:,.2f} of ${budget.limit:,.2f}"
         )
+        self.paused = f"daily {'token' if unit == 'tokens' else 'cost'} budget reached ({what}); "
+        self.paused += f"resumes at {resumes_at}"
         self._budget_paused = True
         self.trace(
             "budget-paused",
-            used=self.budget.used,
-            budget=self.budget.limit,
+            unit=unit,
+            used=budget.used,
+            budget=budget.limit,
             resumes_at=resumes_at,
             waiting=self._queued(),
         )
 
     def _reconfigure(self, cfg: AgentConfig) -> bool:
         """A config reload: the system prompt applies from the next turn, the gate file is
-        re-read now, a new budget counts from the next turn's end. True when the gate's
+        re-read now, new budgets count from the next turn's end. True when the gate's
         policies changed."""
-        limit = cfg.budget_daily_tokens
-        if limit is None:
-            self.budget = None
-        elif self.budget is not None:
-            self.budget.limit = limit
-        elif self.cfg.budget_daily_tokens is None:
+        limits = self._limits(cfg)
+        if set(limits) - set(self.budgets):
             self.spawn(self._load_budget, counted=False)
+        else:
+            self.budgets = {u: b for u, b in self.budgets.items() if u in limits}
+            for unit, budget in self.budgets.items():
+                budget.limit = limits[unit]
         self.cfg = cfg
         self.system = cfg.system_prompt or DEFAULT_PROMPT.format(name=cfg.name)
         return self.gate.reconfigure(cfg.gate, cfg.gate_policy, *self._names(cfg))

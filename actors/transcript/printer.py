@@ -54,6 +54,7 @@ NEVER_COLLAPSED = frozenset(
         "agent-resumed",
         "budget-paused",
         "budget-warning",
+        "budget-unpriced",
         "config-reloaded",
         "rolled-back",
         "asleep",

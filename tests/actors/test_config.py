@@ -338,6 +338,8 @@ CASES: list[tuple[str, Callable[[dict[str, Any]], None], tuple[str, ...]]] = [
     ("zero context_tokens", agent(context_tokens=0), ("agents[Ada].context_tokens",)),
     ("zero budget", agent(budget_daily_tokens=0), ("agents[Ada].budget_daily_tokens",)),
     ("budget as text", agent(budget_daily_tokens="2k"), ("agents[Ada].budget_daily_tokens",)),
+    ("zero cost budget", agent(budget_daily_usd=0), ("agents[Ada].budget_daily_usd",)),
+    ("cost budget as text", agent(budget_daily_usd="$5"), ("agents[Ada].budget_daily_usd",)),
     ("duplicate agent names", twice("agents"), ("agents.name", "'Ada'")),
 ]
 

@@ -15,6 +15,7 @@ import trio
 
 from actors import Host
 from actors.trace import TraceEvent
+from protocol.prices import PRICE_KEYS
 from tests.helpers import agent_configs, config, drain_ready
 
 pytestmark = pytest.mark.slow
@@ -104,3 +105,25 @@ async def test_the_budget_pauses_the_agent_keeps_what_it_missed_and_lasts_a_rest
             assert not kinds(events, "budget-paused")
             assert host.ctx.agent_statuses["Ada"].paused is None
             assert said(host)[-1] == "heard raised"
+
+
+async def test_a_cost_budget_pauses_at_its_dollars(tmp_path: Path) -> None:
+    cfg = budget_config(tmp_path)
+    ada = cfg["agents"][0]
+    del ada["budget_daily_tokens"]
+    ada["budget_daily_usd"] = 2
+    # a dollar per thousand tokens read or written: about $0.86 a turn
+    cfg["prices"] = {"scripted:ada.toml": dict.fromkeys(PRICE_KEYS, 1000)}
+    with trio.fail_after(60):
+        async with Host.open(cfg) as host:
+            stream = host.trace()
+            for n in range(1, 6):
+                await host.post_local("Ada", f"turn {n}")
+                await host.run_until_idle()
+            events = await drain_ready(stream)
+    used = kinds(events, "turn-usage")
+    (paused,) = kinds(events, "budget-paused")
+    assert len(used) == 3 and kinds(events, "budget-warning")
+    assert paused.data["unit"] == "usd" and paused.data["budget"] == 2
+    spent = [sum(e.data[k] for k in ("input_tokens", "output_tokens")) / 1000 for e in used]
+    assert sum(spent[:-1]) < 2 <= paused.data["used"] == pytest.approx(sum(spent))
