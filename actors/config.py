@@ -117,6 +117,10 @@ class AgentConfig:
     api_key_env: str | None = None  # the variable holding the provider's key
     summary_model: str | None = None  # the model folding old context; None: ``model``
     images: bool = True  # False: the model reads text only (images become a short note)
+    #: the most tokens (all kinds) the agent may use a UTC day; None: no budget
+    budget_daily_tokens: int | None = None
+    #: the most the agent's model calls may cost a UTC day, in US dollars; None: no budget
+    budget_daily_usd: float | None = None
 
     def hears(self, server_id: str) -> bool:
         return self.servers is None or server_id in self.servers
@@ -438,7 +442,7 @@ def _str_list(where: str, value: Any, problems: list[str]) -> tuple[str, ...] | 
 
 
 def _number(
-    where: str, value: Any, default: float, problems: list[str], *, integer: bool = False
+    where: str, value: Any, default: float | None, problems: list[str], *, integer: bool = False
 ) -> Any:
     if value is None:
         return default
@@ -661,6 +665,10 @@ def _agent(i: int, a: Mapping[str, Any], base: Path, problems: list[str]) -> Age
     context_tokens = _number(
         f"{where}.context_tokens", a.get("context_tokens"), 60_000, problems, integer=True
     )
+    budget = _number(
+        f"{where}.budget_daily_tokens", a.get("budget_daily_tokens"), None, problems, integer=True
+    )
+    budget_usd = _number(f"{where}.budget_daily_usd", a.get("budget_daily_usd"), None, problems)
     if not valid:
         return None
     assert isinstance(name, str) and isinstance(model, str)
@@ -677,6 +685,8 @@ def _agent(i: int, a: Mapping[str, Any], base: Path, problems: list[str]) -> Age
         context_tokens=context_tokens,
         summary_model=summary_model,
         images=images,
+        budget_daily_tokens=budget,
+        budget_daily_usd=budget_usd,
         **endpoint,
         **sampling,
     )

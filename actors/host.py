@@ -215,10 +215,11 @@ class Host:
         return bool(await self._agent(agent).ask(HoldTurns(on=False), timeout=60))
 
     async def resume(self, agent: str) -> bool:
-        """Resume an agent paused because its model refused the credential (or had none): the
-        wakes that waited start a turn at once, and its first model call tries the credential
-        again (a refusal pauses it again). False if it was not paused. A config reload calls
-        this for every paused agent."""
+        """Resume an agent paused because its model refused the credential (or had none), or
+        because it reached its daily token budget: the wakes that waited start a turn at once;
+        its first model call tries the credential again (a refusal pauses it again), and a
+        budget still reached pauses it again when that turn ends. False if it was not paused.
+        A config reload calls this for every paused agent."""
         return bool(await self._agent(agent).ask(Resume(), timeout=60))
 
     async def abort_turn(self, agent: str) -> bool:

@@ -17,7 +17,11 @@ Turns wait, while everything is still stored and wakes are buffered (at most 100
 dropped), when the operator holds them (``Host.hold``), when the agent's speech has not settled,
 or when the agent is paused: a turn whose model refused the credential (or has none) pauses the
 agent, and no model call is made for it until ``Host.resume``; that turn's wakes wait with the
-others, so the first turn after the resume answers them all.
+others, so the first turn after the resume answers them all. A daily token budget
+(``budget_daily_tokens``, :mod:`protocol.budget`) pauses it too: today's tokens are read from the
+usage ledger when it starts and each turn's are added as it ends; at 80 % one warning
+(``budget-warning``), at 100 % a pause (``budget-paused``) until the next UTC day or
+``Host.resume`` (a budget still reached pauses it again at the end of the next turn).
 
 The agent publishes its :class:`~actors.messages.AgentStatus` into ``ctx.agent_statuses`` each
 time it changes.
@@ -27,10 +31,11 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Mapping
 from typing import Any
 
 import attrs
+import trio
 
 from actors.channel.envelope import new_id
 from actors.config import AgentConfig
@@ -38,10 +43,13 @@ from actors.context import HostContext
 from actors.kernel import Actor, Reply
 from actors.messages import AgentStatus, Reconfigure, Wake, Wakes, Withdraw
 from actors.models.base import Model, ModelAuthError, Usage
+from protocol.budget import DailyBudget, day_start, next_day
 from protocol.conversation import conversation_id
 from protocol.gate import Drained, WakeBuffer
+from protocol.prices import Price, cost, price_of, prices
 from protocol.source import mark_text
-from store import Append, MessageRecord, PutState
+from protocol.status import iso
+from store import Append, MessageRecord, PutState, Reader
 
 from .gate import GATE_RELOAD_S, WakeGate
 from .header_notice import HEADER_NOTICE, HeaderNotice
@@ -112,8 +120,8 @@ class HoldTurns:
 
 @attrs.frozen(kw_only=True)
 class Resume:
-    """Lift the pause a refused credential put on the agent; the answer says whether it was
-    paused. The wakes that waited start a turn at once."""
+    """Lift the pause a refused credential or the daily budget put on the agent; the answer
+    says whether it was paused. The wakes that waited start a turn at once."""
 
 
 @attrs.frozen(kw_only=True)
@@ -143,6 +151,48 @@ def pause_remedy(exc: ModelAuthError) -> str:
     )
 
 
+def wall_clock() -> float:
+    """Now, in POSIX seconds: the clock the daily budget's UTC day is read from."""
+    return time.time()
+
+
+def tokens_of(used: Usage) -> int:
+    """The tokens a budget counts: every kind a call is billed for."""
+    return sum(used.as_dict().values())
+
+
+def _counts(used: Usage, price: Price | None) -> dict[str, float]:
+    """What a turn counts against each budget: its tokens, and its cost (0 with no price)."""
+    spent = cost(
+        price,
+        input_tokens=used.input_tokens,
+        output_tokens=used.output_tokens,
+        cache_read_tokens=used.cache_read_input_tokens,
+        cache_write_tokens=used.cache_creation_input_tokens,
+    )
+    return {"tokens": tokens_of(used), "usd": float(spent or 0)}
+
+
+def _used_today(
+    reader: Reader, agent: str, since: float, table: Mapping[str, Price]
+) -> dict[str, float]:
+    """The tokens and the cost (of the priced models) the usage ledger holds for ``agent``
+    since ``since`` (blocking)."""
+    out = {"tokens": 0.0, "usd": 0.0}
+    for t in reader.usage(since=since, agent=agent):
+        out["tokens"] += t.input_tokens + t.output_tokens + t.cache_read_tokens
+        out["tokens"] += t.cache_write_tokens
+        spent = cost(
+            price_of(t.model, table),
+            input_tokens=t.input_tokens,
+            output_tokens=t.output_tokens,
+            cache_read_tokens=t.cache_read_tokens,
+            cache_write_tokens=t.cache_write_tokens,
+        )
+        out["usd"] += float(spent or 0)
+    return out
+
+
 class AgentActor(Actor):
     mailbox_size = 256
 
@@ -163,6 +213,10 @@ class AgentActor(Actor):
         self.turn_running = False  # a turn or a rollback runs: no other turn starts
         self.held = False  # turns held by the operator (``Host.hold``)
         self.paused: str | None = None  # why the model may not be called (``Host.resume``)
+        self._budget_paused = False  # the pause is the daily budget's (lifted at the next day)
+        #: today's tokens against ``budget_daily_tokens`` (None: no budget)
+        self.budgets: dict[str, DailyBudget] = {}  # by unit: "tokens", "usd"
+        self._day_timer = False
         # RFC-006 occurrences withdrawn (replaced or retracted unread), newest last: a wake of
         # one that arrives after its withdrawal is dropped too
         self._withdrawn: OrderedDict[str, None] = OrderedDict()
@@ -186,6 +240,7 @@ class AgentActor(Actor):
 
     async def on_start(self) -> None:
         await self.drafts.load()
+        await self._load_budget()
         self.spawn(self.gate.run_timers, counted=False)
         self.spawn(self.gate.watch, counted=False)
 
@@ -368,6 +423,7 @@ class AgentActor(Actor):
             self._last_turn = (time.time(), turn.phase)
             if isinstance(turn.failure, ModelAuthError):
                 self._pause(turn.failure, turn.drained)
+            self._count_budget(turn.usage)
             self.turn_running = False
             self._maybe_start()
 
@@ -384,9 +440,102 @@ class AgentActor(Actor):
             waiting=self._queued(),
         )
 
+    # -- the daily budget ------------------------------------------------------------------
+    def _limits(self, cfg: AgentConfig) -> dict[str, float]:
+        """The agent's daily budgets by unit (``tokens``, ``usd``)."""
+        limits = {"tokens": cfg.budget_daily_tokens, "usd": cfg.budget_daily_usd}
+        return {unit: limit for unit, limit in limits.items() if limit is not None}
+
+    def _price(self) -> Price | None:
+        return price_of(self.model.name, prices(self.ctx.config.prices))
+
+    async def _load_budget(self) -> None:
+        """Count today's tokens (and cost) from the usage ledger (off the loop) against the
+        budgets, and pause at once when one is reached (a restart the same day starts paused)."""
+        limits = self._limits(self.cfg)
+        if not limits:
+            self.budgets = {}
+            return
+        now = wall_clock()
+        store = self.ctx.store
+        table = prices(self.ctx.config.prices)
+        used = await store.read(_used_today, store.reader, self.cfg.name, day_start(now), table)
+        self.budgets = {
+            unit: DailyBudget.starting(limit, used[unit], now) for unit, limit in limits.items()
+        }
+        if "usd" in limits and self._price() is None:
+            self.trace(
+                "budget-unpriced",
+                model=self.model.name,
+                line=f"{self.model.name} has no price: budget_daily_usd counts nothing for it "
+                f'(add [prices."{self.model.name}"])',
+            )
+        if not self._day_timer:  # only an agent with a budget keeps a timer for the day's end
+            self._day_timer = True
+            self.spawn(self._budget_days, counted=False)
+        for unit, budget in self.budgets.items():
+            if budget.exceeded(now) and self.paused is None:
+                self._budget_pause(unit, now)
+        self._publish_status()
+
+    async def _budget_days(self) -> None:
+        """At each new UTC day: count from 0 again and lift a budget pause."""
+        while True:
+            now = wall_clock()
+            await trio.sleep(max(next_day(now) - now, 1.0))
+            self._new_day(wall_clock())
+
+    def _new_day(self, now: float) -> None:
+        for budget in self.budgets.values():
+            budget.roll(now)
+        if self._budget_paused and not any(b.exceeded(now) for b in self.budgets.values()):
+            self._resume()
+
+    def _count_budget(self, used: Usage) -> None:
+        """Count an ended turn's tokens and cost: warn once a day at 80 %, pause at 100 %."""
+        if not self.budgets:
+            return
+        now = wall_clock()
+        counts = _counts(used, self._price())
+        for unit, budget in self.budgets.items():
+            step = budget.add(counts[unit], now)
+            if step == "warn":
+                self.trace("budget-warning", unit=unit, used=budget.used, budget=budget.limit)
+            elif step == "pause" and self.paused is None:
+                self._budget_pause(unit, now)
+
+    def _budget_pause(self, unit: str, now: float) -> None:
+        """No turn until the next UTC day (or ``Host.resume``); wakes wait in the buffer."""
+        budget = self.budgets[unit]
+        resumes_at = iso(next_day(now))
+        what = (
+            f"{budget.used:,.0f} of {budget.limit:,.0f} tokens"
+            if unit == "tokens"
+            else f"${budget.used:,.2f} of ${budget.limit:,.2f}"
+        )
+        self.paused = f"daily {'token' if unit == 'tokens' else 'cost'} budget reached ({what}); "
+        self.paused += f"resumes at {resumes_at}"
+        self._budget_paused = True
+        self.trace(
+            "budget-paused",
+            unit=unit,
+            used=budget.used,
+            budget=budget.limit,
+            resumes_at=resumes_at,
+            waiting=self._queued(),
+        )
+
     def _reconfigure(self, cfg: AgentConfig) -> bool:
         """A config reload: the system prompt applies from the next turn, the gate file is
-        re-read now. True when the gate's policies changed."""
+        re-read now, new budgets count from the next turn's end. True when the gate's
+        policies changed."""
+        limits = self._limits(cfg)
+        if set(limits) - set(self.budgets):
+            self.spawn(self._load_budget, counted=False)
+        else:
+            self.budgets = {u: b for u, b in self.budgets.items() if u in limits}
+            for unit, budget in self.budgets.items():
+                budget.limit = limits[unit]
         self.cfg = cfg
         self.system = cfg.system_prompt or DEFAULT_PROMPT.format(name=cfg.name)
         return self.gate.reconfigure(cfg.gate, cfg.gate_policy, *self._names(cfg))
@@ -402,6 +551,7 @@ class AgentActor(Actor):
         if self.paused is None:
             return False
         self.paused = None
+        self._budget_paused = False
         self.trace("agent-resumed", waiting=self._queued())
         self._maybe_start()
         return True

@@ -51,6 +51,9 @@ LEVELS: dict[str, int] = {
     "record-skipped": WARNING,
     "error": ERROR,
     "agent-paused": ERROR,
+    "budget-paused": WARNING,
+    "budget-warning": WARNING,
+    "budget-unpriced": WARNING,
     "loop-stall": WARNING,
     "wakes-deferred": WARNING,
 }
@@ -66,6 +69,10 @@ RESUMED = {
 
 def _count(value: Any) -> str:
     return f"{value:,}" if isinstance(value, int) else str(value)
+
+
+def _usd(value: Any) -> str:
+    return f"${value:,.2f}" if isinstance(value, int | float) else str(value)
 
 
 def _seconds(value: Any) -> str:
@@ -198,6 +205,25 @@ def format_event(e: TraceEvent) -> str | None:
     if k == "agent-paused":
         reason, remedy = d.get("reason"), d.get("remedy")
         return f"! {e.agent} paused: {reason}; no model calls until resumed: {remedy}"
+    if k == "budget-warning" and d.get("unit") == "usd":
+        return (
+            f"? {e.agent}: {_usd(d.get('used'))} of its {_usd(d.get('budget'))} a day spent (80 %)"
+        )
+    if k == "budget-warning":
+        return (
+            f"? {e.agent}: {_count(d.get('used'))} of its {_count(d.get('budget'))} daily tokens "
+            "used (80 %)"
+        )
+    if k == "budget-paused":
+        usd = d.get("unit") == "usd"
+        show = _usd if usd else _count
+        return (
+            f"! {e.agent} paused: daily {'cost' if usd else 'token'} budget reached "
+            f"({show(d.get('used'))} of {show(d.get('budget'))}); no turns until "
+            f"{d.get('resumes_at')} (or resume it: raise the budget and SIGHUP, or the console)"
+        )
+    if k == "budget-unpriced":
+        return f"? {e.agent}: {d.get('line')}"
     if k == "agent-resumed":
         return f"· {e.agent} resumed ({d.get('waiting')} waiting wakes)"
     if k == "model-retry":

@@ -212,7 +212,8 @@ class ConsoleApi:
         return {"changed": await self.host.hold(self._agent(request))}
 
     async def resume(self, request: Request) -> dict[str, Any]:
-        """Let a held agent run again, and resume one its model's refusal paused."""
+        """Let a held agent run again, and resume one its model's refusal or its daily budget
+        paused."""
         agent = self._agent(request)
         released = await self.host.release(agent)
         resumed = await self.host.resume(agent)

@@ -336,6 +336,10 @@ CASES: list[tuple[str, Callable[[dict[str, Any]], None], tuple[str, ...]]] = [
     ("unknown prose mode", agent(prose_mode="loud"), ("agents[Ada].prose_mode",)),
     ("gate not a string", agent(gate=5), ("agents[Ada].gate",)),
     ("zero context_tokens", agent(context_tokens=0), ("agents[Ada].context_tokens",)),
+    ("zero budget", agent(budget_daily_tokens=0), ("agents[Ada].budget_daily_tokens",)),
+    ("budget as text", agent(budget_daily_tokens="2k"), ("agents[Ada].budget_daily_tokens",)),
+    ("zero cost budget", agent(budget_daily_usd=0), ("agents[Ada].budget_daily_usd",)),
+    ("cost budget as text", agent(budget_daily_usd="$5"), ("agents[Ada].budget_daily_usd",)),
     ("duplicate agent names", twice("agents"), ("agents.name", "'Ada'")),
 ]
 
@@ -412,11 +416,14 @@ numbers = st.one_of(
 )
 
 
-@given(st.sampled_from((*INTEGER_KEYS, "request_timeout_s", "context_tokens")), numbers)
+AGENT_NUMBERS = ("context_tokens", "budget_daily_tokens")
+
+
+@given(st.sampled_from((*INTEGER_KEYS, "request_timeout_s", *AGENT_NUMBERS)), numbers)
 def test_a_number_is_taken_exactly_when_it_follows_the_rule(key: str, value: Any):
     integer = key != "request_timeout_s"
     raw = base()
-    (raw["agents"] if key == "context_tokens" else raw["servers"])[0][key] = value
+    (raw["agents"] if key in AGENT_NUMBERS else raw["servers"])[0][key] = value
     good = (
         not isinstance(value, bool | str)
         and (isinstance(value, int) or not integer)
@@ -425,7 +432,7 @@ def test_a_number_is_taken_exactly_when_it_follows_the_rule(key: str, value: Any
     )
     if good:
         cfg = load_config(raw)
-        taken = getattr(cfg.agents[0] if key == "context_tokens" else cfg.servers[0], key)
+        taken = getattr(cfg.agents[0] if key in AGENT_NUMBERS else cfg.servers[0], key)
         assert taken == value
     else:
         (line,) = problems_of(raw)

@@ -471,3 +471,20 @@ async def test_print_transcript_takes_any_async_stream_and_prints_the_last_count
         "lobby lobby:#general | alice: hello 1",
         "… 3 more like this from flood in the last 6 s (? flood: not JSON, skipped: 'junk 0')",
     ]
+
+
+def test_the_budgets_warning_and_pause_are_one_line_each() -> None:
+    events = [
+        TraceEvent(kind="budget-warning", agent="Ada", data={"used": 1700, "budget": 2000}),
+        TraceEvent(
+            kind="budget-paused",
+            agent="Ada",
+            data={"used": 2100, "budget": 2000, "resumes_at": "2026-12-07T00:00:00.000+00:00"},
+        ),
+    ]
+    lines = [STAMP.sub("", line) for line in printed(events, level=WARNING)]
+    assert lines == [
+        "? Ada: 1,700 of its 2,000 daily tokens used (80 %)",
+        "! Ada paused: daily token budget reached (2,100 of 2,000); no turns until "
+        "2026-12-07T00:00:00.000+00:00 (or resume it: raise the budget and SIGHUP, or the console)",
+    ]
