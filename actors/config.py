@@ -11,7 +11,9 @@ import math
 import os
 import re
 import tomllib
+import zoneinfo
 from collections.abc import Collection, Mapping
+from datetime import UTC, tzinfo
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -137,6 +139,17 @@ class HostConfig:
     web_token_env: str | None = None  # the variable holding the console's access token
     #: ``[prices."model-name"]``: prices over the built-in table (:mod:`protocol.prices`)
     prices: Mapping[str, Price] = attrs.field(factory=dict)
+    #: the IANA time zone whose calendar days the daily budgets count (``[host] timezone``)
+    timezone: str = "UTC"
+    #: the most tokens all agents together may use a day; None: no host-wide budget
+    budget_daily_tokens: int | None = None
+    #: the most all agents' model calls may cost a day, in US dollars; None: no such budget
+    budget_daily_usd: float | None = None
+
+    @property
+    def tz(self) -> tzinfo:
+        """The budgets' time zone (read when the config was checked; cached since)."""
+        return zone(self.timezone)
 
     def server(self, server_id: str) -> ServerConfig | None:
         return next((s for s in self.servers if s.id == server_id), None)
@@ -198,7 +211,15 @@ def unknown_key(where: str, key: str, known: Collection[str], fallback: str) -> 
     return f"{where}.{key}: unknown key; {hint}" if where else f"{key}: unknown key; {hint}"
 
 
-_HOST_KEYS = ("data_dir", "inference_model", "web", "web_token_env")
+_HOST_KEYS = (
+    "data_dir",
+    "inference_model",
+    "web",
+    "web_token_env",
+    "timezone",
+    "budget_daily_tokens",
+    "budget_daily_usd",
+)
 _TOP_KEYS = ("host", "servers", "agents", "prices")
 
 
@@ -225,6 +246,15 @@ def load_config(
     inference_model = _model_spec(
         "host.inference_model", host.get("inference_model"), base, problems
     )
+    timezone = host.get("timezone", "UTC")
+    tz_problem = zone_problem(timezone)
+    if tz_problem is not None:
+        problems.append(f"host.timezone: {tz_problem}")
+        timezone = "UTC"
+    host_tokens = _number(
+        "host.budget_daily_tokens", host.get("budget_daily_tokens"), None, problems, integer=True
+    )
+    host_usd = _number("host.budget_daily_usd", host.get("budget_daily_usd"), None, problems)
     web_problem = address_problem(host.get("web"), host.get("web_token_env"))
     if web_problem is not None:
         problems.append(web_problem)
@@ -285,7 +315,26 @@ def load_config(
         web=host.get("web"),
         web_token_env=host.get("web_token_env"),
         prices=prices,
+        timezone=timezone,
+        budget_daily_tokens=host_tokens,
+        budget_daily_usd=host_usd,
     )
+
+
+def zone(name: str) -> tzinfo:
+    """The time zone ``name`` (``UTC`` is :data:`datetime.UTC`); zoneinfo caches each zone read."""
+    return UTC if name == "UTC" else zoneinfo.ZoneInfo(name)
+
+
+def zone_problem(name: Any) -> str | None:
+    """Why ``name`` is not a time zone the host can count days in, or None."""
+    if not isinstance(name, str) or not name:
+        return "must be an IANA time zone name such as 'UTC' or 'Europe/Berlin'"
+    try:
+        zone(name)
+    except (zoneinfo.ZoneInfoNotFoundError, ValueError, OSError):
+        return f"{name!r} is not a known time zone; use an IANA name such as 'Europe/Berlin'"
+    return None
 
 
 def prices_of(raw: Any, problems: list[str]) -> dict[str, Price]:

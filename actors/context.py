@@ -68,6 +68,9 @@ class HostContext:
         self.inference: Any = None
         self.references: Any = None
         self.coalescer: Any = None  # the CoalescerActor's ref
+        # today's tokens and cost of all agents against the [host] budgets
+        # (actors.agent.budget.DayLedger), shared by the agents on this loop
+        self.day: Any = None
         # Servers whose deprecated context injections were already reported (RFC-010): at most
         # one entry per configured server.
         self.injections_noticed: set[str] = set()

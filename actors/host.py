@@ -22,6 +22,7 @@ from actors.agent.actor import (
     Resume,
     Rollback,
 )
+from actors.agent.budget import host_day
 from actors.agent.history import read_history
 from actors.agent.inference import InferenceRouter
 from actors.channel.actor import ChannelActor
@@ -40,7 +41,7 @@ from .errors import ConfigError
 from .interpreter import short_switch_interval
 from .kernel import Work
 from .messages import Reconnect
-from .reload import OffLoop, apply_plan, one_line, plan_reload
+from .reload import HOST_LIVE, OffLoop, apply_plan, one_line, plan_reload
 from .status import StatusWriter
 from .storage import StoreClient
 from .trace import TraceBus, TraceEvent
@@ -108,6 +109,7 @@ class Host:
         ctx.inference = InferenceRouter(cfg, models, model_from_spec)
         saved = store.reader.state(CHECKPOINTS[0]).get(CHECKPOINTS[1])
         ctx.lineages = Lineages.from_state(saved)
+        ctx.day = await host_day(ctx, None, cfg)
         host = cls(ctx)
         body_error: Exception | None = None
         trio.lowlevel.add_instrument(ctx.loop_watch)
@@ -263,6 +265,8 @@ class Host:
                 self.ctx.trace.emit("reload-refused", data={"reason": one_line(problems)})
                 raise
             plan = plan_reload(self.ctx.config, new)
+            if any(k in plan.changed for k in HOST_LIVE):  # the host's day: new limits or zone
+                await host_day(self.ctx, self.ctx.day, plan.config)
             return await apply_plan(self.ctx, plan, self._resume_after_reload)
 
     async def _resume_after_reload(self, agent: str) -> bool:

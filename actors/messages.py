@@ -93,6 +93,8 @@ class AgentStatus:
     last_turn_at: float | None = None  # wall-clock time the last turn ended
     last_outcome: str | None = None  # completed, aborted or failed
     usage: Mapping[str, int] = attrs.field(factory=dict)  # token usage summed over its turns
+    #: today's tokens and cost, each with its daily limit and what is left (None: no limit)
+    today: Mapping[str, Any] = attrs.field(factory=dict)
 
 
 # --- to a ChannelActor ---------------------------------------------------------------------

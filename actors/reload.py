@@ -48,6 +48,8 @@ AGENT_LIVE = (
     "budget_daily_tokens",
     "budget_daily_usd",
 )
+#: ``[host]`` keys taken at once: the prices and the budgets' zone and limits.
+HOST_LIVE = ("prices", "timezone", "budget_daily_tokens", "budget_daily_usd")
 #: Derived from another key (``endpoint`` from ``url``, ``gate_policy`` from the ``gate`` file):
 #: never reported on its own.
 _DERIVED = frozenset({"endpoint", "gate_policy"})
@@ -114,7 +116,9 @@ def plan_reload(old: HostConfig, new: HostConfig) -> ReloadPlan:
         changed += [f"{a.name}.{k}" for k in AGENT_LIVE if getattr(a, k) != getattr(n_agent, k)]
         taken_agent = {k: getattr(n_agent, k) for k in AGENT_LIVE}
         agents.append(attrs.evolve(a, gate_policy=n_agent.gate_policy, **taken_agent))
-    config = attrs.evolve(old, servers=tuple(servers), agents=tuple(agents))
+    changed += [k for k in HOST_LIVE if getattr(old, k) != getattr(new, k)]
+    host_live = {k: getattr(new, k) for k in HOST_LIVE}
+    config = attrs.evolve(old, servers=tuple(servers), agents=tuple(agents), **host_live)
     return ReloadPlan(
         config=config,
         servers=tuple(reconfigured),

@@ -115,6 +115,7 @@ def agent_entry(name: str, st: Any) -> dict[str, Any]:
         "last_turn_at": fmt.iso(last) if isinstance(last, int | float) else None,
         "last_outcome": _clip(getattr(st, "last_outcome", None)),
         "usage": {str(k): v for k, v in usage.items() if isinstance(v, int)},
+        "today": dict(getattr(st, "today", None) or {}),
     }
 
 
@@ -129,6 +130,7 @@ def snapshot(
     redactor: Redactor,
     channels: Callable[[str], tuple[list[ChannelInfo], int]] | None = None,
     loop: Mapping[str, Any] | None = None,
+    day: Any = None,
 ) -> dict[str, Any]:
     """The file's content less ``written_at`` (which the writer adds): every configured server
     (with its channels, from ``channels(server_id)``) and agent, in configuration order,
@@ -147,6 +149,8 @@ def snapshot(
     }
     if loop is not None:
         doc["loop"] = dict(loop)
+    if day is not None:
+        doc["today"] = day.snapshot(time.time())
     result: dict[str, Any] = redactor.value(doc)
     return result
 
@@ -206,6 +210,7 @@ class StatusWriter:
             redactor=self.redactor,
             channels=self._channels,
             loop=watch.summary() if (watch := getattr(ctx, "loop_watch", None)) else None,
+            day=getattr(ctx, "day", None),
         )
 
     def _channels(self, server_id: str) -> tuple[list[ChannelInfo], int]:

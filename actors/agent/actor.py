@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Mapping
+from collections.abc import Awaitable
 from typing import Any
 
 import attrs
@@ -43,14 +43,20 @@ from actors.context import HostContext
 from actors.kernel import Actor, Reply
 from actors.messages import AgentStatus, Reconfigure, Wake, Wakes, Withdraw
 from actors.models.base import Model, ModelAuthError, Usage
-from protocol.budget import DailyBudget, day_start, next_day
 from protocol.conversation import conversation_id
 from protocol.gate import Drained, WakeBuffer
-from protocol.prices import Price, cost, price_of, prices
+from protocol.prices import Price, price_of, prices
 from protocol.source import mark_text
-from protocol.status import iso
-from store import Append, MessageRecord, PutState, Reader
+from store import Append, MessageRecord, PutState
 
+from .budget import (
+    AgentBudget,
+    DayLedger,
+    host_ledger,
+    limits_of,
+    today_since,
+    used_since,
+)
 from .gate import GATE_RELOAD_S, WakeGate
 from .header_notice import HEADER_NOTICE, HeaderNotice
 from .history import (
@@ -151,48 +157,6 @@ def pause_remedy(exc: ModelAuthError) -> str:
     )
 
 
-def wall_clock() -> float:
-    """Now, in POSIX seconds: the clock the daily budget's UTC day is read from."""
-    return time.time()
-
-
-def tokens_of(used: Usage) -> int:
-    """The tokens a budget counts: every kind a call is billed for."""
-    return sum(used.as_dict().values())
-
-
-def _counts(used: Usage, price: Price | None) -> dict[str, float]:
-    """What a turn counts against each budget: its tokens, and its cost (0 with no price)."""
-    spent = cost(
-        price,
-        input_tokens=used.input_tokens,
-        output_tokens=used.output_tokens,
-        cache_read_tokens=used.cache_read_input_tokens,
-        cache_write_tokens=used.cache_creation_input_tokens,
-    )
-    return {"tokens": tokens_of(used), "usd": float(spent or 0)}
-
-
-def _used_today(
-    reader: Reader, agent: str, since: float, table: Mapping[str, Price]
-) -> dict[str, float]:
-    """The tokens and the cost (of the priced models) the usage ledger holds for ``agent``
-    since ``since`` (blocking)."""
-    out = {"tokens": 0.0, "usd": 0.0}
-    for t in reader.usage(since=since, agent=agent):
-        out["tokens"] += t.input_tokens + t.output_tokens + t.cache_read_tokens
-        out["tokens"] += t.cache_write_tokens
-        spent = cost(
-            price_of(t.model, table),
-            input_tokens=t.input_tokens,
-            output_tokens=t.output_tokens,
-            cache_read_tokens=t.cache_read_tokens,
-            cache_write_tokens=t.cache_write_tokens,
-        )
-        out["usd"] += float(spent or 0)
-    return out
-
-
 class AgentActor(Actor):
     mailbox_size = 256
 
@@ -213,9 +177,11 @@ class AgentActor(Actor):
         self.turn_running = False  # a turn or a rollback runs: no other turn starts
         self.held = False  # turns held by the operator (``Host.hold``)
         self.paused: str | None = None  # why the model may not be called (``Host.resume``)
-        self._budget_paused = False  # the pause is the daily budget's (lifted at the next day)
-        #: today's tokens against ``budget_daily_tokens`` (None: no budget)
-        self.budgets: dict[str, DailyBudget] = {}  # by unit: "tokens", "usd"
+        self._budget_paused = False  # the pause is a daily budget's (lifted at the next day)
+        if ctx.day is None:  # the host's shared ledger (a host that has none yet counts from 0)
+            ctx.day = host_ledger(ctx.config)
+        self.host_day: DayLedger = ctx.day
+        self.budget = AgentBudget(cfg.name, self.host_day, self.trace)
         self._day_timer = False
         # RFC-006 occurrences withdrawn (replaced or retracted unread), newest last: a wake of
         # one that arrives after its withdrawal is dropped too
@@ -400,6 +366,10 @@ class AgentActor(Actor):
             return
         if self.turn_running or self.held or self.paused is not None:
             return
+        reason = self.budget.before_turn(self._queued()) if self.host_day.limited else None
+        if reason is not None:
+            self._budget_pause(reason)
+            return
         self._parked = False
         drained = self.buffer.drain()
         if self._carried is not None:
@@ -423,7 +393,9 @@ class AgentActor(Actor):
             self._last_turn = (time.time(), turn.phase)
             if isinstance(turn.failure, ModelAuthError):
                 self._pause(turn.failure, turn.drained)
-            self._count_budget(turn.usage)
+            reason = self.budget.count(turn.usage, self._price(), self._queued())
+            if reason is not None and self.paused is None:
+                self._budget_pause(reason)
             self.turn_running = False
             self._maybe_start()
 
@@ -440,102 +412,49 @@ class AgentActor(Actor):
             waiting=self._queued(),
         )
 
-    # -- the daily budget ------------------------------------------------------------------
-    def _limits(self, cfg: AgentConfig) -> dict[str, float]:
-        """The agent's daily budgets by unit (``tokens``, ``usd``)."""
-        limits = {"tokens": cfg.budget_daily_tokens, "usd": cfg.budget_daily_usd}
-        return {unit: limit for unit, limit in limits.items() if limit is not None}
-
+    # -- the daily budgets (:mod:`actors.agent.budget`) -------------------------------------
     def _price(self) -> Price | None:
         return price_of(self.model.name, prices(self.ctx.config.prices))
 
     async def _load_budget(self) -> None:
-        """Count today's tokens (and cost) from the usage ledger (off the loop) against the
-        budgets, and pause at once when one is reached (a restart the same day starts paused)."""
-        limits = self._limits(self.cfg)
-        if not limits:
-            self.budgets = {}
-            return
-        now = wall_clock()
-        store = self.ctx.store
-        table = prices(self.ctx.config.prices)
-        used = await store.read(_used_today, store.reader, self.cfg.name, day_start(now), table)
-        self.budgets = {
-            unit: DailyBudget.starting(limit, used[unit], now) for unit, limit in limits.items()
-        }
-        if "usd" in limits and self._price() is None:
-            self.trace(
-                "budget-unpriced",
-                model=self.model.name,
-                line=f"{self.model.name} has no price: budget_daily_usd counts nothing for it "
-                f'(add [prices."{self.model.name}"])',
-            )
-        if not self._day_timer:  # only an agent with a budget keeps a timer for the day's end
-            self._day_timer = True
+        """Count today's tokens and cost from the usage ledger (off the loop), and pause at once
+        when a limit is reached (a restart the same day starts paused)."""
+        limits = limits_of(self.cfg)
+        used: dict[str, float] = {}
+        if any(v is not None for v in limits.values()):
+            store = self.ctx.store
+            table = prices(self.ctx.config.prices)
+            since = today_since(self.ctx.config)
+            used = await store.read(used_since, store.reader, since, table, self.cfg.name)
+        self.budget.start(limits, used)
+        if self._price() is None:
+            self.budget.unpriced(self.model.name)
+        if self.budget.watched and not self._day_timer:
+            self._day_timer = True  # only an agent with a limit keeps a timer for the day's end
             self.spawn(self._budget_days, counted=False)
-        for unit, budget in self.budgets.items():
-            if budget.exceeded(now) and self.paused is None:
-                self._budget_pause(unit, now)
+        if self.paused is None and (reason := self.budget.pause_if_reached(self._queued())):
+            self._budget_pause(reason)
         self._publish_status()
 
     async def _budget_days(self) -> None:
-        """At each new UTC day: count from 0 again and lift a budget pause."""
+        """At each new day: lift a budget pause when no limit is reached any more."""
         while True:
-            now = wall_clock()
-            await trio.sleep(max(next_day(now) - now, 1.0))
-            self._new_day(wall_clock())
+            await trio.sleep(self.budget.seconds_to_next_day())
+            if self._budget_paused and self.budget.clear():
+                self._resume()
+            self._publish_status()
 
-    def _new_day(self, now: float) -> None:
-        for budget in self.budgets.values():
-            budget.roll(now)
-        if self._budget_paused and not any(b.exceeded(now) for b in self.budgets.values()):
-            self._resume()
-
-    def _count_budget(self, used: Usage) -> None:
-        """Count an ended turn's tokens and cost: warn once a day at 80 %, pause at 100 %."""
-        if not self.budgets:
-            return
-        now = wall_clock()
-        counts = _counts(used, self._price())
-        for unit, budget in self.budgets.items():
-            step = budget.add(counts[unit], now)
-            if step == "warn":
-                self.trace("budget-warning", unit=unit, used=budget.used, budget=budget.limit)
-            elif step == "pause" and self.paused is None:
-                self._budget_pause(unit, now)
-
-    def _budget_pause(self, unit: str, now: float) -> None:
-        """No turn until the next UTC day (or ``Host.resume``); wakes wait in the buffer."""
-        budget = self.budgets[unit]
-        resumes_at = iso(next_day(now))
-        what = (
-            f"{budget.used:,.0f} of {budget.limit:,.0f} tokens"
-            if unit == "tokens"
-            else f"${budget.used:,.2f} of ${budget.limit:,.2f}"
-        )
-        self.paused = f"daily {'token' if unit == 'tokens' else 'cost'} budget reached ({what}); "
-        self.paused += f"resumes at {resumes_at}"
+    def _budget_pause(self, reason: str) -> None:
+        """No turn until the next day (or ``Host.resume``); wakes wait in the buffer."""
+        self.paused = reason
         self._budget_paused = True
-        self.trace(
-            "budget-paused",
-            unit=unit,
-            used=budget.used,
-            budget=budget.limit,
-            resumes_at=resumes_at,
-            waiting=self._queued(),
-        )
 
     def _reconfigure(self, cfg: AgentConfig) -> bool:
         """A config reload: the system prompt applies from the next turn, the gate file is
         re-read now, new budgets count from the next turn's end. True when the gate's
         policies changed."""
-        limits = self._limits(cfg)
-        if set(limits) - set(self.budgets):
+        if limits_of(cfg) != limits_of(self.cfg) or not self._day_timer:
             self.spawn(self._load_budget, counted=False)
-        else:
-            self.budgets = {u: b for u, b in self.budgets.items() if u in limits}
-            for unit, budget in self.budgets.items():
-                budget.limit = limits[unit]
         self.cfg = cfg
         self.system = cfg.system_prompt or DEFAULT_PROMPT.format(name=cfg.name)
         return self.gate.reconfigure(cfg.gate, cfg.gate_policy, *self._names(cfg))
@@ -552,6 +471,7 @@ class AgentActor(Actor):
             return False
         self.paused = None
         self._budget_paused = False
+        self.budget.grace = True  # resumed: the next turn runs even with the host's total reached
         self.trace("agent-resumed", waiting=self._queued())
         self._maybe_start()
         return True
@@ -604,6 +524,7 @@ class AgentActor(Actor):
             last_turn_at=last[0] if last is not None else None,
             last_outcome=last[1] if last is not None else None,
             usage=self._usage.as_dict(),
+            today=self.budget.snapshot(),
         )
         if self.ctx.agent_statuses.get(self.cfg.name) != status:
             self.ctx.agent_statuses[self.cfg.name] = status

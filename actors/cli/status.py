@@ -136,8 +136,41 @@ def summary(
         lines.append(
             f"  {a.get('name')}: {state}; {a.get('turns')} turns, {turn}; {a.get('queued')} queued"
         )
+        today = today_line(a.get("today"))
+        if today:
+            lines.append(f"    {today}")
+    host_today = today_line(doc.get("today"))
+    if host_today and any(
+        isinstance(u, Mapping) and u.get("limit") is not None
+        for u in (doc["today"].get("tokens"), doc["today"].get("usd"))
+    ):
+        lines.append(f"all agents: {host_today}")
     lines.append(f"health: {verdict.summary}")
     return lines
+
+
+def today_line(today: Any) -> str | None:
+    """``today (2026-12-06): 1,234 tokens, $0.02; budget 2,000 tokens (766 left)``, from a
+    status file's ``today`` entry (None when it has none)."""
+    if not isinstance(today, Mapping):
+        return None
+    tokens, usd = today.get("tokens"), today.get("usd")
+    if not isinstance(tokens, Mapping) or not isinstance(usd, Mapping):
+        return None
+    line = f"today ({today.get('day')}): {_amount('tokens', tokens.get('used'))}, "
+    line += _amount("usd", usd.get("used"))
+    budgets = [
+        f"{_amount(unit, u.get('limit'))} ({_amount(unit, u.get('left'))} left)"
+        for unit, u in (("tokens", tokens), ("usd", usd))
+        if u.get("limit") is not None
+    ]
+    return line + ("; budget " + ", ".join(budgets) if budgets else "")
+
+
+def _amount(unit: str, value: Any) -> str:
+    if not isinstance(value, int | float):
+        return "?"
+    return f"${value:,.2f}" if unit == "usd" else f"{value:,.0f} tokens"
 
 
 #: Channels named on a server's summary line (the file lists more).

@@ -205,20 +205,21 @@ def format_event(e: TraceEvent) -> str | None:
     if k == "agent-paused":
         reason, remedy = d.get("reason"), d.get("remedy")
         return f"! {e.agent} paused: {reason}; no model calls until resumed: {remedy}"
-    if k == "budget-warning" and d.get("unit") == "usd":
-        return (
-            f"? {e.agent}: {_usd(d.get('used'))} of its {_usd(d.get('budget'))} a day spent (80 %)"
-        )
     if k == "budget-warning":
-        return (
-            f"? {e.agent}: {_count(d.get('used'))} of its {_count(d.get('budget'))} daily tokens "
-            "used (80 %)"
-        )
+        whose = "the host's" if d.get("scope") == "host" else "its"
+        if d.get("unit") == "usd":
+            spent = f"{_usd(d.get('used'))} of {whose} {_usd(d.get('budget'))} a day spent"
+        else:
+            spent = (
+                f"{_count(d.get('used'))} of {whose} {_count(d.get('budget'))} daily tokens used"
+            )
+        return f"? {e.agent}: {spent} (80 %)"
     if k == "budget-paused":
         usd = d.get("unit") == "usd"
         show = _usd if usd else _count
+        whose = "host-wide daily" if d.get("scope") == "host" else "daily"
         return (
-            f"! {e.agent} paused: daily {'cost' if usd else 'token'} budget reached "
+            f"! {e.agent} paused: {whose} {'cost' if usd else 'token'} budget reached "
             f"({show(d.get('used'))} of {show(d.get('budget'))}); no turns until "
             f"{d.get('resumes_at')} (or resume it: raise the budget and SIGHUP, or the console)"
         )

@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 import trio
 
-import actors.agent.actor as agent_actor
+import actors.agent.budget as agent_budget
 from actors import Host
+from actors.agent.actor import PostLocal
 from protocol.budget import next_day
 from tests.helpers import agent_configs, config, drain_ready
 
@@ -22,13 +23,15 @@ async def test_the_pause_lifts_at_the_next_utc_day_and_the_waiting_wake_is_answe
 ) -> None:
     midnight = next_day(time.time())  # the ledger's rows are stamped today, before it
     clock = {"now": midnight - 3600}
-    monkeypatch.setattr(agent_actor, "wall_clock", lambda: clock["now"])
+    monkeypatch.setattr(agent_budget, "wall_clock", lambda: clock["now"])
     entries = agent_configs(tmp_path, {"Ada": RULES})
     entries[0].update(system_prompt="x" * 3400, budget_daily_tokens=2000)
     async with Host.open(config(tmp_path, [], entries)) as host:
         stream = host.trace()
         for n in range(1, 5):
-            await host.post_local("Ada", f"turn {n}")
+            # told, not asked: an ask's 60 s deadline is mock time, which jumps while the
+            # store appends in a thread
+            await host.ctx.agents["Ada"].tell(PostLocal(text=f"turn {n}"))
             await host.run_until_idle()
         events = await drain_ready(stream)
         assert [e.kind for e in events].count("budget-paused") == 1

@@ -1,8 +1,9 @@
-"""The daily budget's rule: the UTC day, one warning at 80 %, the pause at 100 %."""
+"""The daily budget's rule: the day (UTC or a time zone's), a warning at 80 %, a pause at 100 %."""
 
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from zoneinfo import ZoneInfo
 
 from hypothesis import given
 from hypothesis import strategies as st
@@ -61,3 +62,46 @@ def test_a_start_past_the_budget_is_exceeded_and_not_warned_again() -> None:
     budget = DailyBudget.starting(2000, 2100, 1_000_000.0)
     assert budget.exceeded(1_000_000.0)
     assert budget.add(10, 1_000_001.0) == "pause"
+
+
+ZONES = [
+    "Europe/Berlin",  # summer time: days of 23 and 25 hours
+    "America/Sao_Paulo",  # its clocks once skipped midnight itself
+    "Asia/Tehran",
+    "Pacific/Apia",  # skipped 30 December 2011 whole
+    "Pacific/Kiritimati",
+    "America/St_Johns",
+    "Australia/Lord_Howe",  # half-hour summer time
+]
+
+
+@given(times, st.sampled_from(ZONES))
+def test_a_day_in_a_time_zone_runs_from_its_midnight_to_the_next(now: float, name: str) -> None:
+    tz = ZoneInfo(name)
+    start, then = day_start(now, tz), next_day(now, tz)
+    assert start <= now < then
+    assert 0 < then - start <= 26 * 3600
+    assert day_start(then, tz) == then  # the next day starts where this one ends
+    local = datetime.fromtimestamp(start, tz)
+    assert local.date() == datetime.fromtimestamp(now, tz).date()
+    # midnight, unless the clocks skipped it: then the day's first instant (before 02:00)
+    assert (local.hour, local.minute) == (0, 0) or local.hour < 2
+    assert datetime.fromtimestamp(start - 1, tz).date() < local.date()
+
+
+@given(st.integers(1, 10_000), st.integers(0, 20_000), times, st.sampled_from(ZONES))
+def test_a_budget_in_a_time_zone_counts_from_zero_at_its_next_day(
+    limit: int, used: int, now: float, name: str
+) -> None:
+    tz = ZoneInfo(name)
+    budget = DailyBudget.starting(limit, used, now, tz)
+    assert budget.exceeded(now) == (used >= limit)
+    assert not budget.exceeded(next_day(now, tz))
+    assert budget.used == 0
+
+
+@given(st.integers(0, 20_000), times)
+def test_without_a_limit_a_budget_only_counts(used: int, now: float) -> None:
+    budget = DailyBudget.starting(None, used, now)
+    assert budget.add(10**9, now) == "ok" and not budget.exceeded(now)
+    assert budget.used == used + 10**9 and budget.left(now) is None
