@@ -232,8 +232,8 @@ class TurnHooks:
 
 
 def injection_messages(injections: Sequence[Injection]) -> dict[str, list[dict[str, Any]]]:
-    """Rendered per position, as user messages introduced by the server and namespace they
-    came from (a ``system`` one is sent as :func:`system_notice` makes it). Never stored."""
+    """Rendered per position: ``system`` as text for the system prompt, the others as user
+    messages introduced by the server and namespace they came from. Never stored."""
     out: dict[str, list[dict[str, Any]]] = {"system": [], "beforeUser": [], "afterUser": []}
     for inj in injections:
         intro = {"type": "text", "text": f"[context from {inj.server_id} · {inj.namespace}]"}
@@ -246,12 +246,3 @@ def injection_messages(injections: Sequence[Injection]) -> dict[str, list[dict[s
             }
         )
     return out
-
-
-def system_notice(message: Mapping[str, Any]) -> dict[str, Any]:
-    """A ``system`` injection (as :func:`injection_messages` renders it) as the host's notice:
-    a ``system`` message of its text blocks, joined, which a provider sends after the history
-    (its turn-only text kept out of the prefix a prompt cache serves)."""
-    text = "\n".join(str(b.get("text", "")) for b in message["blocks"] if b.get("type") == "text")
-    rest = {k: v for k, v in message.items() if k not in ("blocks", "prefix")}
-    return {**rest, "role": "system", "blocks": [{"type": "text", "text": text}]}

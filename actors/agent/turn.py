@@ -17,11 +17,8 @@ writer as the turn ends, not waited for. Each retry a provider makes is traced a
 happens (``model-retry``).
 
 Each request tells the provider which part of it the next turn sends again (for a prompt cache):
-the messages before the first one hooks injected (``stable_messages``). Nothing that changes from
-turn to turn comes before them: the system prompt is the configured one, and what hooks inject,
-a ``system`` injection too, follows the history (a ``system`` one as a host notice right after
-the newest message), so a turn that only appends (a silent one above all) sends the same prefix
-as the turn before it.
+the system prompt before the text hooks added to it (``stable_system``), and the messages before
+the first one hooks injected (``stable_messages``).
 
 The turn runs in the agent's child task and touches no agent state: the agent reads
 :attr:`Turn.scope` (to abort), :attr:`Turn.speech` (to count arrivals against the route),
@@ -65,7 +62,7 @@ from .history import (
     store_message,
     store_said,
 )
-from .hooks import TurnHooks, injection_messages, system_notice
+from .hooks import TurnHooks, injection_messages
 from .rollback import record_checkpoints
 from .speech import (
     SILENCING_TOOLS,
@@ -300,11 +297,12 @@ class Turn:
         )
         placed = injection_messages(injections)
         system = owner.system
-        # this turn's own text goes after the history, so the prefix the next turn sends again
-        # (tools, system prompt, history) stays the same bytes: a system injection is a notice
-        # of the host's right after the newest message, not a change to the system prompt
-        notices = [system_notice(m) for m in placed["system"]]
-        context = place_injections(context, placed["beforeUser"], [*notices, *placed["afterUser"]])
+        stable_system = len(system)  # what follows it is this turn's alone
+        for m in placed["system"]:
+            system += "\n\n" + "\n".join(
+                str(b.get("text", "")) for b in m["blocks"] if b.get("type") == "text"
+            )
+        context = place_injections(context, placed["beforeUser"], placed["afterUser"])
         # the next turn sends again what comes before this turn's injections
         stable_messages = next(
             (i for i, m in enumerate(context) if "injection" in (m.get("metadata") or {})), None
@@ -337,6 +335,7 @@ class Turn:
                 # the request keeps what this round saw
                 messages=tuple(context) if owner.cfg.images else tuple(text_only(context)),
                 tools=tools,
+                stable_system=stable_system,
                 stable_messages=stable_messages,
                 on_retry=on_retry,
             )

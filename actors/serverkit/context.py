@@ -77,10 +77,8 @@ class BeforeInference:
 class Injection:
     """One context injection: where it goes and what it says.
 
-    ``position`` is ``"system"`` (the host's own notice; mcplive sends it right after the
-    newest user message, so the start of the prompt stays the same for a prompt cache),
-    ``"beforeUser"`` (a message just before the newest user message) or ``"afterUser"`` (just
-    after it). Each is fresh for one
+    ``position`` is ``"system"`` (appended to the system prompt), ``"beforeUser"`` (a message
+    just before the newest user message) or ``"afterUser"`` (just after it). Each is fresh for one
     inference and never stored. ``namespace`` labels it: the agent sees ``[context from
     <server> · <namespace>]`` above it (a label only: it authorizes nothing)."""
 

@@ -201,21 +201,20 @@ async def test_injections_are_authorized_per_position_and_placed_around_the_user
             first, second = model.seen
             assert all("[context from" not in t for m in first.messages for t in text_blocks(m))
             msgs = without_notices(list(second.messages))
-            if system == "granted":
-                # a system injection is the host's notice right after the newest message: after
-                # the history, so the prefix a prompt cache serves stays the same bytes
-                assert msgs[4]["role"] == "system"
-                assert text_blocks(msgs.pop(4)) == ["[context from lobby · ns.sys]\nSYSTEM-TEXT"]
             roles = [m["role"] for m in msgs]
             assert roles == ["user", "assistant", "user", "user", "user"]
             assert text_blocks(msgs[0])[-1] == "first message"
             assert text_blocks(msgs[2]) == ["[context from lobby · ns.before]", "BEFORE-TEXT"]
             assert text_blocks(msgs[3])[-1] == "second message"
             assert text_blocks(msgs[4]) == ["[context from lobby · ns.after]", "AFTER-TEXT"]
+            # a system injection never lands among the messages; granted, it ends the prompt
             assert all("SYSTEM-TEXT" not in t for m in msgs for t in text_blocks(m))
-            # the system prompt is the configured one, granted or not
-            assert "SYSTEM-TEXT" not in second.system
-            assert second.system == first.system
+            if system == "denied":
+                assert "SYSTEM-TEXT" not in second.system
+                assert second.system == first.system
+            else:
+                assert second.system.startswith(first.system)
+                assert second.system.endswith("[context from lobby · ns.sys]\nSYSTEM-TEXT")
             # injections are for one inference only: never stored
             stored = [t for m in lb.host.history("Ada") for t in text_blocks(m)]
             assert not any("TEXT" in t or "[context from" in t for t in stored)

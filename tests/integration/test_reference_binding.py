@@ -617,8 +617,8 @@ async def test_a_context_injection_is_bound_to_the_server_whose_answer_carried_i
                         form: next(t for t in found if t.split("] ", 1)[1].startswith(name + " "))
                         for form, name in names.items()
                     }
-                    # at each position: the resource before the user's message, the audio
-                    # (the system position: the host's notice) and the image after it
+                    # at each position: the resource before the user's message, the image
+                    # after it, the audio at the end of the system prompt
                     placed = [
                         [b["text"] for b in m["blocks"] if b.get("type") == "text"]
                         for m in request.messages
@@ -626,11 +626,9 @@ async def test_a_context_injection_is_bound_to_the_server_whose_answer_carried_i
                     intro = "[context from h2 · refs]"
                     at = placed.index([intro, by_form["resource"]])
                     assert placed[at + 1][-1] == "go"
-                    assert request.messages[at + 2]["role"] == "system"
-                    assert placed[at + 2] == [f"{intro}\n{by_form['audio']}"]
-                    assert placed[at + 3] == [intro, by_form["image"]]
-                    assert len(placed) == at + 4
-                    assert by_form["audio"] not in request.system
+                    assert placed[at + 2] == [intro, by_form["image"]]
+                    assert len(placed) == at + 3
+                    assert request.system.endswith(f"{intro}\n{by_form['audio']}")
                     assert not any("[context from h1" in t or "by h1" in t for t in shown)
                     ref_ids = [ref_of(t) for t in found]
                     everything = json.dumps([shown, host.history("Ada")])
