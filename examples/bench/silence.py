@@ -12,8 +12,8 @@ turn to the next shows as a smaller share.
 
 A chat server written with the toolkit (:mod:`actors.serverkit`) serves the channel over a
 websocket in this process. With ``volatile`` it also has a context hook, granted
-``inject.system``, that injects a line into the system prompt which changes every turn (a clock),
-the kind of text that would spoil the cache if it were sent before the history.
+``inject.afterUser``, that injects a line which changes every turn (a clock) after the newest
+message, where a server should put what changes: it leaves the history before it cached.
 
 Each line is sent once the host is idle after the one before. The figures come from the store's
 usage ledger (one row per turn, read once the host has closed): each turn's input tokens
@@ -107,7 +107,7 @@ class Run:
 
 
 class ChatServer:
-    """One channel of chatter; with ``volatile``, a clock injected into the system prompt."""
+    """One channel of chatter; with ``volatile``, a clock injected after the newest message."""
 
     def __init__(self, *, volatile: bool) -> None:
         self.kit = MCPLServer("chatter", version="0", default_feature_sets=False)
@@ -119,8 +119,8 @@ class ChatServer:
         if volatile:
             self.kit.feature_set(
                 "chatter.clock",
-                description="The time, in the system prompt, before each inference.",
-                uses=["contextHooks.beforeInference.inject.system"],
+                description="The time, after the newest message, before each inference.",
+                uses=["contextHooks.beforeInference.inject.afterUser"],
             )
             self.ticks = itertools.count(1)
             self.kit.before_inference(self._clock)
@@ -131,7 +131,7 @@ class ChatServer:
     def _clock(self, ctx: BeforeInference) -> list[Injection]:
         tick = next(self.ticks)
         when = f"12:{tick // 60:02d}:{tick % 60:02d}"
-        return [Injection(content=f"It is {when}, tick {tick}.", position="system")]
+        return [Injection(content=f"It is {when}, tick {tick}.", position="afterUser")]
 
     async def _registered(self) -> None:
         await self.kit.registered.wait()
@@ -179,7 +179,7 @@ def config(work: Path, provider: str, api: str, url: str, *, volatile: bool) -> 
     if volatile:
         server["enabled_capabilities"] = [
             "channels.*",
-            "contextHooks.beforeInference.inject.system",
+            "contextHooks.beforeInference.inject.afterUser",
         ]
     model = "anthropic:claude-fake" if provider == "anthropic" else "openai:gpt-fake"
     return {

@@ -49,11 +49,11 @@ async def test_silent_turns_are_mostly_cache_reads(tmp_path: Path, provider: str
 
 
 @pytest.mark.parametrize("provider", silence.PROVIDERS)
-async def test_a_clock_in_the_system_prompt_does_not_spoil_the_cache(
+async def test_a_clock_injected_after_the_newest_message_does_not_spoil_the_cache(
     tmp_path: Path, provider: str
 ) -> None:
-    # a server injects a line into the system prompt that changes every turn; it is sent after
-    # the history, so what comes before it is still read from the cache
+    # a server injects a line that changes every turn (afterUser): it is sent after the
+    # history, so what comes before it is still read from the cache
     with trio.fail_after(DEADLINE_S):
         run = await silence.run(tmp_path, provider, TURNS, volatile=True)
     assert len(run.turns) == TURNS and all(t.silent for t in run.turns)
