@@ -21,6 +21,16 @@ Every ``POST /v1/chat/completions`` takes the next response off the queue:
 * :class:`Cut` — a 200 stream of a reply's first ``events`` events, then the connection drops.
 * :class:`Silent` — the request is read and never answered (until the server is cancelled).
 
+Prompt caching, as OpenAI does it (automatically, by prefix): with ``FakeScript(prompt_cache=True)``
+the server remembers each request's prompt, read as the bytes of its ``tools`` then its
+``messages`` in compact JSON, and reports as ``usage.prompt_tokens_details.cached_tokens`` the
+longest byte prefix it shares with an earlier prompt, in tokens (a token per four bytes), rounded
+down to whole blocks of ``cache_block_tokens`` (128, as OpenAI's) and nothing below
+``min_cache_tokens`` (OpenAI's is 1,024; the fake's is 0 unless set); ``prompt_tokens`` is the
+whole prompt's tokens. Anything that changes early in a prompt (a time in the system message)
+ends the shared prefix there, as it does for the real API. The newest ``CACHE_LIMIT`` prompts
+are kept. Without ``prompt_cache`` the usage is the :class:`Reply`'s own.
+
 When the queue is empty the answer is ``400 invalid_request_error`` ("fake openai: script
 exhausted"), which a provider does not retry.
 
@@ -58,10 +68,15 @@ __all__ = [
     "Reply",
     "Silent",
     "ToolCall",
+    "prompt_bytes",
     "serve_fake_openai",
 ]
 
 DEFAULT_LOG_LIMIT = 1000
+#: Prompts the fake's prompt cache keeps (the oldest go first).
+CACHE_LIMIT = 256
+#: OpenAI caches a prompt's prefix in blocks of this many tokens.
+CACHE_BLOCK_TOKENS = 128
 
 
 @attrs.frozen(kw_only=True)
@@ -143,9 +158,21 @@ class RecordedRequest:
 class FakeScript:
     """The scripted responses (consumed in order) and the log of requests received."""
 
-    def __init__(self, responses: Iterable[Response] = (), *, log_limit: int = DEFAULT_LOG_LIMIT):
+    def __init__(
+        self,
+        responses: Iterable[Response] = (),
+        *,
+        log_limit: int = DEFAULT_LOG_LIMIT,
+        prompt_cache: bool = False,
+        min_cache_tokens: int = 0,
+        cache_block_tokens: int = CACHE_BLOCK_TOKENS,
+    ):
         self._queue: collections.deque[Response] = collections.deque(responses)
         self._log: collections.deque[RecordedRequest] = collections.deque(maxlen=log_limit)
+        self.prompt_cache = prompt_cache
+        self.min_cache_tokens = min_cache_tokens
+        self.cache_block_tokens = max(1, cache_block_tokens)
+        self._prompts: collections.deque[bytes] = collections.deque(maxlen=CACHE_LIMIT)
 
     def add(self, *responses: Response) -> None:
         self._queue.extend(responses)
@@ -158,12 +185,48 @@ class FakeScript:
     def requests(self) -> list[RecordedRequest]:
         return list(self._log)
 
+    def _cached_usage(self, body: Mapping[str, Any]) -> dict[str, int] | None:
+        """``prompt_tokens`` and ``cached_tokens`` as the API would count them for ``body``
+        (see the module docstring), the prompt remembered; None when the fake keeps no cache."""
+        if not self.prompt_cache:
+            return None
+        prompt = prompt_bytes(body)
+        shared = max((_common_prefix(prompt, seen) for seen in self._prompts), default=0)
+        self._prompts.append(prompt)
+        cached = shared // 4 // self.cache_block_tokens * self.cache_block_tokens
+        if cached < self.min_cache_tokens:
+            cached = 0
+        return {"prompt_tokens": max(1, len(prompt) // 4), "cached_tokens": cached}
+
     def _next(self) -> Response:
         if self._queue:
             return self._queue.popleft()
         return HttpError(
             status=400, message="fake openai: script exhausted", error_type="invalid_request_error"
         )
+
+
+def prompt_bytes(body: Mapping[str, Any]) -> bytes:
+    """What the fake's prompt cache reads of a request: its tools, then its messages, as
+    compact JSON."""
+    tools = json.dumps(body.get("tools") or [], ensure_ascii=False, separators=(",", ":"))
+    messages = json.dumps(body.get("messages"), ensure_ascii=False, separators=(",", ":"))
+    return (tools + messages).encode("utf-8", "replace")
+
+
+def _common_prefix(a: bytes, b: bytes) -> int:
+    """How many leading bytes ``a`` and ``b`` share."""
+    n = min(len(a), len(b))
+    if a[:n] == b[:n]:
+        return n
+    lo, hi = 0, n  # a[:lo] == b[:lo], a[:hi] != b[:hi]
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo
 
 
 async def serve_fake_openai(
@@ -254,6 +317,10 @@ async def _respond(
         await _send_json(stream, 400, _error("model and messages required", "invalid_request"))
         return True
     response = script._next()
+    if isinstance(response, Reply):
+        counted = script._cached_usage(body)
+        if counted is not None:
+            response = attrs.evolve(response, **counted)
     if isinstance(response, Silent):
         await trio.sleep_forever()
     if isinstance(response, HttpError):

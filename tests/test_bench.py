@@ -15,6 +15,7 @@ from examples.bench import community as bench_community
 from examples.bench import ingest as bench_ingest
 from examples.bench import marking as bench_marking
 from examples.bench import scale as bench_scale
+from examples.bench import silence as bench_silence
 from examples.bench import wakes as bench_wakes
 from store import Append, Database, db_path
 
@@ -146,3 +147,13 @@ async def test_the_community_preset_answers_what_is_addressed_for_fewer_turns(
     assert preset["turns"] == 3  # only the addressed agent, once per addressed line
     assert preset["silent"] == 0 < none["silent"]
     assert preset["tokens"] < none["tokens"]
+
+
+async def test_the_silence_row_measures_both_providers_from_the_ledger(tmp_path: Path) -> None:
+    with trio.fail_after(DEADLINE_S):
+        runs = await bench_silence.measure(tmp_path, 3)
+    assert set(runs) == set(bench_silence.PROVIDERS)
+    for run in runs.values():
+        assert run["turns"] == run["silent"] == 3
+        assert 0 < run["read"] <= run["prompt"]
+        assert run["share"] == run["read"] / run["prompt"]

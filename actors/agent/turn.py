@@ -79,6 +79,9 @@ from .wakes import RouteChoice, route_of
 MAX_TOOL_ROUNDS = 8
 #: Tools whose call is no output: a turn that called only these (and wrote no text) is silent.
 QUIET_TOOLS = frozenset({"skip_reply", "think", "sleep"})
+#: Stop reasons of a model that ended its reply itself (not cut short at ``max_tokens``, not a
+#: refusal): a turn whose last reply ends so, having said nothing, chose silence.
+CHOSEN_STOPS = frozenset({"end_turn", "stop_sequence"})
 #: How long a turn waits for a batch another turn is rendering (its render's own bound, and
 #: the time to store what it materialized).
 JOIN_RENDER_S = RENDER_TIMEOUT_S + 5.0
@@ -119,6 +122,7 @@ class Turn:
         self.usage = Usage()
         self.calls = 0  # model calls that returned a reply
         self.spoke = False  # whether a reply had text, or called a tool that is not a quiet one
+        self.chose_end = False  # whether the turn ended as the model chose (see CHOSEN_STOPS)
         self.failure: ModelError | None = None  # why the model failed, if it did
         self.target: WakeTarget | None = None
 
@@ -230,6 +234,14 @@ class Turn:
             if self.calls or self.failure is not None:
                 await self._record_usage()
 
+    @property
+    def silent(self) -> bool:
+        """The turn ended on purpose with no output: it completed, said nothing (no text, no
+        tool call but the quiet ones) and its model ended it itself (a reply with nothing in it
+        included), or it ended at ``skip_reply`` or ``sleep``. A failed or aborted turn, or one
+        whose reply was cut short (``max_tokens``) or refused, is not silent."""
+        return self.phase == "completed" and not self.spoke and self.chose_end
+
     async def _record_usage(self) -> None:
         """Hand the turn's row of the usage ledger to the writer (durable with the writes
         around it; the turn does not wait for its commit)."""
@@ -244,7 +256,7 @@ class Turn:
             server=None if target is None else target.server_id,
             channel=None if target is None else target.channel_id,
             phase=self.phase,
-            silent=self.phase == "completed" and not self.spoke,
+            silent=self.silent,
             calls=self.calls,
             input_tokens=used.input_tokens,
             output_tokens=used.output_tokens,
@@ -334,6 +346,7 @@ class Turn:
                 self._chunk(speech, place, piece)
             used = Usage.of(reply.usage)
             self.usage += used
+            self.chose_end = reply.stop_reason in CHOSEN_STOPS
             if not reply.blocks:
                 break
             uses = reply.tool_uses
@@ -369,6 +382,7 @@ class Turn:
                 break
             context.append(render_for_model(await self._call_tools(runtime, uses)))
             if runtime.end_turn:
+                self.chose_end = True
                 break  # skip_reply or sleep: the turn ends at the tool results
 
     async def _complete(self, request: ModelRequest, on_delta: Any) -> ModelReply:

@@ -383,10 +383,13 @@ class _ReplyBuilder:
                 self.usage[key] = value
 
     def reply(self) -> ModelReply:
+        """The reply; text that is only whitespace, when that is all the text there is, is no
+        block (a model that ends its turn with nothing to say may still send a newline)."""
         blocks: list[Block] = []
+        says = any(p.kind == "text" and p.text.strip() for p in self.parts.values())
         for index in sorted(self.parts):
             part = self.parts[index]
-            if part.kind == "text" and part.text:
+            if part.kind == "text" and (part.text if says else part.text.strip()):
                 blocks.append({"type": "text", "text": part.text})
             elif part.kind == "tool_use":
                 tool_input = part.input if part.input is not None else _tool_input(part)

@@ -39,6 +39,12 @@ Community (``examples.bench.community``): tokens per useful reply of five agents
 scripted conversation, with no gate against ``gate = "community"``, as a ratio, and whether the
 preset answered every line addressed to an agent.
 
+Silence (``examples.bench.silence``): the cache-read share of silent turns: one agent on the
+Anthropic provider and one on the OpenAI-compatible provider, each against its fake API on
+loopback HTTP with the fake's prompt cache on, hear a channel of chatter and say nothing every
+turn; from the usage ledger, the share of the input of every turn after the first that was read
+from the cache.
+
 ``--quick`` runs every row on small sizes (under a minute). Figures are ratios of one run on one
 machine; nothing here is a test.
 """
@@ -65,6 +71,7 @@ from examples.bench import hostile as bench_hostile
 from examples.bench import ingest as bench_ingest
 from examples.bench import marking as bench_marking
 from examples.bench import scale as bench_scale
+from examples.bench import silence as bench_silence
 from examples.bench import wakes as bench_wakes
 from examples.bench.host import pct
 
@@ -94,6 +101,7 @@ class Plan:
     reply_rounds: int = 3  # (d) and (e): runs of each kind, pooled
     hostile_answers: int = 20  # the healthy agent's posts under each hostile peer
     community_lines: int = 200  # lines of the scripted conversation five agents hear
+    silent_turns: int = 20  # silent turns of the agent on each provider
 
 
 QUICK = Plan(
@@ -116,6 +124,7 @@ QUICK = Plan(
     reply_rounds=1,
     hostile_answers=5,
     community_lines=40,
+    silent_turns=6,
 )
 
 
@@ -126,6 +135,8 @@ async def measure(kind: str, messages: int) -> dict[str, Any]:
         work = Path(tmp)
         if kind == "community":
             return await bench_community.compare(work, messages)
+        if kind == "silence":
+            return await bench_silence.measure(work, messages)
         if kind.startswith("hostile:"):
             run = await bench_hostile.run_case(work, kind.split(":", 1)[1], answers=messages)
             return attrs.asdict(run)
@@ -453,6 +464,21 @@ async def community_rows(plan: Plan) -> None:
     )
 
 
+async def silence_rows(plan: Plan) -> None:
+    runs = await in_fresh_process("silence", plan.silent_turns)
+    print(
+        f"cache-read share of silent turns: one agent, {plan.silent_turns} lines of chatter it "
+        "does not answer, each provider against its fake API (prompt cache on), from the usage "
+        "ledger, every turn after the first:"
+    )
+    for provider, run in runs.items():
+        print(
+            f"  {provider:10} {run['share']:6.1%} of the input read from the cache  "
+            f"({run['read']} of {run['prompt']} tokens; {run['silent']}/{run['turns']} turns "
+            f"silent)  {'ok' if run['share'] >= 0.8 else 'LOW'} (goal: at least 80%)"
+        )
+
+
 def marking_rows() -> None:
     # marking header-shaped openings is linear: a block of 320,000 bytes with 40,000 openings
     bench_marking.report("marking", [bench_marking.block(40_000)], 40_000)
@@ -487,6 +513,7 @@ async def main() -> None:
         await store_rows(plan)
         await hostile_rows(plan)
         await community_rows(plan)
+        await silence_rows(plan)
     except MeasurementFailed as exc:
         sys.exit(str(exc))
     marking_rows()
