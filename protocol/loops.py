@@ -18,7 +18,11 @@ wake the agent with what its own turns caused, for ever. Three rules, per agent:
   An item that answers nothing (the agent has not posted since the last item that woke it)
   ends the chain when it is by another author than the partner: someone spoke of their own
   accord, so the agent is in a conversation, not a loop; the partner going on (a second
-  message) changes nothing. When the chain holds more than ``limit`` answers, the breaker
+  message) changes nothing. Only answers at a machine's pace count: an answer that arrives
+  later after the post than a person could have typed it (:func:`typed_by_a_person`:
+  :data:`PERSON_MIN_S` plus a character per :data:`PERSON_CPS`-th of a second) is a person's,
+  and it ends the chain too, so a person talking with the agent, however quickly, never trips
+  it. When the chain holds more than ``limit`` answers, the breaker
   *trips*: that item and every later one by the partner are deferred (stored, not waking)
   until another author speaks (that item wakes the agent), the channel has been quiet for
   ``quiet_s`` (no deferred item), or ``cool_down_s`` have passed since the trip; the item that
@@ -26,8 +30,9 @@ wake the agent with what its own turns caused, for ever. Three rules, per agent:
 
   Authors are compared as the caller names them (its *voice*): the caller may name several
   authors one voice (the host names all its agents one, so that agents answering each other in
-  turn are one partner). Not recognised: a loop whose every answer comes from a new voice, or
-  in which other voices speak unanswered between the answers; the other two rules still hold.
+  turn are one partner). Not recognised: a loop whose every answer comes from a new voice, in
+  which other voices speak unanswered between the answers, or whose partner answers slower than
+  a person types (a slow model's bot); the other two rules, and the budgets, still hold.
 
 Bounds: :class:`RecentPosts` keeps at most ``cap`` posts (the oldest forgotten first, and
 anything older than its window); :class:`OwnAuthors` at most ``cap`` accounts (the least
@@ -54,6 +59,8 @@ __all__ = [
     "MAX_CHANNELS",
     "MAX_OWN_AUTHORS",
     "MAX_POSTS",
+    "PERSON_CPS",
+    "PERSON_MIN_S",
     "QUIET_S",
     "REPEAT_WINDOW_S",
     "WINDOW_S",
@@ -63,6 +70,7 @@ __all__ = [
     "Verdict",
     "normalise",
     "repeat_keys",
+    "typed_by_a_person",
 ]
 
 #: Posts an agent's repeat memory keeps (all channels together); the oldest forgotten first.
@@ -84,6 +92,18 @@ QUIET_S: Final = 60.0
 COOL_DOWN_S: Final = 300.0
 #: Channels the breaker follows per agent; the least recently active forgotten first.
 MAX_CHANNELS: Final = 64
+#: An answer arriving later than this many seconds after the post ...
+PERSON_MIN_S: Final = 2.0
+#: ... plus its length at this many characters a second could have been typed by a person.
+PERSON_CPS: Final = 15.0
+
+
+def typed_by_a_person(seconds: float, length: int) -> bool:
+    """Whether an answer of ``length`` characters that arrived ``seconds`` after the post it
+    answers came at a person's pace: later than :data:`PERSON_MIN_S` plus the time to type it
+    at :data:`PERSON_CPS` characters a second (a fast typist types some 8)."""
+    return seconds > PERSON_MIN_S + max(0, length) / PERSON_CPS
+
 
 _SPACE = re.compile(r"\s+")
 _PREFIX = re.compile(rf"[^:\n]{{1,{PREFIX_CHARS}}}:")
@@ -204,6 +224,7 @@ _NOBODY: Final = object()  # the partner of a chain that has none
 @attrs.define
 class _Chain:
     armed: bool = False  # the agent posted here since the last item that woke it
+    posted_at: float | None = None  # when it last posted here (None: not known)
     partner: Hashable = _NOBODY  # the author of the chain's answers
     answers: deque[float] = attrs.field(factory=deque)  # when its posts were answered
     tripped_at: float | None = None  # deferring since
@@ -253,8 +274,9 @@ class LoopBreaker:
         chain = self._chains.get(channel)
         return len(chain.answers) if chain is not None else 0
 
-    def published(self, channel: Hashable) -> None:
-        """The agent posted in ``channel``: the next item there answers it."""
+    def published(self, channel: Hashable, now: float | None = None) -> None:
+        """The agent posted in ``channel`` (at ``now``, when known): the next item there
+        answers it."""
         chain = self._chains.get(channel)
         if chain is None:
             chain = self._chains[channel] = _Chain()
@@ -263,9 +285,11 @@ class LoopBreaker:
         else:
             self._chains.move_to_end(channel)
         chain.armed = True
+        chain.posted_at = now
 
-    def observe(self, channel: Hashable, voice: Hashable, now: float) -> Verdict:
-        """An item by ``voice`` that would wake the agent in ``channel`` at ``now``."""
+    def observe(self, channel: Hashable, voice: Hashable, now: float, length: int = 0) -> Verdict:
+        """An item by ``voice``, of ``length`` characters, that would wake the agent in
+        ``channel`` at ``now``."""
         chain = self._chains.get(channel)
         if chain is None:
             return _WAKE  # the agent has not posted there (or it was forgotten)
@@ -286,6 +310,10 @@ class LoopBreaker:
             chain.end()  # someone else: an answer starts the chain again, anything else ends it
             if answered:
                 chain.partner = voice
+        if answered and chain.posted_at is not None:
+            if typed_by_a_person(now - chain.posted_at, length):
+                chain.end()  # a person's answer: a conversation, not a loop
+                return Verdict(wake=True, released=released, held=held)
         if not answered:
             return Verdict(wake=True, released=released, held=held)
         while chain.answers and now - chain.answers[0] > self.window_s:

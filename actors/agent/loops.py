@@ -9,9 +9,10 @@ host's clock, and tells the operator:
   ``wake-withheld`` trace event, shown with ``-v``);
 * after the gate let an item through, :meth:`LoopGuard.defers`: the loop breaker, which hears
   an item's author by its id (else its name), and every agent of the host as one author
-  (:data:`HOST_AGENTS`). Its trip is one ``wakes-deferred`` line (``! Ada: wakes from lobby
-  lobby:#general deferred: …``), its end one ``wakes-resumed`` line; each item deferred in
-  between is a ``wake-withheld`` event.
+  (:data:`HOST_AGENTS`), and an answer's pace from when the agent's post was sent (a person's
+  answer never counts toward a loop). Its trip is one ``wakes-deferred`` line (``! Ada: wakes
+  from lobby lobby:#general deferred: …``), its end one ``wakes-resumed`` line; each item
+  deferred in between is a ``wake-withheld`` event.
 
 What is withheld or deferred is stored all the same: the agent reads it with its next turn.
 :meth:`LoopGuard.published` is told each post the agent's speech sends (before it is sent:
@@ -52,8 +53,9 @@ class LoopGuard:
     def published(self, place: Any, text: str) -> None:
         """The agent is posting ``text`` to ``place`` (a server id and a channel id)."""
         channel = (place.server_id, place.channel_id)
-        self.posts.note(channel, text, trio.current_time())
-        self.breaker.published(channel)
+        now = trio.current_time()
+        self.posts.note(channel, text, now)
+        self.breaker.published(channel, now)
 
     def _why_withheld(self, wake: Wake) -> str | None:
         if wake.author_id == self.own_id or self.agent in wake.own_of:
@@ -83,7 +85,7 @@ class LoopGuard:
             voice: Hashable = HOST_AGENTS
         else:
             voice = wake.author_id or wake.author or ""
-        verdict = self.breaker.observe(channel, voice, trio.current_time())
+        verdict = self.breaker.observe(channel, voice, trio.current_time(), len(wake.text or ""))
         place = _place(wake)
         if verdict.released is not None:
             self._trace("wakes-resumed", place, reason=verdict.released, held=verdict.held)

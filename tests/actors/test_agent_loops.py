@@ -230,3 +230,25 @@ async def test_what_the_gate_keeps_from_waking_never_counts_for_the_breaker(
         assert len(of(seen, "gate-decision")) == LIMIT + 3
         assert of(seen, "wakes-deferred") == [] and of(seen, "turn-start") == []
         assert ada.loops.breaker.answers(("s1", "c1")) == 0
+
+
+async def test_a_person_talking_quickly_with_the_agent_is_never_deferred(
+    tmp_path: Path, agents: dict[str, AgentActor], autojump_clock: trio.abc.Clock
+) -> None:
+    """Alice answers each of Ada's posts a few seconds after it, twelve times in a minute: a
+    conversation at a person's pace, not a loop. The same answers at once trip the breaker."""
+    async with Host.open(host_config(tmp_path)) as host:
+        stream = host.ctx.trace.subscribe_nowait(replay=True)
+        ada = agents["Ada"]
+        await host.hold("Ada")  # no turn runs: the clock moves only when the test sleeps
+        for n in range(12):
+            ada.loops.published(PLACE, f"my answer {n}")
+            await trio.sleep(4)  # she reads it and types a short line
+            await told(host, "Ada", item(f"and what about {n}, Ada?"))
+        seen = ready_events(stream)
+        assert of(seen, "wakes-deferred") == [] and of(seen, "wake-withheld") == []
+        assert len(ada.buffer) == 12
+        for n in range(LIMIT + 1):  # a bot answering at once, in the same channel
+            ada.loops.published(PLACE, f"my post {n}")
+            await told(host, "Ada", item(f"bot reply {n}", author="Bot", author_id="bot"))
+        assert len(of(ready_events(stream), "wakes-deferred")) == 1

@@ -16,6 +16,8 @@ from protocol.loops import (
     MAX_CHANNELS,
     MAX_OWN_AUTHORS,
     MAX_POSTS,
+    PERSON_CPS,
+    PERSON_MIN_S,
     QUIET_S,
     REPEAT_WINDOW_S,
     WINDOW_S,
@@ -25,6 +27,7 @@ from protocol.loops import (
     Verdict,
     normalise,
     repeat_keys,
+    typed_by_a_person,
 )
 
 words = st.lists(
@@ -435,3 +438,52 @@ TestBreaker = BreakerMachine.TestCase
 def test_the_defaults() -> None:
     assert (LIMIT, WINDOW_S, QUIET_S, COOL_DOWN_S) == (5, 60.0, 60.0, 300.0)
     assert (MAX_POSTS, REPEAT_WINDOW_S, MAX_CHANNELS, MAX_OWN_AUTHORS) == (64, 300.0, 64, 16)
+
+
+# -- a person's pace -----------------------------------------------------------------------------
+
+answers = st.lists(
+    st.tuples(st.floats(0, 30, allow_nan=False), st.integers(0, 400)), min_size=1, max_size=60
+)
+
+
+@given(answers)
+def test_a_person_answering_every_post_never_trips_the_breaker(
+    paces: list[tuple[float, int]],
+) -> None:
+    """However many posts a person answers in a minute, each answer that came slower than it
+    could be typed is a conversation: nothing is deferred."""
+    breaker = LoopBreaker()
+    now = 0.0
+    for extra, length in paces:
+        breaker.published("general", now)
+        waited = PERSON_MIN_S + length / PERSON_CPS + 0.001 + extra
+        assert typed_by_a_person(waited, length)
+        now += waited
+        assert breaker.observe("general", "alice", now, length).wake
+        now += 1.0  # the agent's turn
+    assert not breaker.deferring("general")
+
+
+@given(st.lists(st.integers(0, 400), min_size=LIMIT + 1, max_size=LIMIT + 1))
+def test_answers_at_a_machine_pace_trip_it(lengths: list[int]) -> None:
+    breaker = LoopBreaker()
+    now, woke = 0.0, []
+    for length in lengths:
+        breaker.published("general", now)
+        now += PERSON_MIN_S * 0.5  # sooner than anyone types
+        woke.append(breaker.observe("general", "bot", now, length).wake)
+        now += 1.0
+    assert woke == [True] * LIMIT + [False]
+
+
+def test_a_person_s_answer_ends_a_chain_of_machine_answers() -> None:
+    breaker = LoopBreaker()
+    for n in range(LIMIT):  # the bot answers at once, LIMIT times
+        breaker.published("general", float(n))
+        assert breaker.observe("general", "bot", n + 0.1, 40).wake
+    breaker.published("general", 10.0)
+    assert breaker.observe("general", "bot", 20.0, 40).wake  # slower than anyone types 40
+    assert breaker.answers("general") == 0
+    breaker.published("general", 21.0)
+    assert breaker.observe("general", "bot", 21.1, 40).wake  # the chain starts again
