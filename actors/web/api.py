@@ -15,6 +15,8 @@ of these run.
 
 from __future__ import annotations
 
+import datetime as dt
+import functools
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
@@ -23,11 +25,13 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from actors.agent.speech import DRAFTS_NS
+from actors.models.usage import rows_of
 from actors.status import StatusWriter
 from actors.transcript.stored import history_line
 from protocol.display import json_safe, printable
 from protocol.jsonrpc import decode
 from protocol.metrics import CONTENT_TYPE, Family, exposition
+from protocol.prices import prices
 
 from .feed import Feed
 
@@ -36,6 +40,10 @@ HISTORY_LIMIT = 200
 #: The longest local message the console posts, and the largest request body it reads.
 MAX_TEXT = 20_000
 MAX_BODY = 65_536
+
+
+#: The most days the Usage page reads at once.
+USAGE_DAYS = 366
 
 
 class BadRequest(Exception):
@@ -62,6 +70,7 @@ class ConsoleApi:
             Route("/api/servers", self._handler(self.servers), methods=get),
             Route("/api/channels", self._handler(self.channels), methods=get),
             Route("/api/recent", self._handler(self.recent), methods=get),
+            Route("/api/usage", self._handler(self.usage), methods=get),
             Route("/api/history/{agent}", self._handler(self.history), methods=get),
             Route("/api/agents/{agent}/post", self._handler(self.post_local), methods=post),
             Route("/api/agents/{agent}/pause", self._handler(self.pause), methods=post),
@@ -162,6 +171,25 @@ class ConsoleApi:
     async def recent(self, request: Request) -> list[dict[str, Any]]:
         agent = request.query_params.get("agent")
         return [r for r in self.feed.recent if agent is None or r["agent"] == agent]
+
+    async def usage(self, request: Request) -> dict[str, Any]:
+        """The usage ledger's last ``days`` UTC days (30 by default, at most
+        :data:`USAGE_DAYS`), one row per day, agent and model with its tokens and cost (None:
+        a price unknown), and each agent's day and budgets as its status has them (``today``;
+        the host's total under ``host``). Read in a worker thread, never on the loop."""
+        days = _int(request.query_params.get("days"), 30, "days", USAGE_DAYS)
+        ctx = self.host.ctx
+        first = dt.datetime.now(dt.UTC).date() - dt.timedelta(days=days - 1)
+        since = dt.datetime(first.year, first.month, first.day, tzinfo=dt.UTC).timestamp()
+        totals = await ctx.store.read(functools.partial(ctx.store.reader.usage, since=since))
+        rows = rows_of(totals, None, prices(ctx.config.prices))
+        snap = self._snapshot()
+        return {
+            "days": [(first + dt.timedelta(days=n)).isoformat() for n in range(days)],
+            "rows": [row.as_json(None) for row in rows],
+            "today": {a["name"]: a.get("today") or {} for a in snap["agents"]},
+            "host": snap.get("today") or {},
+        }
 
     async def history(self, request: Request) -> dict[str, Any]:
         """An agent's stored messages, newest ``limit`` (before message ``before``), or with
