@@ -49,6 +49,9 @@ class HostContext:
         self.statuses: dict[str, Any] = {}
         # Each agent's latest AgentStatus, replaced only by that agent; one per configured agent.
         self.agent_statuses: dict[str, Any] = {}
+        # Each agent's newest model request of a turn (a LastRequest), replaced only by that
+        # agent; one per configured agent.
+        self.last_requests: dict[str, Any] = {}
         # The channel actors started (on first use: a registered channel without one is only
         # in the directory)
         self.channels: dict[tuple[str, str | None], ActorRef[Any]] = {}

@@ -97,6 +97,23 @@ class AgentStatus:
     today: Mapping[str, Any] = attrs.field(factory=dict)
 
 
+@attrs.frozen(kw_only=True)
+class LastRequest:
+    """The newest model request of an agent's turns as its provider sent it ("what did the
+    model see?"), replaced by the agent at each model call of a turn (``ctx.last_requests``)."""
+
+    agent: str
+    at: float  # wall-clock time it was sent
+    model: str
+    turn: int  # the turn's index (counted from the host's start)
+    round: int  # the tool round within the turn, from 0
+    body: Mapping[str, Any] = attrs.field(eq=False, repr=False)  # what the provider sent
+    #: every input token the provider counted for it (uncached, cache read and cache write);
+    #: None until its reply came
+    input_tokens: int | None = None
+    context_budget: int = 0  # the agent's ``context_tokens``
+
+
 # --- to a ChannelActor ---------------------------------------------------------------------
 
 

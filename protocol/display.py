@@ -100,15 +100,22 @@ def _same(text: str) -> str:
     return text
 
 
-def json_safe(value: Any, text: Callable[[str], str] = _same, *, _depth: int = 0) -> Any:
+def json_safe(
+    value: Any,
+    text: Callable[[str], str] = _same,
+    *,
+    clip_at: int | None = STRING_CLIP,
+    _depth: int = 0,
+) -> Any:
     """``value`` as plain JSON values: dicts with string keys, lists, strings, finite numbers,
     booleans and None. Every string (keys too) is made well formed, passed through ``text``
-    (e.g. a redactor) and then clipped to :data:`STRING_CLIP`; a non-finite float, bytes or any
-    other object becomes a string."""
+    (e.g. a redactor) and then clipped to ``clip_at`` characters (None: never clipped); a
+    non-finite float, bytes or any other object becomes a string."""
     if value is None or isinstance(value, bool | int):
         return value
     if isinstance(value, str):
-        return clip(text(well_formed(value)))
+        shown = text(well_formed(value))
+        return shown if clip_at is None else clip(shown, clip_at)
     if isinstance(value, float):
         return value if math.isfinite(value) else repr(value)
     if _depth >= MAX_DEPTH:
@@ -116,11 +123,13 @@ def json_safe(value: Any, text: Callable[[str], str] = _same, *, _depth: int = 0
     if isinstance(value, Mapping):
         deeper = _depth + 1
         return {
-            json_safe(k if isinstance(k, str) else str(k), text): json_safe(v, text, _depth=deeper)
+            json_safe(k if isinstance(k, str) else str(k), text): json_safe(
+                v, text, clip_at=clip_at, _depth=deeper
+            )
             for k, v in value.items()
         }
     if isinstance(value, list | tuple | set | frozenset):
-        return [json_safe(v, text, _depth=_depth + 1) for v in value]
+        return [json_safe(v, text, clip_at=clip_at, _depth=_depth + 1) for v in value]
     if isinstance(value, bytes | bytearray | memoryview):
         return f"<{len(value)} bytes>"
     try:

@@ -32,13 +32,14 @@ import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Protocol
 
+import attrs
 import trio
 
 from actors.channel.coalescer import RENDER_TIMEOUT_S, BeginAssembly, RenderWait, render
 from actors.config import AgentConfig
 from actors.context import HostContext
 from actors.link.calls import notify
-from actors.messages import Wake, WakeTarget
+from actors.messages import LastRequest, Wake, WakeTarget
 from actors.models.base import (
     Model,
     ModelAuthError,
@@ -327,6 +328,18 @@ class Turn:
             )
 
         for round_no in range(MAX_TOOL_ROUNDS + 1):
+
+            def on_request(body: Mapping[str, Any], round_no: int = round_no) -> None:
+                self.ctx.last_requests[self.agent] = LastRequest(
+                    agent=self.agent,
+                    at=time.time(),
+                    model=owner.model.name,
+                    turn=self.index,
+                    round=round_no,
+                    body=body,
+                    context_budget=owner.cfg.context_tokens,
+                )
+
             request = ModelRequest(
                 agent=self.agent,
                 max_tokens=owner.cfg.max_tokens,
@@ -338,10 +351,17 @@ class Turn:
                 stable_system=stable_system,
                 stable_messages=stable_messages,
                 on_retry=on_retry,
+                on_request=on_request,
             )
             speech.start_round()
             reply = await self._complete(request, on_delta)
             self.calls += 1
+            seen = self.ctx.last_requests.get(self.agent)
+            if seen is not None and (seen.turn, seen.round) == (self.index, round_no):
+                read = Usage.of(reply.usage)
+                total = read.input_tokens + read.cache_read_input_tokens
+                total += read.cache_creation_input_tokens
+                self.ctx.last_requests[self.agent] = attrs.evolve(seen, input_tokens=total)
             for place, piece in speech.end_stream():
                 self._chunk(speech, place, piece)
             used = Usage.of(reply.usage)

@@ -249,6 +249,15 @@ class AnthropicModel:
             next_turn=next_turn,
             remembered=self._cache.recall(request.agent),
         )
+        body: dict[str, Any] = {"model": self.model, "max_tokens": request.max_tokens}
+        if marked.system:
+            body["system"] = marked.system
+        body["messages"] = marked.messages
+        if marked.tools:
+            body["tools"] = marked.tools
+        if request.temperature is not None:
+            body["temperature"] = request.temperature
+        request.sent(body)
         retry = 0
         while True:
             try:

@@ -21,6 +21,9 @@ from protocol.hooks import ModelInfo
 
 Block = Mapping[str, Any]
 
+#: Told the body a provider sends for a request (see ``ModelRequest.on_request``).
+RequestSink = Callable[[Mapping[str, Any]], None]
+
 #: Called with each text delta while a reply streams (may be ``None``).
 DeltaSink = Callable[[str], Awaitable[None]]
 
@@ -137,6 +140,14 @@ class ModelRequest:
     purpose: str = "turn"
     #: Told of each retry the provider makes for this request (see :class:`ModelRetry`).
     on_retry: RetrySink | None = attrs.field(default=None, eq=False, repr=False)
+    #: Told, once before the first attempt, the request as the provider sends it: the body of
+    #: its HTTP request (JSON-able, never the credential), or what a scripted model reads.
+    on_request: RequestSink | None = attrs.field(default=None, eq=False, repr=False)
+
+    def sent(self, body: Mapping[str, Any]) -> None:
+        """Tell ``on_request`` (if any) what the provider sends for this request."""
+        if self.on_request is not None:
+            self.on_request(body)
 
 
 @attrs.frozen(kw_only=True)

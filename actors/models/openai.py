@@ -185,6 +185,7 @@ class OpenAIModel:
         self, client: httpx.AsyncClient, request: ModelRequest, on_delta: DeltaSink | None
     ) -> ModelReply:
         body = self.body(request)
+        request.sent(body)
         retry = 0
         while True:
             try:

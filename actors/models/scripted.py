@@ -287,6 +287,7 @@ class ScriptedModel:
         self, request: ModelRequest, on_delta: DeltaSink | None = None
     ) -> ModelReply:
         messages = request.messages
+        request.sent({"model": self.name, "system": request.system, "messages": list(messages)})
         if request.purpose == "summary":
             return self._summarize(request)
         # the host's own notices (a delivery receipt after a reply) do not count as new input

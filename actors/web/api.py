@@ -17,9 +17,11 @@ from __future__ import annotations
 
 import datetime as dt
 import functools
+import json
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
+import trio
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
@@ -32,6 +34,7 @@ from protocol.display import json_safe, printable
 from protocol.jsonrpc import decode
 from protocol.metrics import CONTENT_TYPE, Family, exposition
 from protocol.prices import prices
+from protocol.status import iso
 
 from .feed import Feed
 
@@ -41,6 +44,9 @@ HISTORY_LIMIT = 200
 MAX_TEXT = 20_000
 MAX_BODY = 65_536
 
+
+#: The most of a request's body the console shows, in bytes of its indented JSON.
+REQUEST_SHOWN_BYTES = 2 * 1024 * 1024
 
 #: The most days the Usage page reads at once.
 USAGE_DAYS = 366
@@ -72,6 +78,7 @@ class ConsoleApi:
             Route("/api/recent", self._handler(self.recent), methods=get),
             Route("/api/usage", self._handler(self.usage), methods=get),
             Route("/api/history/{agent}", self._handler(self.history), methods=get),
+            Route("/api/agents/{agent}/request", self._handler(self.last_request), methods=get),
             Route("/api/agents/{agent}/post", self._handler(self.post_local), methods=post),
             Route("/api/agents/{agent}/pause", self._handler(self.pause), methods=post),
             Route("/api/agents/{agent}/resume", self._handler(self.resume), methods=post),
@@ -93,7 +100,7 @@ class ConsoleApi:
                 return self.json({"error": str(exc)}, 400)
             except KeyError as exc:
                 return self.json({"error": str(exc.args[0]) if exc.args else "not found"}, 404)
-            return self.json(body)
+            return body if isinstance(body, Response) else self.json(body)
 
         return endpoint
 
@@ -171,6 +178,32 @@ class ConsoleApi:
     async def recent(self, request: Request) -> list[dict[str, Any]]:
         agent = request.query_params.get("agent")
         return [r for r in self.feed.recent if agent is None or r["agent"] == agent]
+
+    async def last_request(self, request: Request) -> dict[str, Any] | Response:
+        """The agent's newest model request of a turn as its provider sent it: the model,
+        the turn and tool round, the input tokens the provider counted for it against the
+        agent's ``context_tokens``, and the body as indented JSON (redacted; cut at
+        :data:`REQUEST_SHOWN_BYTES`, ``truncated`` then true), made in a worker thread.
+        ``request`` is None before the agent's first model call."""
+        agent = self._agent(request)
+        seen = self.host.ctx.last_requests.get(agent)
+        if seen is None:
+            return {"agent": agent, "request": None}
+        facts = json_safe(
+            {
+                "at": iso(seen.at),
+                "model": seen.model,
+                "turn": seen.turn,
+                "round": seen.round,
+                "input_tokens": seen.input_tokens,
+                "context_budget": seen.context_budget,
+            },
+            self.redactor.text,
+        )
+        # the body is made safe and redacted whole in the thread: no string of it is clipped
+        text, size = await trio.to_thread.run_sync(shown_body, seen.body, self.redactor.text)
+        shown = {**facts, "bytes": size, "truncated": size > len(text.encode()), "body": text}
+        return JSONResponse({"agent": agent, "request": shown})
 
     async def usage(self, request: Request) -> dict[str, Any]:
         """The usage ledger's last ``days`` UTC days (30 by default, at most
@@ -290,6 +323,15 @@ def _message(m: Mapping[str, Any]) -> dict[str, Any]:
     line = history_line(m)
     shown = line.removeprefix(f"{m.get('id')} {m.get('agent')} {m.get('role')}").lstrip()
     return {"id": m.get("id"), "role": m.get("role"), "line": printable(shown)}
+
+
+def shown_body(body: Any, redact: Callable[[str], str]) -> tuple[str, int]:
+    """``body`` as indented JSON with every credential redacted (its strings made well formed,
+    never clipped), cut at :data:`REQUEST_SHOWN_BYTES` (at a character's start), and its whole
+    size in bytes."""
+    safe = json_safe(body, redact, clip_at=None)
+    whole = json.dumps(safe, indent=1, ensure_ascii=False).encode()
+    return whole[:REQUEST_SHOWN_BYTES].decode("utf-8", "ignore"), len(whole)
 
 
 def _int(value: str | None, default: int, name: str, cap: int) -> int:
