@@ -1,6 +1,9 @@
 """The console in a real browser: headless Chromium (the system's, ``/usr/bin/chromium``) opens
 the console of a host running the bundled lobby example on its scripted models, sees Ada's reply
 arrive live, posts a local message, pauses an agent, and runs none of the hostile text shown.
+The other tests read what the page shows as an operator would: which rows the agent filter
+leaves visible, where the transcript is scrolled, the answer to a question asked on the page, a
+draft resent to a channel picked on the page, a collapsed line, the icon, a narrow screen.
 
 The host runs on its own trio loop in a thread; Playwright's synchronous API drives the browser
 from the test. With ``MCPLIVE_SCREENSHOT=PATH`` the test also saves a screenshot of the console
@@ -50,8 +53,9 @@ if not CHROMIUM.exists():
 class HostThread:
     """The bundled lobby host with its console, on a trio loop in a thread of its own."""
 
-    def __init__(self, data_dir: Path) -> None:
+    def __init__(self, data_dir: Path, config: dict[str, Any] | None = None) -> None:
         self.data_dir = data_dir
+        self.config = _bundled_config(data_dir) if config is None else config
         self.started: queue.Queue[Any] = queue.Queue(maxsize=1)
         self.thread = threading.Thread(target=self._run, name="host", daemon=True)
         self.token: trio.lowlevel.TrioToken | None = None
@@ -65,7 +69,7 @@ class HostThread:
             self.started.put(exc)
 
     async def _main(self) -> None:
-        async with Host.open(_bundled_config(self.data_dir)) as host:
+        async with Host.open(self.config) as host:
             async with open_console(host, "127.0.0.1:0") as console:
                 self.host = host
                 self.token = trio.lowlevel.current_trio_token()
@@ -82,8 +86,10 @@ class HostThread:
 
 
 @contextmanager
-def running_host(data_dir: Path) -> Iterator[tuple[HostThread, str]]:
-    runner = HostThread(data_dir)
+def running_host(
+    data_dir: Path, config: dict[str, Any] | None = None
+) -> Iterator[tuple[HostThread, str]]:
+    runner = HostThread(data_dir, config)
     runner.thread.start()
     got = runner.started.get(timeout=120)
     if isinstance(got, BaseException):
@@ -152,3 +158,44 @@ def test_the_console_in_a_browser(tmp_path: Path) -> None:
             assert dialogs == []
         finally:
             browser.close()
+
+
+@contextmanager
+def console_page(
+    tmp_path: Path,
+    *,
+    config: dict[str, Any] | None = None,
+    viewport: dict[str, int] | None = None,
+) -> Iterator[tuple[HostThread, Any]]:
+    """A page on the console of the bundled lobby (or ``config``), once Ada's first reply shows."""
+    data_dir = tmp_path / "data"
+    with (
+        running_host(data_dir, config) as (runner, url),
+        sync_api.sync_playwright() as pw,
+    ):
+        browser = pw.chromium.launch(executable_path=str(CHROMIUM), args=ARGS, headless=True)
+        try:
+            page = browser.new_page(viewport=viewport or {"width": 1280, "height": 760})
+            page.set_default_timeout(TIMEOUT_MS)
+            page.goto(url)
+            page.locator("#transcript").get_by_text("Ada → Hi there! Ada here.").first.wait_for()
+            yield runner, page
+        finally:
+            browser.close()
+
+
+def visible_rows(page: Any, agent: str) -> Any:
+    return page.locator(f"#transcript li[data-agent={agent}]:visible")
+
+
+def test_the_agent_filter_hides_the_other_agents_lines(tmp_path: Path) -> None:
+    expect = sync_api.expect
+    with console_page(tmp_path) as (_, page):
+        visible_rows(page, "Grace").first.wait_for()  # Grace has answered too
+        page.select_option("#filter-agent", "Grace")
+        expect(visible_rows(page, "Ada")).to_have_count(0, timeout=TIMEOUT_MS)
+        assert page.locator("#transcript li[data-agent=Ada]").count() > 0  # there, but hidden
+        assert visible_rows(page, "Grace").count() > 0
+        assert page.locator("#transcript li[data-agent='']:visible").count() > 0  # the lobby's
+        page.select_option("#filter-agent", "")
+        visible_rows(page, "Ada").first.wait_for()
