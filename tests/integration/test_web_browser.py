@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import queue
+import re
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -199,3 +200,42 @@ def test_the_agent_filter_hides_the_other_agents_lines(tmp_path: Path) -> None:
         assert page.locator("#transcript li[data-agent='']:visible").count() > 0  # the lobby's
         page.select_option("#filter-agent", "")
         visible_rows(page, "Ada").first.wait_for()
+
+
+AT_TAIL = """() => {
+    const list = document.getElementById("transcript");
+    return list.scrollHeight > list.clientHeight + 50
+        && list.scrollTop + list.clientHeight >= list.scrollHeight - 2;
+}"""
+ROWS = "() => document.getElementById('transcript').childElementCount"
+
+
+def test_the_transcript_follows_its_tail_unless_scrolled_up(tmp_path: Path) -> None:
+    expect = sync_api.expect
+    with console_page(tmp_path, viewport={"width": 1100, "height": 420}) as (_, page):
+        page.wait_for_function(AT_TAIL)  # more lines than it shows, the newest in view
+        # a visit to another page while lines arrive; back, the newest are in view
+        page.click("nav button[data-page=agents]")
+        rows = page.evaluate(ROWS)
+        page.wait_for_function(f"() => ({ROWS})() >= {rows + 3}")
+        page.click("nav button[data-page=transcript]")
+        page.wait_for_function(AT_TAIL)
+        new_lines = page.locator("#new-lines")
+        assert new_lines.is_hidden()
+
+        # the operator scrolls up to read: the view stays, and the new lines are counted
+        page.evaluate(
+            """() => {
+                const list = document.getElementById("transcript");
+                list.scrollTop = 0;
+                list.dispatchEvent(new Event("scroll"));
+            }"""
+        )
+        expect(new_lines).to_have_text(re.compile(r"^[0-9]+ new lines? ↓$"), timeout=TIMEOUT_MS)
+        assert page.evaluate("document.getElementById('transcript').scrollTop") == 0
+        new_lines.click()  # back to the tail, which it follows again
+        page.wait_for_function(AT_TAIL)
+        expect(new_lines).to_be_hidden()
+        rows = page.evaluate(ROWS)
+        page.wait_for_function(f"() => ({ROWS})() >= {rows + 2}")
+        page.wait_for_function(AT_TAIL)

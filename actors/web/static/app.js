@@ -13,6 +13,8 @@ const state = {
   filter: "",
   historyMore: null,
   historyShown: false,
+  following: true, // the transcript keeps to its newest line (until the operator scrolls up)
+  unseen: 0, // lines that arrived below while the operator looked further up
 };
 
 function el(tag, props, ...children) {
@@ -73,6 +75,7 @@ function show(page) {
     section.classList.toggle("active", section.id === `page-${page}`);
   }
   if (page === "history" && !state.historyShown) loadHistory(false); // the newest, at once
+  if (page === "transcript" && state.following) toTail(); // what came meanwhile, at once
   refresh();
 }
 
@@ -277,18 +280,55 @@ function visible(item) {
 
 function addRecords(records) {
   const list = document.getElementById("transcript");
-  const atEnd = list.scrollTop + list.clientHeight >= list.scrollHeight - 40;
+  let added = 0;
   for (const r of records) {
     if (typeof r.seq === "number") {
       if (r.seq <= state.lastSeq) continue;
       state.lastSeq = r.seq;
     }
     if (r.line === null || r.line === undefined) continue;
-    list.append(row(r));
+    const item = row(r);
+    list.append(item);
+    if (!item.hidden) added += 1;
   }
   while (list.childElementCount > MAX_ROWS) list.firstElementChild.remove();
-  if (atEnd) list.scrollTop = list.scrollHeight;
+  if (state.following) toTail();
+  else if (added) {
+    state.unseen += added;
+    showUnseen();
+  }
   if (!refreshSoon.timer) refreshSoon.timer = setTimeout(refreshSoon, 500);
+}
+
+// Following the tail: the transcript shows its newest line, also after a visit to another page
+// (a hidden list cannot scroll; it is brought to its tail when shown again), unless the operator
+// scrolled up to read: then new lines are counted on a button that brings them back to the tail.
+function atTail(list) {
+  return list.scrollTop + list.clientHeight >= list.scrollHeight - 40;
+}
+
+function toTail() {
+  const list = document.getElementById("transcript");
+  list.scrollTop = list.scrollHeight;
+  state.following = true;
+  state.unseen = 0;
+  showUnseen();
+}
+
+function showUnseen() {
+  const button = document.getElementById("new-lines");
+  button.hidden = state.unseen === 0;
+  button.textContent = `${state.unseen} new ${state.unseen === 1 ? "line" : "lines"} ↓`;
+}
+
+function onScroll() {
+  const list = document.getElementById("transcript");
+  if (list.clientHeight === 0) return; // hidden: another page is shown
+  state.following = atTail(list);
+  if (state.following && state.unseen) {
+    state.unseen = 0;
+    showUnseen();
+  }
 }
 
 function refreshSoon() {
@@ -341,7 +381,10 @@ async function start() {
   document.getElementById("filter-agent").addEventListener("change", (event) => {
     state.filter = event.target.value;
     for (const item of document.getElementById("transcript").children) item.hidden = !visible(item);
+    if (state.following) toTail();
   });
+  document.getElementById("transcript").addEventListener("scroll", onScroll);
+  document.getElementById("new-lines").addEventListener("click", toTail);
   document.getElementById("compose").addEventListener("submit", async (event) => {
     event.preventDefault();
     const input = document.getElementById("compose-text");
