@@ -43,6 +43,7 @@ NEVER_COLLAPSED = frozenset(
         "push",
         "published",
         "local",
+        "local-reply",
         "speech-held",
         "tool-call",
         "tool-result",

@@ -239,3 +239,43 @@ def test_the_transcript_follows_its_tail_unless_scrolled_up(tmp_path: Path) -> N
         rows = page.evaluate(ROWS)
         page.wait_for_function(f"() => ({ROWS})() >= {rows + 2}")
         page.wait_for_function(AT_TAIL)
+
+
+def with_agent(tmp_path: Path, name: str, say: str, servers: list[str]) -> dict[str, Any]:
+    """The bundled lobby with a third agent, ``name``, whose scripted model says ``say`` to
+    whatever woke her. Only the operator's input wakes her (her gate skips everything), so her
+    turns are the operator's alone."""
+    config = _bundled_config(tmp_path / "data")
+    model = tmp_path / "model.toml"
+    model.write_text(f"[[rules]]\nwhen = '.'\nsay = '{say}'\n", encoding="utf-8")
+    gate = tmp_path / "gate.toml"
+    gate.write_text('default = "skip"\n', encoding="utf-8")
+    config["agents"].append(
+        {
+            "name": name,
+            "model": f"scripted:{model}",
+            "gate": str(gate),
+            "prose_mode": "hybrid",
+            "servers": servers,
+        }
+    )
+    return config
+
+
+def test_an_operators_question_is_answered_in_the_console(tmp_path: Path) -> None:
+    expect = sync_api.expect
+    # Lin hears no server: nothing but the operator's question is in her context
+    config = with_agent(tmp_path, "Lin", "Hello, operator.", [])
+    with console_page(tmp_path, config=config) as (_, page):
+        transcript = page.locator("#transcript")
+        page.select_option("#compose-agent", "Lin")
+        page.fill("#compose-text", "hello Lin, are you there?")
+        page.click("#compose button[type=submit]")
+        transcript.get_by_text("operator → Lin: hello Lin, are you there?").wait_for()
+        # her answer comes back to the operator, as the answer: not a draft with no route
+        transcript.get_by_text("Lin → operator: Hello, operator.").wait_for()
+        assert transcript.locator("li[data-kind=speech-held][data-agent=Lin]").count() == 0
+        page.click("nav button[data-page=agents]")
+        lin = page.locator(".card[data-agent=Lin]")
+        lin.wait_for()
+        expect(lin.locator("li[data-draft]")).to_have_count(0)

@@ -239,7 +239,7 @@ function dateTimeOf(ts) {
 
 // Kinds whose line is the agent's own doing: the agent is named as their source.
 const AGENT_KINDS = new Set(["published", "speech-held", "tool-call", "tool-result", "turn-usage",
-  "local", "asleep", "awake", "turn-aborted", "agent-paused", "agent-resumed", "context-fold",
+  "local", "local-reply", "asleep", "awake", "turn-aborted", "agent-paused", "agent-resumed", "context-fold",
   "rolled-back", "model-retry", "turn-start", "error"]);
 
 function sourceOf(r) {
