@@ -12,6 +12,7 @@ there (how the README's picture is made).
 
 from __future__ import annotations
 
+import json
 import os
 import queue
 import re
@@ -279,3 +280,30 @@ def test_an_operators_question_is_answered_in_the_console(tmp_path: Path) -> Non
         lin = page.locator(".card[data-agent=Lin]")
         lin.wait_for()
         expect(lin.locator("li[data-draft]")).to_have_count(0)
+
+
+def test_a_draft_is_resent_to_a_channel_picked_on_the_page(tmp_path: Path) -> None:
+    expect = sync_api.expect
+    # Lin hears the lobby, and her prose names a channel it does not have
+    config = with_agent(tmp_path, "Lin", ">>>#nowhere Saved for later.", ["lobby"])
+    with console_page(tmp_path, config=config) as (_, page):
+        page.select_option("#compose-agent", "Lin")
+        page.fill("#compose-text", "please keep a draft")
+        page.click("#compose button[type=submit]")
+        # her prose named a channel that does not exist: a draft with no place of its own
+        page.locator("#transcript li[data-kind=speech-held][data-agent=Lin]").wait_for()
+        page.click("nav button[data-page=agents]")
+        draft = page.locator(".card[data-agent=Lin] li[data-draft]")
+        picker = draft.locator("select.destination")
+        # the picker lists the channels Lin hears, registered by the lobby
+        general, random = (
+            json.dumps(["lobby", f"lobby:#{c}"], separators=(",", ":"))
+            for c in ("general", "random")
+        )  # as the page writes an option's value
+        picker.locator(f"option[value='{general}']").wait_for(state="attached")
+        assert picker.locator(f"option[value='{random}']").count() == 1
+        picker.select_option(general)
+        draft.get_by_role("button", name="Resend").click()
+        expect(draft).to_have_count(0, timeout=TIMEOUT_MS)  # sent: no longer a draft
+        page.click("nav button[data-page=transcript]")
+        page.locator("#transcript").get_by_text("#general | Lin → Saved for later.").wait_for()
