@@ -307,3 +307,14 @@ def test_a_draft_is_resent_to_a_channel_picked_on_the_page(tmp_path: Path) -> No
         expect(draft).to_have_count(0, timeout=TIMEOUT_MS)  # sent: no longer a draft
         page.click("nav button[data-page=transcript]")
         page.locator("#transcript").get_by_text("#general | Lin → Saved for later.").wait_for()
+
+
+def test_a_collapsed_line_reads_as_words(tmp_path: Path) -> None:
+    with console_page(tmp_path) as (runner, page):
+        for n in range(12):  # events with no line of their own, from one source
+            runner.emit("gate-decision", server_id="flood", data={"wake": False, "n": n})
+        row = page.locator("#transcript li[data-kind=collapsed]", has_text="from flood")
+        row.wait_for()
+        line = row.locator(".text").text_content() or ""
+        assert "gate decision events" in line, line
+        assert "{" not in line and '"' not in line, line
