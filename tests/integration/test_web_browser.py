@@ -318,3 +318,12 @@ def test_a_collapsed_line_reads_as_words(tmp_path: Path) -> None:
         line = row.locator(".text").text_content() or ""
         assert "gate decision events" in line, line
         assert "{" not in line and '"' not in line, line
+
+
+def test_the_console_has_an_icon(tmp_path: Path) -> None:
+    with console_page(tmp_path) as (_, page):
+        answer = page.request.get(page.url.rstrip("/") + "/favicon.ico")
+        assert answer.status == 200
+        assert answer.headers["content-type"].startswith("image/svg+xml")
+        assert b"<svg" in answer.body()
+        assert page.locator("link[rel=icon]").get_attribute("href") == "/favicon.ico"

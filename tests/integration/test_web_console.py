@@ -319,6 +319,12 @@ async def test_the_gate_with_a_token(tmp_path: Path) -> None:
                     assert (await http.get(path)).status_code == 401, path
                     wrong = {"authorization": "Bearer nope"}
                     assert (await http.get(path, headers=wrong)).status_code == 401, path
+                # the icon alone needs no token: one picture for everyone, nothing of the host
+                icon = await http.get("/favicon.ico")
+                assert icon.status_code == 200
+                assert icon.headers["content-type"] == "image/svg+xml"
+                assert "content-security-policy" in icon.headers
+                assert (await http.post("/favicon.ico")).status_code == 401
                 bearer = {"authorization": f"Bearer {token}"}
                 assert (await http.get("/healthz", headers=bearer)).status_code == 200
                 assert (await http.get("/metrics", headers=bearer)).status_code == 200
