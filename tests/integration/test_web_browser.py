@@ -327,3 +327,14 @@ def test_the_console_has_an_icon(tmp_path: Path) -> None:
         assert answer.headers["content-type"].startswith("image/svg+xml")
         assert b"<svg" in answer.body()
         assert page.locator("link[rel=icon]").get_attribute("href") == "/favicon.ico"
+
+
+def test_lines_read_normally_on_a_narrow_screen(tmp_path: Path) -> None:
+    with console_page(tmp_path, viewport={"width": 420, "height": 800}) as (_, page):
+        row = page.locator("#transcript li", has_text="Ada → Hi there! Ada here.").first
+        box = row.bounding_box()
+        text_box = row.locator(".text").bounding_box()
+        assert box is not None and text_box is not None
+        assert text_box["width"] > 200, text_box
+        assert box["width"] > 2 * box["height"], box
+        assert page.evaluate("document.documentElement.scrollWidth") <= 420
