@@ -203,7 +203,8 @@ class Host:
 
     async def post_local(self, agent: str, text: str) -> None:
         """Local operator input to ``agent``: stored without a source header, its text marked
-        like any sender's, and it wakes the agent."""
+        like any sender's, and it wakes the agent. Her prose in a turn no channel woke answers
+        the operator (traced as ``local-reply``), not a channel."""
         await self._agent(agent).ask(PostLocal(text=text), timeout=60)
 
     async def hold(self, agent: str) -> bool:

@@ -148,9 +148,12 @@ def delivered_receipt(
     drafts: int = 0,
     suppressed: int = 0,
     disabled: bool = False,
+    operator: int = 0,
 ) -> str:
     """The ``[delivered]`` receipt of a turn: where speech landed, what did not land or is not
     known to have landed, how many segments were kept as drafts, and what was held back.
+    ``operator`` counts the segments that answered the operator's local input (shown to them,
+    not published).
 
     ``suppressed`` counts segments neither sent nor kept; with ``disabled`` they are the ones
     held because prose publishing is disabled for the agent. Any status other than the four
@@ -160,6 +163,8 @@ def delivered_receipt(
     deliveries = [d if d.status in known else attrs.evolve(d, status="unknown") for d in deliveries]
     parts: list[str] = []
     landed = _grouped(deliveries, "delivered")
+    if operator:
+        landed.insert(0, f"{_segments(operator)} to the operator (local input)")
     if landed:
         parts.append("; ".join(landed))
     for status, heading in _STATUS_HEADINGS:

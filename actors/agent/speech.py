@@ -318,6 +318,7 @@ class Destination:
     place: Place | None = None
     kept: str | None = None  # the draft reason; None when it is sent
     prose: bool = True
+    operator: bool = False  # it answers the operator's local input (shown, not published)
 
 
 class TurnSpeech:
@@ -338,6 +339,7 @@ class TurnSpeech:
         sender: SpeechSender,
         drafts: Drafts,
         trace: Callable[..., None],
+        local: bool = False,
     ) -> None:
         self.ctx = ctx
         self.agent = agent
@@ -350,6 +352,9 @@ class TurnSpeech:
         self.sender = sender
         self.drafts = drafts
         self._trace = trace
+        # the operator's local input woke the turn: with no channel to answer, prose answers them
+        self.local = local
+        self.answered = 0  # segments that answered the operator
         self.pin: Place | None = None
         self.suspended = False
         self.engaged: set[tuple[str, str]] = set()
@@ -469,6 +474,10 @@ class TurnSpeech:
     def _unprefixed(self) -> Destination:
         if self.pin is not None:
             return Destination(place=self.pin)
+        if self.decision is None and self.local:
+            # no channel woke the turn: the operator's input is its conversation, answered
+            # where it was asked (the console, the transcript), never published
+            return Destination(operator=True)
         if self.mode == "explicit":
             return Destination(kept="bounced")
         decision = self.decision
@@ -513,6 +522,10 @@ class TurnSpeech:
                 continue
             if silenced is not None:
                 dest = Destination(place=dest.place, kept=f"silenced by {silenced}")
+            elif dest.operator:
+                self.answered += 1
+                self._trace("local-reply", None, text=body)
+                continue
             if dest.kept is None and dest.place is not None:
                 if self._queue(dest.place, body) is not None:
                     continue
@@ -684,7 +697,7 @@ class TurnSpeech:
                     self._place(self.decision.conversation), self.decision.reason, mode=self.mode
                 )
             )
-        if self.tickets or ids or self.suppressed:
+        if self.tickets or ids or self.suppressed or self.answered:
             deliveries = [
                 Delivery(
                     place=t.place,
@@ -700,6 +713,7 @@ class TurnSpeech:
                     drafts=len(ids),
                     suppressed=self.suppressed,
                     disabled=self.mode == "disabled",
+                    operator=self.answered,
                 )
             )
         return texts

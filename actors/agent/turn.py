@@ -167,6 +167,7 @@ class Turn:
                     sender=owner.sender,
                     drafts=owner.drafts,
                     trace=self._trace,
+                    local=any(w.lane == "local" for w in self.drained.items),
                 )
                 here = speech.route_place()
                 if (

@@ -161,6 +161,8 @@ def format_event(e: TraceEvent) -> str | None:
         return f"· {e.agent}: {d.get('count')} events batched by gate policy {d.get('policy')}"
     if k == "local":
         return f"operator → {e.agent}: {_excerpt(d.get('text'))}"
+    if k == "local-reply":
+        return f"{e.agent} → operator: {_excerpt(d.get('text'))}"
     if k == "tool-call":
         arguments = json.dumps(d.get("arguments"), ensure_ascii=False)
         return f"  {e.agent} calls {d.get('tool')} {arguments}"

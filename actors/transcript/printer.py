@@ -11,7 +11,9 @@ For each trace event, in order:
 4. repeats are collapsed (``protocol.repeats``), except the conversation itself and the
    agents' turns (:data:`NEVER_COLLAPSED`): per source and shape, a few lines per window, then
    one ``collapsed`` line with the count when the window ends (a timer task, or the next
-   occurrence, or the end of the transcript, whichever comes first);
+   occurrence, or the end of the transcript, whichever comes first); its sample is the first
+   line shown, or for events with no line (``--json`` and the console count them too) their
+   kind in words (``gate decision events``), never their data;
 5. the line is written with its local time (``2026-12-01 22:31:09``), or the event as JSON
    (``ts`` in UTC).
 
@@ -43,6 +45,7 @@ NEVER_COLLAPSED = frozenset(
         "push",
         "published",
         "local",
+        "local-reply",
         "speech-held",
         "tool-call",
         "tool-result",
@@ -172,8 +175,11 @@ class TranscriptPrinter:
             return
         if event.kind not in NEVER_COLLAPSED:
             basis = line if line is not None else f"{event.kind} {_data_line(event)}"
+            # the summary's sample is a line a reader knows: an event without one (shown only
+            # as JSON) is named in words, not by its data
+            sample = line if line is not None else _unlined(event.kind)
             verdict = self.collapser.observe(
-                source_of(event), (event.kind, mask(basis)), now, sample=basis, level=level
+                source_of(event), (event.kind, mask(basis)), now, sample=sample, level=level
             )
             for summary in verdict.due:
                 self._summary(summary)
@@ -250,6 +256,12 @@ def _redacted(event: TraceEvent, redactor: Redactor) -> TraceEvent:
         channel_id=text(event.channel_id),
         data=redactor.value(event.data),
     )
+
+
+def _unlined(kind: str) -> str:
+    """A kind of event the plain transcript shows no line for, in words: ``gate-decision``
+    reads ``gate decision events``."""
+    return f"{printable(kind.replace('-', ' '))} events"
 
 
 def _data_line(event: TraceEvent) -> str:

@@ -301,7 +301,7 @@ class ConsoleApi:
             given = body.get("destination")
             destination = given or place.get("channel_id")
             if not isinstance(destination, str) or not destination:
-                raise BadRequest("destination: the draft has no place; name a channel")
+                raise BadRequest("destination: the draft has no place; choose a channel for it")
             args["destination"] = destination
             server_id = body.get("server_id") if given else place.get("server_id")
             if server_id is not None:

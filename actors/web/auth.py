@@ -14,6 +14,9 @@ The rules, in order:
   read it). Without a token that key is all an action needs, on loopback only.
 - A request naming an ``Origin`` other than the console's own is refused, and on loopback the
   ``Host`` header must name a loopback address (a foreign name pointed at 127.0.0.1 is refused).
+- The one exception: the console's icon (``GET /favicon.ico``, :data:`PUBLIC_PATHS`) is the
+  same picture for everyone and tells nothing of the host, so it needs no token (a browser asks
+  for it without the cookie's page, and a refusal would only fill its log).
 """
 
 from __future__ import annotations
@@ -41,6 +44,13 @@ from protocol.addresses import (
 COOKIE = "mcplive_console"
 #: The header carrying the per-run action key.
 ACTION_HEADER = "x-mcplive-action"
+#: What anyone may read without a token (``GET`` or ``HEAD`` only): the console's icon.
+PUBLIC_PATHS = frozenset({"/favicon.ico"})
+
+
+def is_public(method: str, path: str) -> bool:
+    """Whether a request needs no token: a read of one of the :data:`PUBLIC_PATHS`."""
+    return method in ("GET", "HEAD") and path in PUBLIC_PATHS
 
 
 def console_token(token_env: str | None, environ: Any = None) -> str | None:
@@ -111,10 +121,12 @@ __all__ = [
     "COOKIE",
     "DEFAULT_WEB",
     "LOOPBACK_NAMES",
+    "PUBLIC_PATHS",
     "Guard",
     "WebAddressError",
     "address_problem",
     "console_token",
     "is_loopback",
+    "is_public",
     "parse_web_address",
 ]

@@ -8,6 +8,7 @@ host's trio loop: Hypercorn's trio worker serves a small Starlette app, whose pa
 - the JSON endpoints (``actors.web.api``) and the feed's websocket, ``/api/feed``: on connect
   one message with the recent records, then a message per batch of new ones
   (``actors.web.feed``);
+- the page's icon, ``/favicon.ico`` (an SVG picture, ``static/favicon.svg``);
 - the gate in front of all of them (``actors.web.auth``).
 
 Every answer carries a content security policy that runs only the console's own script, so a
@@ -42,7 +43,7 @@ from actors.transcript.lines import INFO
 from actors.transcript.printer import TranscriptOptions
 
 from .api import ConsoleApi
-from .auth import COOKIE, DEFAULT_WEB, Guard, is_loopback, parse_web_address
+from .auth import COOKIE, DEFAULT_WEB, Guard, is_loopback, is_public, parse_web_address
 from .feed import Feed, TooManyClients
 
 STATIC = Path(str(resources.files("actors.web") / "static"))
@@ -122,8 +123,13 @@ def build_app(api: ConsoleApi, feed: Feed, guard: Guard) -> Starlette:
     index = (STATIC / "index.html").read_text(encoding="utf-8")
     page = index.replace(ACTION_KEY_MARK, guard.action_key)
 
+    icon = (STATIC / "favicon.svg").read_bytes()
+
     async def home(request: Request) -> Response:
         return Response(page, media_type="text/html; charset=utf-8")
+
+    async def favicon(request: Request) -> Response:
+        return Response(icon, media_type="image/svg+xml")
 
     async def follow(ws: WebSocket) -> None:
         try:
@@ -148,6 +154,7 @@ def build_app(api: ConsoleApi, feed: Feed, guard: Guard) -> Starlette:
     return Starlette(
         routes=[
             Route("/", home, methods=["GET"]),
+            Route("/favicon.ico", favicon, methods=["GET"]),
             *api.routes(),
             WebSocketRoute("/api/feed", follow),
             Mount("/static", StaticFiles(directory=STATIC), name="static"),
@@ -183,6 +190,9 @@ class _Gate:
         offered = request.query_params.get("token") if request is not None else None
         if offered is not None and scope["path"] == "/" and self.guard.token_ok(offered):
             await self._sign_in(scope, receive, send)
+            return
+        if scope["type"] == "http" and is_public(scope["method"], scope["path"]):
+            await self.app(scope, receive, _with_headers(send))
             return
         action = scope["type"] == "http" and scope["method"] not in ("GET", "HEAD")
         status = self.guard.refusal(headers, cookies, action=action)

@@ -356,6 +356,22 @@ def test_every_turns_usage_and_an_agents_pause_and_resume_are_shown() -> None:
     assert len(lines) == 15 and not any(line.startswith("…") for line in lines)
 
 
+def test_a_summary_of_events_without_a_line_names_them_in_words() -> None:
+    """The console and ``--json`` count events the plain transcript has no line for; their
+    summary's sample is their kind in words, never their data as JSON."""
+    out = io.StringIO()
+    printer = TranscriptPrinter(out, TranscriptOptions(json=True))
+    for n in range(5):
+        event = TraceEvent(kind="gate-decision", server_id="flood", data={"wake": False, "n": n})
+        printer.handle(event, 0)
+    printer.close(4)
+    summary = json.loads(out.getvalue().splitlines()[-1])
+    assert summary["kind"] == "collapsed"
+    assert summary["data"]["sample"] == "gate decision events"
+    line = format_event(TraceEvent(kind="collapsed", server_id="flood", data=summary["data"]))
+    assert line == "… 2 more like this from flood in the last 4 s (gate decision events)"
+
+
 def test_a_summary_is_a_json_event_too() -> None:
     out = io.StringIO()
     printer = TranscriptPrinter(out, TranscriptOptions(json=True))

@@ -235,6 +235,34 @@ async def test_a_channel_that_does_not_declare_its_place_takes_no_prose(
             await refused_unsent(host, ctl, "lobby:#legacy", "t1")
 
 
+async def test_a_turn_only_the_operator_woke_answers_the_operator(tmp_path: Path) -> None:
+    """Local input is a conversation of its own: the reply to it is the operator's answer (the
+    transcript shows it, the receipt counts it), neither published nor a draft with no route.
+    With a channel in the turn too, the reply goes where the channel's route says."""
+    with trio.fail_after(60):
+        async with running_lobby(tmp_path, {"Ada": ANSWER_ALL}) as lb:
+            host, ctl = lb.host, lb.ctl
+            await host.post_local("Ada", "are you there?")
+            answer = await wait_trace(
+                lb.stream, lambda e: e.kind in ("local-reply", "speech-held"), "the answer"
+            )
+            assert answer.kind == "local-reply" and answer.data == {"text": "noted"}
+            assert answer.agent == "Ada" and answer.channel_id is None
+            await host.run_until_idle()
+            assert publishes(ctl) == []
+            drafts = await host.execute_tool_call("Ada", "drafts", {"action": "list"})
+            assert "d1" not in drafts["content"][0]["text"]
+            [receipt] = notices(host.history("Ada"), "delivered-receipt")
+            assert receipt == "[delivered] 1 segment to the operator (local input)."
+
+            await host.hold("Ada")  # both wait for one turn
+            await host.post_local("Ada", "and now?")
+            send_incoming(ctl, "lobby:#general", "g1", "hi all")
+            await ctl.wait_for(incoming_answered("g1"), "stored")
+            await host.release("Ada")
+            await ctl.wait_for(publish_received("noted"), "the reply in the channel")
+
+
 async def test_replies_name_their_place_and_a_thread_only_where_it_is_exact(
     tmp_path: Path,
 ) -> None:

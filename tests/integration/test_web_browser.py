@@ -1,6 +1,9 @@
 """The console in a real browser: headless Chromium (the system's, ``/usr/bin/chromium``) opens
 the console of a host running the bundled lobby example on its scripted models, sees Ada's reply
 arrive live, posts a local message, pauses an agent, and runs none of the hostile text shown.
+The other tests read what the page shows as an operator would: which rows the agent filter
+leaves visible, where the transcript is scrolled, the answer to a question asked on the page, a
+draft resent to a channel picked on the page, a collapsed line, the icon, a narrow screen.
 
 The host runs on its own trio loop in a thread; Playwright's synchronous API drives the browser
 from the test. With ``MCPLIVE_SCREENSHOT=PATH`` the test also saves a screenshot of the console
@@ -9,8 +12,10 @@ there (how the README's picture is made).
 
 from __future__ import annotations
 
+import json
 import os
 import queue
+import re
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -50,8 +55,9 @@ if not CHROMIUM.exists():
 class HostThread:
     """The bundled lobby host with its console, on a trio loop in a thread of its own."""
 
-    def __init__(self, data_dir: Path) -> None:
+    def __init__(self, data_dir: Path, config: dict[str, Any] | None = None) -> None:
         self.data_dir = data_dir
+        self.config = _bundled_config(data_dir) if config is None else config
         self.started: queue.Queue[Any] = queue.Queue(maxsize=1)
         self.thread = threading.Thread(target=self._run, name="host", daemon=True)
         self.token: trio.lowlevel.TrioToken | None = None
@@ -65,7 +71,7 @@ class HostThread:
             self.started.put(exc)
 
     async def _main(self) -> None:
-        async with Host.open(_bundled_config(self.data_dir)) as host:
+        async with Host.open(self.config) as host:
             async with open_console(host, "127.0.0.1:0") as console:
                 self.host = host
                 self.token = trio.lowlevel.current_trio_token()
@@ -82,8 +88,10 @@ class HostThread:
 
 
 @contextmanager
-def running_host(data_dir: Path) -> Iterator[tuple[HostThread, str]]:
-    runner = HostThread(data_dir)
+def running_host(
+    data_dir: Path, config: dict[str, Any] | None = None
+) -> Iterator[tuple[HostThread, str]]:
+    runner = HostThread(data_dir, config)
     runner.thread.start()
     got = runner.started.get(timeout=120)
     if isinstance(got, BaseException):
@@ -152,3 +160,181 @@ def test_the_console_in_a_browser(tmp_path: Path) -> None:
             assert dialogs == []
         finally:
             browser.close()
+
+
+@contextmanager
+def console_page(
+    tmp_path: Path,
+    *,
+    config: dict[str, Any] | None = None,
+    viewport: dict[str, int] | None = None,
+) -> Iterator[tuple[HostThread, Any]]:
+    """A page on the console of the bundled lobby (or ``config``), once Ada's first reply shows."""
+    data_dir = tmp_path / "data"
+    with (
+        running_host(data_dir, config) as (runner, url),
+        sync_api.sync_playwright() as pw,
+    ):
+        browser = pw.chromium.launch(executable_path=str(CHROMIUM), args=ARGS, headless=True)
+        try:
+            page = browser.new_page(viewport=viewport or {"width": 1280, "height": 760})
+            page.set_default_timeout(TIMEOUT_MS)
+            page.goto(url)
+            page.locator("#transcript").get_by_text("Ada → Hi there! Ada here.").first.wait_for()
+            yield runner, page
+        finally:
+            browser.close()
+
+
+def visible_rows(page: Any, agent: str) -> Any:
+    return page.locator(f"#transcript li[data-agent={agent}]:visible")
+
+
+def test_the_agent_filter_hides_the_other_agents_lines(tmp_path: Path) -> None:
+    expect = sync_api.expect
+    with console_page(tmp_path) as (_, page):
+        visible_rows(page, "Grace").first.wait_for()  # Grace has answered too
+        page.select_option("#filter-agent", "Grace")
+        expect(visible_rows(page, "Ada")).to_have_count(0, timeout=TIMEOUT_MS)
+        assert page.locator("#transcript li[data-agent=Ada]").count() > 0  # there, but hidden
+        assert visible_rows(page, "Grace").count() > 0
+        assert page.locator("#transcript li[data-agent='']:visible").count() > 0  # the lobby's
+        page.select_option("#filter-agent", "")
+        visible_rows(page, "Ada").first.wait_for()
+
+
+AT_TAIL = """() => {
+    const list = document.getElementById("transcript");
+    return list.scrollHeight > list.clientHeight + 50
+        && list.scrollTop + list.clientHeight >= list.scrollHeight - 2;
+}"""
+ROWS = "() => document.getElementById('transcript').childElementCount"
+
+
+def test_the_transcript_follows_its_tail_unless_scrolled_up(tmp_path: Path) -> None:
+    expect = sync_api.expect
+    with console_page(tmp_path, viewport={"width": 1100, "height": 420}) as (_, page):
+        page.wait_for_function(AT_TAIL)  # more lines than it shows, the newest in view
+        # a visit to another page while lines arrive; back, the newest are in view
+        page.click("nav button[data-page=agents]")
+        rows = page.evaluate(ROWS)
+        page.wait_for_function(f"() => ({ROWS})() >= {rows + 3}")
+        page.click("nav button[data-page=transcript]")
+        page.wait_for_function(AT_TAIL)
+        new_lines = page.locator("#new-lines")
+        assert new_lines.is_hidden()
+
+        # the operator scrolls up to read: the view stays, and the new lines are counted
+        page.evaluate(
+            """() => {
+                const list = document.getElementById("transcript");
+                list.scrollTop = 0;
+                list.dispatchEvent(new Event("scroll"));
+            }"""
+        )
+        expect(new_lines).to_have_text(re.compile(r"^[0-9]+ new lines? ↓$"), timeout=TIMEOUT_MS)
+        assert page.evaluate("document.getElementById('transcript').scrollTop") == 0
+        new_lines.click()  # back to the tail, which it follows again
+        page.wait_for_function(AT_TAIL)
+        expect(new_lines).to_be_hidden()
+        rows = page.evaluate(ROWS)
+        page.wait_for_function(f"() => ({ROWS})() >= {rows + 2}")
+        page.wait_for_function(AT_TAIL)
+
+
+def with_agent(tmp_path: Path, name: str, say: str, servers: list[str]) -> dict[str, Any]:
+    """The bundled lobby with a third agent, ``name``, whose scripted model says ``say`` to
+    whatever woke her. Only the operator's input wakes her (her gate skips everything), so her
+    turns are the operator's alone."""
+    config = _bundled_config(tmp_path / "data")
+    model = tmp_path / "model.toml"
+    model.write_text(f"[[rules]]\nwhen = '.'\nsay = '{say}'\n", encoding="utf-8")
+    gate = tmp_path / "gate.toml"
+    gate.write_text('default = "skip"\n', encoding="utf-8")
+    config["agents"].append(
+        {
+            "name": name,
+            "model": f"scripted:{model}",
+            "gate": str(gate),
+            "prose_mode": "hybrid",
+            "servers": servers,
+        }
+    )
+    return config
+
+
+def test_an_operators_question_is_answered_in_the_console(tmp_path: Path) -> None:
+    expect = sync_api.expect
+    # Lin hears no server: nothing but the operator's question is in her context
+    config = with_agent(tmp_path, "Lin", "Hello, operator.", [])
+    with console_page(tmp_path, config=config) as (_, page):
+        transcript = page.locator("#transcript")
+        page.select_option("#compose-agent", "Lin")
+        page.fill("#compose-text", "hello Lin, are you there?")
+        page.click("#compose button[type=submit]")
+        transcript.get_by_text("operator → Lin: hello Lin, are you there?").wait_for()
+        # her answer comes back to the operator, as the answer: not a draft with no route
+        transcript.get_by_text("Lin → operator: Hello, operator.").wait_for()
+        assert transcript.locator("li[data-kind=speech-held][data-agent=Lin]").count() == 0
+        page.click("nav button[data-page=agents]")
+        lin = page.locator(".card[data-agent=Lin]")
+        lin.wait_for()
+        expect(lin.locator("li[data-draft]")).to_have_count(0)
+
+
+def test_a_draft_is_resent_to_a_channel_picked_on_the_page(tmp_path: Path) -> None:
+    expect = sync_api.expect
+    # Lin hears the lobby, and her prose names a channel it does not have
+    config = with_agent(tmp_path, "Lin", ">>>#nowhere Saved for later.", ["lobby"])
+    with console_page(tmp_path, config=config) as (_, page):
+        page.select_option("#compose-agent", "Lin")
+        page.fill("#compose-text", "please keep a draft")
+        page.click("#compose button[type=submit]")
+        # her prose named a channel that does not exist: a draft with no place of its own
+        page.locator("#transcript li[data-kind=speech-held][data-agent=Lin]").wait_for()
+        page.click("nav button[data-page=agents]")
+        draft = page.locator(".card[data-agent=Lin] li[data-draft]")
+        picker = draft.locator("select.destination")
+        # the picker lists the channels Lin hears, registered by the lobby
+        general, random = (
+            json.dumps(["lobby", f"lobby:#{c}"], separators=(",", ":"))
+            for c in ("general", "random")
+        )  # as the page writes an option's value
+        picker.locator(f"option[value='{general}']").wait_for(state="attached")
+        assert picker.locator(f"option[value='{random}']").count() == 1
+        picker.select_option(general)
+        draft.get_by_role("button", name="Resend").click()
+        expect(draft).to_have_count(0, timeout=TIMEOUT_MS)  # sent: no longer a draft
+        page.click("nav button[data-page=transcript]")
+        page.locator("#transcript").get_by_text("#general | Lin → Saved for later.").wait_for()
+
+
+def test_a_collapsed_line_reads_as_words(tmp_path: Path) -> None:
+    with console_page(tmp_path) as (runner, page):
+        for n in range(12):  # events with no line of their own, from one source
+            runner.emit("gate-decision", server_id="flood", data={"wake": False, "n": n})
+        row = page.locator("#transcript li[data-kind=collapsed]", has_text="from flood")
+        row.wait_for()
+        line = row.locator(".text").text_content() or ""
+        assert "gate decision events" in line, line
+        assert "{" not in line and '"' not in line, line
+
+
+def test_the_console_has_an_icon(tmp_path: Path) -> None:
+    with console_page(tmp_path) as (_, page):
+        answer = page.request.get(page.url.rstrip("/") + "/favicon.ico")
+        assert answer.status == 200
+        assert answer.headers["content-type"].startswith("image/svg+xml")
+        assert b"<svg" in answer.body()
+        assert page.locator("link[rel=icon]").get_attribute("href") == "/favicon.ico"
+
+
+def test_lines_read_normally_on_a_narrow_screen(tmp_path: Path) -> None:
+    with console_page(tmp_path, viewport={"width": 420, "height": 800}) as (_, page):
+        row = page.locator("#transcript li", has_text="Ada → Hi there! Ada here.").first
+        box = row.bounding_box()
+        text_box = row.locator(".text").bounding_box()
+        assert box is not None and text_box is not None
+        assert text_box["width"] > 200, text_box
+        assert box["width"] > 2 * box["height"], box
+        assert page.evaluate("document.documentElement.scrollWidth") <= 420

@@ -192,17 +192,17 @@ async def test_operator_actions(tmp_path: Path) -> None:
                 httpx.AsyncClient(base_url=console.url, headers=actions(console)) as http,
                 feed_of(console) as feed,
             ):
-                # local input reaches the agent, and her answer comes back on the feed
+                # local input reaches the agent, and her answer comes back to the operator on
+                # the feed: nothing else woke her turn, so it is neither published nor a draft
                 posted = await http.post("/api/agents/Ada/post", json={"text": "from the desk"})
                 assert posted.json() == {"posted": True}
                 await feed.until(lambda r: r["kind"] == "local", "the local line")
-                await feed.until(
-                    lambda r: (
-                        r["kind"] in ("published", "speech-held")
-                        and "heard: from the desk" in (r["line"] or "")
-                    ),
+                answer = await feed.until(
+                    lambda r: r["kind"] in ("local-reply", "published", "speech-held"),
                     "Ada's answer",
                 )
+                assert answer["kind"] == "local-reply", answer
+                assert answer["line"] == "Ada → operator: heard: from the desk"
                 bad = await http.post("/api/agents/Ada/post", json={"text": "  "})
                 assert bad.status_code == 400
                 assert (
@@ -319,6 +319,12 @@ async def test_the_gate_with_a_token(tmp_path: Path) -> None:
                     assert (await http.get(path)).status_code == 401, path
                     wrong = {"authorization": "Bearer nope"}
                     assert (await http.get(path, headers=wrong)).status_code == 401, path
+                # the icon alone needs no token: one picture for everyone, nothing of the host
+                icon = await http.get("/favicon.ico")
+                assert icon.status_code == 200
+                assert icon.headers["content-type"] == "image/svg+xml"
+                assert "content-security-policy" in icon.headers
+                assert (await http.post("/favicon.ico")).status_code == 401
                 bearer = {"authorization": f"Bearer {token}"}
                 assert (await http.get("/healthz", headers=bearer)).status_code == 200
                 assert (await http.get("/metrics", headers=bearer)).status_code == 200

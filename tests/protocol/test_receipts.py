@@ -183,6 +183,16 @@ def test_failures_and_uncertainty_are_named_with_reasons() -> None:
     assert text != "[delivered] nothing"
 
 
+def test_answers_to_the_operator_are_counted_first() -> None:
+    assert delivered_receipt([], operator=1) == (
+        "[delivered] 1 segment to the operator (local input)."
+    )
+    text = delivered_receipt([Delivery(place=GENERAL, status="delivered")], operator=2)
+    assert text == (
+        "[delivered] 2 segments to the operator (local input); 1 segment to #general (lobby / c1)."
+    )
+
+
 def test_drafts_are_counted_with_how_to_handle_them() -> None:
     text = delivered_receipt([], drafts=2)
     assert "2 segments" in text

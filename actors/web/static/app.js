@@ -13,6 +13,10 @@ const state = {
   filter: "",
   historyMore: null,
   historyShown: false,
+  following: true, // the transcript keeps to its newest line (until the operator scrolls up)
+  unseen: 0, // lines that arrived below while the operator looked further up
+  channels: [], // the host's registered channels, for the drafts' destination pickers
+  picks: {}, // the destination chosen per draft ("agent/draft": value), kept across redraws
 };
 
 function el(tag, props, ...children) {
@@ -73,17 +77,20 @@ function show(page) {
     section.classList.toggle("active", section.id === `page-${page}`);
   }
   if (page === "history" && !state.historyShown) loadHistory(false); // the newest, at once
+  if (page === "transcript" && state.following) toTail(); // what came meanwhile, at once
   refresh();
 }
 
 async function refresh() {
   try {
-    const agents = await getJSON("/api/agents");
+    const [agents, channels] = await Promise.all([getJSON("/api/agents"), getJSON("/api/channels")]);
     state.agents = agents;
+    state.channels = channels;
+    for (const picker of document.querySelectorAll("select.destination")) fillPicker(picker);
     renderSummary(agents);
     if (state.page === "agents") renderAgents(agents);
     if (state.page === "servers") renderServers(await getJSON("/api/servers"));
-    if (state.page === "channels") renderChannels(await getJSON("/api/channels"));
+    if (state.page === "channels") renderChannels(channels);
   } catch (error) {
     document.getElementById("link").textContent = "the host does not answer";
   }
@@ -118,15 +125,10 @@ function renderAgents(agents) {
     const drafts = (a.drafts || []).map((d) =>
       el(
         "li",
-        {},
+        { "data-draft": text(d.id) },
         el("span", { class: "muted", text: `[${text(d.id)}] ${text(d.reason)} ` }),
         el("span", { text: text(d.text) }),
-        el(
-          "span",
-          { class: "actions" },
-          el("button", { class: "small", onclick: () => draftAction(a.name, d.id, "resend"), text: "Resend" }),
-          el("button", { class: "small", onclick: () => draftAction(a.name, d.id, "dismiss"), text: "Dismiss" })
-        )
+        draftControls(a.name, text(d.id), Boolean(d.place))
       )
     );
     return el(
@@ -216,10 +218,59 @@ async function serverAction(id) {
   refresh();
 }
 
-async function draftAction(agent, id, action) {
-  const answer = await act(`/api/agents/${encodeURIComponent(agent)}/drafts/${encodeURIComponent(id)}/${action}`);
+async function draftAction(agent, id, action, destination) {
+  const body = {};
+  if (destination) {
+    const [serverId, channelId] = JSON.parse(destination);
+    body.destination = channelId;
+    body.server_id = serverId;
+  }
+  const path = `/api/agents/${encodeURIComponent(agent)}/drafts/${encodeURIComponent(id)}/${action}`;
+  const answer = await act(path, body);
+  if (answer.ok) delete state.picks[`${agent}/${id}`];
   toast(text(answer.result) || action);
   refresh();
+}
+
+// The channels a draft of `agent` may be resent to: the registered ones of the servers it hears.
+function channelsOf(agent) {
+  return state.channels.filter((c) => c.registered && Object.hasOwn(c.open_for || {}, agent));
+}
+
+// Fill a destination picker with the agent's channels, keeping what is chosen; the first option
+// is the draft's own place (or, when it has none, a prompt to choose one).
+function fillPicker(picker) {
+  const agent = picker.dataset.agent;
+  const choices = channelsOf(agent).map((c) => [JSON.stringify([c.server_id, c.id]), c]);
+  const key = JSON.stringify(choices.map(([value]) => value));
+  if (picker.dataset.choices === key) return;
+  const chosen = state.picks[`${agent}/${picker.dataset.draft}`] || picker.value;
+  const first = picker.dataset.placed === "1" ? "to its own place" : "choose a channel…";
+  picker.replaceChildren(
+    el("option", { value: "", text: first }),
+    ...choices.map(([value, c]) => el("option", { value, text: `${text(c.label) || text(c.id)} (${text(c.server_id)})` }))
+  );
+  picker.value = choices.some(([value]) => value === chosen) ? chosen : "";
+  picker.dataset.choices = key;
+}
+
+function draftControls(agent, id, placed) {
+  const picker = el("select", {
+    class: "small destination",
+    "aria-label": "destination",
+    "data-agent": agent,
+    "data-draft": id,
+    "data-placed": placed ? "1" : "0",
+  });
+  fillPicker(picker);
+  picker.addEventListener("change", () => { state.picks[`${agent}/${id}`] = picker.value; });
+  return el(
+    "span",
+    { class: "actions" },
+    picker,
+    el("button", { class: "small", onclick: () => draftAction(agent, id, "resend", picker.value), text: "Resend" }),
+    el("button", { class: "small", onclick: () => draftAction(agent, id, "dismiss"), text: "Dismiss" })
+  );
 }
 
 // -- the live transcript ----------------------------------------------------------------------
@@ -236,7 +287,7 @@ function dateTimeOf(ts) {
 
 // Kinds whose line is the agent's own doing: the agent is named as their source.
 const AGENT_KINDS = new Set(["published", "speech-held", "tool-call", "tool-result", "turn-usage",
-  "local", "asleep", "awake", "turn-aborted", "agent-paused", "agent-resumed", "context-fold",
+  "local", "local-reply", "asleep", "awake", "turn-aborted", "agent-paused", "agent-resumed", "context-fold",
   "rolled-back", "model-retry", "turn-start", "error"]);
 
 function sourceOf(r) {
@@ -257,16 +308,7 @@ function row(r) {
     el("span", { class: "text", text: text(r.line) })
   );
   const draft = r.kind === "speech-held" && r.data && r.data.draft;
-  if (draft && r.agent) {
-    item.lastChild.append(
-      el(
-        "span",
-        { class: "actions" },
-        el("button", { class: "small", onclick: () => draftAction(r.agent, draft, "resend"), text: "Resend" }),
-        el("button", { class: "small", onclick: () => draftAction(r.agent, draft, "dismiss"), text: "Dismiss" })
-      )
-    );
-  }
+  if (draft && r.agent) item.lastChild.append(draftControls(text(r.agent), text(draft), Boolean(r.channel_id)));
   item.hidden = !visible(item);
   return item;
 }
@@ -277,18 +319,55 @@ function visible(item) {
 
 function addRecords(records) {
   const list = document.getElementById("transcript");
-  const atEnd = list.scrollTop + list.clientHeight >= list.scrollHeight - 40;
+  let added = 0;
   for (const r of records) {
     if (typeof r.seq === "number") {
       if (r.seq <= state.lastSeq) continue;
       state.lastSeq = r.seq;
     }
     if (r.line === null || r.line === undefined) continue;
-    list.append(row(r));
+    const item = row(r);
+    list.append(item);
+    if (!item.hidden) added += 1;
   }
   while (list.childElementCount > MAX_ROWS) list.firstElementChild.remove();
-  if (atEnd) list.scrollTop = list.scrollHeight;
+  if (state.following) toTail();
+  else if (added) {
+    state.unseen += added;
+    showUnseen();
+  }
   if (!refreshSoon.timer) refreshSoon.timer = setTimeout(refreshSoon, 500);
+}
+
+// Following the tail: the transcript shows its newest line, also after a visit to another page
+// (a hidden list cannot scroll; it is brought to its tail when shown again), unless the operator
+// scrolled up to read: then new lines are counted on a button that brings them back to the tail.
+function atTail(list) {
+  return list.scrollTop + list.clientHeight >= list.scrollHeight - 40;
+}
+
+function toTail() {
+  const list = document.getElementById("transcript");
+  list.scrollTop = list.scrollHeight;
+  state.following = true;
+  state.unseen = 0;
+  showUnseen();
+}
+
+function showUnseen() {
+  const button = document.getElementById("new-lines");
+  button.hidden = state.unseen === 0;
+  button.textContent = `${state.unseen} new ${state.unseen === 1 ? "line" : "lines"} ↓`;
+}
+
+function onScroll() {
+  const list = document.getElementById("transcript");
+  if (list.clientHeight === 0) return; // hidden: another page is shown
+  state.following = atTail(list);
+  if (state.following && state.unseen) {
+    state.unseen = 0;
+    showUnseen();
+  }
 }
 
 function refreshSoon() {
@@ -341,7 +420,10 @@ async function start() {
   document.getElementById("filter-agent").addEventListener("change", (event) => {
     state.filter = event.target.value;
     for (const item of document.getElementById("transcript").children) item.hidden = !visible(item);
+    if (state.following) toTail();
   });
+  document.getElementById("transcript").addEventListener("scroll", onScroll);
+  document.getElementById("new-lines").addEventListener("click", toTail);
   document.getElementById("compose").addEventListener("submit", async (event) => {
     event.preventDefault();
     const input = document.getElementById("compose-text");
