@@ -1,4 +1,4 @@
-""""What did the model see?": the console's ``/api/agents/NAME/request`` shows an agent's newest
+""" "What did the model see?": the console's ``/api/agents/NAME/request`` shows an agent's newest
 model request as its provider sent it, with the input tokens the provider counted for it,
 for the scripted model and for the Anthropic and OpenAI-compatible providers against their
 fakes on loopback HTTP.
