@@ -136,11 +136,25 @@ class ConsoleApi:
         }
 
     async def agents(self, request: Request) -> list[dict[str, Any]]:
+        """Each agent's status, with its model, its last turns' usage, its last folds, the
+        facts of its newest model request (no body: ``/api/agents/NAME/request`` has it) and
+        its drafts."""
+        models = {a.name: a.model for a in self.host.config.agents}
         out = []
         for entry in self._snapshot()["agents"]:
             name = entry["name"]
             usage = self.feed.usage.get(name, ())
-            out.append({**entry, "turn_usage": list(usage), "drafts": self._drafts(name)})
+            seen = self.host.ctx.last_requests.get(name)
+            out.append(
+                {
+                    **entry,
+                    "model": models.get(name),
+                    "turn_usage": list(usage),
+                    "folds": list(self.feed.folds.get(name, ())),
+                    "last_request": None if seen is None else _request_facts(seen),
+                    "drafts": self._drafts(name),
+                }
+            )
         return out
 
     def _drafts(self, agent: str) -> list[dict[str, Any]]:
@@ -189,17 +203,7 @@ class ConsoleApi:
         seen = self.host.ctx.last_requests.get(agent)
         if seen is None:
             return {"agent": agent, "request": None}
-        facts = json_safe(
-            {
-                "at": iso(seen.at),
-                "model": seen.model,
-                "turn": seen.turn,
-                "round": seen.round,
-                "input_tokens": seen.input_tokens,
-                "context_budget": seen.context_budget,
-            },
-            self.redactor.text,
-        )
+        facts = json_safe(_request_facts(seen), self.redactor.text)
         # the body is made safe and redacted whole in the thread: no string of it is clipped
         text, size = await trio.to_thread.run_sync(shown_body, seen.body, self.redactor.text)
         shown = {**facts, "bytes": size, "truncated": size > len(text.encode()), "body": text}
@@ -323,6 +327,18 @@ def _message(m: Mapping[str, Any]) -> dict[str, Any]:
     line = history_line(m)
     shown = line.removeprefix(f"{m.get('id')} {m.get('agent')} {m.get('role')}").lstrip()
     return {"id": m.get("id"), "role": m.get("role"), "line": printable(shown)}
+
+
+def _request_facts(seen: Any) -> dict[str, Any]:
+    """A LastRequest's facts, without its body."""
+    return {
+        "at": iso(seen.at),
+        "model": seen.model,
+        "turn": seen.turn,
+        "round": seen.round,
+        "input_tokens": seen.input_tokens,
+        "context_budget": seen.context_budget,
+    }
 
 
 def shown_body(body: Any, redact: Callable[[str], str]) -> tuple[str, int]:

@@ -17,7 +17,8 @@ Bounds and policies:
   records in its queue, and the next batch it gets opens with a ``feed-skipped`` record saying
   how many it lost;
 - a record's data is cut to a placeholder past ``MAX_DATA_CHARS`` of JSON (the line remains);
-- per agent the last ``USAGE_TURNS`` turns' usage, per server the last ``MISMATCHES`` declaration
+- per agent the last ``USAGE_TURNS`` turns' usage and the last ``FOLDS`` folds of its context
+  (each fold or merge of summaries), per server the last ``MISMATCHES`` declaration
   mismatches are kept for the agents and servers pages.
 """
 
@@ -45,6 +46,7 @@ CLIENT_CAP = 1000
 MAX_DATA_CHARS = 16_000
 USAGE_TURNS = 20
 MISMATCHES = 10
+FOLDS = 10
 MAX_KEYS = 256  # agents or servers told apart in the per-agent and per-server records
 
 
@@ -115,6 +117,7 @@ class Feed:
         self.seq = 0
         self.usage: dict[str, deque[dict[str, Any]]] = {}
         self.mismatches: dict[str, deque[dict[str, Any]]] = {}
+        self.folds: dict[str, deque[dict[str, Any]]] = {}
         self.ended = False
 
     def subscribe(self) -> tuple[list[dict[str, Any]], FeedClient]:
@@ -141,6 +144,8 @@ class Feed:
         kind, data = record["kind"], record["data"]
         if kind == "turn-usage" and record["agent"] is not None:
             _keep(self.usage, record["agent"], USAGE_TURNS, {"ts": record["ts"], **data})
+        elif kind == "context-fold" and record["agent"] is not None:
+            _keep(self.folds, record["agent"], FOLDS, {"ts": record["ts"], **data})
         elif kind == "declaration-mismatch" and record["server_id"] is not None:
             entry = {"ts": record["ts"], "text": data.get("text")}
             _keep(self.mismatches, record["server_id"], MISMATCHES, entry)

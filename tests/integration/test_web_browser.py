@@ -338,3 +338,47 @@ def test_lines_read_normally_on_a_narrow_screen(tmp_path: Path) -> None:
         assert text_box["width"] > 200, text_box
         assert box["width"] > 2 * box["height"], box
         assert page.evaluate("document.documentElement.scrollWidth") <= 420
+
+
+def test_the_usage_page_draws_the_ledger_and_the_model_s_view_opens(tmp_path: Path) -> None:
+    """The Usage page draws a bar a day (Ada's part of today's bar is there), her budget card
+    and the ledger's rows; the Agents page shows her model and context fill, and opens what her
+    model saw; a turn's usage line in the transcript opens it too."""
+    with console_page(tmp_path) as (runner, page):
+        page.click("nav button[data-page=usage]")
+        chart = page.locator("#usage-chart svg.chart")
+        chart.wait_for()
+        assert chart.get_attribute("data-days") == "30"
+        page.locator("#usage-chart rect[data-agent=Ada]").first.wait_for()
+        assert "tokens" in (
+            page.locator("#usage-chart rect[data-agent=Ada] title").first.text_content() or ""
+        )
+        page.locator("#usage-budgets .card[data-budget=Ada]").get_by_text("tokens today").wait_for()
+        rows = page.locator("#usage-table tbody tr", has_text="Ada")
+        rows.first.wait_for()
+        assert "scripted:" in (rows.first.text_content() or "")
+        page.select_option("#usage-days", "7")
+        page.wait_for_function(
+            "document.querySelector('#usage-chart svg.chart').dataset.days === '7'"
+        )
+
+        page.click("nav button[data-page=agents]")
+        ada = page.locator(".card[data-agent=Ada]")
+        # the context fill of her newest request, against her context_tokens (8,000)
+        ada.get_by_text(re.compile(r"\d+ of 8000 tokens \(\d+ %\) in turn \d+")).wait_for()
+        ada.get_by_role("button", name="What the model saw").click()
+        view = page.locator("#request-view")
+        view.wait_for(state="visible")
+        page.locator("#request-facts").get_by_text("input tokens of its 8,000").wait_for()
+        shown = json.loads(page.locator("#request-body").text_content() or "")
+        assert shown["model"].startswith("scripted:") and shown["messages"]
+        assert page.locator("#request-body *").count() == 0  # text, never markup
+        view.get_by_role("button", name="Close").click()
+        view.wait_for(state="hidden")
+        shots = os.environ.get("MCPLIVE_SCREENSHOTS")
+        if shots:  # the docs' pictures of each page
+            for name in ("transcript", "agents", "servers", "channels", "history", "usage"):
+                page.click(f"nav button[data-page={name}]")
+                page.wait_for_timeout(1500)  # let the page draw; only for the pictures
+                page.screenshot(path=str(Path(shots) / f"console-{name}.png"))
+        del runner

@@ -77,6 +77,7 @@ function show(page) {
     section.classList.toggle("active", section.id === `page-${page}`);
   }
   if (page === "history" && !state.historyShown) loadHistory(false); // the newest, at once
+  if (page === "usage") renderUsage(true).catch(() => toast("the usage ledger could not be read"));
   if (page === "transcript" && state.following) toTail(); // what came meanwhile, at once
   refresh();
 }
@@ -91,6 +92,7 @@ async function refresh() {
     if (state.page === "agents") renderAgents(agents);
     if (state.page === "servers") renderServers(await getJSON("/api/servers"));
     if (state.page === "channels") renderChannels(channels);
+    if (state.page === "usage") await renderUsage(false);
   } catch (error) {
     document.getElementById("link").textContent = "the host does not answer";
   }
@@ -113,6 +115,20 @@ function usageLine(usage) {
   parts.push(`cache read ${u.cache_read_input_tokens || 0}`);
   parts.push(`cache write ${u.cache_creation_input_tokens || 0}`);
   return parts.join(" · ");
+}
+
+function contextFill(seen) {
+  if (!seen) return "no model call yet";
+  if (seen.input_tokens === null) return `turn ${seen.turn}: waiting for its reply`;
+  const share = seen.context_budget ? Math.round((100 * seen.input_tokens) / seen.context_budget) : 0;
+  return `${seen.input_tokens} of ${seen.context_budget} tokens (${share} %) in turn ${seen.turn}`;
+}
+
+function foldsLine(folds) {
+  if (!folds || !folds.length) return "none since the host started";
+  const last = folds[folds.length - 1];
+  const what = last.summaries ? `merged ${last.summaries} summaries` : `folded ${text(last.messages)} messages`;
+  return `${folds.length} (last: ${what} at ${timeOf(last.ts)})`;
 }
 
 function renderAgents(agents) {
@@ -143,8 +159,12 @@ function renderAgents(agents) {
         el("dt", { text: "last turn" }),
         el("dd", { text: a.last_turn_at ? `${dateTimeOf(a.last_turn_at)} (${text(a.last_outcome)})` : "none yet" }),
         el("dt", { text: "paused" }), el("dd", { text: a.paused ? text(a.paused) : "no" }),
+        el("dt", { text: "model" }), el("dd", { text: text(a.model) }),
+        el("dt", { text: "context" }), el("dd", { text: contextFill(a.last_request) }),
+        el("dt", { text: "folds" }), el("dd", { text: foldsLine(a.folds) }),
         el("dt", { text: "usage (all)" }), el("dd", { text: usageLine(a.usage) })
       ),
+      el("button", { class: "request", onclick: () => openRequest(a.name), text: "What the model saw" }),
       turns.length ? el("h2", { text: "Last turns" }) : null,
       turns.length ? el("ol", {}, ...turns.map((t) => el("li", { class: "muted", text: `${timeOf(t.ts)} · ${usageLine(t)}` }))) : null,
       drafts.length ? el("h2", { text: "Drafts" }) : null,
@@ -438,6 +458,11 @@ async function start() {
   });
   document.getElementById("history-more").addEventListener("click", () => loadHistory(true));
   document.getElementById("history-agent").addEventListener("change", () => loadHistory(false));
+  document.getElementById("usage-days").addEventListener("change", () => renderUsage(true));
+  document.getElementById("transcript").addEventListener("click", (event) => {
+    const line = event.target.closest("li[data-kind='turn-usage']");
+    if (line && line.dataset.agent) openRequest(line.dataset.agent);
+  });
   follow(1000);
   refresh();
   setInterval(refresh, POLL_MS);
