@@ -218,6 +218,27 @@ async def test_configured_secrets_are_redacted_from_chat_stderr_and_logs(tmp_pat
     assert any("stderr:" in line and "you said «redacted»" in line for line in out.lines)
 
 
+async def test_verbose_streamed_text_is_printed_in_whole_lines(tmp_path: Path) -> None:
+    """The scripted model streams word by word, as a provider does; ``-v`` prints each line of
+    it once, not a line per word."""
+    say = '[[rules]]\nwhen = "(?i)hello"\nsay = "Hi there! Ada here, and glad to chat."\n'
+    (tmp_path / "hi.toml").write_text(say, encoding="utf-8")
+    agents = '[[agents]]\nname = "Ada"\nmodel = "scripted:hi.toml"\n'
+    with trio.fail_after(120):
+        async with open_control_listener() as listener:
+            lobby = [*LOBBY, "--control-connect", listener.address]
+            cfg = write_config(tmp_path, [stdio_server("lobby", lobby)], agents)
+            async with mcplive("run", str(cfg), "-v", cwd=tmp_path) as out:
+                ctl = await listener.accept(timeout=60)
+                await ready(ctl)
+                send_incoming(ctl, "lobby:#general", "s1", "hello Ada")
+                await out.wait_for(
+                    lambda lines: any("| Ada → Hi there!" in line for line in lines), "the reply"
+                )
+    streamed = [STAMP.sub("", line) for line in out.lines if " streams: " in line]
+    assert streamed == ["  Ada streams: Hi there! Ada here, and glad to chat."]
+
+
 async def test_when_the_reader_goes_away_the_host_stops_with_one_line(tmp_path: Path) -> None:
     with trio.fail_after(90):
         proc = await trio.lowlevel.open_process(
