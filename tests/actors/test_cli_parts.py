@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from actors.cli.command import _dash_values, build_parser
+from actors.cli.command import _config_given_after_web, _dash_values, build_parser, web_address
 from actors.cli.history import (
     PAGE,
     KnownChannel,
@@ -226,3 +226,33 @@ def test_argv_without_a_text_option_is_unchanged(argv: list[str]) -> None:
 def test_a_search_with_no_text_is_still_an_error() -> None:
     with pytest.raises(SystemExit):
         build_parser().parse_args(_dash_values(["history", "--search", "--json"]))
+
+
+# -- run --web ADDR ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("argv", "web", "config"),
+    [
+        (["run", "--web", "host.toml"], "", "host.toml"),  # the config, after a bare --web
+        (["run", "--web", ":0", "host.toml"], ":0", "host.toml"),
+        (["run", "host.toml", "--web"], "", "host.toml"),
+        (["run", "--web"], "", None),
+        (["run", "host.toml"], None, "host.toml"),
+    ],
+)
+def test_web_takes_an_address_and_leaves_the_config_alone(
+    argv: list[str], web: str | None, config: str | None
+) -> None:
+    args = build_parser().parse_args(argv)
+    _config_given_after_web(args)
+    assert (args.web, args.config) == (web, config)
+
+
+@pytest.mark.parametrize(
+    ("value", "address"),
+    [(":0", "127.0.0.1:0"), ("8765", "127.0.0.1:8765"), ("[::1]:80", "[::1]:80"),
+     ("localhost:7", "localhost:7")],
+)  # fmt: skip
+def test_a_web_address_may_leave_out_its_host(value: str, address: str) -> None:
+    assert web_address(value) == address
