@@ -91,6 +91,10 @@ async def _run(
             if web is not None:
                 from actors.web.console import open_console
 
+                # what the host said so far first: its ``host started`` line, which names the
+                # data dir, stays the first line of a config's transcript
+                _print_so_far(stream, printer)
+
                 serving = open_console(host, web.address, web.token, level=options.level)
                 try:
                     console = await stack.enter_async_context(serving)
@@ -120,6 +124,17 @@ async def _run(
     finally:
         receiving.close()
     await run_printer(stream, printer)  # the events of the host's stopping, then the end
+
+
+def _print_so_far(stream: Any, printer: TranscriptPrinter) -> None:
+    """Print the events ``stream`` holds now, without waiting (``run_printer`` goes on from
+    there)."""
+    while True:
+        try:
+            event = stream.receive_nowait()
+        except (trio.WouldBlock, trio.EndOfChannel, trio.ClosedResourceError):
+            return
+        printer.handle(event, trio.current_time())
 
 
 def _config_problems(exc: ConfigError) -> int:

@@ -69,7 +69,11 @@ def test_the_first_line_of_run_names_the_data_dir(tmp_path: Path) -> None:
     """``mcplive run`` (the bundled lobby) keeps its data in ./mcplive-data, a config in its
     own folder's: either way the first line printed says where."""
     cfg = config(tmp_path / "conf")
-    for args, data in (((), tmp_path / "mcplive-data"), ((str(cfg),), cfg.parent / "mcplive-data")):
+    for args, data in (
+        ((), tmp_path / "mcplive-data"),
+        ((str(cfg),), cfg.parent / "mcplive-data"),
+        ((str(cfg), "--web", ":0"), cfg.parent / "mcplive-data"),  # before the console's line
+    ):
         run = Running("run", *args, cwd=tmp_path)
         try:
             run.wait_for(lambda line: True, "the first line")
