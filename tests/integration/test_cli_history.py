@@ -257,6 +257,9 @@ def test_history_reads_a_version_3_store_as_it_is(tmp_path: Path) -> None:
     assert ids(history(data)) == ["m1", "m2"]
     assert ids(history(data, "--search", "MORNING", "--limit", "1")) == ["m2"]
     assert ids(history(data, "--search", "good m", "--channel", G)) == ["m1"]
+    # a time for every line: every version of the store keeps each message's
+    lines = [json.loads(line) for line in history(data, "--json")]
+    assert [line["ts"] for line in lines] == [utc(1_800_000_000.0)] * 2
     unchanged_store(before, tree_digest(data, skip=lambda p: not store_files(p)))
 
 
