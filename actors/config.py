@@ -167,11 +167,15 @@ class HostConfig:
 
 class ConfigErrors(ConfigError):
     """Every problem of a config at once: ``problems`` is the list of one-line problems, each
-    naming its key."""
+    naming its key; ``partial`` the config of the parts without one (None when the file could
+    not be read)."""
 
-    def __init__(self, problems: list[str]) -> None:
+    def __init__(self, problems: list[str], *, partial: HostConfig | None = None) -> None:
         super().__init__("; ".join(problems))
         self.problems = problems
+        #: the config of the parts that had no problem (a server or an agent with one is left
+        #: out), for checks that go on past these problems; None when the file was not read
+        self.partial = partial
 
 
 def read_config_source(
@@ -304,21 +308,23 @@ def load_config(
                     problems.append(f"{where}.servers: no server has id {sid!r}")
     if not agents and not problems:
         problems.append("agents: no [[agents]] configured; add at least one agent")
-    if problems:
-        raise ConfigErrors(problems)
-    return HostConfig(
+    web_ok = web_problem is None
+    cfg = HostConfig(
         data_dir=(data_root / data_dir_value).resolve(),
         servers=tuple(s for s in servers if s is not None),
         agents=tuple(a for a in agents if a is not None),
         base_dir=base,
         inference_model=inference_model,
-        web=host.get("web"),
-        web_token_env=host.get("web_token_env"),
+        web=host.get("web") if web_ok else None,
+        web_token_env=host.get("web_token_env") if web_ok else None,
         prices=prices,
         timezone=timezone,
         budget_daily_tokens=host_tokens,
         budget_daily_usd=host_usd,
     )
+    if problems:
+        raise ConfigErrors(problems, partial=cfg)
+    return cfg
 
 
 def zone(name: str) -> tzinfo:
@@ -399,6 +405,9 @@ MODEL_SPECS = "'scripted:PATH', 'anthropic:MODEL' or 'openai:MODEL'"
 PROVIDER_KEYS = {"anthropic": "ANTHROPIC_API_KEY", "openai": "OPENAI_API_KEY"}
 #: Environment variables holding model API keys the host reads.
 MODEL_KEY_VARIABLES = tuple(PROVIDER_KEYS.values())
+#: The providers' own public endpoints (host names): a ``base_url`` naming one needs an
+#: ``api_key_env``, since an agent with a ``base_url`` sends no key otherwise.
+PUBLIC_ENDPOINTS = {"api.anthropic.com": "anthropic", "api.openai.com": "openai"}
 
 
 def host_secrets(cfg: HostConfig, environ: Mapping[str, str] | None = None) -> list[str]:
@@ -794,6 +803,13 @@ def _endpoint(where: str, a: Mapping[str, Any], model: Any, problems: list[str])
         parts = urlsplit(base_url) if isinstance(base_url, str) else None
         if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
             problems.append(f"{where}.base_url: must be an http:// or https:// address")
+        elif parts.hostname in PUBLIC_ENDPOINTS and a.get("api_key_env") is None:
+            owner = PUBLIC_ENDPOINTS[parts.hostname]
+            problems.append(
+                f"{where}.base_url: {base_url} is {owner}'s public endpoint, and with a base_url "
+                f"and no api_key_env no key is sent; remove base_url (that endpoint is the "
+                f"default, with the key in {PROVIDER_KEYS[owner]}) or set api_key_env"
+            )
         else:
             found["base_url"] = base_url
     api_key_env = a.get("api_key_env")

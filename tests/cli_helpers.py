@@ -185,13 +185,15 @@ def stored(
     at: float = 1_800_000_000.0,
     server: str | None = None,
     channel: str | None = None,
+    label: str | None = None,
     metadata: dict[str, Any] | None = None,
 ) -> MessageRecord:
-    """A message record as the host stores it (an inbound one when ``server`` is given)."""
+    """A message record as the host stores it (an inbound one when ``server`` is given, from a
+    channel with ``label`` when given)."""
     meta: dict[str, Any] = dict(metadata or {})
     if server is not None:
         meta.update(server_id=server, channel_id=channel)
-        meta["inbound_source"] = {"server": server, "channel": channel}
+        meta["inbound_source"] = {"server": server, "channel": channel, "label": label}
     return MessageRecord(
         id=id,
         agent=agent,

@@ -15,10 +15,12 @@ from typing import Any
 import trio
 
 from actors.config import (
+    PROVIDER_KEYS,
     AgentConfig,
     ConfigErrors,
     ServerConfig,
     data_dir_problem,
+    key_variable,
     load_config,
 )
 from actors.datadir import holder
@@ -28,16 +30,21 @@ from protocol.errors import RpcError
 
 
 def cmd_check(args: argparse.Namespace) -> int:
+    """Report every problem ``run`` would refuse (and a server command that cannot start) in
+    one pass: the config's own problems, then those of the parts that had none."""
+    problems: list[str] = []
     try:
         cfg = load_config(args.config)
     except ConfigErrors as exc:
-        for p in exc.problems:
-            print(p if p.startswith(str(args.config)) else f"{args.config}: {p}")
-        return 1
+        problems.extend(exc.problems)
+        if exc.partial is None:  # the file itself could not be read
+            _print_problems(args.config, problems)
+            return 1
+        cfg = exc.partial
     from actors.agent.folding import summary_model
     from actors.models.providers import make_model
+    from actors.web.auth import console_token
 
-    problems = []
     folds: dict[str, str] = {}  # each agent's folding, as its line tells it
     for a in cfg.agents:
         try:
@@ -62,6 +69,10 @@ def cmd_check(args: argparse.Namespace) -> int:
     problem = data_dir_problem(cfg.data_dir)
     if problem is not None:
         problems.append(f"host.{problem}")
+    try:
+        console_token(cfg.web_token_env)  # as ``run`` reads it before it serves the console
+    except ConfigError as exc:
+        problems.append(str(exc))
     manifests: dict[str, Path] = {}
     ids = {s.id for s in cfg.servers}
     for item in args.manifest:
@@ -70,9 +81,8 @@ def cmd_check(args: argparse.Namespace) -> int:
             problems.append(f"--manifest {item}: give SERVER=FILE with a configured server id")
         else:
             manifests[sid] = Path(path)
-    for p in problems:
-        print(f"{args.config}: {p}")
     if problems:
+        _print_problems(args.config, problems)
         return 1
     print(
         f"{args.config}: ok — {len(cfg.servers)} server(s), {len(cfg.agents)} agent(s); "
@@ -92,6 +102,7 @@ def cmd_check(args: argparse.Namespace) -> int:
             f"{a.context_tokens:,} context tokens, {folds[a.name]}"
         )
         print(f"  agent {a.name}: {wakes_line(a)}")
+        print(f"  agent {a.name}: {key_line(a)}")
     status = 0
     for sid, path in manifests.items():
         server = next(s for s in cfg.servers if s.id == sid)
@@ -99,6 +110,30 @@ def cmd_check(args: argparse.Namespace) -> int:
     if args.connect:
         status |= trio.run(_report_connect, cfg)
     return status
+
+
+def _print_problems(config: str, problems: list[str]) -> None:
+    for p in problems:
+        print(p if p.startswith(str(config)) else f"{config}: {p}")
+
+
+def key_line(a: AgentConfig) -> str:
+    """Which API key the agent's model calls send, and where: the variable it is read from, or
+    none (a scripted model, or an endpoint of the operator's own without ``api_key_env``)."""
+    provider = a.model.partition(":")[0]
+    if provider not in PROVIDER_KEYS:
+        return "sends no API key (its scripted model calls no provider)"
+    where = a.base_url or f"{provider}'s own endpoint"
+    variable = key_variable(provider, a.base_url, a.api_key_env)
+    line = (
+        f"sends no API key to {where} (no api_key_env)"
+        if variable is None
+        else f"sends the API key in ${variable} to {where}"
+    )
+    summary = a.summary_model.partition(":")[0] if a.summary_model else provider
+    if summary != provider and summary in PROVIDER_KEYS:
+        line += f"; its summary model sends the API key in ${PROVIDER_KEYS[summary]}"
+    return line
 
 
 def wakes_line(a: AgentConfig) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import logging
 import os
 import signal
@@ -25,7 +26,9 @@ from actors.reload import reload_on_sighup
 from actors.transcript.lines import LEVEL_NAMES
 from actors.transcript.printer import TranscriptOptions, TranscriptPrinter, run_printer
 from actors.version import installed_version
+from actors.web.auth import console_token
 from actors.web.run import WebOptions, console_note, web_options
+from protocol.addresses import WebAddressError, is_loopback, parse_web_address
 
 from .check import cmd_check
 from .errors import (
@@ -63,46 +66,75 @@ async def _run(
     notes: Sequence[str] = (),
     reload_from: Callable[[], HostConfig] | None = None,
     web: WebOptions | None = None,
+    web_flag: str | None = None,
 ) -> None:
     """Run the host and print its transcript to ``out`` until ``duration`` is over or a signal
     comes; then print what the host said while it stopped. With ``web``, the operator console
-    is served meanwhile."""
+    is served meanwhile (``web_flag``: the address as ``--web`` gave it, if it did)."""
     from actors.host import Host
 
     options = options if options is not None else TranscriptOptions()
-    async with Host.open(config) as host, contextlib.AsyncExitStack() as stack:
-        stream = host.ctx.trace.subscribe_nowait(replay=True)  # from the start, drained whole
-        redactor = host.ctx.redactor
-        redact_logs(redactor)
-        printer = TranscriptPrinter(out, attrs.evolve(options, redactor=redactor))
-        for note in notes:
-            printer.note(note, trio.current_time())
-        if web is not None:
-            from actors.web.console import open_console
+    # Ctrl-C and SIGTERM are taken from the start, so one that comes while the host starts (or
+    # right after the first line) stops it cleanly; once the host stops, a second one is a
+    # KeyboardInterrupt again, which ends a stop that hangs.
+    receiving = contextlib.ExitStack()
+    signals = receiving.enter_context(trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM))
+    try:
+        async with Host.open(config) as host, contextlib.AsyncExitStack() as stack:
+            stack.callback(receiving.close)  # before the console and the host stop
+            stream = host.ctx.trace.subscribe_nowait(replay=True)  # from the start, drained whole
+            redactor = host.ctx.redactor
+            redact_logs(redactor)
+            printer = TranscriptPrinter(out, attrs.evolve(options, redactor=redactor))
+            for note in notes:
+                printer.note(note, trio.current_time())
+            if web is not None:
+                from actors.web.console import open_console
 
-            serving = open_console(host, web.address, web.token, level=options.level)
-            console = await stack.enter_async_context(serving)
-            printer.note(console_note(console.url, web.token_env), trio.current_time())
+                # what the host said so far first: its ``host started`` line, which names the
+                # data dir, stays the first line of a config's transcript
+                _print_so_far(stream, printer)
 
-        async def stop_on_signal(scope: trio.CancelScope) -> None:
-            with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+                serving = open_console(host, web.address, web.token, level=options.level)
+                try:
+                    console = await stack.enter_async_context(serving)
+                except BaseException as exc:
+                    if _address_in_use(exc):
+                        raise ConfigError(in_use_line(web, web_flag, config.web)) from None
+                    raise
+                printer.note(console_note(console.url, web.token_env), trio.current_time())
+
+            async def stop_on_signal(scope: trio.CancelScope) -> None:
                 async for signum in signals:
                     notify("STOPPING=1")
                     printer.note(f"{signal.Signals(signum).name}: stopping", trio.current_time())
                     scope.cancel()
                     return
 
-        async with trio.open_nursery() as nursery:
-            await nursery.start(reload_on_sighup, host, reload_from)
-            notify("READY=1\nSTATUS=running")  # a reload from here on is handled
-            nursery.start_soon(run_printer, stream, printer)
-            nursery.start_soon(stop_on_signal, nursery.cancel_scope)
-            if duration is not None:
-                await trio.sleep(duration)
-            else:
-                await trio.sleep_forever()
-            nursery.cancel_scope.cancel()
+            async with trio.open_nursery() as nursery:
+                await nursery.start(reload_on_sighup, host, reload_from)
+                notify("READY=1\nSTATUS=running")  # a reload from here on is handled
+                nursery.start_soon(run_printer, stream, printer)
+                nursery.start_soon(stop_on_signal, nursery.cancel_scope)
+                if duration is not None:
+                    await trio.sleep(duration)
+                else:
+                    await trio.sleep_forever()
+                nursery.cancel_scope.cancel()
+    finally:
+        receiving.close()
     await run_printer(stream, printer)  # the events of the host's stopping, then the end
+
+
+def _print_so_far(stream: Any, printer: TranscriptPrinter) -> None:
+    """Print the events ``stream`` holds now, without waiting (``run_printer`` goes on from
+    there)."""
+    while True:
+        try:
+            event = stream.receive_nowait()
+        except (trio.WouldBlock, trio.EndOfChannel, trio.ClosedResourceError):
+            return
+        printer.handle(event, trio.current_time())
 
 
 def _config_problems(exc: ConfigError) -> int:
@@ -124,19 +156,99 @@ def cmd_run(args: argparse.Namespace) -> int:
     )
     if not args.json:
         _tolerate_unencodable(sys.stdout)
-    notes = []
-    if args.config is None:
-        notes.append(f"no config given: running the bundled lobby example ({bundled_example()})")
     try:
+        _config_given_after_web(args)
         cfg = _host_config(args)  # report problems before anything starts
+        notes = _notes(args, cfg)
         reload_from = None if args.config is None else (lambda: _host_config(args))
-        web = web_options(cfg, args.web)
-        _run_while_read(cfg, args.duration, options, notes, reload_from, web)
+        web = _web(cfg, args.web)
+        _run_while_read(cfg, args.duration, options, notes, reload_from, web, args.web)
     except ConfigError as exc:
         return _config_problems(exc)
     except KeyboardInterrupt:
         print("· stopped", file=sys.stderr)
     return 0
+
+
+#: ``--web`` without an address: the config's ``[host] web``, else the default one.
+WEB_DEFAULT = ""
+
+
+def _config_given_after_web(args: argparse.Namespace) -> None:
+    """``mcplive run --web my.toml``: the optional address took the config's path. A value that
+    is no address but names a config (a ``.toml`` or an existing file), with no config given,
+    is the config, and the console gets the default address."""
+    value = args.web
+    if not value or args.config is not None or _looks_like_address(value):
+        return
+    if value.endswith(".toml") or Path(value).is_file():
+        args.config, args.web = value, WEB_DEFAULT
+
+
+def _looks_like_address(value: str) -> bool:
+    return value.isdigit() or (":" in value and not value.endswith(".toml"))
+
+
+def web_address(value: str) -> str:
+    """The console address ``--web VALUE`` names: ``HOST:PORT``, ``:PORT`` or ``PORT`` (on
+    127.0.0.1). Raises ``ConfigError`` with one line for anything else."""
+    address = f"127.0.0.1:{value}" if value.isdigit() else value
+    if address.startswith(":"):
+        address = "127.0.0.1" + address
+    try:
+        parse_web_address(address)
+    except WebAddressError as exc:
+        raise ConfigError(f"--web {value}: {exc} (or :PORT on 127.0.0.1)") from None
+    return address
+
+
+def _web(cfg: HostConfig, value: str | None) -> WebOptions | None:
+    """The console ``run`` serves: ``--web ADDR`` at that address (with the config's token
+    variable), a bare ``--web`` or ``[host] web`` as the config says, else none."""
+    if not value:
+        return web_options(cfg, value is not None)
+    address = web_address(value)
+    host, _ = parse_web_address(address)
+    if cfg.web_token_env is None and not is_loopback(host):
+        raise ConfigError(
+            f"--web {value}: not a loopback address; serve the console on 127.0.0.1, or set "
+            "host.web_token_env to the variable holding its access token"
+        )
+    return WebOptions(address, console_token(cfg.web_token_env), cfg.web_token_env)
+
+
+def _notes(args: argparse.Namespace, cfg: HostConfig) -> list[str]:
+    """The lines ``run`` prints before the host's own: without a config, which one runs and
+    where its data is kept (else the host's first line, ``host started``, says where)."""
+    if args.config is None:
+        return [
+            f"no config given: running the bundled lobby example ({bundled_example()}); "
+            f"data in {cfg.data_dir}"
+        ]
+    return []
+
+
+def _address_in_use(exc: BaseException) -> bool:
+    """Whether ``exc`` (or a failure in its group) is a listening socket's address in use."""
+    if isinstance(exc, BaseExceptionGroup):
+        return any(_address_in_use(e) for e in exc.exceptions)
+    return isinstance(exc, OSError) and exc.errno == errno.EADDRINUSE
+
+
+def in_use_line(web: WebOptions, flag: str | None, configured: str | None) -> str:
+    """The one line for a console address something else already listens on: named as the
+    operator gave it (``--web ADDR``, ``[host] web``, or the default of a bare ``--web``)."""
+    if flag:
+        where = f"--web {flag}"
+    elif configured:
+        where = "host.web"
+    else:
+        where = "--web (its default address)"
+    return (
+        f"{where}: {web.address} is in use (another mcplive, or another program, listens "
+        "there); give a free one with --web HOST:PORT (--web :0 picks a free port), or stop "
+        "what listens there"
+    )
 
 
 def _host_config(args: argparse.Namespace) -> HostConfig:
@@ -160,11 +272,12 @@ def _run_while_read(
     notes: Sequence[str],
     reload_from: Callable[[], HostConfig] | None = None,
     web: WebOptions | None = None,
+    web_flag: str | None = None,
 ) -> None:
     """Run the host until it is told to stop, or until whoever reads the transcript stops
     reading (``mcplive run | head``): then the host stops cleanly, with one line saying why."""
     try:
-        trio.run(_run, config, duration, sys.stdout, options, notes, reload_from, web)
+        trio.run(_run, config, duration, sys.stdout, options, notes, reload_from, web, web_flag)
     except* BrokenPipeError:
         # nothing more can be written there; later writes (at exit) go nowhere
         devnull = os.open(os.devnull, os.O_WRONLY)
@@ -304,8 +417,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument(
         "--web",
-        action="store_true",
-        help="serve the operator console (at [host] web, else 127.0.0.1:7340)",
+        nargs="?",
+        const=WEB_DEFAULT,
+        metavar="ADDR",
+        help="serve the operator console at ADDR: HOST:PORT, or :PORT on 127.0.0.1 (:0 picks a "
+        "free port); without ADDR at [host] web, else 127.0.0.1:7340",
     )
     levels = run.add_mutually_exclusive_group()
     levels.add_argument(

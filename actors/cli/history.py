@@ -24,13 +24,14 @@ import os
 import re
 import sys
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, TextIO
 
 import attrs
 
 from actors.config import MODEL_KEY_VARIABLES, ConfigError, ConfigErrors, host_redactor, load_config
+from actors.transcript.printer import utc_stamp
 from actors.transcript.stored import history_line
 from protocol.display import one_line, well_formed
 from protocol.redact import NO_REDACTION, Redactor
@@ -69,17 +70,17 @@ def parse_since(text: str, *, now: float) -> float:
 @attrs.frozen(kw_only=True)
 class Selection:
     """Which stored messages to print: the store filters by agent, time and text (``contains``,
-    through its text index); the channel and a regular expression (``matches``) are read from
-    each message."""
+    through its text index); the channels (``(server, channel id)`` pairs) and a regular
+    expression (``matches``) are read from each message."""
 
     agent: str | None = None
     since: float | None = None
     contains: str | None = None
-    channel: str | None = None
+    channels: frozenset[tuple[str, str]] | None = None
     matches: Callable[[str], bool] | None = None
 
     def wants(self, message: Mapping[str, Any]) -> bool:
-        if self.channel is not None and not in_channel(message, self.channel):
+        if self.channels is not None and channel_of(message) not in self.channels:
             return False
         if self.matches is not None:
             return self.matches(body_text(message))
@@ -95,18 +96,79 @@ class Selection:
     @property
     def filters_rows(self) -> bool:
         """Whether some messages the store hands over are left out here."""
-        return self.channel is not None or self.matches is not None
+        return self.channels is not None or self.matches is not None
 
 
-def in_channel(message: Mapping[str, Any], channel: str) -> bool:
-    """Whether ``message`` came in on ``channel``: a channel id (of any server), or
-    ``SERVER/CHANNEL``."""
+def channel_of(message: Mapping[str, Any]) -> tuple[str, str] | None:
+    """The ``(server, channel id)`` a message came in on, or None (not from a channel)."""
     meta = message.get("metadata") or {}
-    cid = meta.get("channel_id")
-    if not isinstance(cid, str):
-        return False
-    server, sep, rest = channel.partition("/")
-    return cid == channel or (bool(sep) and meta.get("server_id") == server and cid == rest)
+    server, cid = meta.get("server_id"), meta.get("channel_id")
+    if isinstance(server, str) and isinstance(cid, str):
+        return server, cid
+    return None
+
+
+def _label_of(message: Mapping[str, Any]) -> str | None:
+    """The channel's label as a stored message names it, or None."""
+    source = (message.get("metadata") or {}).get("inbound_source")
+    label = source.get("label") if isinstance(source, Mapping) else None
+    return label if isinstance(label, str) and label else None
+
+
+@attrs.frozen
+class KnownChannel:
+    """A channel messages came in on: its server, its id and its label (None: none stored)."""
+
+    server: str
+    cid: str
+    label: str | None
+
+    def names(self) -> set[str]:
+        """What ``--channel`` may call it without its server: its id, the id without the
+        server's ``SERVER:`` prefix, its label, and the label as ``#label``."""
+        names = {self.cid}
+        prefix, sep, rest = self.cid.partition(":")
+        if sep and rest and prefix == self.server:
+            names.add(rest)
+        if self.label is not None:
+            names.update({self.label, "#" + self.label.removeprefix("#")})
+        return names
+
+    def shown(self) -> str:
+        """How the error line lists it: as ``--channel`` takes it, with its label."""
+        label = f" ({self.label})" if self.label is not None and self.label != self.cid else ""
+        return f"{self.server}/{self.cid}{label}"
+
+
+def known_channels(reader: Reader) -> list[KnownChannel]:
+    """Every channel a stored message came in on (with the newest label stored for it), in the
+    order they first appear."""
+    found: dict[tuple[str, str], KnownChannel] = {}
+    for row in reader.walk(roles=("user",), page=PAGE):
+        where = channel_of(row.message)
+        if where is None:
+            continue
+        label = _label_of(row.message)
+        if where not in found or label is not None:
+            found[where] = KnownChannel(where[0], where[1], label)
+    report_skipped(reader)
+    return list(found.values())
+
+
+def resolve_channel(text: str, known: Iterable[KnownChannel]) -> frozenset[tuple[str, str]]:
+    """The ``(server, channel id)`` pairs ``--channel TEXT`` names: a channel id, a label
+    (``general`` or ``#general``), the id without its ``SERVER:`` prefix, or any of these after
+    ``SERVER/`` (or ``SERVER `` as the transcript prints it). Empty: it names none of ``known``."""
+    found: set[tuple[str, str]] = set()
+    for channel in known:
+        names = channel.names()
+        for sep in ("/", " "):
+            server, has_sep, rest = text.partition(sep)
+            if has_sep and server == channel.server and rest in names:
+                found.add((channel.server, channel.cid))
+        if text in names:
+            found.add((channel.server, channel.cid))
+    return frozenset(found)
 
 
 def cmd_history(args: argparse.Namespace) -> int:
@@ -135,9 +197,7 @@ def cmd_history(args: argparse.Namespace) -> int:
             return 2
     elif args.search is not None:
         contains = args.search
-    selection = Selection(
-        agent=args.agent, since=since, contains=contains, channel=args.channel, matches=matches
-    )
+    selection = Selection(agent=args.agent, since=since, contains=contains, matches=matches)
     with Reader(path, read_only=True) as reader:
         if args.agent is not None:
             known = reader.agents()
@@ -149,6 +209,19 @@ def cmd_history(args: argparse.Namespace) -> int:
                     file=sys.stderr,
                 )
                 return 2
+        if args.channel is not None:
+            known_ones = known_channels(reader)
+            channels = resolve_channel(args.channel, known_ones)
+            if not channels:
+                listed = ", ".join(c.shown() for c in known_ones) or "none yet"
+                print(
+                    f"mcplive: --channel {args.channel}: no messages stored from that channel in "
+                    f"{path}; give a channel id, a label (#general) or SERVER/CHANNEL; channels "
+                    f"with stored messages: {listed}",
+                    file=sys.stderr,
+                )
+                return 2
+            selection = attrs.evolve(selection, channels=channels)
         printer = Printer(sys.stdout, as_json=args.json, redactor=redactor)
         last = print_window(reader, selection, args.limit, printer)
         report_skipped(reader)
@@ -182,8 +255,9 @@ class Printer:
 
     def print(self, row: StoredRow, set_aside: bool) -> None:
         if self.as_json:
-            message = self.redactor.value(row.message)
-            line = json.dumps(message, ensure_ascii=False, default=str)
+            # when it was stored, as ``run --json`` gives times; then the stored message
+            stamped = {"ts": utc_stamp(row.created_at), **row.message}
+            line = json.dumps(self.redactor.value(stamped), ensure_ascii=False, default=str)
         else:
             line = history_line(row.message, created_at=row.created_at, set_aside=set_aside)
             line = self.redactor.text(line)

@@ -18,6 +18,7 @@ from typing import Any
 
 from actors.config import ConfigErrors, read_config_source
 from actors.datadir import holder
+from actors.transcript.printer import local_stamp
 from protocol import status as fmt
 
 #: Server states whose stderr tail ``status`` leaves out.
@@ -93,7 +94,7 @@ def summary(
         lines = [f"no host running on {data_dir}"]
         if doc is not None:
             lines.append(
-                f"  last status: pid {doc.get('pid')}, written {doc.get('written_at')}"
+                f"  last status: pid {doc.get('pid')}, written {local_time(doc.get('written_at'))}"
                 + (" (it was stopping)" if not doc.get("running") else "")
             )
         lines.append(f"health: {verdict.summary}")
@@ -132,7 +133,7 @@ def summary(
         if a.get("paused"):
             state = f"paused ({a['paused']})"
         last = a.get("last_turn_at")
-        turn = f"last turn {last} ({a.get('last_outcome')})" if last else "no turn yet"
+        turn = f"last turn {local_time(last)} ({a.get('last_outcome')})" if last else "no turn yet"
         lines.append(
             f"  {a.get('name')}: {state}; {a.get('turns')} turns, {turn}; {a.get('queued')} queued"
         )
@@ -171,6 +172,13 @@ def _amount(unit: str, value: Any) -> str:
     if not isinstance(value, int | float):
         return "?"
     return f"${value:,.2f}" if unit == "usd" else f"{value:,.0f} tokens"
+
+
+def local_time(value: Any) -> str:
+    """A time the status file holds (ISO 8601 in UTC) as the transcript prints times: the local
+    date and time (``2026-12-01 22:31:09``); a value that does not parse, as it is."""
+    at = fmt.seconds(value)
+    return str(value) if at is None else local_stamp(at)
 
 
 #: Channels named on a server's summary line (the file lists more).

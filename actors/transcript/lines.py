@@ -296,7 +296,7 @@ def format_event(e: TraceEvent) -> str | None:
     if k == "server-log":
         return f"  {e.server_id} stderr: {_excerpt(d.get('line'), 1000)}"
     if k == "tokens":
-        return f"  {e.agent} streams: {_excerpt(d.get('delta'))}"
+        return f"  {e.agent} streams: {_excerpt(d.get('delta'), 1000)}"
     if k == "turn-start":
         return f"· {e.agent} starts a turn ({d.get('wakes')} wake(s), {d.get('model')})"
     if k == "request-timeout":

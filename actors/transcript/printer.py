@@ -144,6 +144,7 @@ class TranscriptPrinter:
         self.collapser = collapser if collapser is not None else RepeatCollapser()
         self._wall = wall
         self._context: dict[tuple[str | None, str | None], str] = {}
+        self._streams = StreamLines()
         self._console: Any = None
         if options.styled and not options.json:
             from rich.console import Console  # only on a terminal
@@ -159,10 +160,25 @@ class TranscriptPrinter:
             )
 
     def handle(self, event: TraceEvent, now: float) -> None:
-        """Print what ``event`` calls for; ``now`` is the host clock (for collapsing)."""
-        level = level_of(event)
-        if level < self.options.level:
+        """Print what ``event`` calls for; ``now`` is the host clock (for collapsing).
+
+        In the plain transcript, an agent's streamed text (``tokens``) is printed a whole line
+        at a time: held until a line ends, the agent does something else, or the output
+        ends."""
+        if level_of(event) < self.options.level:
             return
+        if not self.options.json:
+            if event.kind == "tokens":
+                for line in self._streams.add(event):
+                    self._handle(line, now)
+                return
+            if event.agent is not None:
+                for line in self._streams.end(event.agent):
+                    self._handle(line, now)
+        self._handle(event, now)
+
+    def _handle(self, event: TraceEvent, now: float) -> None:
+        level = level_of(event)
         redactor = self.options.redactor
         if redactor:
             event = _redacted(event, redactor)
@@ -201,7 +217,10 @@ class TranscriptPrinter:
             self._summary(summary)
 
     def close(self, now: float) -> None:
-        """Print every count still held back (the transcript ends)."""
+        """Print the streamed text still held and every count still held back (the transcript
+        ends)."""
+        for line in self._streams.end_all():
+            self._handle(line, now)
         for summary in self.collapser.close(now):
             self._summary(summary)
 
@@ -236,6 +255,66 @@ class TranscriptPrinter:
             text = f"{local_stamp(event.ts)} {line}"
         self.out.write(text + "\n")
         self.out.flush()
+
+
+#: The most streamed text held for one agent without a line end: past it, what is held is
+#: printed as a line of its own.
+STREAM_LINE_CHARS = 4096
+
+
+@attrs.define
+class _Held:
+    first: TraceEvent  # the event of the held text's first piece (its time, agent and place)
+    text: str
+
+
+class StreamLines:
+    """An agent's streamed pieces (``tokens`` events) joined into whole lines: one ``tokens``
+    event per line, when the line ends (or :meth:`end` says the agent's stream did)."""
+
+    def __init__(self) -> None:
+        self._held: dict[str, _Held] = {}
+
+    def add(self, event: TraceEvent) -> list[TraceEvent]:
+        """The lines ``event``'s piece completes (streamed text elsewhere ends the held line)."""
+        agent = str(event.agent)
+        piece = str(event.data.get("delta") or "")
+        held = self._held.get(agent)
+        out: list[TraceEvent] = []
+        if held is not None and _place(held.first) != _place(event):
+            out += self.end(agent)
+            held = None
+        if held is None:
+            held = self._held[agent] = _Held(first=event, text="")
+        held.text += piece
+        *done, rest = held.text.split("\n")
+        for line in done:
+            out += _line(held.first, line)
+            held.first = event
+        held.text = rest
+        if len(held.text) >= STREAM_LINE_CHARS:
+            out += _line(held.first, held.text)
+            held.text = ""
+        return out
+
+    def end(self, agent: str) -> list[TraceEvent]:
+        """What is held of ``agent``'s stream, as a line (its turn went on to something else)."""
+        held = self._held.pop(agent, None)
+        return [] if held is None else _line(held.first, held.text)
+
+    def end_all(self) -> list[TraceEvent]:
+        return [line for agent in list(self._held) for line in self.end(agent)]
+
+
+def _place(event: TraceEvent) -> tuple[str | None, str | None]:
+    return event.server_id, event.channel_id
+
+
+def _line(first: TraceEvent, text: str) -> list[TraceEvent]:
+    """The ``tokens`` event of one whole streamed line (none for a blank one)."""
+    if not text.strip():
+        return []
+    return [attrs.evolve(first, data={**first.data, "delta": text})]
 
 
 def _inert(text: str) -> str:

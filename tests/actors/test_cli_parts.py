@@ -13,14 +13,15 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from actors.cli.command import _dash_values, build_parser
+from actors.cli.command import _config_given_after_web, _dash_values, build_parser, web_address
 from actors.cli.history import (
     PAGE,
+    KnownChannel,
     Printer,
     Selection,
-    in_channel,
     parse_since,
     print_window,
+    resolve_channel,
 )
 from store import Reader
 from tests.cli_helpers import make_store, stored
@@ -104,15 +105,32 @@ def test_anything_else_is_refused(text: str) -> None:
 
 
 @given(
-    server=st.text(st.characters(blacklist_characters="/"), min_size=1, max_size=8),
+    server=st.text(st.characters(blacklist_characters="/ "), min_size=1, max_size=8),
     channel=st.text(min_size=1, max_size=12),
+    label=st.none() | st.text(min_size=1, max_size=8),
 )
-def test_a_channel_matches_by_id_or_by_server_and_id(server: str, channel: str) -> None:
+def test_a_channel_is_named_by_id_label_or_server_and_either(
+    server: str, channel: str, label: str | None
+) -> None:
+    known = [KnownChannel(server, channel, label), KnownChannel(f"{server}x", "other", None)]
+    wanted = frozenset({(server, channel)})
+    names = [channel, f"{server}/{channel}", f"{server} {channel}"]
+    if label is not None:
+        names += [label, f"#{label.removeprefix('#')}", f"{server}/{label}"]
+    for name in names:
+        assert wanted <= resolve_channel(name, known), name
+    assert (f"{server}x", "other") not in resolve_channel(f"{server}/{channel}", known)
     message = {"metadata": {"server_id": server, "channel_id": channel}}
-    assert in_channel(message, channel)
-    assert in_channel(message, f"{server}/{channel}")
-    assert not in_channel(message, f"{server}x/{channel}") or channel == f"{server}x/{channel}"
-    assert not in_channel({"metadata": {"server_id": server}}, channel)  # an unscoped push
+    assert Selection(channels=wanted).wants(message)
+    assert not Selection(channels=wanted).wants({"metadata": {"server_id": server}})  # unscoped
+
+
+def test_the_id_without_its_servers_prefix_names_the_channel() -> None:
+    known = [KnownChannel("lobby", "lobby:#general", None), KnownChannel("x", "x:#general", "g")]
+    assert resolve_channel("#general", known) == {("lobby", "lobby:#general"), ("x", "x:#general")}
+    assert resolve_channel("lobby/#general", known) == {("lobby", "lobby:#general")}
+    assert resolve_channel("#g", known) == {("x", "x:#general")}
+    assert resolve_channel("other/#general", known) == frozenset()
 
 
 # -- reading in pages -------------------------------------------------------------------------
@@ -131,7 +149,11 @@ class CountingReader(Reader):
 
 @pytest.mark.parametrize(
     "selection",
-    [Selection(), Selection(channel="lobby:#general"), Selection(agent="Ada", matches=str.isascii)],
+    [
+        Selection(),
+        Selection(channels=frozenset({("lobby", "lobby:#general")})),
+        Selection(agent="Ada", matches=str.isascii),
+    ],
 )
 @pytest.mark.parametrize("limit", [None, 5, PAGE + 3])
 def test_history_reads_at_most_a_page_at_a_time(
@@ -204,3 +226,33 @@ def test_argv_without_a_text_option_is_unchanged(argv: list[str]) -> None:
 def test_a_search_with_no_text_is_still_an_error() -> None:
     with pytest.raises(SystemExit):
         build_parser().parse_args(_dash_values(["history", "--search", "--json"]))
+
+
+# -- run --web ADDR ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("argv", "web", "config"),
+    [
+        (["run", "--web", "host.toml"], "", "host.toml"),  # the config, after a bare --web
+        (["run", "--web", ":0", "host.toml"], ":0", "host.toml"),
+        (["run", "host.toml", "--web"], "", "host.toml"),
+        (["run", "--web"], "", None),
+        (["run", "host.toml"], None, "host.toml"),
+    ],
+)
+def test_web_takes_an_address_and_leaves_the_config_alone(
+    argv: list[str], web: str | None, config: str | None
+) -> None:
+    args = build_parser().parse_args(argv)
+    _config_given_after_web(args)
+    assert (args.web, args.config) == (web, config)
+
+
+@pytest.mark.parametrize(
+    ("value", "address"),
+    [(":0", "127.0.0.1:0"), ("8765", "127.0.0.1:8765"), ("[::1]:80", "[::1]:80"),
+     ("localhost:7", "localhost:7")],
+)  # fmt: skip
+def test_a_web_address_may_leave_out_its_host(value: str, address: str) -> None:
+    assert web_address(value) == address

@@ -150,6 +150,28 @@ def test_a_configured_endpoint_needs_no_key(monkeypatch: pytest.MonkeyPatch) -> 
     assert isinstance(make_model(load_config(claude).agents[0]), AnthropicModel)
 
 
+@pytest.mark.parametrize(
+    ("model", "base_url", "variable"),
+    [
+        ("anthropic:claude", "https://api.anthropic.com", "ANTHROPIC_API_KEY"),
+        ("anthropic:claude", "https://API.anthropic.com/", "ANTHROPIC_API_KEY"),
+        ("openai:gpt-test", "https://api.openai.com/v1", "OPENAI_API_KEY"),
+        ("openai:gpt-test", "https://api.anthropic.com/v1", "ANTHROPIC_API_KEY"),
+    ],
+)
+def test_a_providers_own_endpoint_without_a_key_variable_is_a_problem(
+    model: str, base_url: str, variable: str
+) -> None:
+    """With a ``base_url`` and no ``api_key_env`` no key is sent: to a provider's public
+    endpoint that can only fail, so it is refused (by ``check`` and ``run``) with the fix."""
+    raw = {"agents": [{"name": "Ada", "model": model, "base_url": base_url}]}
+    [line] = problems(raw)
+    assert line.startswith(f"agents[Ada].base_url: {base_url} is ")
+    assert "no key is sent" in line and f"the key in {variable}" in line
+    raw["agents"][0]["api_key_env"] = variable
+    assert load_config(raw).agents[0].api_key_env == variable
+
+
 def test_the_factory_follows_the_credential_rule(monkeypatch: pytest.MonkeyPatch) -> None:
     default = model_from_spec("openai:gpt-test")
     assert isinstance(default, OpenAIModel)
@@ -204,6 +226,39 @@ def test_check_reports_the_settings_problems_one_line_each(tmp_path: Path) -> No
     ok = mcplive("check", str(cfg), cwd=tmp_path, env=env)
     assert ok.returncode == 0, ok.stdout + ok.stderr
     assert "agent Bo: openai:llama3 at http://127.0.0.1:1/v1; hears all servers" in ok.stdout
+
+
+def test_check_says_which_key_each_agent_sends(tmp_path: Path) -> None:
+    (tmp_path / "quiet.toml").write_text("", encoding="utf-8")
+    cfg = tmp_path / "mcplive.toml"
+    cfg.write_text(
+        '[[agents]]\nname = "Ada"\nmodel = "anthropic:claude"\nsummary_model = "openai:mini"\n'
+        '[[agents]]\nname = "Bo"\nmodel = "openai:llama3"\nbase_url = "http://127.0.0.1:1/v1"\n'
+        '[[agents]]\nname = "Cy"\nmodel = "openai:m"\nbase_url = "https://openrouter.ai/api/v1"\n'
+        'api_key_env = "ROUTER_KEY"\n'
+        '[[agents]]\nname = "Di"\nmodel = "scripted:quiet.toml"\n',
+        encoding="utf-8",
+    )
+    env = child_env(OPENAI_API_KEY="sk-o", ANTHROPIC_API_KEY="sk-a", ROUTER_KEY="sk-r")
+    ok = mcplive("check", str(cfg), cwd=tmp_path, env=env)
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    keys = [line for line in ok.stdout.splitlines() if " sends " in line]
+    assert keys == [
+        "  agent Ada: sends the API key in $ANTHROPIC_API_KEY to anthropic's own endpoint; its "
+        "summary model sends the API key in $OPENAI_API_KEY",
+        "  agent Bo: sends no API key to http://127.0.0.1:1/v1 (no api_key_env)",
+        "  agent Cy: sends the API key in $ROUTER_KEY to https://openrouter.ai/api/v1",
+        "  agent Di: sends no API key (its scripted model calls no provider)",
+    ]
+    cfg.write_text(
+        '[[agents]]\nname = "Ada"\nmodel = "anthropic:claude"\n'
+        'base_url = "https://api.anthropic.com"\n',
+        encoding="utf-8",
+    )
+    refused = mcplive("check", str(cfg), cwd=tmp_path, env=env)
+    assert refused.returncode == 1
+    [line] = refused.stdout.splitlines()
+    assert line.startswith(f"{cfg}: agents[Ada].base_url: https://api.anthropic.com is anthropic's")
 
 
 def test_the_documented_provider_examples_load(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -504,3 +504,49 @@ def test_the_budgets_warning_and_pause_are_one_line_each() -> None:
         "! Ada paused: daily token budget reached (2,100 of 2,000); no turns until "
         "2026-12-07T00:00:00.000+00:00 (or resume it: raise the budget and SIGHUP, or the console)",
     ]
+
+
+# -- streamed text ----------------------------------------------------------------------------
+
+
+def tokens(delta: str, agent: str = "Ada", channel: str = "lobby:#general") -> TraceEvent:
+    return TraceEvent(
+        kind="tokens", agent=agent, server_id="lobby", channel_id=channel, data={"delta": delta}
+    )
+
+
+def test_streamed_text_is_printed_a_whole_line_at_a_time() -> None:
+    words = ["Hi ", "there! ", "Ada ", "here.\nSecond ", "line", "\n", "\n", "and the ", "rest"]
+    events = [
+        *[tokens(w) for w in words[:4]],
+        tokens("Grace says hi", agent="Grace"),
+        *[tokens(w) for w in words[4:]],
+        TraceEvent(kind="published", agent="Ada", server_id="lobby", channel_id="lobby:#general",
+                   data={"text": "Hi there! Ada here. Second line and the rest"}),
+    ]  # fmt: skip
+    lines = [STAMP.sub("", line) for line in printed(events, level=DEBUG)]
+    assert lines == [
+        "  Ada streams: Hi there! Ada here.",
+        "  Ada streams: Second line",
+        "  Ada streams: and the rest",  # the turn went on: what was held is printed first
+        "lobby lobby:#general | Ada → Hi there! Ada here. Second line and the rest",
+        "  Grace streams: Grace says hi",  # held until the output ends
+    ]
+
+
+def test_streamed_text_in_another_channel_ends_the_held_line() -> None:
+    events = [tokens("to general "), tokens("to random", channel="lobby:#random")]
+    lines = [STAMP.sub("", line) for line in printed(events, level=DEBUG)]
+    assert lines == ["  Ada streams: to general", "  Ada streams: to random"]
+
+
+def test_streamed_json_stays_one_event_per_piece() -> None:
+    lines = printed([tokens("Hi "), tokens("there")], level=DEBUG, json=True)
+    assert [json.loads(line)["data"]["delta"] for line in lines] == ["Hi ", "there"]
+
+
+def test_a_secret_split_across_pieces_is_redacted_in_the_whole_line() -> None:
+    redactor = Redactor(["sk-secret-123456"])
+    events = [tokens("the key is sk-sec"), tokens("ret-123456 ok\n")]
+    lines = printed(events, level=DEBUG, redactor=redactor)
+    assert [STAMP.sub("", line) for line in lines] == [f"  Ada streams: the key is {REDACTED} ok"]

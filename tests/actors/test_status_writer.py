@@ -219,3 +219,28 @@ def test_each_server_lists_its_channels_capped_with_their_count(tmp_path: Path) 
     line = channels_line(lobby)
     assert line.startswith("channels (60): #0 (prose held), #1 (closed for Bob), #2 (unregistered)")
     assert line.endswith(", … and 52 more")
+
+
+def test_the_summary_shows_times_as_the_transcript_does(tmp_path: Path) -> None:
+    """The file keeps UTC (ISO 8601); ``mcplive status`` shows the local date and time, as the
+    transcript's lines start."""
+    from actors.cli.status import summary
+    from actors.transcript.printer import local_stamp
+
+    doc = {
+        "mcplive": "0",
+        "pid": 1,
+        "started_at": fmt.iso(1e9),
+        "written_at": fmt.iso(1e9 + 5),
+        "running": False,
+        "servers": [],
+        "agents": [{"name": "Ada", "state": "idle", "turns": 2, "last_turn_at": fmt.iso(1e9 + 3),
+                    "last_outcome": "completed", "queued": 0}],
+    }  # fmt: skip
+    verdict = types.SimpleNamespace(summary="ok")
+    running = summary(tmp_path, 1, doc, verdict, 1e9 + 6)
+    assert f"  Ada: idle; 2 turns, last turn {local_stamp(1e9 + 3)} (completed); 0 queued" in (
+        running
+    )
+    stopped = summary(tmp_path, None, doc, verdict, 1e9 + 6)
+    assert f"  last status: pid 1, written {local_stamp(1e9 + 5)} (it was stopping)" in stopped

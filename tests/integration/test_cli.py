@@ -57,7 +57,7 @@ async def test_bundled_example_talks_and_stops_cleanly_on_ctrl_c(tmp_path: Path)
     messages = [json.loads(line) for line in history.stdout.splitlines()]
     assert {m["agent"] for m in messages} == {"Ada", "Grace"}
     for m in messages:
-        assert set(m) == {"id", "agent", "role", "blocks", "metadata"}
+        assert set(m) == {"ts", "id", "agent", "role", "blocks", "metadata"}
         assert m["role"] in ("user", "assistant", "tool", "system")
     assert any(m["role"] == "assistant" for m in messages)
     assert "http://127.0.0.1" not in history.stdout  # a reference's uri is never stored

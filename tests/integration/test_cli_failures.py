@@ -105,6 +105,55 @@ def test_check_says_a_server_command_is_not_found(tmp_path: Path) -> None:
     ]
 
 
+def test_check_reports_every_problem_in_one_pass(tmp_path: Path) -> None:
+    """A missing server command is reported beside the config's other problems, not only once
+    they are fixed; so are the data dir and a console token variable that is not set."""
+    (tmp_path / "data").write_text("not a folder", encoding="utf-8")
+    servers = (
+        '[[servers]]\nid = "gone"\ncommand = ["mcplive-no-such-program"]\nrequest_timeout = 5\n\n'
+        '[[servers]]\nid = "fine"\ncommand = ["python", "-m", "tests.lobby"]\n\n'
+        '[[servers]]\nid = "missing"\ncommand = ["bin/missing-server"]\n\n'
+    )
+    cfg = write_config(tmp_path, servers=servers)
+    text = cfg.read_text(encoding="utf-8").replace(
+        "[host]\n", '[host]\nweb_token_env = "NO_SUCH_TOKEN_VAR"\n'
+    )
+    cfg.write_text(text + 'colour = "red"\n', encoding="utf-8")
+    env = child_env(NO_SUCH_TOKEN_VAR=None)
+    result = mcplive("check", str(cfg), cwd=tmp_path, env=env)
+    assert result.returncode == 1
+    assert result.stdout.splitlines() == [
+        f"{cfg}: servers[gone].request_timeout: unknown key; did you mean request_timeout_s?",
+        f"{cfg}: agents[Ada].colour: unknown key; see the README for agent keys",
+        f"{cfg}: servers[gone].command: program 'mcplive-no-such-program' not found on PATH",
+        f"{cfg}: servers[missing].command: bin/missing-server not found (looked for "
+        f"{tmp_path / 'bin' / 'missing-server'})",
+        f"{cfg}: host.data_dir {tmp_path / 'data'}: is a file, not a folder; give a folder "
+        "(made when missing)",
+        f"{cfg}: host.web_token_env: NO_SUCH_TOKEN_VAR is not set (or empty); set it to the "
+        "console's access token, or remove web_token_env",
+    ]
+
+
+def test_check_refuses_a_console_token_variable_that_run_refuses(tmp_path: Path) -> None:
+    cfg = write_config(tmp_path)
+    text = cfg.read_text(encoding="utf-8").replace(
+        "[host]\n", '[host]\nweb = "127.0.0.1:0"\nweb_token_env = "NO_SUCH_TOKEN_VAR"\n'
+    )
+    cfg.write_text(text, encoding="utf-8")
+    env = child_env(NO_SUCH_TOKEN_VAR=None)
+    line = (
+        "host.web_token_env: NO_SUCH_TOKEN_VAR is not set (or empty); set it to the console's "
+        "access token, or remove web_token_env"
+    )
+    assert one_line(mcplive("run", str(cfg), cwd=tmp_path, env=env)) == f"mcplive: {line}"
+    checked = mcplive("check", str(cfg), cwd=tmp_path, env=env)
+    assert checked.returncode == 1
+    assert checked.stdout.splitlines() == [f"{cfg}: {line}"]
+    fine = mcplive("check", str(cfg), cwd=tmp_path, env=child_env(NO_SUCH_TOKEN_VAR="t0ken"))
+    assert fine.returncode == 0, fine.stdout
+
+
 def test_check_finds_commands_where_the_host_would(tmp_path: Path) -> None:
     # relative paths from the config's folder (not the current one), bare names on PATH
     program = tmp_path / "bin" / "server"

@@ -47,6 +47,8 @@ def ids(lines: list[str]) -> list[str]:
 
 G = "lobby:#general"
 R = "lobby:#random"
+#: lobby's #general as the lobby server registers it: its label is "general"
+GENERAL = {"server": "lobby", "channel": G, "label": "general"}
 
 
 @pytest.fixture
@@ -57,14 +59,12 @@ def chat(tmp_path: Path) -> Path:
     make_store(
         data,
         [
-            stored("m1", "good morning", at=now - 3 * 3600, server="lobby", channel=G),
-            stored(
-                "m2", "good morning", at=now - 3 * 3600, agent="Grace", server="lobby", channel=G
-            ),
+            stored("m1", "good morning", at=now - 3 * 3600, **GENERAL),
+            stored("m2", "good morning", at=now - 3 * 3600, agent="Grace", **GENERAL),
             stored("m3", "Morning!", at=now - 2 * 3600, role="assistant"),
             stored("m4", "anyone here?", at=now - 3600 + 60, server="lobby", channel=R),
             stored("m5", "a chat/with/slashes", at=now - 1800, server="chat", channel="chat:a/b"),
-            stored("m6", "late news", at=now - 60, server="lobby", channel=G),
+            stored("m6", "late news", at=now - 60, **GENERAL),
         ],
     )
     return data
@@ -122,7 +122,27 @@ def test_channel_takes_an_id_or_server_slash_id(chat: Path) -> None:
     assert ids(history(chat, "--channel", "lobby/lobby:#random")) == ["m4"]
     assert ids(history(chat, "--channel", "chat:a/b")) == ["m5"]
     assert ids(history(chat, "--channel", "chat/chat:a/b")) == ["m5"]
-    assert history(chat, "--channel", "other/lobby:#general") == []
+
+
+def test_channel_takes_what_the_transcript_shows(chat: Path) -> None:
+    """The transcript prints ``lobby lobby:#general``; its label is ``general``."""
+    for name in ("#general", "general", "lobby/#general", "lobby/general", "lobby lobby:#general"):
+        assert ids(history(chat, "--channel", name)) == ["m1", "m2", "m6"], name
+    # without a label stored, the id without its server's prefix still names it
+    assert ids(history(chat, "--channel", "#random")) == ["m4"]
+    assert ids(history(chat, "--channel", "lobby/#random", "--limit", "1")) == ["m4"]
+
+
+@pytest.mark.parametrize("name", ["#nowhere", "other/lobby:#general", "chat/#general", "lobby:"])
+def test_an_unknown_channel_is_an_error_listing_the_known_ones(chat: Path, name: str) -> None:
+    result = mcplive("history", "--data-dir", str(chat), "--channel", name, cwd=chat.parent)
+    assert result.returncode == 2
+    assert result.stdout == ""
+    assert one_line(result) == (
+        f"mcplive: --channel {name}: no messages stored from that channel in {db_path(chat)}; "
+        "give a channel id, a label (#general) or SERVER/CHANNEL; channels with stored "
+        "messages: lobby/lobby:#general (general), lobby/lobby:#random, chat/chat:a/b"
+    )
 
 
 def test_an_unknown_agent_is_an_error_listing_the_known_ones(chat: Path) -> None:
@@ -134,11 +154,43 @@ def test_an_unknown_agent_is_an_error_listing_the_known_ones(chat: Path) -> None
     )
 
 
-def test_json_stays_one_stored_message_per_line(chat: Path) -> None:
+def utc(at: float) -> str:
+    return dt.datetime.fromtimestamp(at, dt.UTC).isoformat(timespec="milliseconds")[:-6] + "Z"
+
+
+def test_json_stays_one_stored_message_per_line_with_its_time(chat: Path) -> None:
     with Reader(db_path(chat), read_only=True) as reader:
-        expected = reader.history("Ada", limit=2)
+        rows = reader.rows(agent="Ada")[-2:]
     lines = history(chat, "--json", "--agent", "Ada", "--limit", "2")
-    assert [json.loads(line) for line in lines] == expected
+    assert [json.loads(line) for line in lines] == [
+        {"ts": utc(row.created_at), **row.message} for row in rows
+    ]
+
+
+async def test_json_gives_every_line_a_time(tmp_path: Path) -> None:
+    """What a host stores itself (its replies, tool calls and results, system notices) has its
+    time in ``--json`` as much as what came in."""
+    rules = tmp_path / "ada.toml"
+    rules.write_text(
+        '[[rules]]\nwhen = "(?i)hello"\nsay = "Hi!"\n'
+        '[[rules]]\nwhen = "(?i)look"\ncalls = [{ tool = "nosuch", arguments = {} }]\n',
+        encoding="utf-8",
+    )
+    data = tmp_path / "data"
+    config = {
+        "host": {"data_dir": str(data)},
+        "agents": [{"name": "Ada", "model": f"scripted:{rules}"}],
+    }
+    with trio.fail_after(60):
+        async with Host.open(config) as host:
+            for text in ("hello", "look it up"):
+                await host.post_local("Ada", text)
+                await host.run_until_idle()
+    lines = [json.loads(line) for line in await trio.to_thread.run_sync(history, data, "--json")]
+    with Reader(db_path(data), read_only=True) as reader:
+        rows = reader.rows(limit=len(lines) + 1)
+    assert {line["role"] for line in lines} >= {"user", "assistant", "system"}
+    assert [line["ts"] for line in lines] == [utc(row.created_at) for row in rows]
 
 
 async def test_set_aside_messages_are_marked(tmp_path: Path) -> None:
@@ -205,6 +257,9 @@ def test_history_reads_a_version_3_store_as_it_is(tmp_path: Path) -> None:
     assert ids(history(data)) == ["m1", "m2"]
     assert ids(history(data, "--search", "MORNING", "--limit", "1")) == ["m2"]
     assert ids(history(data, "--search", "good m", "--channel", G)) == ["m1"]
+    # a time for every line: every version of the store keeps each message's
+    lines = [json.loads(line) for line in history(data, "--json")]
+    assert [line["ts"] for line in lines] == [utc(1_800_000_000.0)] * 2
     unchanged_store(before, tree_digest(data, skip=lambda p: not store_files(p)))
 
 

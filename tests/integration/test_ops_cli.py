@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -144,6 +145,8 @@ async def test_status_of_a_running_host_then_of_a_stopped_one(tmp_path: Path) ->
     out = after.stdout.decode()
     assert after.returncode == 3
     assert f"last status: pid {host.proc.pid}" in out and "(it was stopping)" in out
+    # the local date and time, as the transcript prints them (the file keeps UTC)
+    assert re.search(r"written \d{4}-\d\d-\d\d \d\d:\d\d:\d\d \(it was stopping\)", out), out
     stopped = await status(str(config), "--json", cwd=tmp_path)
     assert stopped.returncode == 3 and json.loads(stopped.stdout)["running"] is False
 

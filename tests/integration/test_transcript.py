@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 import trio
 
+from tests.fake_anthropic import FakeScript, HttpError, serve_fake_anthropic
 from tests.helpers import LOBBY, STAMP, interrupt, ready, send_incoming
 from tests.lobby.control import open_control_listener
 
@@ -216,6 +217,58 @@ async def test_configured_secrets_are_redacted_from_chat_stderr_and_logs(tmp_pat
     assert "| Alice: the token is «redacted», key «redacted»" in printed  # the chat line
     assert "| Ada → you said «redacted»" in printed  # the agent's speech
     assert any("stderr:" in line and "you said «redacted»" in line for line in out.lines)
+
+
+async def test_verbose_streamed_text_is_printed_in_whole_lines(tmp_path: Path) -> None:
+    """The scripted model streams word by word, as a provider does; ``-v`` prints each line of
+    it once, not a line per word."""
+    say = '[[rules]]\nwhen = "(?i)hello"\nsay = "Hi there! Ada here, and glad to chat."\n'
+    (tmp_path / "hi.toml").write_text(say, encoding="utf-8")
+    agents = '[[agents]]\nname = "Ada"\nmodel = "scripted:hi.toml"\n'
+    with trio.fail_after(120):
+        async with open_control_listener() as listener:
+            lobby = [*LOBBY, "--control-connect", listener.address]
+            cfg = write_config(tmp_path, [stdio_server("lobby", lobby)], agents)
+            async with mcplive("run", str(cfg), "-v", cwd=tmp_path) as out:
+                ctl = await listener.accept(timeout=60)
+                await ready(ctl)
+                send_incoming(ctl, "lobby:#general", "s1", "hello Ada")
+                await out.wait_for(
+                    lambda lines: any("| Ada → Hi there!" in line for line in lines), "the reply"
+                )
+    streamed = [STAMP.sub("", line) for line in out.lines if " streams: " in line]
+    assert streamed == ["  Ada streams: Hi there! Ada here, and glad to chat."]
+
+
+async def test_collapsed_model_retries_name_the_agent_not_the_waking_server(
+    tmp_path: Path,
+) -> None:
+    """Ada's model keeps failing while the lobby's message waits: her retries repeat, and the
+    collapsed line counting them blames Ada, never the lobby whose message woke her."""
+    overloaded = HttpError(status=529, error_type="overloaded_error", message="Overloaded")
+    script = FakeScript([overloaded] * 5)
+    agents = '[[agents]]\nname = "Ada"\nmodel = "anthropic:claude-test"\n'
+    with trio.fail_after(120):
+        async with trio.open_nursery() as nursery, open_control_listener() as listener:
+            base_url = await nursery.start(serve_fake_anthropic, script)
+            lobby = [*LOBBY, "--control-connect", listener.address]
+            cfg = write_config(tmp_path, [stdio_server("lobby", lobby)], agents)
+            env = {"ANTHROPIC_BASE_URL": base_url, "ANTHROPIC_API_KEY": "sk-test"}
+            async with mcplive("run", str(cfg), cwd=tmp_path, env=env) as out:
+                ctl = await listener.accept(timeout=60)
+                await ready(ctl)
+                send_incoming(ctl, "lobby:#general", "c1", "hello Ada")
+                # four retries, then the turn gives up; three retry lines show, one is counted
+                await out.wait_for(
+                    lambda lines: any("(gave up after 5 attempts)" in line for line in lines),
+                    "the turn giving up",
+                )
+            nursery.cancel_scope.cancel()
+    retries = [line for line in out.lines if "retry" in line and "overloaded (529)" in line]
+    collapsed = [line for line in out.lines if " more like this from " in line]
+    assert len(retries) == 4 and len(collapsed) == 1, out.lines  # 3 shown, then the count
+    assert " … 1 more like this from Ada in the last " in collapsed[0]
+    assert not any("from lobby" in line for line in out.lines)
 
 
 async def test_when_the_reader_goes_away_the_host_stops_with_one_line(tmp_path: Path) -> None:
