@@ -265,9 +265,11 @@ class Reader:
         limit: int = 256,
         offset: int = 0,
         shared: bool = False,
+        until: float | None = None,
     ) -> list[StoredRow]:
         """One page of stored messages with their seq and time: those with a seq above
-        ``after_seq`` and below ``before_seq``, stored at ``since`` or later, of ``agent`` (None:
+        ``after_seq`` and below ``before_seq``, stored at ``since`` or later and before ``until``
+        (None: no bound), of ``agent`` (None:
         every agent), of ``roles`` (None: every role) and whose body text holds ``contains``
         (case-insensitive, as :meth:`search` matches; None: any); oldest first, or newest first,
         skipping ``offset`` and at most ``limit`` of them. Page on with the last row's seq.
@@ -289,6 +291,9 @@ class Reader:
         if since is not None:
             clauses.append("created_at >= ?")
             params.append(since)
+        if until is not None:
+            clauses.append("created_at < ?")
+            params.append(until)
         if roles is not None:
             wanted = sorted(set(roles))
             clauses.append(f"role IN ({', '.join('?' * len(wanted))})")

@@ -77,6 +77,7 @@ class ConsoleApi:
             Route("/api/channels", self._handler(self.channels), methods=get),
             Route("/api/recent", self._handler(self.recent), methods=get),
             Route("/api/usage", self._handler(self.usage), methods=get),
+            Route("/api/history", self._handler(self.history), methods=get),
             Route("/api/history/{agent}", self._handler(self.history), methods=get),
             Route("/api/agents/{agent}/request", self._handler(self.last_request), methods=get),
             Route("/api/agents/{agent}/post", self._handler(self.post_local), methods=post),
@@ -229,38 +230,52 @@ class ConsoleApi:
         }
 
     async def history(self, request: Request) -> dict[str, Any]:
-        """An agent's stored messages, newest ``limit`` (before message ``before``), or with
-        ``q`` the newest ones whose text contains it (case-insensitive, through the store's text
-        index as ``mcplive history --search`` reads it); ``more`` is the id to pass as
+        """Stored messages of one agent (``/api/history/NAME``) or of every agent
+        (``/api/history``), newest ``limit`` (before message ``before``); with ``q`` the newest
+        ones whose text contains it (case-insensitive, through the store's text index as
+        ``mcplive history --search`` reads it); with ``since`` / ``until`` (``YYYY-MM-DD``, UTC
+        days, both included) those stored on those days. ``more`` is the id to pass as
         ``before`` for older ones. The store is read in a worker thread, never on the loop."""
-        agent = self._agent(request)
+        agent = self._agent(request) if "agent" in request.path_params else None
         params = request.query_params
         limit = _int(params.get("limit"), 50, "limit", HISTORY_LIMIT)
         before = params.get("before") or None
         query = params.get("q") or ""
+        since = _day(params.get("since"), "since")
+        until = _day(params.get("until"), "until")
+        if until is not None:
+            until += 86_400  # the whole day
+        page = functools.partial(self._page, agent, query, limit, before, since, until)
         try:
-            found, more = await self.host.ctx.store.read(self._page, agent, query, limit, before)
+            found, more = await self.host.ctx.store.read(page)
         except ValueError as exc:
             raise BadRequest(str(exc)) from None
-        return {"messages": [_message(m) for m in found], "more": more}
+        return {"messages": [_message(m, at) for m, at in found], "more": more}
 
     def _page(
-        self, agent: str, query: str, limit: int, before: str | None
-    ) -> tuple[list[dict[str, Any]], str | None]:
-        """The newest ``limit`` messages of ``agent`` before ``before`` holding ``query`` (any,
-        when empty), oldest first, and the id to page on from (None: no older one)."""
+        self,
+        agent: str | None,
+        query: str,
+        limit: int,
+        before: str | None,
+        since: float | None = None,
+        until: float | None = None,
+    ) -> tuple[list[tuple[dict[str, Any], float]], str | None]:
+        """The newest ``limit`` messages (of ``agent``, or of all) before ``before``, stored in
+        [``since``, ``until``), holding ``query`` (any, when empty), oldest first with their
+        times, and the id to page on from (None: no older one)."""
         reader = self.host.ctx.store.reader
-        bounds = {}
+        bounds: dict[str, Any] = {"since": since, "until": until}
         if before is not None:
             seq = reader.seq_of(before, agent)
             if seq is None:
-                raise ValueError(f"{agent} has no message {before!r}")
+                raise ValueError(f"{agent or 'no agent'} has no message {before!r}")
             bounds["before_seq"] = seq
         rows = reader.rows(
             agent=agent, contains=query or None, newest_first=True, limit=limit + 1, **bounds
         )
         more = rows[limit - 1].message["id"] if len(rows) > limit and limit else None
-        return [row.message for row in reversed(rows[:limit])], more
+        return [(row.message, row.created_at) for row in reversed(rows[:limit])], more
 
     # -- actions ----------------------------------------------------------------------------
     async def post_local(self, request: Request) -> dict[str, Any]:
@@ -321,12 +336,30 @@ class ConsoleApi:
         return name
 
 
-def _message(m: Mapping[str, Any]) -> dict[str, Any]:
-    """A stored message as the history page lists it: its id, role and the line ``mcplive
-    history`` prints for it, less the id, agent and role the page shows apart."""
+def _message(m: Mapping[str, Any], at: float) -> dict[str, Any]:
+    """A stored message as the history page lists it: its id, agent, role and time (``ts``,
+    when it was stored) and the line ``mcplive history`` prints for it, less the id, agent and
+    role the page shows apart."""
     line = history_line(m)
     shown = line.removeprefix(f"{m.get('id')} {m.get('agent')} {m.get('role')}").lstrip()
-    return {"id": m.get("id"), "role": m.get("role"), "line": printable(shown)}
+    return {
+        "id": m.get("id"),
+        "agent": m.get("agent"),
+        "role": m.get("role"),
+        "ts": iso(at),
+        "line": printable(shown),
+    }
+
+
+def _day(value: str | None, name: str) -> float | None:
+    """The start (UTC) of the day ``YYYY-MM-DD`` a query parameter names, or None."""
+    if not value:
+        return None
+    try:
+        day = dt.date.fromisoformat(value)
+    except ValueError:
+        raise BadRequest(f"{name}: {value!r} is not a date (YYYY-MM-DD)") from None
+    return dt.datetime(day.year, day.month, day.day, tzinfo=dt.UTC).timestamp()
 
 
 def _request_facts(seen: Any) -> dict[str, Any]:

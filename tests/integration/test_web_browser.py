@@ -382,3 +382,20 @@ def test_the_usage_page_draws_the_ledger_and_the_model_s_view_opens(tmp_path: Pa
                 page.wait_for_timeout(1500)  # let the page draw; only for the pictures
                 page.screenshot(path=str(Path(shots) / f"console-{name}.png"))
         del runner
+
+
+def test_the_history_page_lists_every_agent_with_times_and_ids(tmp_path: Path) -> None:
+    with console_page(tmp_path) as (_, page):
+        page.click("nav button[data-page=history]")
+        page.select_option("#history-agent", "")  # all agents
+        page.fill("#history-q", "hello")
+        page.click("#history-form button[type=submit]")
+        history = page.locator("#history")
+        history.locator("li[data-agent=Ada]").first.wait_for()
+        history.locator("li[data-agent=Grace]").first.wait_for()
+        first = history.locator("li").first
+        assert first.get_attribute("data-id") == first.locator(".id").text_content()
+        assert re.search(r"\d{1,2}:\d{2}:\d{2}", first.locator(".time").text_content() or "")
+        page.fill("#history-until", "2000-01-01")  # a day long before anything was stored
+        page.click("#history-form button[type=submit]")
+        sync_api.expect(history.locator("li")).to_have_count(0, timeout=TIMEOUT_MS)

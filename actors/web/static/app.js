@@ -410,14 +410,31 @@ function follow(delay) {
 // -- history ----------------------------------------------------------------------------------
 async function loadHistory(older) {
   const agent = document.getElementById("history-agent").value;
-  const q = document.getElementById("history-q").value;
   const params = new URLSearchParams({ limit: "50" });
-  if (q) params.set("q", q);
+  for (const [key, id] of [["q", "history-q"], ["since", "history-since"], ["until", "history-until"]]) {
+    const value = document.getElementById(id).value;
+    if (value) params.set(key, value);
+  }
   if (older && state.historyMore) params.set("before", state.historyMore);
-  const answer = await getJSON(`/api/history/${encodeURIComponent(agent)}?${params}`);
+  const path = agent ? `/api/history/${encodeURIComponent(agent)}` : "/api/history";
+  let answer;
+  try {
+    answer = await getJSON(`${path}?${params}`);
+  } catch (error) {
+    toast(text(error.message));
+    return;
+  }
   const list = document.getElementById("history");
   const rows = answer.messages.map((m) =>
-    el("li", { title: text(m.id) }, el("span", { class: "muted", text: text(m.role) }), el("span", { text: text(m.line) }))
+    el(
+      "li",
+      { "data-id": text(m.id), "data-agent": text(m.agent) },
+      el("span", { class: "time", text: dateTimeOf(m.ts) }),
+      el("span", { class: "src", text: text(m.agent) }),
+      el("span", { class: "muted", text: text(m.role) }),
+      el("span", { class: "muted id", text: text(m.id) }),
+      el("span", { class: "text", text: text(m.line) })
+    )
   );
   if (older) list.prepend(...rows);
   else list.replaceChildren(...rows);
@@ -433,6 +450,7 @@ async function start() {
     button.addEventListener("click", () => show(button.dataset.page));
   }
   const info = await getJSON("/api/console");
+  document.getElementById("history-agent").append(el("option", { value: "", text: "all agents" }));
   for (const id of ["compose-agent", "history-agent", "filter-agent"]) {
     const select = document.getElementById(id);
     for (const name of info.agents) select.append(el("option", { value: name, text: name }));
