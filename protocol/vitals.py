@@ -30,7 +30,7 @@ def minute_of(now: float, width: float = 60.0) -> int:
 class MinuteCounts:
     """Messages in and out per minute, the newest ``minutes`` minutes (see the module)."""
 
-    __slots__ = ("_buckets", "minutes", "width")
+    __slots__ = ("_buckets", "changes", "minutes", "width")
 
     def __init__(self, minutes: int = 60, width: float = 60.0) -> None:
         if minutes < 1 or not width > 0:
@@ -39,6 +39,7 @@ class MinuteCounts:
         self.width = width
         # [minute, in, out], oldest first; at most ``minutes`` of them
         self._buckets: deque[list[int]] = deque(maxlen=minutes)
+        self.changes = 0  # how many adds counted something: a reader's mark of what it saw
 
     def add(self, now: float, *, sent: int = 0, received: int = 0) -> None:
         """Count ``received`` messages in and ``sent`` out at ``now`` (a time earlier than the
@@ -50,6 +51,7 @@ class MinuteCounts:
         if not buckets or buckets[-1][0] < minute:
             buckets.append([minute, 0, 0])  # the oldest goes past ``minutes`` buckets
         bucket = buckets[-1]
+        self.changes += 1
         bucket[1] += max(received, 0)
         bucket[2] += max(sent, 0)
 

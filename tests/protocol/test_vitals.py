@@ -9,9 +9,7 @@ from hypothesis import strategies as st
 
 from protocol.vitals import MinuteCounts, latency_summary, per_minute, percentile
 
-times = st.lists(
-    st.tuples(st.floats(0, 10_000), st.integers(0, 5), st.integers(0, 5)), max_size=60
-)
+times = st.lists(st.tuples(st.floats(0, 10_000), st.integers(0, 5), st.integers(0, 5)), max_size=60)
 
 
 @given(times, st.integers(1, 30))
