@@ -47,6 +47,9 @@ class HostContext:
         # Each connection's latest status, an immutable snapshot that only that connection
         # replaces; one entry per configured server.
         self.statuses: dict[str, Any] = {}
+        # Each connection's vitals (actors.link.vitals.LinkVitals), one per configured server,
+        # written only by that connection; readers take its immutable snapshot().
+        self.vitals: dict[str, Any] = {}
         # Each agent's latest AgentStatus, replaced only by that agent; one per configured agent.
         self.agent_statuses: dict[str, Any] = {}
         # Each agent's newest model request of a turn (a LastRequest), replaced only by that

@@ -90,6 +90,8 @@ class AgentStatus:
     turn_running: bool = False
     queued: int = 0  # wakes waiting for the next turn
     turns: int = 0  # turns started since the host started
+    wakes: int = 0  # wakes received since the host started (the gate's refusals included)
+    model_errors: int = 0  # its model's calls that failed since the host started (retried too)
     last_turn_at: float | None = None  # wall-clock time the last turn ended
     last_outcome: str | None = None  # completed, aborted or failed
     usage: Mapping[str, int] = attrs.field(factory=dict)  # token usage summed over its turns

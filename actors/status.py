@@ -29,6 +29,7 @@ from trio_util import AsyncValue
 from protocol import status as fmt
 from protocol.display import one_line
 from protocol.redact import Redactor
+from protocol.vitals import per_minute
 
 from .config import HostConfig, ServerConfig, host_redactor
 from .messages import ChannelInfo
@@ -42,6 +43,7 @@ WRITE_EVERY_S = 5.0
 FINAL_WRITE_S = 5.0
 #: Caps on what one entry carries (the sources are bounded; these bound the file too).
 MAX_TAIL_LINES = 20
+MAX_DISCONNECTS = 20
 MAX_LINE_CHARS = 500
 MAX_NAMES = 200
 #: Channels listed per server (the first by id; ``channel_count`` says how many there are).
@@ -64,11 +66,42 @@ def channel_entry(info: ChannelInfo) -> dict[str, Any]:
     }
 
 
+def vitals_entry(v: Any, now: float | None, *, minutes: int = 1) -> dict[str, Any]:
+    """What the file and the console say of a server's ``ServerVitals`` (``actors.link.vitals``):
+    when it connected (None: not ready now), its disconnects, its messages in and out in each of
+    the last ``minutes`` whole minutes before ``now`` (trio's clock; None: not counted), its
+    request latency and its stderr lines with their times. Times are ISO-8601 UTC."""
+    traffic: dict[str, Any] = {"minutes": minutes, "in": None, "out": None}
+    if now is not None:
+        got_in, got_out = per_minute(tuple(getattr(v, "traffic", ())), now, minutes)
+        traffic.update({"in": list(got_in), "out": list(got_out)})
+    since = getattr(v, "connected_since", None)
+    return {
+        "connected_since": fmt.iso(since) if since is not None else None,
+        "connects": int(getattr(v, "connects", 0) or 0),
+        "disconnects": [
+            {"at": fmt.iso(d.at), "reason": _clip(d.reason), "ready_for_s": d.ready_for_s}
+            for d in tuple(getattr(v, "disconnects", ()))[-MAX_DISCONNECTS:]
+        ],
+        "per_minute": traffic,
+        "latency": dict(getattr(v, "latency", None) or {}),
+        "stderr": [
+            {"at": fmt.iso(at), "line": _clip(line)}
+            for at, line in tuple(getattr(v, "stderr", ()))[-MAX_TAIL_LINES:]
+        ],
+    }
+
+
 def server_entry(
-    cfg: ServerConfig, st: Any, channels: tuple[list[ChannelInfo], int] = ([], 0)
+    cfg: ServerConfig,
+    st: Any,
+    channels: tuple[list[ChannelInfo], int] = ([], 0),
+    vitals: Any = None,
+    now: float | None = None,
 ) -> dict[str, Any]:
     """One server's part of the file, from its published ``ConnStatus`` (None: not yet
-    published) and its ``channels`` (the first ones by id, and how many it has). Read
+    published), its ``channels`` (the first ones by id, and how many it has) and its
+    ``ServerVitals`` (None: none yet; see :func:`vitals_entry`, at ``now``). Read
     defensively: a field an older snapshot lacks counts as unset."""
     listed, count = channels
     connects = int(getattr(st, "connects", 0) or 0)
@@ -93,6 +126,7 @@ def server_entry(
         ],
         "channel_count": count,
         "channels": [channel_entry(info) for info in listed[:MAX_CHANNELS]],
+        "vitals": vitals_entry(vitals, now) if vitals is not None else None,
     }
 
 
@@ -112,6 +146,8 @@ def agent_entry(name: str, st: Any) -> dict[str, Any]:
         "turn_running": running,
         "queued": int(getattr(st, "queued", 0) or 0),
         "turns": int(getattr(st, "turns", 0) or 0),
+        "wakes": int(getattr(st, "wakes", 0) or 0),
+        "model_errors": int(getattr(st, "model_errors", 0) or 0),
         "last_turn_at": fmt.iso(last) if isinstance(last, int | float) else None,
         "last_outcome": _clip(getattr(st, "last_outcome", None)),
         "usage": {str(k): v for k, v in usage.items() if isinstance(v, int)},
@@ -131,11 +167,14 @@ def snapshot(
     channels: Callable[[str], tuple[list[ChannelInfo], int]] | None = None,
     loop: Mapping[str, Any] | None = None,
     day: Any = None,
+    vitals: Callable[[str], Any] | None = None,
+    now: float | None = None,
 ) -> dict[str, Any]:
     """The file's content less ``written_at`` (which the writer adds): every configured server
     (with its channels, from ``channels(server_id)``) and agent, in configuration order,
     redacted."""
     listed = channels or (lambda _sid: ([], 0))
+    vital = vitals or (lambda _sid: None)
     doc = {
         "format": fmt.FORMAT,
         "mcplive": installed_version() or "0",
@@ -144,7 +183,10 @@ def snapshot(
         "interval_s": WRITE_EVERY_S,
         "running": running,
         "data_dir": str(config.data_dir),
-        "servers": [server_entry(s, statuses.get(s.id), listed(s.id)) for s in config.servers],
+        "servers": [
+            server_entry(s, statuses.get(s.id), listed(s.id), vital(s.id), now)
+            for s in config.servers
+        ],
         "agents": [agent_entry(a.name, agent_statuses.get(a.name)) for a in config.agents],
     }
     if loop is not None:
@@ -153,6 +195,14 @@ def snapshot(
         doc["today"] = day.snapshot(time.time())
     result: dict[str, Any] = redactor.value(doc)
     return result
+
+
+def _trio_now() -> float | None:
+    """Trio's clock, when called on a trio loop (the host's); None elsewhere."""
+    try:
+        return trio.current_time()
+    except RuntimeError:
+        return None
 
 
 def write_atomic(path: Path, data: bytes) -> None:
@@ -211,7 +261,13 @@ class StatusWriter:
             channels=self._channels,
             loop=watch.summary() if (watch := getattr(ctx, "loop_watch", None)) else None,
             day=getattr(ctx, "day", None),
+            vitals=self._vitals,
+            now=_trio_now(),
         )
+
+    def _vitals(self, server_id: str) -> Any:
+        live = getattr(self.ctx, "vitals", {}).get(server_id)
+        return live.snapshot() if live is not None else None
 
     def _channels(self, server_id: str) -> tuple[list[ChannelInfo], int]:
         directory = getattr(self.ctx, "channel_directory", None)

@@ -9,6 +9,8 @@ Writes are committed in submission order.
 
 from __future__ import annotations
 
+import bisect
+import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -27,6 +29,37 @@ MAX_IN_FLIGHT = 4096
 #: How long closing waits for the writes handed over to be committed.
 CLOSE_WAIT_S = 10.0
 DB_NAME = "store.sqlite3"
+
+
+#: The upper bounds (seconds) of the commit-time histogram's buckets; one more counts the rest.
+COMMIT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+
+
+class CommitTimes:
+    """How long the store's commits took, as a histogram of fixed buckets (``COMMIT_BUCKETS``
+    and one past the last): memory is one counter per bucket, whatever the number of commits."""
+
+    __slots__ = ("count", "counts", "sum")
+
+    def __init__(self) -> None:
+        self.counts = [0] * (len(COMMIT_BUCKETS) + 1)
+        self.count = 0
+        self.sum = 0.0
+
+    def add(self, seconds: float) -> None:
+        seconds = max(0.0, seconds)
+        index = bisect.bisect_left(COMMIT_BUCKETS, seconds)
+        self.counts[index] += 1
+        self.count += 1
+        self.sum += seconds
+
+    def cumulative(self) -> list[tuple[float, int]]:
+        """(upper bound, commits at or under it) per bucket, the last bound ``inf``."""
+        out, total = [], 0
+        for bound, n in zip((*COMMIT_BUCKETS, math.inf), self.counts, strict=True):
+            total += n
+            out.append((bound, total))
+        return out
 
 
 class StoreFuture:
@@ -126,6 +159,9 @@ class StoreClient:
         #: done (see FreshFeeds).
         self.feeds = FreshFeeds()
         self.writer.on_commit = self.feeds.file
+        #: How long each commit took (for ``/metrics``).
+        self.commit_times = CommitTimes()
+        self.writer.on_commit_time = self.commit_times.add
 
     def start(self) -> None:
         self.writer.start()

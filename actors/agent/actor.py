@@ -187,6 +187,8 @@ class AgentActor(Actor):
         # one that arrives after its withdrawal is dropped too
         self._withdrawn: OrderedDict[str, None] = OrderedDict()
         self._turns = 0  # turnIndex of the next turn (counted from this process's start)
+        self._wakes = 0  # wakes received since the start (the gate's refusals included)
+        self._model_errors = 0  # model calls that failed (retried ones too) since the start
         self._usage = Usage()  # summed over the turns
         self._last_turn: tuple[float, str] | None = None  # (wall-clock end, outcome)
         # speech: the outgoing queue, the drafts, and how many ended turns still wait for
@@ -298,6 +300,7 @@ class AgentActor(Actor):
         for the next turn (at most 100; the oldest go first, their conversations still counted
         for the route). With ``start`` false the caller starts the turn, once for a batch, and
         publishes the status."""
+        self._wakes += 1
         if wake.occurrence is not None and wake.occurrence in self._withdrawn:
             return  # replaced or retracted before it got here: it wakes nobody
         if wake.lane in ("incoming", "push"):
@@ -390,6 +393,7 @@ class AgentActor(Actor):
                 self._settling += 1
                 self.spawn(self._settle, turn.speech)
             self._usage += turn.usage
+            self._model_errors += turn.retries + (turn.failure is not None)
             self._last_turn = (time.time(), turn.phase)
             if isinstance(turn.failure, ModelAuthError):
                 self._pause(turn.failure, turn.drained)
@@ -521,6 +525,8 @@ class AgentActor(Actor):
             turn_running=self.turn is not None,
             queued=self._queued(),
             turns=self._turns,
+            wakes=self._wakes,
+            model_errors=self._model_errors,
             last_turn_at=last[0] if last is not None else None,
             last_outcome=last[1] if last is not None else None,
             usage=self._usage.as_dict(),

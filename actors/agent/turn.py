@@ -125,6 +125,7 @@ class Turn:
         self.spoke = False  # whether a reply had text, or called a tool that is not a quiet one
         self.chose_end = False  # whether the turn ended as the model chose (see CHOSEN_STOPS)
         self.failure: ModelError | None = None  # why the model failed, if it did
+        self.retries = 0  # model calls that failed and were tried again
         self.target: WakeTarget | None = None
 
     def _trace(self, kind: str, place: Any = None, **data: Any) -> None:
@@ -316,6 +317,7 @@ class Turn:
                 self._chunk(speech, place, piece)
 
         def on_retry(retry: ModelRetry) -> None:
+            self.retries += 1
             self._trace(
                 "model-retry",
                 target,

@@ -67,6 +67,7 @@ from .requests import ServerRequests
 from .run import LinkRun
 from .state import MANIFEST_FETCHES, Link, RequestTimeout
 from .transport import Transport, open_transport
+from .vitals import LinkVitals
 
 MAX_KEYED_CALLS = 1024
 BACKOFF_BASE_S = 5.0
@@ -90,6 +91,8 @@ class ConnectionActor(Actor):
         # every configured server's credential is kept out of what this server's reports say
         self.redactor = ctx.redactor
         self.tail = StderrTail(self.redactor)
+        # what a console shows of this server over time; read from ctx.vitals without an ask
+        self.vitals = ctx.vitals[self.sid] = LinkVitals(self.sid, self.tail)
         self.policy = LinkPolicy(self)
         self.lanes = HotLanes(self)
         self.requests = ServerRequests(self)
@@ -206,6 +209,10 @@ class ConnectionActor(Actor):
         except (trio.WouldBlock, trio.BrokenResourceError, trio.ClosedResourceError):
             self.diagnostic(f"{msg.method} not sent: the link to the server is full or closing")
 
+    def link_ready(self) -> None:
+        """The link's handshake is over: it is connected from now (for the console's vitals)."""
+        self.vitals.ready()
+
     def publish_status(self) -> None:
         """Replace this server's published snapshot (read by agents' turns without an ask)."""
         self.ctx.statuses[self.sid] = self.status()
@@ -263,9 +270,8 @@ class ConnectionActor(Actor):
     ) -> Any:
         t = timeout if timeout is not None else self.cfg.request_timeout_s
         try:
-            rid, line = link.session.send_request(
-                method, params, now=trio.current_time(), timeout=t
-            )
+            began = trio.current_time()
+            rid, line = link.session.send_request(method, params, now=began, timeout=t)
         except rpc.PendingFull as exc:
             raise RpcError(
                 code=INTERNAL_ERROR, message=f"too many pending requests: {exc}"
@@ -281,6 +287,7 @@ class ConnectionActor(Actor):
                     except trio.WouldBlock:
                         await link.outbox_send.send([line])
                 result = await recv.receive()
+            self.vitals.answered(trio.current_time() - began)
         except trio.TooSlowError:
             self.trace("request-timeout", method=method, timeout_s=t)
             if link.ready and not link.probing and method != "ping":
@@ -394,6 +401,7 @@ class ConnectionActor(Actor):
             self.ctx.hot_in_flight.pop(self.sid, None)  # what was in hand went with the link
             self.ctx.last_read.pop(self.sid, None)
             self.last_error = reason
+            self.vitals.ended(reason, ready_for)
             self.publish_status()
             attempt = next_attempt(attempt, ready_for, HEALTHY_AFTER_S)
             delay = backoff_delay(attempt, BACKOFF_BASE_S, BACKOFF_CAP_S, self.ctx.rng)
@@ -408,6 +416,7 @@ class ConnectionActor(Actor):
 
     def _on_stderr(self, line: str) -> None:
         self.tail.add(line)
+        self.vitals.stderr_line()
         self.trace("server-log", line=self.redactor.text(line)[:2000])
         status = self.ctx.statuses.get(self.sid)
         if isinstance(status, ConnStatus):
@@ -417,6 +426,7 @@ class ConnectionActor(Actor):
         """Open a link, run it until it ends; how it ended (one line), the report's data, and
         how long the link was ready (None if it never was)."""
         self.connects += 1
+        self.vitals.connecting()
         self.tail.clear()
         self.publish_status()
         transport: Transport | None = None
@@ -424,7 +434,7 @@ class ConnectionActor(Actor):
         error: Exception | None = None
         try:
             async with open_transport(self.cfg, self._on_stderr) as transport:
-                link = self.link = new_link(transport)
+                link = self.link = new_link(transport, self.vitals.traffic)
                 self.trace("connecting", transport=transport.description, attempt=self.connects)
                 await self.life.serve(link)
         except Exception as exc:

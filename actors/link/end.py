@@ -1,7 +1,8 @@
 """How a link ended, told to an operator: one line, and the server's last stderr lines.
 
 ``StderrTail`` keeps the last ``TAIL_LINES`` lines a server process wrote to stderr, each clipped
-to ``TAIL_LINE_CHARS`` and with every configured credential redacted. ``ending`` turns what the
+to ``TAIL_LINE_CHARS``, with every configured credential redacted and with the wall-clock time
+it was read. ``ending`` turns what the
 link left behind (an exception, how its process exited, why the host closed it, the handshake
 step in flight) into the one-line reason of a ``disconnected`` event and of
 ``ConnStatus.last_error``: the cause closest to the server first (the command was not found, the
@@ -11,7 +12,9 @@ the step it died in.
 
 from __future__ import annotations
 
+import time
 from collections import deque
+from collections.abc import Callable
 
 from actors.errors import NotConnected
 from protocol.display import clip, one_line
@@ -27,22 +30,28 @@ CLOSED = "the server closed the connection"
 
 
 class StderrTail:
-    """The last lines a server wrote to stderr: bounded, clipped, redacted."""
+    """The last lines a server wrote to stderr, each with when it was read: bounded (the
+    oldest goes past ``TAIL_LINES``), clipped, redacted."""
 
-    def __init__(self, redactor: Redactor) -> None:
+    def __init__(self, redactor: Redactor, wall_clock: Callable[[], float] = time.time) -> None:
         self.redactor = redactor
-        self._lines: deque[str] = deque(maxlen=TAIL_LINES)
+        self.clock = wall_clock
+        self._lines: deque[tuple[float, str]] = deque(maxlen=TAIL_LINES)
 
     def add(self, line: str) -> str:
         """Keep ``line`` (the oldest line goes past ``TAIL_LINES``); returns it as kept."""
         kept = clip(self.redactor.text(line.rstrip()), TAIL_LINE_CHARS)
-        self._lines.append(kept)
+        self._lines.append((self.clock(), kept))
         return kept
 
     def clear(self) -> None:
         self._lines.clear()
 
     def lines(self) -> tuple[str, ...]:
+        return tuple(line for _, line in self._lines)
+
+    def timed(self) -> tuple[tuple[float, str], ...]:
+        """The lines with the wall-clock time each was read, oldest first."""
         return tuple(self._lines)
 
 

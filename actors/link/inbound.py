@@ -289,7 +289,10 @@ class HotLanes:
                 # speech route look at every one of them
                 wakes: dict[str, list[Wake]] = {}
                 publish, sid = owner.ctx.trace.publish_fields, owner.sid
+                vitals = owner.ctx.vitals.get(sid)
                 for prepared, (kind, channel_id, key, author) in done:
+                    if vitals is not None:
+                        vitals.stored(channel_id)
                     text = _text(prepared.blocks)
                     fields: dict[str, Any] = (
                         {"event_id": key, "author": author, "text": text}

@@ -42,6 +42,7 @@ from protocol import jsonrpc as rpc
 from protocol.errors import CAPABILITY_DENIED, RpcError
 from protocol.fairness import ingest_pause
 from protocol.framing import Oversize, Undecodable
+from protocol.vitals import MinuteCounts
 
 from .inbound import HotLanes, Pending
 from .requests import ServerRequests
@@ -73,10 +74,12 @@ WRITE_BATCH = 256
 WS_PING_EVERY_S = 30.0
 
 
-def new_link(transport: Transport) -> Link:
-    """A link over a freshly opened transport, with its session, outbox and queues."""
+def new_link(transport: Transport, traffic: MinuteCounts | None = None) -> Link:
+    """A link over a freshly opened transport, with its session, outbox and queues; its
+    messages are counted in ``traffic`` (a count of its own if None)."""
     out_send, out_recv = trio.open_memory_channel[list[str]](OUTBOX_CAP)
     return Link(
+        traffic=traffic if traffic is not None else MinuteCounts(),
         transport=transport,
         session=rpc.RpcSession(max_pending=MAX_PENDING, max_inbound=INBOUND_CAP),
         outbox_send=out_send,
@@ -127,6 +130,7 @@ class LinkIO:
                     self.owner.diagnostic(f"write failed: {describe(exc)}")
                     link.closed.set()  # most often the server went away: its exit says why
                     return
+                link.traffic.add(trio.current_time(), sent=len(lines))
         finally:
             link.written.set()
 
@@ -175,6 +179,7 @@ class LinkIO:
                     if len(batch) >= READ_BATCH:
                         await self.pass_on(link, batch)
                         batch = []
+                link.traffic.add(trio.current_time(), received=handled)
                 if batch:  # nothing more is buffered: what was read goes on together
                     await self.pass_on(link, batch)
                     batch = []

@@ -94,6 +94,7 @@ class LinkRun:
         # requests were served meanwhile); now the agents may call the server too.
         link.ready = True
         link.ready_at = trio.current_time()
+        owner.link_ready()
         owner.publish_status()
         owner.trace(
             "ready",

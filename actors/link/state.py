@@ -27,6 +27,7 @@ from protocol import grants, mcpl
 from protocol import jsonrpc as rpc
 from protocol.declarations import NotedUses
 from protocol.errors import INTERNAL_ERROR, METHOD_NOT_FOUND, RpcError
+from protocol.vitals import MinuteCounts
 
 from .transport import Transport
 
@@ -63,6 +64,8 @@ class Link:
     requests: BatchQueue[rpc.Request | rpc.Notification]
     answers: BatchQueue[Any]  # inbound.Pending, answered by the responder in order
     waiters: dict[rpc.Id, trio.MemorySendChannel[outcome.Outcome[Any]]] = attrs.field(factory=dict)
+    # messages read and written per minute: the connection's own counts (they outlive the link)
+    traffic: MinuteCounts = attrs.field(factory=MinuteCounts)
     # the host's policy for this link is decided and in force (SPEC §6.7, host-first): its
     # featureSets/update is sent, or the link runs MCP-only; the server's requests are judged
     # under it from then on, never after the server's answer (see :meth:`decide`)
@@ -136,7 +139,10 @@ class Link:
         # a writer waiting for lines means none is queued: they would have been handed to it
         if not self.outbox_send.statistics().tasks_waiting_receive:
             return False
-        return self.transport.send_now(lines)
+        if not self.transport.send_now(lines):
+            return False
+        self.traffic.add(trio.current_time(), sent=len(lines))
+        return True
 
     def decide(self) -> None:
         """The host's policy is in force from now: what the server asks from now on is judged
@@ -177,6 +183,8 @@ class LinkOwner(Protocol):
     ) -> None: ...
 
     def publish_status(self) -> None: ...
+
+    def link_ready(self) -> None: ...
 
     async def request(
         self, link: Link, method: str, params: Any, timeout: float | None = None

@@ -18,6 +18,7 @@ from __future__ import annotations
 import datetime as dt
 import functools
 import json
+import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
@@ -27,16 +28,17 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from actors.agent.speech import DRAFTS_NS
+from actors.link.vitals import TRAFFIC_MINUTES
 from actors.models.usage import rows_of
-from actors.status import StatusWriter
+from actors.status import StatusWriter, vitals_entry
 from actors.transcript.stored import history_line
 from protocol.display import json_safe, printable
 from protocol.jsonrpc import decode
-from protocol.metrics import CONTENT_TYPE, Family, exposition
 from protocol.prices import prices
 from protocol.status import iso
 
 from .feed import Feed
+from .metrics import CONTENT_TYPE, exposition, registry_for
 
 #: The most messages one history answer lists, and the messages a search reads at most.
 HISTORY_LIMIT = 200
@@ -65,6 +67,7 @@ class ConsoleApi:
         self.info = info  # the console's own facts: its address, whether a token is needed
         self.status = StatusWriter(host.ctx)  # its snapshot only: it writes nothing
         self.redactor = host.ctx.redactor
+        self.registry = registry_for(host, self._snapshot)  # this console's own, never global
 
     def routes(self) -> list[Route]:
         get, post = ["GET"], ["POST"]
@@ -113,9 +116,8 @@ class ConsoleApi:
         return self.status.body()
 
     async def metrics(self, request: Request) -> Response:
-        """The host's figures in the Prometheus text format (see :func:`metric_families`)."""
-        text = exposition(metric_families(self._snapshot()))
-        return Response(text, media_type=CONTENT_TYPE)
+        """The host's figures in the Prometheus text format (see :mod:`actors.web.metrics`)."""
+        return Response(exposition(self.registry), headers={"content-type": CONTENT_TYPE})
 
     async def healthz(self, request: Request) -> dict[str, Any]:
         snap = self._snapshot()
@@ -164,10 +166,20 @@ class ConsoleApi:
         return [dict(d) for d in items if isinstance(d, Mapping)] if isinstance(items, list) else []
 
     async def servers(self, request: Request) -> list[dict[str, Any]]:
-        return [
-            {**entry, "mismatches": list(self.feed.mismatches.get(entry["id"], ()))}
-            for entry in self._snapshot()["servers"]
-        ]
+        """Each server's status entry, its recent declaration mismatches, and its vitals with
+        the last ``TRAFFIC_MINUTES`` minutes of traffic and its uptime (see the console docs)."""
+        now, wall = trio.current_time(), time.time()
+        out = []
+        for entry in self._snapshot()["servers"]:
+            live = self.host.ctx.vitals.get(entry["id"])
+            vitals = None
+            if live is not None:
+                vitals = vitals_entry(live.snapshot(), now, minutes=TRAFFIC_MINUTES)
+                since = live.connected_since
+                vitals["uptime_s"] = round(wall - since, 3) if since is not None else None
+            mismatches = list(self.feed.mismatches.get(entry["id"], ()))
+            out.append({**entry, "mismatches": mismatches, "vitals": vitals})
+        return out
 
     async def channels(self, request: Request) -> list[dict[str, Any]]:
         """Every registered channel with its publish target and, per agent that hears its
@@ -410,57 +422,3 @@ async def _body(request: Request) -> dict[str, Any]:
     if not isinstance(body, dict):
         raise BadRequest("the body must be a JSON object")
     return body
-
-
-def metric_families(snap: Mapping[str, Any]) -> list[Family]:
-    """What ``/metrics`` says, from the status snapshot: the loop, each server and each agent."""
-    loop = snap.get("loop") or {}
-    servers = snap.get("servers", [])
-    agents = snap.get("agents", [])
-    tokens = [
-        ({"agent": a["name"], "kind": kind}, float(n))
-        for a in agents
-        for kind, n in sorted((a.get("usage") or {}).items())
-    ]
-    return [
-        Family("mcplive_up", "Whether the host runs.", "gauge", [({}, 1.0)]),
-        Family(
-            "mcplive_loop_longest_step_seconds",
-            "The longest time one task step held the host's loop.",
-            "gauge",
-            [({}, float(loop.get("longest_step_ms", 0.0)) / 1000)],
-        ),
-        Family(
-            "mcplive_loop_stalls_total",
-            "Task steps that held the host's loop 250 ms or more.",
-            "counter",
-            [({}, float(loop.get("stalls", 0)))],
-        ),
-        Family(
-            "mcplive_server_ready",
-            "Whether the server's link is ready (1) or not (0).",
-            "gauge",
-            [({"server": s["id"]}, float(s["state"] == "ready")) for s in servers],
-        ),
-        Family(
-            "mcplive_server_connects_total",
-            "Connections made to the server.",
-            "counter",
-            [({"server": s["id"]}, float(s["connects"])) for s in servers],
-        ),
-        Family(
-            "mcplive_agent_turns_total",
-            "Turns the agent took.",
-            "counter",
-            [({"agent": a["name"]}, float(a["turns"])) for a in agents],
-        ),
-        Family(
-            "mcplive_agent_state",
-            "The agent's state (1 for the one it is in).",
-            "gauge",
-            [({"agent": a["name"], "state": a["state"]}, 1.0) for a in agents],
-        ),
-        Family(
-            "mcplive_agent_tokens_total", "Tokens the agent's model calls used.", "counter", tokens
-        ),
-    ]

@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
 import trio
 
@@ -96,7 +97,8 @@ async def test_a_refused_credential_pauses_the_agent_until_resumed(
             bea = {"name": "Bea", "model": scripted(tmp_path, "bea", HELLO)}
             async with Host.open(config(tmp_path, [], [ADA, bea])) as host:
                 stream = host.trace()
-                assert status(host, "Ada") == AgentStatus(name="Ada", usage=Usage().as_dict())
+                fresh = AgentStatus(name="Ada", usage=Usage().as_dict())
+                assert attrs.evolve(status(host, "Ada"), today={}) == fresh  # today: the budgets
 
                 # one call, refused: the agent pauses with one line
                 await host.post_local("Ada", "first")
@@ -112,6 +114,7 @@ async def test_a_refused_credential_pauses_the_agent_until_resumed(
                 now = status(host, "Ada")
                 assert now.paused == paused.data["reason"]
                 assert (now.queued, now.turns, now.last_outcome) == (1, 1, "failed")
+                assert (now.wakes, now.model_errors) == (1, 1)  # the refused call
                 assert not now.turn_running
 
                 # further wakes are stored and wait; no call is made; other agents go on
@@ -140,6 +143,7 @@ async def test_a_refused_credential_pauses_the_agent_until_resumed(
                 after = status(host, "Ada")
                 assert after.paused is None and after.queued == 0
                 assert (after.turns, after.last_outcome) == (2, "completed")
+                assert (after.wakes, after.model_errors) == (3, 1)
                 assert after.last_turn_at is not None and not after.turn_running
                 assert await host.resume("Ada") is False  # not paused any more
                 # the usage ledger counts the refused call's turn as failed
@@ -209,6 +213,9 @@ async def test_retries_are_traced_as_they_happen(
                 assert order.index("model-retry") < order.index("turn-end")
                 assert order.count("model-retry") == 1
                 assert said(host, "Ada")[-1]["blocks"] == [text_block("made it")]
+                # the retried call counts as a model error, though the turn completed
+                ada = host.ctx.agent_statuses["Ada"]
+                assert (ada.model_errors, ada.last_outcome) == (1, "completed")
             nursery.cancel_scope.cancel()
 
 

@@ -18,6 +18,7 @@ from typing import Any
 import httpx
 import pytest
 import trio
+from prometheus_client.parser import text_string_to_metric_families
 from trio_websocket import ConnectionRejected, open_websocket_url
 
 from actors.errors import ConfigError
@@ -119,9 +120,14 @@ async def test_every_read_endpoint_and_the_live_feed(
 
                 metrics = await http.get("/metrics")
                 assert metrics.headers["content-type"].startswith("text/plain; version=0.0.4")
-                assert 'mcplive_server_ready{server="lobby"} 1' in metrics.text.splitlines()
-                assert 'mcplive_agent_turns_total{agent="Ada"}' in metrics.text
-                assert "mcplive_loop_stalls_total " in metrics.text
+                samples = {
+                    (s.name, tuple(sorted(s.labels.items()))): s.value
+                    for family in text_string_to_metric_families(metrics.text)
+                    for s in family.samples
+                }
+                assert samples[("mcplive_server_ready", (("server", "lobby"),))] == 1
+                assert samples[("mcplive_agent_turns_total", (("agent", "Ada"),))] >= 1
+                assert ("mcplive_loop_stalls_total", ()) in samples
                 health = (await http.get("/healthz")).json()
                 assert health["ok"] and health["running"]
                 assert health["servers"] == {"lobby": "ready"}
@@ -446,8 +452,14 @@ async def test_hostile_text_stays_text_and_credentials_stay_home(
 
 
 def test_the_page_sets_text_only() -> None:
-    script = (STATIC / "app.js").read_text(encoding="utf-8")
-    for risky in ("innerHTML", "outerHTML", "insertAdjacentHTML", "document.write", "eval("):
-        assert script.count(risky) == 0, risky
+    for name in ("app.js", "usage.js"):
+        script = (STATIC / name).read_text(encoding="utf-8")
+        for risky in ("innerHTML", "outerHTML", "insertAdjacentHTML", "document.write", "eval("):
+            assert script.count(risky) == 0, (name, risky)
     page = (STATIC / "index.html").read_text(encoding="utf-8")
-    assert re.findall(r"<script[^>]*>(.*?)</script>", page, re.S) == [""]  # no inline code
+    scripts = re.findall(r"<script([^>]*)>(.*?)</script>", page, re.S)
+    assert [code for _, code in scripts] == ["", ""]  # no inline code
+    assert [re.search(r'src="([^"]+)"', attrs)[1] for attrs, _ in scripts] == [  # type: ignore[index]
+        "/static/app.js",
+        "/static/usage.js",
+    ]

@@ -55,9 +55,7 @@ async def test_history_across_agents_with_a_search_and_days(
                 bad = await http.get("/api/history", params={"since": "last week"})
                 paged = (await http.get("/api/history", params={"q": "comet", "limit": "1"})).json()
                 rest = (
-                    await http.get(
-                        "/api/history", params={"q": "comet", "before": paged["more"]}
-                    )
+                    await http.get("/api/history", params={"q": "comet", "before": paged["more"]})
                 ).json()
     hits = found["messages"]
     assert sorted(m["agent"] for m in hits) == ["Ada", "Grace"]
