@@ -399,3 +399,16 @@ def test_the_history_page_lists_every_agent_with_times_and_ids(tmp_path: Path) -
         page.fill("#history-until", "2000-01-01")  # a day long before anything was stored
         page.click("#history-form button[type=submit]")
         sync_api.expect(history.locator("li")).to_have_count(0, timeout=TIMEOUT_MS)
+
+
+def test_the_servers_page_shows_uptime_traffic_latency_and_disconnects(tmp_path: Path) -> None:
+    with console_page(tmp_path) as (_, page):
+        page.click("nav button[data-page=servers]")
+        lobby = page.locator(".card[data-server=lobby]")
+        lobby.get_by_text(re.compile(r"\(up \d+")).wait_for()
+        lobby.get_by_text(re.compile(r"p50 \d+ ms · p95 \d+ ms")).wait_for()
+        assert lobby.locator("svg.traffic polyline").count() == 2
+        lobby.get_by_role("button", name="Reconnect").click()
+        lobby.locator("ol.disconnects li").first.wait_for()
+        lobby.locator(".chip", has_text="ready").wait_for()  # and back
+        assert lobby.locator("ol.disconnects li").first.text_content()

@@ -452,14 +452,15 @@ async def test_hostile_text_stays_text_and_credentials_stay_home(
 
 
 def test_the_page_sets_text_only() -> None:
-    for name in ("app.js", "usage.js"):
+    for name in ("app.js", "servers.js", "usage.js"):
         script = (STATIC / name).read_text(encoding="utf-8")
         for risky in ("innerHTML", "outerHTML", "insertAdjacentHTML", "document.write", "eval("):
             assert script.count(risky) == 0, (name, risky)
     page = (STATIC / "index.html").read_text(encoding="utf-8")
     scripts = re.findall(r"<script([^>]*)>(.*?)</script>", page, re.S)
-    assert [code for _, code in scripts] == ["", ""]  # no inline code
+    assert [code for _, code in scripts] == ["", "", ""]  # no inline code
     assert [re.search(r'src="([^"]+)"', attrs)[1] for attrs, _ in scripts] == [  # type: ignore[index]
         "/static/app.js",
+        "/static/servers.js",
         "/static/usage.js",
     ]

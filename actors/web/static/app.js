@@ -34,6 +34,15 @@ function el(tag, props, ...children) {
   return node;
 }
 
+const SVG_NS = "http://www.w3.org/2000/svg";
+
+function svg(tag, attrs, ...children) {
+  const node = document.createElementNS(SVG_NS, tag);
+  for (const [key, value] of Object.entries(attrs || {})) node.setAttribute(key, String(value));
+  for (const child of children) node.append(child);
+  return node;
+}
+
 function text(value) {
   return value === null || value === undefined ? "" : String(value);
 }
@@ -159,7 +168,7 @@ function renderAgents(agents) {
         el("dt", { text: "last turn" }),
         el("dd", { text: a.last_turn_at ? `${dateTimeOf(a.last_turn_at)} (${text(a.last_outcome)})` : "none yet" }),
         el("dt", { text: "paused" }), el("dd", { text: a.paused ? text(a.paused) : "no" }),
-        el("dt", { text: "model" }), el("dd", { text: text(a.model) }),
+        el("dt", { text: "model" }), el("dd", { text: text(a.last_request ? a.last_request.model : a.model) }),
         el("dt", { text: "context" }), el("dd", { text: contextFill(a.last_request) }),
         el("dt", { text: "folds" }), el("dd", { text: foldsLine(a.folds) }),
         el("dt", { text: "usage (all)" }), el("dd", { text: usageLine(a.usage) })
@@ -172,37 +181,6 @@ function renderAgents(agents) {
     );
   });
   document.getElementById("agents").replaceChildren(el("div", { class: "cards" }, ...cards));
-}
-
-function renderServers(servers) {
-  const cards = servers.map((s) =>
-    el(
-      "div",
-      { class: "card", "data-server": s.id },
-      el(
-        "div",
-        { class: "head" },
-        el("h2", { text: s.id }),
-        chip(s.state),
-        el("button", { onclick: () => serverAction(s.id), text: "Reconnect" })
-      ),
-      el(
-        "dl",
-        {},
-        el("dt", { text: "grant" }), el("dd", { text: (s.grant || []).join(", ") || "none" }),
-        el("dt", { text: "feature sets" }), el("dd", { text: (s.feature_sets || []).join(", ") || "none" }),
-        el("dt", { text: "tools" }), el("dd", { text: text(s.tools) }),
-        el("dt", { text: "channels" }), el("dd", { text: text(s.channel_count) }),
-        el("dt", { text: "reconnects" }), el("dd", { text: text(s.reconnects) }),
-        el("dt", { text: "last error" }), el("dd", { text: text(s.last_error) || "none" })
-      ),
-      (s.mismatches || []).length ? el("h2", { text: "Declaration mismatches" }) : null,
-      ...(s.mismatches || []).map((m) => el("pre", { text: text(m.text) })),
-      (s.stderr_tail || []).length ? el("h2", { text: "stderr" }) : null,
-      (s.stderr_tail || []).length ? el("pre", { text: s.stderr_tail.map(text).join("\n") }) : null
-    )
-  );
-  document.getElementById("servers").replaceChildren(el("div", { class: "cards" }, ...cards));
 }
 
 function renderChannels(channels) {

@@ -3,17 +3,9 @@
 // and the rows as a table. Every name is set as text; the chart is built element by element.
 "use strict";
 
-const SVG_NS = "http://www.w3.org/2000/svg";
 const USAGE_EVERY_MS = 10000; // the ledger is read again at most this often while shown
 const COLOURS = ["#3558d6", "#1f7a3d", "#a86500", "#7a4fb5", "#b3261e", "#0f7c8c", "#6b7383", "#c2185b"];
 const TOKEN_KEYS = ["input_tokens", "output_tokens", "cache_read_tokens", "cache_write_tokens"];
-
-function svg(tag, attrs, ...children) {
-  const node = document.createElementNS(SVG_NS, tag);
-  for (const [key, value] of Object.entries(attrs || {})) node.setAttribute(key, String(value));
-  for (const child of children) node.append(child);
-  return node;
-}
 
 function tokensOf(row) {
   return TOKEN_KEYS.reduce((sum, key) => sum + (Number(row[key]) || 0), 0);
