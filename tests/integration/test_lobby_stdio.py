@@ -70,6 +70,16 @@ async def test_handshake_order_and_default_grant(tmp_path: Path, form: str) -> N
 async def test_featuresets_update_notification_fallback(tmp_path: Path) -> None:
     with trio.fail_after(60):
         async with running_lobby(tmp_path, {"Ada": ""}, "--fsu-mode", "notification-only") as lb:
+            # the request form, refused, then the notification form (the host's link may be
+            # ready before the lobby has reported receiving it)
+            await lb.ctl.wait_for(
+                lambda e: (
+                    e["event"] == "received"
+                    and e["message"].get("method") == "featureSets/update"
+                    and "id" not in e["message"]
+                ),
+                "the notification form",
+            )
             updates = received(lb.ctl, "featureSets/update")
             assert "id" in updates[0] and "id" not in updates[1]
             lb.ctl.send({"cmd": "push", "eventId": "e1", "text": "after fallback"})
