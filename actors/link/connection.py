@@ -38,7 +38,9 @@ it died in, the server's last stderr lines, the retry's number and delay) and re
 exponential backoff with jitter (5 s base, 5 min cap), with a fresh handshake. A link that was
 never ready, or ready for less than ``HEALTHY_AFTER_S``, counts as a failed attempt: the next
 wait doubles, up to the cap; only a link ready that long starts again from the first retry
-(``protocol.backoff``). Nothing that happens on a link escapes into the host.
+(``protocol.backoff``). A link the operator closed (``Host.reconnect``) is no failed attempt:
+its ``disconnected`` has ``requested``, no stderr lines and no wait, and the new link is
+dialled at once. Nothing that happens on a link escapes into the host.
 """
 
 from __future__ import annotations
@@ -395,13 +397,21 @@ class ConnectionActor(Actor):
             self.ctx.last_read.pop(self.sid, None)
             self.last_error = reason
             self.publish_status()
-            attempt = next_attempt(attempt, ready_for, HEALTHY_AFTER_S)
-            delay = backoff_delay(attempt, BACKOFF_BASE_S, BACKOFF_CAP_S, self.ctx.rng)
+            requested = self.switch.ended_by_request()
+            if requested:  # the operator's doing: no failed attempt, and no stderr dump
+                report["stderr_tail"] = []
+            else:
+                attempt = next_attempt(attempt, ready_for, HEALTHY_AFTER_S)
+            if self.switch.pending:  # a reconnect was asked for: no wait at all
+                delay = 0.0
+            else:
+                delay = backoff_delay(attempt, BACKOFF_BASE_S, BACKOFF_CAP_S, self.ctx.rng)
             self.trace(
                 "disconnected",
                 reason=reason,
                 retry_in_s=round(delay, 1),
                 attempt=attempt,
+                requested=requested,
                 **report,
             )
             await self.switch.wait(delay)

@@ -56,6 +56,7 @@ NEVER_COLLAPSED = frozenset(
         "budget-warning",
         "budget-unpriced",
         "config-reloaded",
+        "operator-action",
         "rolled-back",
         "asleep",
         "awake",
