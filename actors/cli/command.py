@@ -27,6 +27,7 @@ from actors.transcript.printer import TranscriptOptions, TranscriptPrinter, run_
 from actors.version import installed_version
 from actors.web.run import WebOptions, console_note, web_options
 
+from .audit import add_parser as add_audit_parser
 from .check import cmd_check
 from .errors import (
     EXIT_FAILED,
@@ -384,6 +385,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     hist.set_defaults(fn=cmd_history)
     add_usage_parser(sub)
+    add_audit_parser(sub)
     back = sub.add_parser(
         "rollback",
         help="set aside an agent's messages after one message and roll servers' state back",
