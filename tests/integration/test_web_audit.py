@@ -162,12 +162,12 @@ async def test_a_reconnect_from_the_console_is_told_as_the_operators_not_as_a_cr
                 )
                 assert told.server_id == "lobby"
                 # the link's end: the operator's doing, no wait, no stderr lines, no alarm
-                assert gone.data["requested"] is True
+                assert not printed(gone).split(" ", 2)[2].startswith("!")
                 assert gone.data["retry_in_s"] == 0 and gone.data["stderr_tail"] == []
                 assert level_of(gone) == INFO
                 line = format_event(gone)
                 assert line == "· lobby link closed as the operator asked; reconnecting now"
-                assert not printed(gone).split(" ", 2)[2].startswith("!")
+                assert gone.data["requested"] is True
                 # and at once: the next link is dialled without a backoff's wait
                 dialled = await wait_trace(
                     lb.stream, lambda e: e.kind == "connecting", "dialled again", seen
