@@ -395,17 +395,17 @@ class ConnectionActor(Actor):
             self.life.flush_ignored()
             self.ctx.hot_in_flight.pop(self.sid, None)  # what was in hand went with the link
             self.ctx.last_read.pop(self.sid, None)
-            self.last_error = reason
-            self.publish_status()
             requested = self.switch.ended_by_request()
-            if requested:  # the operator's doing: no failed attempt, and no stderr dump
+            if requested:  # the operator's doing: no error, no failed attempt, no stderr dump
                 report["stderr_tail"] = []
             else:
+                self.last_error = reason
                 attempt = next_attempt(attempt, ready_for, HEALTHY_AFTER_S)
+            self.publish_status()
             if self.switch.pending:  # a reconnect was asked for: no wait at all
                 delay = 0.0
             else:
-                delay = backoff_delay(attempt, BACKOFF_BASE_S, BACKOFF_CAP_S, self.ctx.rng)
+                delay = backoff_delay(max(attempt, 1), BACKOFF_BASE_S, BACKOFF_CAP_S, self.ctx.rng)
             self.trace(
                 "disconnected",
                 reason=reason,

@@ -177,6 +177,8 @@ async def test_a_reconnect_from_the_console_is_told_as_the_operators_not_as_a_cr
                 await wait_trace(lb.stream, lambda e: e.kind == "ready", "ready again", seen)
                 await ctl.wait_for(answered("channels/register"), "channels again")
                 assert not [e for e in seen if (format_event(e) or "").startswith("!")]
+                [lobby] = (await http.get("/api/servers")).json()
+                assert lobby["reconnects"] == 1 and lobby["last_error"] is None  # no error
 
 
 async def test_resend_and_dismiss_from_the_console_are_told_and_recorded(tmp_path: Path) -> None:
