@@ -1,10 +1,20 @@
-"""The Host: config, the supervisor nursery, the actor directory, and the Python API."""
+"""The Host: config, the supervisor nursery, the actor directory, and the Python API.
+
+The operator's actions (pause, release, resume, reconnect, resend or dismiss drafts, abort a
+turn, roll back, and the resumes of a config reload) take a ``source``: where the action came
+from (``api`` by default; ``console 127.0.0.1`` from the console, ``SIGHUP`` from a reload on
+the signal, ``cli`` from a command). Each is recorded in the store's audit record
+(``store.RecordAudit``: the time, the action, its target, the source, whether it changed
+anything and how it went) and then told as one ``operator-action`` trace event with the same
+fields.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import gc
 import os
+import time
 from collections.abc import AsyncIterator, Iterable, Mapping
 from contextlib import asynccontextmanager
 from typing import Any
@@ -32,7 +42,9 @@ from actors.link.connection import ConnectionActor
 from actors.models.base import Model
 from actors.models.providers import make_model, model_from_spec
 from actors.references.registry import ReferenceRegistry
+from protocol.display import one_line as inline
 from protocol.state import Lineages
+from store import RecordAudit
 
 from .config import HostConfig, load_config, with_gate_policies
 from .context import HostContext
@@ -47,6 +59,9 @@ from .storage import StoreClient
 from .trace import TraceBus, TraceEvent
 
 SHUTDOWN_GRACE_S = 5.0
+#: The longest outcome an audit record keeps (``detail``), and the longest source.
+AUDIT_DETAIL_CHARS = 500
+AUDIT_SOURCE_CHARS = 200
 
 
 class Host:
@@ -207,46 +222,158 @@ class Host:
         the operator (traced as ``local-reply``), not a channel."""
         await self._agent(agent).ask(PostLocal(text=text), timeout=60)
 
-    async def hold(self, agent: str) -> bool:
+    async def hold(self, agent: str, *, source: str = "api") -> bool:
         """Hold the agent's turns: what arrives is stored and its wakes wait (at most 100, the
-        oldest dropped) until :meth:`release`; a running turn goes on. False if already held."""
-        return bool(await self._agent(agent).ask(HoldTurns(on=True), timeout=60))
+        oldest dropped) until :meth:`release`; a running turn goes on. False if already held.
+        Recorded as ``pause`` (see the module)."""
+        source = _source(source)
+        held = bool(await self._agent(agent).ask(HoldTurns(on=True), timeout=60))
+        await self._record("pause", agent, source, held, "" if held else "already held")
+        return held
 
-    async def release(self, agent: str) -> bool:
+    async def release(self, agent: str, *, source: str = "api") -> bool:
         """Let a held agent's turns run again; the wakes that waited start the next turn.
-        False if it was not held."""
-        return bool(await self._agent(agent).ask(HoldTurns(on=False), timeout=60))
+        False if it was not held. Recorded as ``release``."""
+        source = _source(source)
+        released = bool(await self._agent(agent).ask(HoldTurns(on=False), timeout=60))
+        await self._record("release", agent, source, released, "" if released else "not held")
+        return released
 
-    async def resume(self, agent: str) -> bool:
+    async def resume(self, agent: str, *, source: str = "api") -> bool:
         """Resume an agent paused because its model refused the credential (or had none), or
         because it reached its daily token budget: the wakes that waited start a turn at once;
         its first model call tries the credential again (a refusal pauses it again), and a
         budget still reached pauses it again when that turn ends. False if it was not paused.
-        A config reload calls this for every paused agent."""
-        return bool(await self._agent(agent).ask(Resume(), timeout=60))
+        A config reload calls this for every paused agent. Recorded as ``resume``."""
+        source = _source(source)
+        resumed = bool(await self._agent(agent).ask(Resume(), timeout=60))
+        await self._record("resume", agent, source, resumed, "" if resumed else "not paused")
+        return resumed
 
-    async def abort_turn(self, agent: str) -> bool:
-        """Cancel the agent's running turn (its servers hear ``aborted``); False if none ran."""
-        return bool(await self._agent(agent).ask(AbortTurn(), timeout=60))
+    async def unpause(self, agent: str, *, source: str = "api") -> bool:
+        """Let the agent run again whatever stopped it: :meth:`release` its held turns and
+        :meth:`resume` it from a pause (the console's Resume). False if it was neither held
+        nor paused. Recorded once, as ``resume``."""
+        source = _source(source)
+        ref = self._agent(agent)
+        released = bool(await ref.ask(HoldTurns(on=False), timeout=60))
+        resumed = bool(await ref.ask(Resume(), timeout=60))
+        done = [w for w, did in (("released its turns", released), ("resumed", resumed)) if did]
+        detail = " and ".join(done) if done else "neither held nor paused"
+        await self._record("resume", agent, source, bool(done), detail)
+        return bool(done)
 
-    async def reconnect(self, server_id: str) -> str:
+    async def abort_turn(self, agent: str, *, source: str = "api") -> bool:
+        """Cancel the agent's running turn (its servers hear ``aborted``); False if none ran.
+        Recorded as ``abort``."""
+        source = _source(source)
+        aborted = bool(await self._agent(agent).ask(AbortTurn(), timeout=60))
+        await self._record("abort", agent, source, aborted, "" if aborted else "no turn ran")
+        return aborted
+
+    async def reconnect(self, server_id: str, *, source: str = "api") -> str:
         """End the server's link in force and dial a new one now (its backoff cut short):
         ``"closing"`` when a link was ended, ``"dialling"`` when none was up. An unknown server
-        raises KeyError."""
+        raises KeyError. Recorded as ``reconnect``; the link's end is told as the operator's
+        doing, not as a failure (``disconnected`` with ``requested``, no wait)."""
+        source = _source(source)
         ref = self.ctx.connections.get(server_id)
         if ref is None:
             raise KeyError(f"no server with id {server_id!r}")
-        return str(await ref.ask(Reconnect(), timeout=60))
+        answer = str(await ref.ask(Reconnect(), timeout=60))
+        detail = "the link closed, dialling again" if answer == "closing" else "dialling now"
+        await self._record("reconnect", server_id, source, True, detail, server=True)
+        return answer
 
-    async def rollback(self, agent: str, to: str) -> dict[str, Any]:
+    async def resend_drafts(
+        self,
+        agent: str,
+        ids: Iterable[str],
+        destination: str,
+        *,
+        server_id: str | None = None,
+        source: str = "api",
+    ) -> dict[str, Any]:
+        """Post the agent's drafts ``ids``, in order, to ``destination`` (a channel id, #label
+        or @name; ``server_id`` when an id is on several servers), as its ``drafts`` tool does:
+        the tool's result (``is_error`` when one failed or the destination is unknown).
+        Recorded as ``resend``."""
+        source = _source(source)
+        args: dict[str, Any] = {"action": "resend", "ids": list(ids), "destination": destination}
+        if server_id is not None:
+            args["server_id"] = server_id
+        result = await self.execute_tool_call(agent, "drafts", args)
+        await self._record("resend", agent, source, not result.get("is_error"), _text(result))
+        return result
+
+    async def dismiss_drafts(
+        self, agent: str, ids: Iterable[str], *, source: str = "api"
+    ) -> dict[str, Any]:
+        """Forget the agent's drafts ``ids``, as its ``drafts`` tool does: the tool's result.
+        Recorded as ``dismiss``."""
+        source = _source(source)
+        wanted = list(ids)
+        args = {"action": "dismiss", "ids": wanted}
+        result = await self.execute_tool_call(agent, "drafts", args)
+        detail = f"{', '.join(wanted)}: {_text(result)}"
+        await self._record("dismiss", agent, source, not result.get("is_error"), detail)
+        return result
+
+    async def _record(
+        self,
+        action: str,
+        target: str,
+        source: str,
+        changed: bool,
+        detail: str = "",
+        *,
+        server: bool = False,
+    ) -> None:
+        """Record an operator's action in the store's audit record (waiting for its commit,
+        even when the caller is cancelled), then tell it as an ``operator-action`` event; a
+        record the store refuses is told as an ``error`` too."""
+        at = time.time()
+        detail = inline(detail, AUDIT_DETAIL_CHARS)
+        op = RecordAudit(
+            at=at, action=action, target=target, source=source, changed=changed, detail=detail
+        )
+        where = {"server_id": target} if server else {"agent": target}
+        with trio.CancelScope(shield=True):
+            try:
+                await self.ctx.store.write(op)
+            except Exception as exc:  # the store is closing or full: the action stands
+                error = f"{action} of {target} by {source} not recorded: {exc}"
+                self.ctx.trace.emit("error", data={"error": error, "where": "audit"}, **where)
+        data = {
+            "action": action,
+            "target": target,
+            "source": source,
+            "changed": changed,
+            "detail": detail,
+        }
+        self.ctx.trace.emit("operator-action", data=data, ts=at, **where)
+
+    async def rollback(self, agent: str, to: str, *, source: str = "api") -> dict[str, Any]:
         """Set aside the agent's messages after message ``to`` (they stay stored) and ask each
         server whose state the agent's tool calls checkpointed to roll back to the checkpoint
-        in force at ``to``. The report lists each server's answer."""
-        report: dict[str, Any] = await self._agent(agent).ask(Rollback(to=to), timeout=300)
+        in force at ``to``. The report lists each server's answer. Recorded as ``rollback``,
+        refused or not."""
+        source = _source(source)
+        ref = self._agent(agent)
+        try:
+            report: dict[str, Any] = await ref.ask(Rollback(to=to), timeout=300)
+        except Exception as exc:
+            await self._record("rollback", agent, source, False, f"to {to}: refused: {exc}")
+            raise
+        detail = f"to {to}: {report.get('set_aside')} later messages set aside"
+        await self._record("rollback", agent, source, True, detail)
         return report
 
     async def reload(
-        self, config: str | os.PathLike[str] | Mapping[str, Any] | HostConfig | None = None
+        self,
+        config: str | os.PathLike[str] | Mapping[str, Any] | HostConfig | None = None,
+        *,
+        source: str = "api",
     ) -> dict[str, Any]:
         """Put a new config in force where that is safe while running (agents' gates and
         system prompts, servers' capability and feature-set masks; see ``actors.reload``) and
@@ -254,13 +381,14 @@ class Host:
         host was opened with. The report (also a ``config-reloaded`` trace event) lists what
         changed, what needs a restart and who was resumed. An invalid config leaves the running
         one in force: a ``reload-refused`` trace event says why, and the ``ConfigError`` is
-        raised."""
-        source = config if config is not None else self._source
-        if source is None:
+        raised. Each agent resumed is recorded as a ``resume`` from ``source``."""
+        by = _source(source)
+        given = config if config is not None else self._source
+        if given is None:
             raise ConfigError("reload: the host was not opened from a config file; pass one")
         async with self._reloading:
             try:
-                new = await self._reader.read(_read_config, source)
+                new = await self._reader.read(_read_config, given)
             except ConfigError as exc:
                 problems = getattr(exc, "problems", None) or [str(exc)]
                 self.ctx.trace.emit("reload-refused", data={"reason": one_line(problems)})
@@ -268,11 +396,19 @@ class Host:
             plan = plan_reload(self.ctx.config, new)
             if any(k in plan.changed for k in HOST_LIVE):  # the host's day: new limits or zone
                 await host_day(self.ctx, self.ctx.day, plan.config)
-            return await apply_plan(self.ctx, plan, self._resume_after_reload)
 
-    async def _resume_after_reload(self, agent: str) -> bool:
-        """A reload resumes every agent paused after its model refused the credential."""
-        return await self.resume(agent)
+            async def resume(agent: str) -> bool:
+                return await self._resume_after_reload(agent, by)
+
+            return await apply_plan(self.ctx, plan, resume)
+
+    async def _resume_after_reload(self, agent: str, source: str) -> bool:
+        """A reload resumes every agent paused after its model refused the credential, or
+        after its daily budget was reached; recorded as a ``resume`` of the reload's source."""
+        resumed = bool(await self._agent(agent).ask(Resume(), timeout=60))
+        if resumed:
+            await self._record("resume", agent, source, True, "after a config reload")
+        return resumed
 
     def trace(self, kinds: Iterable[str] | None = None) -> TraceStream:
         """Trace events from now on (after a replay of recent ones); with ``kinds``, only
@@ -284,6 +420,20 @@ class Host:
         if ref is None:
             raise KeyError(f"no agent named {name!r}")
         return ref
+
+
+def _source(source: str) -> str:
+    """Where an operator's action came from, as one line (``api`` when empty)."""
+    if not isinstance(source, str):
+        raise TypeError(f"source must be a string, got {type(source).__name__}")
+    return inline(source, AUDIT_SOURCE_CHARS) or "api"
+
+
+def _text(result: Mapping[str, Any]) -> str:
+    """The text of a tool result, as one line."""
+    blocks = result.get("content") or ()
+    text = " ".join(str(b.get("text", "")) for b in blocks if isinstance(b, Mapping))
+    return inline(text, AUDIT_DETAIL_CHARS)
 
 
 def _read_config(config: str | os.PathLike[str] | Mapping[str, Any] | HostConfig) -> HostConfig:

@@ -230,7 +230,8 @@ async def reload_on_sighup(
 ) -> None:
     """On every SIGHUP, one at a time: read the config again with ``load`` (it returns the new
     ``HostConfig``, or raises ``ConfigError``) off the loop, and put it in force with
-    ``host.reload``; the outcome is a line of the transcript. With no config file (``load`` is
+    ``host.reload``; the outcome is a line of the transcript, and each agent it resumes is
+    recorded as a ``resume`` from ``SIGHUP``. With no config file (``load`` is
     None: the bundled example), a SIGHUP only says so."""
     reader = OffLoop("the config file")
 
@@ -250,6 +251,6 @@ async def reload_on_sighup(
                 refuse(one_line(getattr(exc, "problems", None) or [str(exc)]))
                 continue
             try:
-                await host.reload(config)
+                await host.reload(config, source="SIGHUP")
             except ConfigError:
                 pass  # the host said why in the transcript; the running config stays

@@ -10,7 +10,7 @@ from store.bodytext import body_text, text_matcher
 from store.codec import decode_body, decode_value, encode_body, encode_value
 from store.errors import CorruptRecord, StoreClosed, StoreDamaged, StoreError, StoreFull
 from store.facts import HEADER_FACT, NOTICE_FACT, NOTICE_KIND, facts_of
-from store.reader import Reader, SkippedRecord, StoredRow, UsageTotal
+from store.reader import AuditEntry, Reader, SkippedRecord, StoredRow, UsageTotal
 from store.records import (
     ROLES,
     Append,
@@ -21,6 +21,7 @@ from store.records import (
     OpResult,
     Outcome,
     PutState,
+    RecordAudit,
     RecordUsage,
     TrimJournal,
 )
@@ -43,6 +44,7 @@ __all__ = [
     "SCHEMA_VERSION",
     "Append",
     "AppendResult",
+    "AuditEntry",
     "CorruptRecord",
     "Database",
     "Done",
@@ -54,6 +56,7 @@ __all__ = [
     "Outcome",
     "PutState",
     "Reader",
+    "RecordAudit",
     "RecordUsage",
     "SkippedRecord",
     "StoreClosed",

@@ -167,6 +167,7 @@ class Reader:
         self._indexed = version >= 3
         self._items = version >= 4
         self._ledger = version >= 5
+        self._audited = version >= 6
 
     def close(self) -> None:
         with self._lock:
@@ -545,6 +546,37 @@ class Reader:
         places used together, not one per turn."""
         return _usage_totals(self, since, agent)
 
+    def audit(self, *, since: float | None = None, limit: int | None = None) -> list[AuditEntry]:
+        """The audit record of the operator's actions (:class:`store.records.RecordAudit`)
+        recorded at or after ``since`` (seconds since the epoch), oldest first; ``limit`` keeps
+        the newest N. A store from before the record has none."""
+        if limit is not None and limit < 0:
+            raise ValueError(f"limit must be >= 0, got {limit}")
+        if not self._audited:
+            return []
+        sql = (
+            "SELECT num, at, action, target, source, changed, detail FROM audit"
+            " WHERE at >= ? ORDER BY num DESC"
+        )
+        params: list[Any] = [-math.inf if since is None else since]
+        if limit is not None:
+            sql += " LIMIT ?"
+            params.append(limit)
+        rows = self._query(sql, params)
+        rows.reverse()
+        return [
+            AuditEntry(
+                num=int(num),
+                at=float(at),
+                action=str(action),
+                target=str(target),
+                source=str(source),
+                changed=bool(changed),
+                detail=str(detail),
+            )
+            for num, at, action, target, source, changed, detail in rows
+        ]
+
     def seq_of(self, message_id: str, agent: str | None = None) -> int | None:
         """The seq of the stored message ``message_id`` (of ``agent``, when given); None when
         there is none. One lookup on the id's unique index; the body is not read."""
@@ -552,6 +584,23 @@ class Reader:
         if not rows or (agent is not None and rows[0][1] != agent):
             return None
         return int(rows[0][0])
+
+
+@attrs.frozen(kw_only=True)
+class AuditEntry:
+    """One row of the audit record: ``num`` orders it (never reused), the rest as
+    :class:`store.records.RecordAudit` wrote it."""
+
+    num: int
+    at: float
+    action: str
+    target: str
+    source: str
+    changed: bool
+    detail: str
+
+    def as_json(self) -> dict[str, Any]:
+        return attrs.asdict(self)
 
 
 @attrs.frozen(kw_only=True)

@@ -1,9 +1,10 @@
 """Immutable records and write operations handled by the store.
 
 A write is one *op*: :class:`Append` (messages and journal entries, optionally guarded by a dedupe
-key), :class:`PutState` (small key-value state for host actors), :class:`TrimJournal` or
-:class:`RecordUsage` (a row of the usage ledger). Each op is applied atomically and yields one
-result: :class:`AppendResult` for an append, ``None`` for a state write, a trim or a usage row,
+key), :class:`PutState` (small key-value state for host actors), :class:`TrimJournal`,
+:class:`RecordUsage` (a row of the usage ledger) or :class:`RecordAudit` (a row of the audit
+record of the operator's actions). Each op is applied atomically and yields one result:
+:class:`AppendResult` for an append, ``None`` for a state write, a trim, a usage or an audit row,
 or a :class:`~store.errors.StoreError` instance when that op alone failed.
 
 The journal
@@ -310,10 +311,38 @@ USAGE_COLUMNS = (
     "cache_write_tokens",
 )
 
+#: The newest rows of the audit record kept: writing one more removes the oldest past this many
+#: (in the same transaction). Operators act at a human pace; this is years of actions.
+AUDIT_KEEP = 100_000
+
+
+@attrs.frozen(kw_only=True)
+class RecordAudit:
+    """One row of the audit record: an operator's ``action`` (``pause``, ``resume``,
+    ``reconnect``, ``resend``, ``dismiss``, …) on ``target`` (an agent's name, a server's id) at
+    ``at`` (seconds since the epoch), where it came from (``source``: ``console 127.0.0.1``,
+    ``SIGHUP``, ``cli``, ``api``), whether it ``changed`` anything, and its outcome in a few
+    words (``detail``). At most :data:`AUDIT_KEEP` rows are kept, the oldest go first."""
+
+    at: float = attrs.field(validator=_finite_number)
+    action: str = attrs.field(validator=_non_empty_str)
+    target: str = attrs.field(validator=_non_empty_str)
+    source: str = attrs.field(validator=_non_empty_str)
+    changed: bool = attrs.field(validator=attrs.validators.instance_of(bool))
+    detail: str = attrs.field(default="", validator=attrs.validators.instance_of(str))
+
+    def row(self) -> tuple[Any, ...]:
+        """The values of an ``audit`` row, in :data:`AUDIT_COLUMNS` order."""
+        return tuple(getattr(self, name) for name in AUDIT_COLUMNS)
+
+
+#: The columns of the ``audit`` table a :class:`RecordAudit` fills (see :mod:`store.schema`).
+AUDIT_COLUMNS = ("at", "action", "target", "source", "changed", "detail")
+
 _APPEND_FIELDS = ("records", "dedupe", "journal")
 
 #: A write operation.
-Op: TypeAlias = Append | PutState | TrimJournal | RecordUsage
+Op: TypeAlias = Append | PutState | TrimJournal | RecordUsage | RecordAudit
 #: What a successful op yields.
 OpResult: TypeAlias = AppendResult | None
 #: What an op yields in a batch: its result, or the error that failed it alone.

@@ -4,7 +4,8 @@ Versions: 1 had ``meta``, ``messages``, ``dedupe`` and ``state``; 2 adds ``journ
 :mod:`store.records`); 3 adds ``agent_facts`` (see :mod:`store.facts`), filled from the messages
 already stored; 4 stores each body once (see :mod:`store.items`) and indexes its text for search
 (see :mod:`store.textindex`); 5 adds ``usage``, the usage ledger (one row per turn that called a
-model, see :class:`store.records.RecordUsage`).
+model, see :class:`store.records.RecordUsage`); 6 adds ``audit``, the record of the operator's
+actions (one row per pause, resume, reconnect, …, see :class:`store.records.RecordAudit`).
 
 Version 4 keeps messages in three tables:
 
@@ -34,7 +35,7 @@ from store.facts import FACTS_SCHEMA, backfill
 from store.textindex import TEXT_INDEX_SCHEMA
 
 #: Version of the schema below, kept in the ``meta`` table.
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 
 _BASE_SCHEMA = (
     "CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
@@ -97,6 +98,16 @@ USAGE_SCHEMA = (
     " cache_read_tokens INTEGER NOT NULL, cache_write_tokens INTEGER NOT NULL)",
     "CREATE INDEX IF NOT EXISTS usage_at ON usage (at)",
 )
+#: Version 5 to 6: the audit record of the operator's actions, one row per action (times in
+#: seconds since the epoch). AUTOINCREMENT: a num is never reused, even after the oldest rows go
+#: (see :data:`store.records.AUDIT_KEEP`).
+AUDIT_SCHEMA = (
+    "CREATE TABLE IF NOT EXISTS audit ("
+    " num INTEGER PRIMARY KEY AUTOINCREMENT, at REAL NOT NULL, action TEXT NOT NULL,"
+    " target TEXT NOT NULL, source TEXT NOT NULL, changed INTEGER NOT NULL,"
+    " detail TEXT NOT NULL)",
+    "CREATE INDEX IF NOT EXISTS audit_at ON audit (at)",
+)
 #: Every statement of a new store.
 SCHEMA = (
     *_BASE_SCHEMA,
@@ -105,6 +116,7 @@ SCHEMA = (
     *_ITEM_TABLES,
     *_ITEM_VIEWS,
     *USAGE_SCHEMA,
+    *AUDIT_SCHEMA,
 )
 
 
@@ -121,6 +133,12 @@ def _bodies_once(conn: sqlite3.Connection) -> None:
         conn.execute(statement)
 
 
+def _audit_table(conn: sqlite3.Connection) -> None:
+    """Version 5 to 6: the audit table, empty (nothing before it was recorded)."""
+    for statement in AUDIT_SCHEMA:
+        conn.execute(statement)
+
+
 #: The steps that bring a store of version ``v`` to ``v + 1``: statements, or functions given the
 #: connection (inside the upgrade's transaction).
 UPGRADES: dict[int, tuple[str | Callable[[sqlite3.Connection], None], ...]] = {
@@ -128,6 +146,7 @@ UPGRADES: dict[int, tuple[str | Callable[[sqlite3.Connection], None], ...]] = {
     2: (backfill,),
     3: (_bodies_once,),
     4: USAGE_SCHEMA,
+    5: (_audit_table,),
 }
 
 

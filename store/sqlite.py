@@ -27,6 +27,8 @@ from store.errors import StoreClosed, StoreDamaged, StoreError
 from store.facts import FactWriter
 from store.items import ROWS_PER_STATEMENT, ItemWriter, insert_rows
 from store.records import (
+    AUDIT_COLUMNS,
+    AUDIT_KEEP,
     USAGE_COLUMNS,
     Append,
     AppendResult,
@@ -36,6 +38,7 @@ from store.records import (
     OpResult,
     Outcome,
     PutState,
+    RecordAudit,
     RecordUsage,
     TrimJournal,
 )
@@ -325,6 +328,10 @@ def _apply_bulk(
             _record_usage(conn, op)
             outcomes.append(None)
             continue
+        if isinstance(op, RecordAudit):
+            _record_audit(conn, op)
+            outcomes.append(None)
+            continue
         if isinstance(op, TrimJournal):
             # The entries of earlier ops in the batch must exist before they can be trimmed.
             insert_rows(conn, _JOURNAL_TARGET, 2, entries)
@@ -392,6 +399,9 @@ def _apply_op(conn: sqlite3.Connection, op: Op, item_writer: ItemWriter) -> OpRe
     if isinstance(op, RecordUsage):
         _record_usage(conn, op)
         return None
+    if isinstance(op, RecordAudit):
+        _record_audit(conn, op)
+        return None
     raise StoreError(f"not a store op: {op!r}")
 
 
@@ -448,3 +458,15 @@ _USAGE_INSERT = (
 
 def _record_usage(conn: sqlite3.Connection, op: RecordUsage) -> None:
     conn.execute(_USAGE_INSERT, op.row())
+
+
+_AUDIT_INSERT = (
+    f"INSERT INTO audit ({', '.join(AUDIT_COLUMNS)}) VALUES ({', '.join('?' * len(AUDIT_COLUMNS))})"
+)
+
+
+def _record_audit(conn: sqlite3.Connection, op: RecordAudit) -> None:
+    """One row more; the oldest past ``AUDIT_KEEP`` go (nums are never reused, so the newest
+    ``AUDIT_KEEP`` are those within that many of the one just written)."""
+    num = conn.execute(_AUDIT_INSERT, op.row()).lastrowid
+    conn.execute("DELETE FROM audit WHERE num <= ?", (int(num or 0) - AUDIT_KEEP,))

@@ -34,7 +34,7 @@ import attrs
 
 from store.errors import StoreClosed, StoreError, StoreFull
 from store.items import WrittenRow
-from store.records import Append, Op, Outcome, PutState, RecordUsage, TrimJournal
+from store.records import Append, Op, Outcome, PutState, RecordAudit, RecordUsage, TrimJournal
 from store.sqlite import Database
 from store.writer_process import DatabaseProcess
 
@@ -132,7 +132,7 @@ class WriterRules:
         ends any wait; a first op starts one). Raises :class:`TypeError` for what is no store
         op, :class:`StoreClosed` once closing and :class:`StoreFull` past the cap."""
         for op, _ in items:
-            if not isinstance(op, Append | PutState | TrimJournal | RecordUsage):
+            if not isinstance(op, Append | PutState | TrimJournal | RecordUsage | RecordAudit):
                 raise TypeError(f"not a store op: {op!r}")
         if self._closing:
             raise StoreClosed("writer is closed")

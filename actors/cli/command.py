@@ -30,6 +30,7 @@ from actors.web.auth import console_token
 from actors.web.run import WebOptions, console_note, web_options
 from protocol.addresses import WebAddressError, is_loopback, parse_web_address
 
+from .audit import add_parser as add_audit_parser
 from .check import cmd_check
 from .errors import (
     EXIT_FAILED,
@@ -500,6 +501,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     hist.set_defaults(fn=cmd_history)
     add_usage_parser(sub)
+    add_audit_parser(sub)
     back = sub.add_parser(
         "rollback",
         help="set aside an agent's messages after one message and roll servers' state back",

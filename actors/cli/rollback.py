@@ -28,7 +28,7 @@ async def roll_back(cfg: HostConfig, agent: str, to: str) -> int:
                     if not pending:
                         break
         try:
-            report = await host.rollback(agent, to)
+            report = await host.rollback(agent, to, source="cli")
         except Exception as exc:
             print(f"mcplive: rollback refused: {exc}", file=sys.stderr)
             return 1

@@ -38,7 +38,9 @@ it died in, the server's last stderr lines, the retry's number and delay) and re
 exponential backoff with jitter (5 s base, 5 min cap), with a fresh handshake. A link that was
 never ready, or ready for less than ``HEALTHY_AFTER_S``, counts as a failed attempt: the next
 wait doubles, up to the cap; only a link ready that long starts again from the first retry
-(``protocol.backoff``). Nothing that happens on a link escapes into the host.
+(``protocol.backoff``). A link the operator closed (``Host.reconnect``) is no failed attempt:
+its ``disconnected`` has ``requested``, no stderr lines and no wait, and the new link is
+dialled at once. Nothing that happens on a link escapes into the host.
 """
 
 from __future__ import annotations
@@ -400,16 +402,24 @@ class ConnectionActor(Actor):
             self.life.flush_ignored()
             self.ctx.hot_in_flight.pop(self.sid, None)  # what was in hand went with the link
             self.ctx.last_read.pop(self.sid, None)
-            self.last_error = reason
             self.vitals.ended(reason, ready_for)
+            requested = self.switch.ended_by_request()
+            if requested:  # the operator's doing: no error, no failed attempt, no stderr dump
+                report["stderr_tail"] = []
+            else:
+                self.last_error = reason
+                attempt = next_attempt(attempt, ready_for, HEALTHY_AFTER_S)
             self.publish_status()
-            attempt = next_attempt(attempt, ready_for, HEALTHY_AFTER_S)
-            delay = backoff_delay(attempt, BACKOFF_BASE_S, BACKOFF_CAP_S, self.ctx.rng)
+            if self.switch.pending:  # a reconnect was asked for: no wait at all
+                delay = 0.0
+            else:
+                delay = backoff_delay(max(attempt, 1), BACKOFF_BASE_S, BACKOFF_CAP_S, self.ctx.rng)
             self.trace(
                 "disconnected",
                 reason=reason,
                 retry_in_s=round(delay, 1),
                 attempt=attempt,
+                requested=requested,
                 **report,
             )
             await self.switch.wait(delay)

@@ -58,6 +58,19 @@ LEVELS: dict[str, int] = {
     "wakes-deferred": WARNING,
 }
 
+#: How an ``operator-action`` line says each action (``abort`` an agent's turn: "aborted the turn
+#: of Ada").
+ACTED = {
+    "pause": "paused",
+    "release": "released",
+    "resume": "resumed",
+    "reconnect": "reconnected",
+    "resend": "resent drafts of",
+    "dismiss": "dismissed drafts of",
+    "abort": "aborted the turn of",
+    "rollback": "rolled back",
+}
+
 #: Why an item did not wake its agent (``wake-withheld``), and why a deferral ended.
 WITHHELD = {"own": "its own post", "repeat": "a repeat of its post", "loop": "deferred"}
 RESUMED = {
@@ -83,6 +96,8 @@ def level_of(e: TraceEvent) -> int:
     """The event's level: its kind's, or for a ``collapsed`` summary the level it stands for."""
     if e.kind == "collapsed":
         return LEVEL_NAMES.get(str(e.data.get("level")), WARNING)
+    if e.kind == "disconnected" and e.data.get("requested"):
+        return INFO  # the operator asked for it: no failure
     return LEVELS.get(e.kind, INFO)
 
 
@@ -185,6 +200,15 @@ def format_event(e: TraceEvent) -> str | None:
         return f"· {e.agent}: rolled back to {d.get('to')}"
     if k == "error":
         return f"! {e.agent or e.server_id}: {d.get('error')}"
+    if k == "operator-action":
+        verb = ACTED.get(str(d.get("action")), d.get("action"))
+        detail = f": {d['detail']}" if d.get("detail") else ""
+        same = "" if d.get("changed") else " (nothing changed)"
+        return f"· operator ({d.get('source')}): {verb} {d.get('target')}{detail}{same}"
+    if k == "disconnected" and d.get("requested"):  # no failure, and no stderr lines
+        retry = d.get("retry_in_s")
+        when = f"in {_seconds(retry)}s" if retry else "now"
+        return f"· {e.server_id} link closed as the operator asked; reconnecting {when}"
     if k == "disconnected":
         retry, attempt = d.get("retry_in_s"), d.get("attempt")
         line = f"! {e.server_id} disconnected ({d.get('reason')}); reconnecting in {retry}s"

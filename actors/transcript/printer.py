@@ -59,6 +59,7 @@ NEVER_COLLAPSED = frozenset(
         "budget-warning",
         "budget-unpriced",
         "config-reloaded",
+        "operator-action",
         "rolled-back",
         "asleep",
         "awake",

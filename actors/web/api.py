@@ -301,21 +301,19 @@ class ConsoleApi:
         return {"posted": True}
 
     async def pause(self, request: Request) -> dict[str, Any]:
-        return {"changed": await self.host.hold(self._agent(request))}
+        return {"changed": await self.host.hold(self._agent(request), source=_source(request))}
 
     async def resume(self, request: Request) -> dict[str, Any]:
         """Let a held agent run again, and resume one its model's refusal or its daily budget
         paused."""
-        agent = self._agent(request)
-        released = await self.host.release(agent)
-        resumed = await self.host.resume(agent)
-        return {"changed": released or resumed}
+        changed = await self.host.unpause(self._agent(request), source=_source(request))
+        return {"changed": changed}
 
     async def reconnect(self, request: Request) -> dict[str, Any]:
         server = request.path_params["server"]
         if self.host.config.server(server) is None:
             raise KeyError(f"no server with id {server!r}")
-        return {"reconnect": await self.host.reconnect(server)}
+        return {"reconnect": await self.host.reconnect(server, source=_source(request))}
 
     async def draft(self, request: Request) -> dict[str, Any]:
         agent = self._agent(request)
@@ -325,7 +323,7 @@ class ConsoleApi:
         known = {d.get("id"): d for d in self._drafts(agent)}
         if draft not in known:
             raise KeyError(f"{agent} has no draft {draft!r}")
-        args: dict[str, Any] = {"action": action, "ids": [draft]}
+        source = _source(request)
         if action == "resend":
             body = await _body(request)
             place = known[draft].get("place") or {}
@@ -333,11 +331,12 @@ class ConsoleApi:
             destination = given or place.get("channel_id")
             if not isinstance(destination, str) or not destination:
                 raise BadRequest("destination: the draft has no place; choose a channel for it")
-            args["destination"] = destination
             server_id = body.get("server_id") if given else place.get("server_id")
-            if server_id is not None:
-                args["server_id"] = server_id
-        result = await self.host.execute_tool_call(agent, "drafts", args)
+            result = await self.host.resend_drafts(
+                agent, [draft], destination, server_id=server_id, source=source
+            )
+        else:
+            result = await self.host.dismiss_drafts(agent, [draft], source=source)
         text = " ".join(b.get("text", "") for b in result.get("content", ()) if isinstance(b, dict))
         return {"ok": not result.get("is_error"), "result": text}
 
@@ -346,6 +345,13 @@ class ConsoleApi:
         if all(a.name != name for a in self.host.config.agents):
             raise KeyError(f"no agent named {name!r}")
         return name
+
+
+def _source(request: Request) -> str:
+    """Where a console action came from, for the audit record: ``console`` and the client's
+    address."""
+    client = request.client
+    return f"console {client.host}" if client is not None and client.host else "console"
 
 
 def _message(m: Mapping[str, Any], at: float) -> dict[str, Any]:

@@ -93,6 +93,40 @@ def test_levels_follow_the_table_and_default_to_info() -> None:
     assert level_of(TraceEvent(kind="error")) == ERROR
 
 
+def test_an_operators_action_is_one_info_line_never_collapsed() -> None:
+    def acted(n: int, **data: Any) -> TraceEvent:
+        fields = {"action": "pause", "target": "Ada", "source": "console 127.0.0.1"}
+        return TraceEvent(
+            kind="operator-action", agent="Ada", data={**fields, "changed": True, **data}
+        )
+
+    events = [acted(n) for n in range(20)]
+    events.append(acted(0, action="reconnect", target="lobby", detail="dialling now"))
+    events.append(acted(0, action="resume", source="SIGHUP", changed=False, detail="not paused"))
+    lines = [line.split(" ", 2)[2] for line in printed(events)]
+    assert lines[:20] == ["· operator (console 127.0.0.1): paused Ada"] * 20
+    assert lines[20:] == [
+        "· operator (console 127.0.0.1): reconnected lobby: dialling now",
+        "· operator (SIGHUP): resumed Ada: not paused (nothing changed)",
+    ]
+    assert {level_of(e) for e in events} == {INFO}
+
+
+def test_a_reconnect_the_operator_asked_for_is_no_failure() -> None:
+    data = {"reason": "the operator asked for a reconnect", "attempt": 1, "stderr_tail": []}
+    asked = TraceEvent(
+        kind="disconnected", server_id="lobby", data={**data, "retry_in_s": 0.0, "requested": True}
+    )
+    assert level_of(asked) == INFO
+    assert format_event(asked) == "· lobby link closed as the operator asked; reconnecting now"
+    crash = {**data, "reason": "exit 3", "retry_in_s": 2.7, "stderr_tail": ["boom"]}
+    crashed = TraceEvent(kind="disconnected", server_id="lobby", data=crash)
+    assert level_of(crashed) == WARNING
+    assert format_event(crashed) == (
+        "! lobby disconnected (exit 3); reconnecting in 2.7s (attempt 1)\n    | boom"
+    )
+
+
 # -- JSON -------------------------------------------------------------------------------------
 
 

@@ -192,7 +192,7 @@ async def test_a_header_item_stored_before_the_upgrade_from_version_2_still_brin
     install(monkeypatch, model)
     with trio.fail_after(120):
         async with Host.open(host_config(tmp_path)) as host:
-            assert schema_version(path) == "5"
+            assert schema_version(path) == "6"
             stream = host.trace()
             await turn(host, stream, "good morning")
             assert len(notices(host)) == 1

@@ -209,7 +209,7 @@ def test_a_version_2_store_is_upgraded_with_the_facts_of_what_it_held(
 ) -> None:
     write_v2_store(path, _v2_history(), raw=[_DAMAGED])
     opener(path).close()
-    assert schema_version(path) == str(SCHEMA_VERSION) == "5"  # through 3, 4, then 5
+    assert schema_version(path) == str(SCHEMA_VERSION) == "6"  # through 3, 4, 5, then 6
     with Reader(path) as reader:
         assert reader.agent_facts("ada") == {HEADER_FACT}
         assert reader.agent_facts("bo") == {NOTICE_FACT}

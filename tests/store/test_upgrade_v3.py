@@ -95,7 +95,7 @@ def test_a_version_3_store_upgrades_and_reads_as_it_did(path: Path, opener: Any)
     every = read_v3_history(path)
     assert sum(map(len, before.values())) == len(every) == 40 * 4 + 1 + 6
     opener(path).close()
-    assert schema_version(path) == str(SCHEMA_VERSION) == "5"
+    assert schema_version(path) == str(SCHEMA_VERSION) == "6"
     with Reader(path) as reader:
         for agent in AGENTS:
             assert reader.history(agent) == before[agent]
@@ -119,7 +119,7 @@ def test_a_version_3_store_upgrades_and_reads_as_it_did(path: Path, opener: Any)
     assert items == 40 + 8 + 6 + 1 + 1
     schema = _schema(path)
     Database(path).close()  # a second open is a no-op
-    assert _schema(path) == schema and schema_version(path) == "5"
+    assert _schema(path) == schema and schema_version(path) == "6"
     with Database(path) as db:  # and the writer numbers on past every seq given before
         db.apply([item_copies(99, ["ada", "eve"])])
     with Reader(path) as reader:
