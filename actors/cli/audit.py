@@ -11,17 +11,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from actors.config import ConfigError, ConfigErrors, read_config_source
+from actors.config import ConfigErrors, read_config_source
 from actors.transcript.printer import local_stamp, utc_stamp
 from protocol.display import printable
-from store import AuditEntry, Reader, StoreError, db_path
+from store import AuditEntry
 
-from .usage import UsageError, parse_day
+from .usage import parse_day, read_store, said_in_one_line
 
 #: The newest actions printed unless ``--limit`` says otherwise.
 DEFAULT_LIMIT = 100
@@ -56,26 +55,12 @@ def json_of(entry: AuditEntry) -> dict[str, Any]:
 
 
 def cmd_audit(args: argparse.Namespace) -> int:
-    try:
-        since = None if args.since is None else parse_day(args.since)
-        data_dir = _data_dir(args)
-    except UsageError as exc:
-        print(f"mcplive: {exc}", file=sys.stderr)
-        return 2
-    except ConfigError as exc:
-        problems = exc.problems if isinstance(exc, ConfigErrors) else [str(exc)]
-        print(f"mcplive: {'; '.join(problems)}", file=sys.stderr)
-        return 2
-    path = db_path(data_dir)
-    if not path.is_file():
-        print(f"mcplive: no store at {path}; give a CONFIG or --data-dir", file=sys.stderr)
-        return 2
-    try:
-        with Reader(path, read_only=True) as reader:
-            entries = reader.audit(since=since, limit=args.limit)
-    except StoreError as exc:
-        print(f"mcplive: {exc}", file=sys.stderr)
-        return 2
+    return said_in_one_line(lambda: _audit(args))
+
+
+def _audit(args: argparse.Namespace) -> int:
+    since = None if args.since is None else parse_day(args.since)
+    entries = read_store(_data_dir(args), lambda r: r.audit(since=since, limit=args.limit))
     for entry in entries:
         print(json.dumps(json_of(entry)) if args.json else line_of(entry))
     if not entries and not args.json:

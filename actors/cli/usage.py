@@ -14,15 +14,17 @@ import argparse
 import datetime as dt
 import json
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from decimal import Decimal
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, TextIO, TypeVar
 
 from actors.config import ConfigError, ConfigErrors, prices_of, read_config_source
 from actors.models.usage import GROUPINGS, TOKENS, Row, rows_of
 from protocol.prices import Price, prices
 from store import Reader, StoreError, db_path
+
+T = TypeVar("T")
 
 
 class UsageError(Exception):
@@ -58,27 +60,40 @@ def _where_and_prices(args: argparse.Namespace) -> tuple[Path, dict[str, Price]]
     return (base / str(value)).resolve(), prices(overrides)
 
 
-def cmd_usage(args: argparse.Namespace) -> int:
+def read_store(data_dir: Path, read: Callable[[Reader], T]) -> T:
+    """``read`` over a read-only connection to the store in ``data_dir`` (it works beside a
+    running host and changes nothing); a missing or unreadable store is a ``UsageError``."""
+    path = db_path(data_dir)
+    if not path.is_file():
+        raise UsageError(f"no store at {path}; give a CONFIG or --data-dir")
     try:
-        since = None if args.since is None else parse_day(args.since)
-        data_dir, table = _where_and_prices(args)
+        with Reader(path, read_only=True) as reader:
+            return read(reader)
+    except StoreError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def said_in_one_line(command: Callable[[], int]) -> int:
+    """Run a reading command: a problem with its arguments, its config or the store is one line
+    on standard error and exit status 2."""
+    try:
+        return command()
     except UsageError as exc:
         print(f"mcplive: {exc}", file=sys.stderr)
-        return 2
     except ConfigError as exc:
         problems = exc.problems if isinstance(exc, ConfigErrors) else [str(exc)]
         print(f"mcplive: {'; '.join(problems)}", file=sys.stderr)
-        return 2
-    path = db_path(data_dir)
-    if not path.is_file():
-        print(f"mcplive: no store at {path}; give a CONFIG or --data-dir", file=sys.stderr)
-        return 2
-    try:
-        with Reader(path, read_only=True) as reader:
-            totals = reader.usage(since=since, agent=args.agent)
-    except StoreError as exc:
-        print(f"mcplive: {exc}", file=sys.stderr)
-        return 2
+    return 2
+
+
+def cmd_usage(args: argparse.Namespace) -> int:
+    return said_in_one_line(lambda: _usage(args))
+
+
+def _usage(args: argparse.Namespace) -> int:
+    since = None if args.since is None else parse_day(args.since)
+    data_dir, table = _where_and_prices(args)
+    totals = read_store(data_dir, lambda reader: reader.usage(since=since, agent=args.agent))
     rows = rows_of(totals, args.by, table)
     if args.json:
         for row in rows:
