@@ -245,3 +245,20 @@ def test_row_bytes_tell_types_apart() -> None:
     encoded = [mig.row_bytes([v]) for v in values]
     assert len(set(encoded)) == len(values) - 1  # True is the whole number 1
     assert mig.row_bytes(["a", "bc"]) != mig.row_bytes(["ab", "c"])
+
+
+def test_the_target_may_come_from_a_variable(
+    tmp_path: Path, pg_dsn: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rich_store(tmp_path / "data")
+    args = ("--from", str(tmp_path / "data"), "--to-env", "TARGET_DSN")
+    status, out, err = run_migrate(capsys, *args)
+    assert (status, out, err) == (
+        2,
+        "",
+        "mcplive: migrate: --to-env TARGET_DSN: that variable is not set\n",
+    )
+    monkeypatch.setenv("TARGET_DSN", pg_dsn)
+    status, out, err = run_migrate(capsys, *args)
+    assert status == 0, err
+    assert "every table matches" in out
