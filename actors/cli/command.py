@@ -41,6 +41,7 @@ from .errors import (
 )
 from .history import cmd_history
 from .logs import redact_logs, setup_logging
+from .migrate import add_parser as add_migrate_parser
 from .status import add_parser as add_status_parser
 from .systemd import notify
 from .usage import add_parser as add_usage_parser
@@ -511,6 +512,7 @@ def build_parser() -> argparse.ArgumentParser:
     back.add_argument("--config", help="the host's config (default: the bundled example)")
     back.add_argument("--data-dir", help=DATA_DIR_HELP)
     back.set_defaults(fn=cmd_rollback)
+    add_migrate_parser(sub)
     return p
 
 
