@@ -375,6 +375,11 @@ def test_the_usage_page_draws_the_ledger_and_the_model_s_view_opens(tmp_path: Pa
         assert page.locator("#request-body *").count() == 0  # text, never markup
         view.get_by_role("button", name="Close").click()
         view.wait_for(state="hidden")
+        page.click("nav button[data-page=transcript]")  # a turn's usage line opens it too
+        page.locator("#transcript li[data-kind=turn-usage][data-agent=Grace]").first.click()
+        view.wait_for(state="visible")
+        page.locator("#request-title").get_by_text("What Grace's model saw").wait_for()
+        view.get_by_role("button", name="Close").click()
         shots = os.environ.get("MCPLIVE_SCREENSHOTS")
         if shots:  # the docs' pictures of each page
             for name in ("transcript", "agents", "servers", "channels", "history", "usage"):
