@@ -145,6 +145,8 @@ class HostConfig:
     budget_daily_tokens: int | None = None
     #: the most all agents' model calls may cost a day, in US dollars; None: no such budget
     budget_daily_usd: float | None = None
+    #: this host's id in a fleet (``[host] host_id``); None: the one kept in the data dir
+    host_id: str | None = None
 
     @property
     def tz(self) -> tzinfo:
@@ -223,6 +225,7 @@ _HOST_KEYS = (
     "timezone",
     "budget_daily_tokens",
     "budget_daily_usd",
+    "host_id",
 )
 _TOP_KEYS = ("host", "servers", "agents", "prices")
 
@@ -259,6 +262,10 @@ def load_config(
         "host.budget_daily_tokens", host.get("budget_daily_tokens"), None, problems, integer=True
     )
     host_usd = _number("host.budget_daily_usd", host.get("budget_daily_usd"), None, problems)
+    host_id = host.get("host_id")
+    if host_id is not None and not (isinstance(host_id, str) and _ID.fullmatch(host_id)):
+        problems.append("host.host_id: letters, digits, '_', '.', '-', at most 64 characters")
+        host_id = None
     web_problem = address_problem(host.get("web"), host.get("web_token_env"))
     if web_problem is not None:
         problems.append(web_problem)
@@ -321,6 +328,7 @@ def load_config(
         timezone=timezone,
         budget_daily_tokens=host_tokens,
         budget_daily_usd=host_usd,
+        host_id=host_id,
     )
     if problems:
         raise ConfigErrors(problems, partial=cfg)

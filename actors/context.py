@@ -36,6 +36,7 @@ class ChannelLimit(Exception):
 class HostContext:
     def __init__(self, config: HostConfig, store: StoreClient, trace: TraceBus, work: Work) -> None:
         self.config = config
+        self.host_id = config.host_id or ""  # the host's id (``Host.open`` sets the kept one)
         self.store = store
         self.trace = trace
         self.work = work

@@ -11,11 +11,39 @@ from __future__ import annotations
 
 import fcntl
 import os
+import re
+import secrets
+import socket
 from pathlib import Path
 
 from .errors import DataDirBusy
 
 LOCK_NAME = "mcplive.lock"
+#: The file keeping a generated host id, so a host keeps its id across restarts.
+HOST_ID_NAME = "host_id"
+#: What a host id may be: letters, digits, ``_``, ``.``, ``-``; at most 64 characters.
+HOST_ID = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+
+
+def host_id_of(data_dir: Path, configured: str | None) -> str:
+    """The host's id: ``configured`` (``[host] host_id``), else the one kept in the data dir,
+    else a new one (the machine's name and six hex digits) written there for the next start.
+    Blocking: call it from a worker thread."""
+    if configured:
+        return configured
+    path = data_dir / HOST_ID_NAME
+    try:
+        kept = path.read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError):
+        kept = ""
+    if HOST_ID.fullmatch(kept):
+        return kept
+    machine = re.sub(r"[^A-Za-z0-9_.-]", "-", socket.gethostname())[:40] or "host"
+    made = f"{machine}-{secrets.token_hex(3)}"
+    temporary = path.with_name(f".{HOST_ID_NAME}.{secrets.token_hex(4)}")
+    temporary.write_text(made + "\n", encoding="utf-8")
+    os.replace(temporary, path)
+    return made
 
 
 class DataDirLock:

@@ -48,7 +48,7 @@ from store import RecordAudit
 
 from .config import HostConfig, load_config, with_gate_policies
 from .context import HostContext
-from .datadir import DataDirLock
+from .datadir import DataDirLock, host_id_of
 from .errors import ConfigError
 from .interpreter import short_switch_interval
 from .kernel import Work
@@ -102,6 +102,8 @@ class Host:
         lock = DataDirLock(cfg.data_dir)
         lock.acquire()  # one running host per data_dir; DataDirBusy names the holder
         try:
+            host_id = await trio.to_thread.run_sync(host_id_of, cfg.data_dir, cfg.host_id)
+            cfg = attrs.evolve(cfg, host_id=host_id)
             with short_switch_interval():
                 async with cls._opened(cfg, models, status_file) as host:
                     if isinstance(config, str | os.PathLike):
@@ -141,6 +143,7 @@ class Host:
                 trace.emit(
                     "host-started",
                     data={
+                        "host_id": ctx.host_id,
                         "servers": [s.id for s in cfg.servers],
                         "agents": [a.name for a in cfg.agents],
                         "data_dir": str(cfg.data_dir),

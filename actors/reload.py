@@ -82,6 +82,9 @@ def plan_reload(old: HostConfig, new: HostConfig) -> ReloadPlan:
     for key in ("data_dir", "inference_model", "web", "web_token_env"):
         if getattr(old, key) != getattr(new, key):
             restart.append(key)
+    # a config that names no host_id keeps the running one (the data dir's)
+    if new.host_id is not None and new.host_id != old.host_id:
+        restart.append("host_id")
     new_servers = {s.id: s for s in new.servers}
     old_ids = {s.id for s in old.servers}
     restart += [f"server {s.id} added" for s in new.servers if s.id not in old_ids]

@@ -179,6 +179,7 @@ def snapshot(
         "format": fmt.FORMAT,
         "mcplive": installed_version() or "0",
         "pid": pid,
+        "host_id": config.host_id,
         "started_at": fmt.iso(started_at),
         "interval_s": WRITE_EVERY_S,
         "running": running,

@@ -106,7 +106,9 @@ def summary(
     up = fmt.describe_age(now - started) if started is not None else "?"
     age = fmt.describe_age(now - written) if written is not None else "?"
     lines = [
-        f"mcplive {doc.get('mcplive')} running on {data_dir}: pid {doc.get('pid')}, up {up} "
+        f"mcplive {doc.get('mcplive')} running on {data_dir}"
+        + (f" as host {doc['host_id']}" if doc.get("host_id") else "")
+        + f": pid {doc.get('pid')}, up {up} "
         f"(status written {age} ago)",
         "servers:",
     ]

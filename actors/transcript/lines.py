@@ -125,7 +125,10 @@ def format_event(e: TraceEvent) -> str | None:
     if k == "host-started":
         servers = ", ".join(d.get("servers", []))
         agents = ", ".join(d.get("agents", []))
-        return f"· host started: servers {servers}; agents {agents}; data in {d.get('data_dir')}"
+        host = f" (host {d['host_id']})" if d.get("host_id") else ""
+        return (
+            f"· host started{host}: servers {servers}; agents {agents}; data in {d.get('data_dir')}"
+        )
     if k == "ready":
         mode = "MCP-only (tools only)" if d.get("mcp_only") else "MCPL"
         tools = ", ".join(t for t in d.get("tools", []) if t) or "no tools"

@@ -134,6 +134,7 @@ class ConsoleApi:
         cfg = self.host.config
         return {
             **self.info,
+            "host_id": self.host.ctx.host_id,
             "agents": [a.name for a in cfg.agents],
             "servers": [s.id for s in cfg.servers],
         }

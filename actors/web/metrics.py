@@ -71,7 +71,9 @@ def exposition(registry: CollectorRegistry) -> bytes:
 
 def _host(snap: Mapping[str, Any]) -> Iterator[Metric]:
     loop = snap.get("loop") or {}
-    yield GaugeMetricFamily("mcplive_up", "Whether the host runs.", value=1)
+    up = GaugeMetricFamily("mcplive_up", "Whether the host runs, by its id.", labels=["host_id"])
+    up.add_metric([str(snap.get("host_id") or "")], 1)
+    yield up
     yield GaugeMetricFamily(
         "mcplive_loop_longest_step_seconds",
         "The longest time one task step held the host's loop.",

@@ -91,7 +91,7 @@ def test_every_family_and_the_commit_histogram() -> None:
     host, snap = fake_host('a"b\\c\nd', "Ada", ["#general"])
     got = scrape(host, snap)
     sid = 'a"b\\c\nd'
-    assert got[("mcplive_up", frozenset())] == 1
+    assert got[("mcplive_up", frozenset({("host_id", "")}))] == 1
     assert got[("mcplive_loop_stalls_total", frozenset())] == 1
     assert got[("mcplive_loop_longest_step_seconds", frozenset())] == 0.012
     assert got[("mcplive_server_ready", frozenset({("server", sid)}))] == 1

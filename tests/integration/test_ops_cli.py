@@ -134,7 +134,8 @@ async def test_status_of_a_running_host_then_of_a_stopped_one(tmp_path: Path) ->
             readable = await status(str(config), cwd=tmp_path)
             out = readable.stdout.decode()
             assert readable.returncode == 0, out
-            assert f"running on {tmp_path / 'data'}: pid {host.proc.pid}" in out
+            assert f"running on {tmp_path / 'data'} as host " in out
+            assert f": pid {host.proc.pid}," in out
             assert "  lobby: ready; 3 tools; reconnects 0; grants " in out
             assert "  Ada: " in out and out.rstrip().endswith("health: ok")
             by_dir = await status("--data-dir", str(tmp_path / "data"), cwd=tmp_path)

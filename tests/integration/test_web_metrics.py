@@ -68,7 +68,8 @@ async def test_metrics_move_when_messages_arrive_and_vitals_tell_a_disconnect(
         ):
             await lb.host.run_until_idle()
             before = await scrape(http)
-            assert value(before, "mcplive_up") == 1
+            assert value(before, "mcplive_up", host_id=lb.host.ctx.host_id) == 1
+            assert lb.host.ctx.host_id  # kept in the data dir, shown everywhere
             assert value(before, "mcplive_server_ready", server="lobby") == 1
             assert value(before, "mcplive_server_connects_total", server="lobby") == 1
             assert value(before, "mcplive_server_reconnects_total", server="lobby") == 0

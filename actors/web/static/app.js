@@ -428,6 +428,7 @@ async function start() {
     button.addEventListener("click", () => show(button.dataset.page));
   }
   const info = await getJSON("/api/console");
+  if (info.host_id) document.querySelector("nav .brand span").textContent = `console · ${info.host_id}`;
   document.getElementById("history-agent").append(el("option", { value: "", text: "all agents" }));
   for (const id of ["compose-agent", "history-agent", "filter-agent"]) {
     const select = document.getElementById(id);
