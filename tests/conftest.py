@@ -25,3 +25,26 @@ def pytest_cmdline_main(config: pytest.Config) -> None:
     option.numprocesses = WORKERS
     if option.dist == "no":
         option.dist = "worksteal"
+
+
+@pytest.fixture(scope="session")
+def pg_cluster():
+    """A throwaway PostgreSQL cluster for the session (see tests/pg.py); skipped, saying why,
+    where none can be started, but failed when ``CI`` is set."""
+    from tests.pg import start_cluster
+
+    cluster = start_cluster()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture
+def pg_dsn(pg_cluster):
+    """The DSN of a new, empty PostgreSQL database, dropped after the test."""
+    dsn = pg_cluster.fresh_database()
+    try:
+        yield dsn
+    finally:
+        pg_cluster.drop(dsn)
