@@ -16,7 +16,7 @@ import sqlite3
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Literal, Protocol, TypeAlias
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 #: Where a store is: a path (SQLite) or a PostgreSQL DSN.
 Location: TypeAlias = str | os.PathLike[str]
@@ -72,11 +72,16 @@ def dialect_of(conn: object) -> Dialect:
 
 
 def dsn_password(dsn: str) -> str | None:
-    """The password a DSN holds, if any (None when it cannot be read)."""
+    """The password a DSN holds (after the user name, or as a ``password=`` parameter), if any;
+    None when it has none or cannot be read."""
     try:
-        password = urlsplit(dsn).password
+        parts = urlsplit(dsn)
+        password = parts.password
     except ValueError:
         return None
+    if not password:
+        found = [v for k, v in parse_qsl(parts.query) if k == "password"]
+        password = found[-1] if found else None
     return password or None
 
 
@@ -87,11 +92,14 @@ def safe_dsn(dsn: str) -> str:
         password = parts.password
     except ValueError:
         return dsn.split("://", 1)[0] + "://…"
+    query = [(k, "***" if k == "password" else v) for k, v in parse_qsl(parts.query)]
     if not password:
+        if any(k == "password" for k, _ in query):
+            return urlunsplit(parts._replace(query=urlencode(query, safe="*")))
         return dsn
     user = parts.username or ""
     host = parts.netloc.rsplit("@", 1)[-1]
-    return urlunsplit(parts._replace(netloc=f"{user}:…@{host}"))
+    return urlunsplit(parts._replace(netloc=f"{user}:…@{host}", query=urlencode(query, safe="*")))
 
 
 def describe(location: Location) -> str:

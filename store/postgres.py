@@ -329,29 +329,41 @@ def ensure_schema(conn: PgConnection) -> None:
     a version this program does not read."""
     version = schema_version(conn)
     if version is None or version < PG_SCHEMA_VERSION:
-        conn.execute("BEGIN")
+        # A session lock, taken before the transaction: the transaction then starts after
+        # another host's migration committed, and sees its tables.
+        conn.execute("SELECT pg_advisory_lock(?)", (SCHEMA_LOCK,))
         try:
-            conn.execute("SELECT pg_advisory_xact_lock(?)", (SCHEMA_LOCK,))
-            version = schema_version(conn)  # again under the lock: another host may be done
-            if version is None:
-                _refuse_other_databases(conn)
-                version = 0
-            start = version
-            for step in MIGRATIONS[version:]:
-                for statement in step:
-                    conn.execute(statement)
-                version += 1
-            if version != start:
-                conn.execute(
-                    "INSERT INTO meta (key, value) VALUES ('schema_version', ?) "
-                    "ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value",
-                    (str(version),),
-                )
-            conn.execute("COMMIT")
-        except BaseException:
+            version = _migrate(conn)
+        finally:
             conn.end_transaction()
-            raise
+            try:
+                conn.execute("SELECT pg_advisory_unlock(?)", (SCHEMA_LOCK,))
+            except StoreError:
+                pass  # the connection is gone, and the lock with it
     _check_version(conn, version)
+
+
+def _migrate(conn: PgConnection) -> int:
+    """Bring the schema to :data:`PG_SCHEMA_VERSION` in one transaction (under the lock); the
+    version it is at."""
+    conn.execute("BEGIN")
+    version = schema_version(conn)  # again under the lock: another host may be done
+    if version is None:
+        _refuse_other_databases(conn)
+        version = 0
+    start = version
+    for step in MIGRATIONS[version:]:
+        for statement in step:
+            conn.execute(statement)
+        version += 1
+    if version != start:
+        conn.execute(
+            "INSERT INTO meta (key, value) VALUES ('schema_version', ?) "
+            "ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value",
+            (str(version),),
+        )
+    conn.execute("COMMIT")
+    return version
 
 
 def _check_version(conn: PgConnection, version: int | None) -> None:
