@@ -44,7 +44,14 @@ _REFS = "message_refs (seq, id, agent, item)"
 
 
 def insert_rows(conn: Connection, target: str, width: int, rows: Sequence[tuple[Any, ...]]) -> None:
-    """INSERT ``rows`` (each ``width`` values) into ``target`` a chunk per statement."""
+    """INSERT ``rows`` (each ``width`` values) into ``target`` a chunk per statement (on
+    PostgreSQL, all of them in one ``COPY``)."""
+    if not rows:
+        return
+    copy_rows = getattr(conn, "copy_rows", None)
+    if copy_rows is not None:
+        copy_rows(target, rows)
+        return
     one = "(" + ", ".join("?" * width) + ")"
     for start in range(0, len(rows), ROWS_PER_STATEMENT):
         chunk = rows[start : start + ROWS_PER_STATEMENT]
