@@ -276,7 +276,7 @@ def load_config(
     web_problem = address_problem(host.get("web"), host.get("web_token_env"))
     if web_problem is not None:
         problems.append(web_problem)
-    store_dsn = _store(host.get("store"), host.get("store_env"), problems)
+    store_dsn = store_of(host.get("store"), host.get("store_env"), problems)
     configured = host.get("data_dir")
     if data_dir is not None and configured is not None:
         problems.append(
@@ -348,7 +348,7 @@ _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _DSN_EXAMPLE = "'postgresql://USER@HOST:PORT/DATABASE'"
 
 
-def _store(value: Any, env: Any, problems: list[str]) -> str | None:
+def store_of(value: Any, env: Any, problems: list[str]) -> str | None:
     """The PostgreSQL DSN of ``[host] store`` or of the variable ``store_env`` names (None:
     the embedded store); each problem is one line. A DSN is never put in a problem line."""
     if value is not None and env is not None:

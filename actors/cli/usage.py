@@ -19,7 +19,7 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any, TextIO
 
-from actors.config import ConfigError, ConfigErrors, prices_of, read_config_source
+from actors.config import ConfigError, ConfigErrors, prices_of, read_config_source, store_of
 from actors.models.usage import GROUPINGS, TOKENS, Row, rows_of
 from protocol.prices import Price, prices
 from store import Reader, StoreError, db_path
@@ -38,12 +38,14 @@ def parse_day(text: str) -> float:
     return dt.datetime(day.year, day.month, day.day, tzinfo=dt.UTC).timestamp()
 
 
-def _where_and_prices(args: argparse.Namespace) -> tuple[Path, dict[str, Price]]:
-    """The data dir (``--data-dir``, else the config's, else ``./mcplive-data``) and the price
-    table (the config's ``[prices]`` over the built-in one). Only ``[host] data_dir`` and
-    ``[prices]`` are read from the config: reading the ledger needs no token or API key."""
+def _where_and_prices(args: argparse.Namespace) -> tuple[Path | str, dict[str, Price]]:
+    """The store (the config's PostgreSQL DSN, else the SQLite file in the data dir:
+    ``--data-dir``, else the config's, else ``./mcplive-data``) and the price table (the
+    config's ``[prices]`` over the built-in one). Only ``[host] data_dir``, ``store``,
+    ``store_env`` and ``[prices]`` are read from the config: reading the ledger needs no token or
+    API key."""
     if args.config is None:
-        return Path(args.data_dir or "mcplive-data").resolve(), prices()
+        return db_path(Path(args.data_dir or "mcplive-data").resolve()), prices()
     raw, base = read_config_source(args.config)
     problems: list[str] = []
     overrides = prices_of(raw.get("prices", {}), problems)
@@ -51,17 +53,20 @@ def _where_and_prices(args: argparse.Namespace) -> tuple[Path, dict[str, Price]]
     value = host.get("data_dir", "./mcplive-data") if isinstance(host, Mapping) else None
     if not isinstance(value, str) or not value:
         problems.append("host.data_dir: must be a path string")
+    dsn = store_of(host.get("store"), host.get("store_env"), problems) if value else None
     if problems:
         raise ConfigErrors(problems)
+    if dsn is not None:
+        return dsn, prices(overrides)
     if args.data_dir:
-        return Path(args.data_dir).resolve(), prices(overrides)
-    return (base / str(value)).resolve(), prices(overrides)
+        return db_path(Path(args.data_dir).resolve()), prices(overrides)
+    return db_path((base / str(value)).resolve()), prices(overrides)
 
 
 def cmd_usage(args: argparse.Namespace) -> int:
     try:
         since = None if args.since is None else parse_day(args.since)
-        data_dir, table = _where_and_prices(args)
+        path, table = _where_and_prices(args)
     except UsageError as exc:
         print(f"mcplive: {exc}", file=sys.stderr)
         return 2
@@ -69,8 +74,7 @@ def cmd_usage(args: argparse.Namespace) -> int:
         problems = exc.problems if isinstance(exc, ConfigErrors) else [str(exc)]
         print(f"mcplive: {'; '.join(problems)}", file=sys.stderr)
         return 2
-    path = db_path(data_dir)
-    if not path.is_file():
+    if isinstance(path, Path) and not path.is_file():
         print(f"mcplive: no store at {path}; give a CONFIG or --data-dir", file=sys.stderr)
         return 2
     try:

@@ -10,6 +10,7 @@ import pytest
 import trio
 
 from store import Reader
+from tests.cli_helpers import child_env, mcplive
 from tests.helpers import (
     publish_received,
     publishes,
@@ -62,3 +63,50 @@ async def test_a_host_on_postgresql_answers_and_a_later_host_goes_on_with_its_hi
             ada = without_notices(lb.host.history("Ada"))
             assert texts(ada, "user") == ["hello all", "hello again"]
             assert texts(ada, "assistant") == ["Hi there, hello to you!"] * 2
+
+
+def test_history_and_usage_read_the_configured_database(tmp_path: Path, pg_dsn: str) -> None:
+    """``mcplive history`` and ``usage`` given a config read its PostgreSQL store."""
+    from store import Append, Database, MessageRecord, RecordUsage
+
+    with Database(pg_dsn) as db:
+        db.apply(
+            [
+                Append(
+                    records=(
+                        MessageRecord(
+                            id="m1",
+                            agent="Ada",
+                            role="assistant",
+                            blocks=({"type": "text", "text": "stored in postgres"},),
+                            metadata={},
+                            created_at=1_700_000_000.0,
+                        ),
+                    )
+                ),
+                RecordUsage(
+                    at=1_700_000_000.0,
+                    agent="Ada",
+                    model="scripted:x",
+                    turn=1,
+                    turn_id="t1",
+                    phase="completed",
+                    calls=1,
+                    input_tokens=7,
+                ),
+            ]
+        )
+    (tmp_path / "rules.toml").write_text("", encoding="utf-8")
+    config = tmp_path / "host.toml"
+    config.write_text(
+        '[host]\ndata_dir = "data"\nstore_env = "MCPLIVE_TEST_STORE"\n'
+        '[[agents]]\nname = "Ada"\nmodel = "scripted:rules.toml"\n',
+        encoding="utf-8",
+    )
+    env = child_env(MCPLIVE_TEST_STORE=pg_dsn)
+    history = mcplive("history", "--config", str(config), cwd=tmp_path, env=env)
+    assert history.returncode == 0, history.stderr
+    assert "stored in postgres" in history.stdout
+    usage = mcplive("usage", str(config), "--json", cwd=tmp_path, env=env)
+    assert usage.returncode == 0, usage.stderr
+    assert '"input_tokens": 7' in usage.stdout
