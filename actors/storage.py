@@ -149,12 +149,14 @@ class StoreClient:
 
     def __init__(self, data_dir: Path, work: Work, *, location: str | None = None) -> None:
         data_dir.mkdir(parents=True, exist_ok=True)
-        self.path: Path | str = location if location is not None else data_dir / DB_NAME
+        where: Path | str = location if location is not None else data_dir / DB_NAME
         #: How the store is named to operators (a DSN without its password).
-        self.label = describe(self.path)
+        self.label = describe(where)
+        #: The SQLite file; for a PostgreSQL store, its DSN without the password.
+        self.path: Path | str = self.label if location is not None else where
         self.work = work
-        self.writer = StoreWriter(self.path)
-        self.reader = Reader(self.path)
+        self.writer = StoreWriter(where)
+        self.reader = Reader(where)
         #: Told of each stored record the reader skipped because it does not decode (once per
         #: record); the host makes a ``record-skipped`` trace event of it.
         self.on_skip: Callable[[SkippedRecord], object] | None = None

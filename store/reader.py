@@ -19,7 +19,7 @@ import attrs
 
 from store.bodytext import body_text, text_matcher
 from store.codec import decode_body, decode_value
-from store.dbapi import Connection, Location, as_location, is_dsn
+from store.dbapi import Connection, Location, describe, is_dsn
 from store.errors import CorruptRecord, StoreClosed, StoreDamaged, StoreError
 from store.facts import read_facts
 from store.schema import schema_version
@@ -159,7 +159,8 @@ class Reader:
     """
 
     def __init__(self, path: Location, *, read_only: bool = False) -> None:
-        self.path: Path | str = as_location(path)
+        #: The SQLite file; for a PostgreSQL store, its DSN without the password.
+        self.path: Path | str = describe(path) if is_dsn(path) else Path(path)
         self._lock = threading.Lock()
         self._skips = _SkipLog()
         # body -> (blocks, metadata), see rows

@@ -207,7 +207,8 @@ class Database:
     def __init__(self, path: Location, *, busy_timeout: float = BUSY_TIMEOUT) -> None:
         #: How the store is named in messages (a DSN without its password).
         self.label = describe(path)
-        self.path = Path(path) if not is_dsn(path) else Path()
+        #: The SQLite file; for a PostgreSQL store, its DSN without the password.
+        self.path: Path | str = self.label if is_dsn(path) else Path(path)
         self._conn: Connection | None = connect_location(path, busy_timeout=busy_timeout)
         self.facts = FactWriter()
         self.items = ItemWriter()

@@ -97,7 +97,8 @@ class WriterRules:
     ) -> None:
         if max_queue < 1 or max_batch < 1:
             raise ValueError("max_queue and max_batch must be at least 1")
-        #: The store: an SQLite file or a PostgreSQL DSN (:mod:`store.dbapi`).
+        #: The store: an SQLite file or a PostgreSQL DSN (:mod:`store.dbapi`; it may hold a
+        #: password: name it with :func:`store.dbapi.describe`).
         self.path: Path | str = as_location(path)
         self.max_queue = max_queue
         self.max_batch = max_batch
