@@ -29,6 +29,7 @@ from protocol.mcpl import FeatureSet
 from protocol.prices import PRICE_KEYS, Price
 from protocol.redact import Redactor
 from protocol.uri import McplUriError, parse_endpoint
+from store.dbapi import dsn_password, is_dsn
 
 from .errors import ConfigError
 
@@ -147,6 +148,17 @@ class HostConfig:
     budget_daily_usd: float | None = None
     #: this host's id in a fleet (``[host] host_id``); None: the one kept in the data dir
     host_id: str | None = None
+    #: ``[host] store`` (or the variable ``store_env`` names): the PostgreSQL DSN the store is
+    #: on; None: the embedded SQLite store in ``data_dir``. It may hold a password: never print
+    #: it (:func:`host_secrets` has it, :func:`store.dbapi.describe` names it without one).
+    store: str | None = attrs.field(default=None, repr=False)
+    #: the environment variable the DSN was read from (``[host] store_env``), if any
+    store_env: str | None = None
+
+    @property
+    def store_location(self) -> Path | str:
+        """Where the store is: the PostgreSQL DSN, or the SQLite file in ``data_dir``."""
+        return self.store if self.store is not None else self.data_dir / "store.sqlite3"
 
     @property
     def tz(self) -> tzinfo:
@@ -226,6 +238,8 @@ _HOST_KEYS = (
     "budget_daily_tokens",
     "budget_daily_usd",
     "host_id",
+    "store",
+    "store_env",
 )
 _TOP_KEYS = ("host", "servers", "agents", "prices")
 
@@ -269,6 +283,7 @@ def load_config(
     web_problem = address_problem(host.get("web"), host.get("web_token_env"))
     if web_problem is not None:
         problems.append(web_problem)
+    store_dsn = store_of(host.get("store"), host.get("store_env"), problems)
     configured = host.get("data_dir")
     if data_dir is not None and configured is not None:
         problems.append(
@@ -329,10 +344,60 @@ def load_config(
         budget_daily_tokens=host_tokens,
         budget_daily_usd=host_usd,
         host_id=host_id,
+        store=store_dsn,
+        store_env=host.get("store_env") if isinstance(host.get("store_env"), str) else None,
     )
     if problems:
         raise ConfigErrors(problems, partial=cfg)
     return cfg
+
+
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_DSN_EXAMPLE = "'postgresql://USER@HOST:PORT/DATABASE'"
+
+
+def store_of(value: Any, env: Any, problems: list[str]) -> str | None:
+    """The PostgreSQL DSN of ``[host] store`` or of the variable ``store_env`` names (None:
+    the embedded store); each problem is one line. A DSN is never put in a problem line."""
+    if value is not None and env is not None:
+        problems.append("host.store, host.store_env: give only one (store_env names the variable)")
+        return None
+    where = "host.store"
+    if env is not None:
+        where = "host.store_env"
+        if not isinstance(env, str) or not _ENV_NAME.fullmatch(env):
+            problems.append(f"{where}: must be the name of an environment variable")
+            return None
+        value = os.environ.get(env)
+        if not value:
+            problems.append(f"{where}: environment variable {env} is not set")
+            return None
+        where = f"{where}: the variable {env}"
+    if value is None:
+        return None
+    problem = dsn_problem(value)
+    if problem is not None:
+        problems.append(f"{where}: {problem}")
+        return None
+    assert isinstance(value, str)
+    return value
+
+
+def dsn_problem(value: Any) -> str | None:
+    """Why ``value`` is no PostgreSQL DSN the host can use, as one line; None when it is."""
+    if not isinstance(value, str) or not is_dsn(value):
+        return (
+            f"must be a PostgreSQL DSN ({_DSN_EXAMPLE}); leave it out for the embedded store "
+            "in data_dir"
+        )
+    try:
+        parts = urlsplit(value)
+        parts.port  # noqa: B018 - reading it checks it
+    except ValueError as exc:
+        return f"not a valid DSN ({exc}); the form is {_DSN_EXAMPLE}"
+    if not parts.path.strip("/"):
+        return f"names no database; the form is {_DSN_EXAMPLE}"
+    return None
 
 
 def zone(name: str) -> tzinfo:
@@ -431,6 +496,8 @@ def host_secrets(cfg: HostConfig, environ: Mapping[str, str] | None = None) -> l
             if isinstance(name, str):
                 names.append(name)
     secrets += [env.get(name) for name in names]
+    if cfg.store is not None:
+        secrets.append(dsn_password(cfg.store))
     return [s for s in secrets if s]
 
 

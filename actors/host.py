@@ -55,7 +55,7 @@ from .kernel import Work
 from .messages import Reconnect
 from .reload import HOST_LIVE, OffLoop, apply_plan, one_line, plan_reload
 from .status import StatusWriter
-from .storage import StoreClient
+from .storage import open_store
 from .trace import TraceBus, TraceEvent
 
 SHUTDOWN_GRACE_S = 5.0
@@ -119,7 +119,7 @@ class Host:
     ) -> AsyncIterator[Host]:
         work = Work()
         trace = TraceBus()
-        store = StoreClient(cfg.data_dir, work)
+        store = open_store(cfg, work)
         store.start()
         ctx = HostContext(cfg, store, trace, work)
         store.on_skip = lambda r: trace.emit("record-skipped", data=attrs.asdict(r))
@@ -147,6 +147,7 @@ class Host:
                         "servers": [s.id for s in cfg.servers],
                         "agents": [a.name for a in cfg.agents],
                         "data_dir": str(cfg.data_dir),
+                        "store": store.label,
                     },
                 )
                 # What start-up built lives as long as the host: the collector's full passes

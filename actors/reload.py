@@ -6,7 +6,7 @@ are taken: each agent's ``system_prompt``, ``gate``, ``max_tokens``, ``temperatu
 from its next turn's end), each server's capability and feature-set masks and its
 ``publish_undeclared`` (read where it is used). Everything else that differs (a server or agent
 added or removed, a server's command, url, token or limits, an agent's model, endpoint, key
-variable, servers or prose mode, ``data_dir``, the host's inference model) is listed
+variable, servers or prose mode, ``data_dir``, the store, the host's inference model) is listed
 as needing a restart and left as it runs. The config put in force is the running one with the
 new live keys, so every reader of ``ctx.config`` sees one consistent picture.
 
@@ -79,7 +79,7 @@ def _differing(old: Any, new: Any, skip: tuple[str, ...]) -> list[str]:
 def plan_reload(old: HostConfig, new: HostConfig) -> ReloadPlan:
     changed: list[str] = []
     restart: list[str] = []
-    for key in ("data_dir", "inference_model", "web", "web_token_env"):
+    for key in ("data_dir", "inference_model", "web", "web_token_env", "store", "store_env"):
         if getattr(old, key) != getattr(new, key):
             restart.append(key)
     # a config that names no host_id keeps the running one (the data dir's)

@@ -18,7 +18,9 @@ from typing import Any, TypeVar
 import trio
 
 from store import AppendResult, Reader, SkippedRecord
+from store.dbapi import describe
 
+from .config import HostConfig
 from .fresh_feed import FreshFeeds
 from .kernel import Work
 from .store_writer import StoreWriter
@@ -142,12 +144,19 @@ class _Completion:
 
 
 class StoreClient:
-    def __init__(self, data_dir: Path, work: Work) -> None:
+    """The host's store: ``data_dir``'s embedded SQLite file, or the PostgreSQL database at
+    ``location`` (a DSN) when one is given (see :func:`open_store`). Both behave alike."""
+
+    def __init__(self, data_dir: Path, work: Work, *, location: str | None = None) -> None:
         data_dir.mkdir(parents=True, exist_ok=True)
-        self.path = data_dir / DB_NAME
+        where: Path | str = location if location is not None else data_dir / DB_NAME
+        #: How the store is named to operators (a DSN without its password).
+        self.label = describe(where)
+        #: The SQLite file; for a PostgreSQL store, its DSN without the password.
+        self.path: Path | str = self.label if location is not None else where
         self.work = work
-        self.writer = StoreWriter(self.path)
-        self.reader = Reader(self.path)
+        self.writer = StoreWriter(where)
+        self.reader = Reader(where)
         #: Told of each stored record the reader skipped because it does not decode (once per
         #: record); the host makes a ``record-skipped`` trace event of it.
         self.on_skip: Callable[[SkippedRecord], object] | None = None
@@ -215,3 +224,10 @@ class StoreClient:
 
     async def aclose(self) -> None:
         await self.writer.aclose(CLOSE_WAIT_S)
+
+
+def open_store(cfg: HostConfig, work: Work) -> StoreClient:
+    """The store ``cfg`` names: the PostgreSQL database of ``[host] store`` (or of the variable
+    ``store_env`` names), else the embedded SQLite store in ``data_dir``. Raises
+    :class:`~store.errors.StoreError` (one line, no password) when it cannot be opened."""
+    return StoreClient(cfg.data_dir, work, location=cfg.store)

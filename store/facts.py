@@ -23,6 +23,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 from store.codec import decode_body
+from store.dbapi import Connection
 from store.errors import CorruptRecord
 from store.records import Append
 
@@ -38,7 +39,7 @@ FACTS_SCHEMA = (
     " agent TEXT NOT NULL, fact TEXT NOT NULL, PRIMARY KEY (agent, fact)) WITHOUT ROWID",
 )
 
-_INSERT = "INSERT OR IGNORE INTO agent_facts (agent, fact) VALUES (?, ?)"
+_INSERT = "INSERT INTO agent_facts (agent, fact) VALUES (?, ?) ON CONFLICT DO NOTHING"
 #: (agent, fact) pairs a :class:`FactWriter` remembers as already written.
 MAX_KNOWN_FACTS = 4096
 #: Messages read per query while backfilling or scanning an unindexed store.
@@ -61,14 +62,14 @@ def facts_of(metadata: Mapping[str, Any]) -> tuple[str, ...]:
 class FactWriter:
     """The writer's side of the index: the rows a transaction's appends add.
 
-    :meth:`write` inserts (``INSERT OR IGNORE``) the pairs of the appended records that are not
-    already known to be stored, so the common case, an agent whose header fact is stored, costs
-    a set lookup per record. A pair is known once the transaction that wrote it committed
-    (:meth:`committed`); :meth:`rolled_back` forgets the pairs of a transaction (or savepoint)
-    undone.
+    :meth:`write` inserts (``INSERT … ON CONFLICT DO NOTHING``) the pairs of the appended
+    records that are not already known to be stored, so the common case, an agent whose header
+    fact is stored, costs a set lookup per record. A pair is known once the transaction that
+    wrote it committed (:meth:`committed`); :meth:`rolled_back` forgets the pairs of a
+    transaction (or savepoint) undone.
 
     Bound: at most :data:`MAX_KNOWN_FACTS` known pairs; past that the oldest is forgotten. A
-    forgotten pair only costs one more ``INSERT OR IGNORE`` when it is met again, never a
+    forgotten pair only costs one more such insert when it is met again, never a
     missing row.
     """
 
@@ -83,7 +84,7 @@ class FactWriter:
         """The pairs known to be stored, oldest first."""
         return list(self._known)
 
-    def write(self, conn: sqlite3.Connection, appends: Iterable[Append]) -> None:
+    def write(self, conn: Connection, appends: Iterable[Append]) -> None:
         """Insert the fact rows of ``appends`` inside the current transaction."""
         rows: list[tuple[str, str]] = []
         metadata: Mapping[str, Any] | None = None
@@ -114,7 +115,7 @@ class FactWriter:
         self._pending.clear()
 
 
-def _holds(conn: sqlite3.Connection, agent: str, fact: str) -> bool:
+def _holds(conn: Connection, agent: str, fact: str) -> bool:
     """Whether some stored message of ``agent`` makes ``fact``, reading a page at a time and
     decoding only the bodies that hold the fact's marker; a body that does not decode makes no
     fact."""
@@ -138,7 +139,7 @@ def _holds(conn: sqlite3.Connection, agent: str, fact: str) -> bool:
             return False
 
 
-def _agents(conn: sqlite3.Connection) -> Iterator[str]:
+def _agents(conn: Connection) -> Iterator[str]:
     """Every agent with a stored message, one query each (a walk of the agent index)."""
     row = conn.execute("SELECT MIN(agent) FROM messages").fetchone()
     while row is not None and row[0] is not None:
@@ -146,7 +147,7 @@ def _agents(conn: sqlite3.Connection) -> Iterator[str]:
         row = conn.execute("SELECT MIN(agent) FROM messages WHERE agent > ?", (row[0],)).fetchone()
 
 
-def scan(conn: sqlite3.Connection, agent: str) -> frozenset[str]:
+def scan(conn: Connection, agent: str) -> frozenset[str]:
     """The facts of ``agent`` found by reading its stored messages."""
     return frozenset(fact for fact in MARKERS if _holds(conn, agent, fact))
 
@@ -162,7 +163,7 @@ def backfill(conn: sqlite3.Connection) -> None:
             conn.execute(_INSERT, (agent, fact))
 
 
-def read_facts(conn: sqlite3.Connection, agent: str, *, indexed: bool) -> frozenset[str]:
+def read_facts(conn: Connection, agent: str, *, indexed: bool) -> frozenset[str]:
     """The facts of ``agent``: from the index, or (a store of an older version opened read-only)
     by scanning its messages."""
     if indexed:

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from store.codec import decode_body, encode_body
+from store.dbapi import Connection, dialect_of
 from store.errors import CorruptRecord
 from store.records import MessageRecord
 from store.textindex import index_text
@@ -38,13 +39,19 @@ WrittenRow = tuple[int, str, str, str, bytes]
 
 _ITEMS = "items (num, role, created_at, first_seq, last_seq, body)"
 _TEXT = "item_text (rowid, text)"
+_PG_TEXT = "item_text (num, text)"
 _REFS = "message_refs (seq, id, agent, item)"
 
 
-def insert_rows(
-    conn: sqlite3.Connection, target: str, width: int, rows: Sequence[tuple[Any, ...]]
-) -> None:
-    """INSERT ``rows`` (each ``width`` values) into ``target`` a chunk per statement."""
+def insert_rows(conn: Connection, target: str, width: int, rows: Sequence[tuple[Any, ...]]) -> None:
+    """INSERT ``rows`` (each ``width`` values) into ``target`` a chunk per statement (on
+    PostgreSQL, all of them in one ``COPY``)."""
+    if not rows:
+        return
+    copy_rows = getattr(conn, "copy_rows", None)
+    if copy_rows is not None:
+        copy_rows(target, rows)
+        return
     one = "(" + ", ".join("?" * width) + ")"
     for start in range(0, len(rows), ROWS_PER_STATEMENT):
         chunk = rows[start : start + ROWS_PER_STATEMENT]
@@ -80,12 +87,12 @@ class ItemWriter:
         """The names whose number is remembered, oldest first."""
         return list(self._known)
 
-    def write(self, conn: sqlite3.Connection, appends: Sequence[Sequence[MessageRecord]]) -> None:
+    def write(self, conn: Connection, appends: Sequence[Sequence[MessageRecord]]) -> None:
         """Store the records of ``appends`` (each the records of one append) in order, inside
         the current transaction. Within an append, records that share their blocks and metadata
         objects (and role and time) are copies of one item: its body is encoded, stored and
-        indexed once. A message id already stored raises :class:`sqlite3.IntegrityError` (the
-        transaction is then to be rolled back)."""
+        indexed once. A message id already stored raises one of
+        :data:`store.dbapi.INTEGRITY_ERRORS` (the transaction is then to be rolled back)."""
         if not any(appends):
             return
         if self._last is None:
@@ -128,12 +135,15 @@ class ItemWriter:
                 ref_rows.append((seq, r.id, agent, row[0]))
                 self._written.append((seq, r.id, r.agent, r.role, row[5]))
         self._last = None  # known again once these rows are in
+        postgres = dialect_of(conn) == "postgresql"
         insert_rows(conn, _ITEMS, 6, [tuple(row) for row in item_rows])
-        insert_rows(conn, _TEXT, 2, text_rows)
+        insert_rows(conn, _PG_TEXT if postgres else _TEXT, 2, text_rows)
         insert_rows(conn, _REFS, 4, ref_rows)
+        if postgres:  # the highest seq given, kept as AUTOINCREMENT keeps it in SQLite
+            conn.execute("SELECT setval('message_seq', ?)", (seq,))
         self._last = (seq, num)
 
-    def _number(self, conn: sqlite3.Connection, name: str) -> int:
+    def _number(self, conn: Connection, name: str) -> int:
         number = self._known.get(name)
         if number is None:
             number = self._pending.get(name)
@@ -143,10 +153,11 @@ class ItemWriter:
         if row is not None:
             self._remember(name, int(row[0]))
             return int(row[0])
-        cursor = conn.execute("INSERT INTO names (name) VALUES (?)", (name,))
-        assert cursor.lastrowid is not None
-        self._pending[name] = cursor.lastrowid
-        return cursor.lastrowid
+        (number,) = conn.execute(
+            "INSERT INTO names (name) VALUES (?) RETURNING num", (name,)
+        ).fetchone()
+        self._pending[name] = int(number)
+        return int(number)
 
     def _remember(self, name: str, number: int) -> None:
         self._known[name] = number
@@ -180,8 +191,12 @@ class ItemWriter:
         return rows, gap
 
 
-def _last_seq(conn: sqlite3.Connection) -> int:
-    """The highest seq ever given to a message (AUTOINCREMENT's record of it)."""
+def _last_seq(conn: Connection) -> int:
+    """The highest seq ever given to a message (AUTOINCREMENT's record of it; PostgreSQL's
+    ``message_seq``)."""
+    if dialect_of(conn) == "postgresql":
+        value, called = conn.execute("SELECT last_value, is_called FROM message_seq").fetchone()
+        return int(value) if called else 0
     row = conn.execute("SELECT seq FROM sqlite_sequence WHERE name = 'message_refs'").fetchone()
     return 0 if row is None else int(row[0])
 

@@ -7,7 +7,6 @@ left out and reported once (:class:`SkippedRecord`), never raised.
 from __future__ import annotations
 
 import math
-import os
 import sqlite3
 import threading
 from collections import OrderedDict, deque
@@ -20,11 +19,12 @@ import attrs
 
 from store.bodytext import body_text, text_matcher
 from store.codec import decode_body, decode_value
+from store.dbapi import Connection, Location, describe, is_dsn
 from store.errors import CorruptRecord, StoreClosed, StoreDamaged, StoreError
 from store.facts import read_facts
 from store.schema import schema_version
 from store.sqlite import _is_damage, connect, connect_read_only
-from store.textindex import encodable, needle_query
+from store.textindex import NUL_STAND_IN, encodable, needle_query
 
 #: Decoded bodies a reader keeps for ``rows(shared=True)`` (the copies of one item for every
 #: agent hearing it decode once).
@@ -42,6 +42,13 @@ _INDEXED_SEQS = (
     "seq IN (SELECT r.seq FROM item_text JOIN items i ON i.num = item_text.rowid"
     " JOIN message_refs r ON r.seq BETWEEN i.first_seq AND i.last_seq AND r.item = i.num"
     " WHERE item_text MATCH ?)"
+)
+#: The same through PostgreSQL's text index (:mod:`store.postgres`): a ``LIKE`` on the folded
+#: text, which its trigram index answers.
+_PG_INDEXED_SEQS = (
+    "seq IN (SELECT r.seq FROM item_text t JOIN items i ON i.num = t.num"
+    " JOIN message_refs r ON r.seq BETWEEN i.first_seq AND i.last_seq AND r.item = i.num"
+    " WHERE t.text LIKE ?)"
 )
 
 
@@ -140,6 +147,9 @@ class StoredRow:
 class Reader:
     """Read access to the store; safe to share between threads (calls are serialized).
 
+    ``path`` is the store's location: an SQLite file, or a PostgreSQL DSN (see
+    :mod:`store.dbapi`); both answer alike.
+
     ``read_only=True`` opens an existing store with :func:`connect_read_only`: a missing,
     damaged or newer store raises at once, and nothing is ever written. Otherwise the store is
     opened as the writer opens it (created or upgraded when needed).
@@ -148,14 +158,21 @@ class Reader:
     once through :meth:`take_skipped`, so one bad record cannot stop any reader.
     """
 
-    def __init__(self, path: str | os.PathLike[str], *, read_only: bool = False) -> None:
-        self.path = Path(path)
+    def __init__(self, path: Location, *, read_only: bool = False) -> None:
+        #: The SQLite file; for a PostgreSQL store, its DSN without the password.
+        self.path: Path | str = describe(path) if is_dsn(path) else Path(path)
         self._lock = threading.Lock()
         self._skips = _SkipLog()
         # body -> (blocks, metadata), see rows
         self._shared: OrderedDict[bytes, tuple[Any, Any]] = OrderedDict()
+        self._postgres = is_dsn(path)
+        if self._postgres:
+            self._conn: Any = _open_postgres(str(path), read_only)
+            # the migrations bring every PostgreSQL store to the whole schema
+            self._indexed = self._items = self._ledger = True
+            return
         conn = connect_read_only(self.path) if read_only else connect(self.path)
-        self._conn: sqlite3.Connection | None = conn
+        self._conn = conn
         try:
             # A store of an older version, opened read-only, is read as it is: before version 3
             # it has no facts index, before version 4 a messages table and no text index.
@@ -175,6 +192,11 @@ class Reader:
                 self._conn.close()
                 self._conn = None
 
+    @property
+    def dialect(self) -> str:
+        """The engine the store is on: ``sqlite`` or ``postgresql``."""
+        return "postgresql" if self._postgres else "sqlite"
+
     def __enter__(self) -> Reader:
         return self
 
@@ -186,7 +208,8 @@ class Reader:
             if self._conn is None:
                 raise StoreClosed("reader is closed")
             try:
-                return self._conn.execute(sql, tuple(params)).fetchall()
+                rows: list[tuple[Any, ...]] = self._conn.execute(sql, tuple(params)).fetchall()
+                return rows
             except sqlite3.Error as exc:
                 raise self._failure(exc) from exc
 
@@ -299,8 +322,9 @@ class Reader:
             wanted = sorted(set(roles))
             clauses.append(f"role IN ({', '.join('?' * len(wanted))})")
             params.extend(wanted)
+        recheck: Callable[[dict[str, Any]], bool] | None = None
         if contains:  # every body holds the empty text
-            clause, values = self._holding(contains)
+            clause, values, recheck = self._holding(contains)
             clauses.append(clause)
             params.extend(values)
         order = "DESC" if newest_first else "ASC"
@@ -319,7 +343,7 @@ class Reader:
             rows = self._query(sql, (*params, edge, want, offset))
             for seq, at, *rest in rows:
                 message = self._decoded((seq, *rest), shared)
-                if message is not None:
+                if message is not None and (recheck is None or recheck(message)):
                     page.append(StoredRow(seq=int(seq), created_at=float(at), message=message))
             if len(rows) < want:
                 break
@@ -384,15 +408,28 @@ class Reader:
             )
         return [row[0] for row in self._query(sql)]
 
-    def _holding(self, needle: str) -> tuple[str, list[str]]:
+    def _holding(
+        self, needle: str
+    ) -> tuple[str, list[str], Callable[[dict[str, Any]], bool] | None]:
         """The SQL condition (and its parameters) on ``messages`` for the bodies whose text
-        holds ``needle``: through the text index where it can answer, else a scan."""
+        holds ``needle``: through the text index where it can answer, else a scan; and, when
+        the index may find more than that (PostgreSQL's, for a needle holding a NUL or its
+        stand-in), the check each decoded message must pass too."""
         if not encodable(needle):
-            return "0", []  # stored text is well-formed: it never holds a lone surrogate
+            return "1 = 0", [], None  # stored text is well-formed: never a lone surrogate
+        if self._postgres:
+            from store.postgres import like_pattern
+
+            folded = needle.casefold()
+            pattern = like_pattern(folded.replace("\x00", NUL_STAND_IN))
+            if "\x00" in folded or NUL_STAND_IN in folded:
+                matches = text_matcher(needle)
+                return _PG_INDEXED_SEQS, [pattern], lambda m: matches(body_text(m))
+            return _PG_INDEXED_SEQS, [pattern], None
         query = needle_query(needle) if self._items else None
         if query is not None:
-            return _INDEXED_SEQS, [query]
-        return f"{_HOLDS}(body, ?)", [needle]
+            return _INDEXED_SEQS, [query], None
+        return f"{_HOLDS}(body, ?)", [needle], None
 
     def search(
         self,
@@ -429,14 +466,17 @@ class Reader:
                     if matches(body_text(message)) and (keep is None or keep(message)):
                         found.append(message)
             return list(found)
+        recheck: Callable[[dict[str, Any]], bool] | None = None
         if text:
-            clause, values = self._holding(text)
+            clause, values, recheck = self._holding(text)
             clauses.append(clause)
             params.extend(values)
         newest: list[dict[str, Any]] = []
         if limit != 0:
             with closing(self._scan(clauses, params, newest_first=True)) as messages:
                 for message in messages:
+                    if recheck is not None and not recheck(message):
+                        continue
                     if keep is not None and not keep(message):
                         continue
                     newest.append(message)
@@ -586,6 +626,12 @@ class Reader:
         return int(rows[0][0])
 
 
+def _open_postgres(dsn: str, read_only: bool) -> Connection:
+    from store import postgres  # psycopg only for a store that needs it
+
+    return postgres.connect_read_only(dsn) if read_only else postgres.connect(dsn)
+
+
 @attrs.frozen(kw_only=True)
 class AuditEntry:
     """One row of the audit record: ``num`` orders it (never reused), the rest as
@@ -623,18 +669,25 @@ class UsageTotal:
 
 
 _USAGE_TOTALS = (
-    "SELECT date(at, 'unixepoch') AS day, agent, model, server, channel, COUNT(*), SUM(calls),"
-    " SUM(silent), SUM(phase = 'failed'), SUM(input_tokens), SUM(output_tokens),"
-    " SUM(cache_read_tokens), SUM(cache_write_tokens) FROM usage"
-    " WHERE at >= ? AND (? IS NULL OR agent = ?)"
-    " GROUP BY day, agent, model, server, channel ORDER BY day, agent, model, server, channel"
+    "SELECT {day} AS day, agent, model, server, channel, COUNT(*), SUM(calls),"
+    " SUM(silent), SUM(CASE WHEN phase = 'failed' THEN 1 ELSE 0 END), SUM(input_tokens),"
+    " SUM(output_tokens), SUM(cache_read_tokens), SUM(cache_write_tokens) FROM usage"
+    " WHERE at >= ? AND (CAST(? AS TEXT) IS NULL OR agent = ?)"
+    " GROUP BY day, agent, model, server, channel"
+    " ORDER BY day, agent, model, server NULLS FIRST, channel NULLS FIRST"
 )
+#: The UTC day of a ledger row, on each engine.
+_USAGE_DAY = {
+    "sqlite": "date(at, 'unixepoch')",
+    "postgresql": "to_char(to_timestamp(at) AT TIME ZONE 'UTC', 'YYYY-MM-DD')",
+}
 
 
 def _usage_totals(reader: Reader, since: float | None, agent: str | None) -> list[UsageTotal]:
     if not reader._ledger:  # a store from before the ledger: nothing was recorded
         return []
-    rows = reader._query(_USAGE_TOTALS, (-math.inf if since is None else since, agent, agent))
+    sql = _USAGE_TOTALS.format(day=_USAGE_DAY[reader.dialect])
+    rows = reader._query(sql, (-math.inf if since is None else since, agent, agent))
     return [
         UsageTotal(
             day=day,

@@ -23,6 +23,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from store.codec import encode_value
+from store.dbapi import INTEGRITY_ERRORS, Connection, Location, describe, is_dsn
 from store.errors import StoreClosed, StoreDamaged, StoreError
 from store.facts import FactWriter
 from store.items import ROWS_PER_STATEMENT, ItemWriter, insert_rows
@@ -191,19 +192,34 @@ def _needs_immutable(target: Path, exc: sqlite3.Error) -> bool:
     )
 
 
-class Database:
-    """The write side. Not thread-safe: one thread (the writer's) uses it."""
+def connect_location(location: Location, *, busy_timeout: float = BUSY_TIMEOUT) -> Connection:
+    """A write connection to the store at ``location``: an SQLite file (:func:`connect`) or a
+    PostgreSQL DSN (:func:`store.postgres.connect`; psycopg is then imported)."""
+    if is_dsn(location):
+        from store import postgres  # psycopg only for a store that needs it
 
-    def __init__(self, path: str | os.PathLike[str], *, busy_timeout: float = BUSY_TIMEOUT) -> None:
-        self.path = Path(path)
-        self._conn: sqlite3.Connection | None = connect(self.path, busy_timeout=busy_timeout)
+        assert isinstance(location, str)
+        return postgres.connect(location)
+    return connect(location, busy_timeout=busy_timeout)
+
+
+class Database:
+    """The write side, on either engine (``location``: a path or a PostgreSQL DSN, see
+    :mod:`store.dbapi`). Not thread-safe: one thread (the writer's) uses it."""
+
+    def __init__(self, path: Location, *, busy_timeout: float = BUSY_TIMEOUT) -> None:
+        #: How the store is named in messages (a DSN without its password).
+        self.label = describe(path)
+        #: The SQLite file; for a PostgreSQL store, its DSN without the password.
+        self.path: Path | str = self.label if is_dsn(path) else Path(path)
+        self._conn: Connection | None = connect_location(path, busy_timeout=busy_timeout)
         self.facts = FactWriter()
         self.items = ItemWriter()
 
     def close(self) -> None:
-        if self._conn is not None:
-            self._conn.close()
-            self._conn = None
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            conn.close()  # type: ignore[attr-defined]
 
     def __enter__(self) -> Database:
         return self
@@ -211,7 +227,7 @@ class Database:
     def __exit__(self, *_exc: object) -> None:
         self.close()
 
-    def _connection(self) -> sqlite3.Connection:
+    def _connection(self) -> Connection:
         if self._conn is None:
             raise StoreClosed("database is closed")
         return self._conn
@@ -243,17 +259,17 @@ class Database:
             self._rollback(conn)
         return [self._apply_alone(conn, op) for op in ops]
 
-    def _commit(self, conn: sqlite3.Connection) -> None:
+    def _commit(self, conn: Connection) -> None:
         conn.execute("COMMIT")
         self.facts.committed()
         self.items.committed()
 
-    def _rollback(self, conn: sqlite3.Connection) -> None:
+    def _rollback(self, conn: Connection) -> None:
         self.facts.rolled_back()
         self.items.rolled_back()
         _rollback(conn)
 
-    def _apply_one_by_one(self, conn: sqlite3.Connection, ops: Sequence[Op]) -> list[Outcome]:
+    def _apply_one_by_one(self, conn: Connection, ops: Sequence[Op]) -> list[Outcome]:
         outcomes: list[Outcome] = []
         conn.execute("BEGIN IMMEDIATE")
         for op in ops:
@@ -271,7 +287,7 @@ class Database:
         self._commit(conn)
         return outcomes
 
-    def _apply_alone(self, conn: sqlite3.Connection, op: Op) -> Outcome:
+    def _apply_alone(self, conn: Connection, op: Op) -> Outcome:
         try:
             conn.execute("BEGIN IMMEDIATE")
             result = _apply_op(conn, op, self.items)
@@ -285,6 +301,8 @@ class Database:
             self._rollback(conn)
             if isinstance(exc, sqlite3.Error) and _is_damage(exc):
                 return StoreDamaged(self.path, str(exc))
+            if isinstance(exc, INTEGRITY_ERRORS):
+                return StoreError(f"write failed: {exc}")
             return StoreError(f"write failed: {exc}")
 
 
@@ -297,17 +315,15 @@ def _stored_appends(ops: Sequence[Op], outcomes: Sequence[Outcome]) -> list[Appe
     ]
 
 
-def _rollback(conn: sqlite3.Connection) -> None:
+def _rollback(conn: Connection) -> None:
     if conn.in_transaction:
         try:
             conn.execute("ROLLBACK")
-        except sqlite3.Error:
+        except (sqlite3.Error, StoreError):
             pass
 
 
-def _apply_bulk(
-    conn: sqlite3.Connection, ops: Sequence[Op], item_writer: ItemWriter
-) -> list[Outcome]:
+def _apply_bulk(conn: Connection, ops: Sequence[Op], item_writer: ItemWriter) -> list[Outcome]:
     """Apply ``ops`` inside the current transaction with a few multi-row statements.
 
     The outcome is the same as applying each op in turn; any op-level failure raises
@@ -354,7 +370,7 @@ def _apply_bulk(
     try:
         insert_rows(conn, "dedupe (kind, server, key)", 3, new_keys)
         item_writer.write(conn, appends)
-    except sqlite3.IntegrityError as exc:
+    except INTEGRITY_ERRORS as exc:
         raise StoreError(f"a message id in this batch is already stored: {exc}") from exc
     return outcomes
 
@@ -366,7 +382,7 @@ _NOT_STORED = AppendResult(stored=False)
 
 
 def _present_keys(
-    conn: sqlite3.Connection, keys: Iterable[tuple[str, str, str] | None]
+    conn: Connection, keys: Iterable[tuple[str, str, str] | None]
 ) -> set[tuple[str, str, str]]:
     """Those of ``keys`` already recorded in the dedupe table."""
     wanted: dict[tuple[str, str], list[str]] = {}
@@ -386,7 +402,7 @@ def _present_keys(
     return present
 
 
-def _apply_op(conn: sqlite3.Connection, op: Op, item_writer: ItemWriter) -> OpResult:
+def _apply_op(conn: Connection, op: Op, item_writer: ItemWriter) -> OpResult:
     """Apply one op inside the current transaction; op-level failures raise :class:`StoreError`."""
     if isinstance(op, Append):
         return _append(conn, op, item_writer)
@@ -405,24 +421,31 @@ def _apply_op(conn: sqlite3.Connection, op: Op, item_writer: ItemWriter) -> OpRe
     raise StoreError(f"not a store op: {op!r}")
 
 
-def _append(conn: sqlite3.Connection, op: Append, item_writer: ItemWriter) -> AppendResult:
+def _append(conn: Connection, op: Append, item_writer: ItemWriter) -> AppendResult:
     if op.dedupe is not None:
         cur = conn.execute(
-            "INSERT OR IGNORE INTO dedupe (kind, server, key) VALUES (?, ?, ?)", op.dedupe
+            "INSERT INTO dedupe (kind, server, key) VALUES (?, ?, ?) ON CONFLICT DO NOTHING",
+            op.dedupe,
         )
         if cur.rowcount == 0:
             return AppendResult(stored=False)
+    # A savepoint of its own: PostgreSQL reads nothing more in a transaction a statement
+    # failed in until what failed is undone, and the refused id is looked up below.
+    conn.execute("SAVEPOINT records")
     try:
         item_writer.write(conn, [op.records])
-    except sqlite3.IntegrityError as exc:
+    except INTEGRITY_ERRORS as exc:
+        conn.execute("ROLLBACK TO records")
+        conn.execute("RELEASE records")
         taken = _taken_id(conn, op.records)
         raise StoreError(f"message id {taken!r} is already stored") from exc
+    conn.execute("RELEASE records")
     for entry in op.journal:
         conn.execute("INSERT INTO journal (stream, record) VALUES (?, ?)", _journal_row(entry))
     return AppendResult(stored=True)
 
 
-def _taken_id(conn: sqlite3.Connection, records: Sequence[MessageRecord]) -> str | None:
+def _taken_id(conn: Connection, records: Sequence[MessageRecord]) -> str | None:
     """The first id of ``records`` given twice among them or already stored."""
     seen: set[str] = set()
     for r in records:
@@ -437,16 +460,17 @@ def _journal_row(entry: JournalEntry) -> tuple[str, bytes]:
     return entry.stream, encode_value(entry.record)
 
 
-def _trim_journal(conn: sqlite3.Connection, op: TrimJournal) -> None:
+def _trim_journal(conn: Connection, op: TrimJournal) -> None:
     conn.execute("DELETE FROM journal WHERE stream = ? AND seq < ?", (op.stream, op.before_seq))
 
 
-def _put_state(conn: sqlite3.Connection, op: PutState) -> None:
+def _put_state(conn: Connection, op: PutState) -> None:
     if op.value is None:
         conn.execute("DELETE FROM state WHERE namespace = ? AND key = ?", (op.namespace, op.key))
         return
     conn.execute(
-        "INSERT OR REPLACE INTO state (namespace, key, value) VALUES (?, ?, ?)",
+        "INSERT INTO state (namespace, key, value) VALUES (?, ?, ?)"
+        " ON CONFLICT (namespace, key) DO UPDATE SET value = excluded.value",
         (op.namespace, op.key, encode_value(op.value)),
     )
 
@@ -456,8 +480,9 @@ _USAGE_INSERT = (
 )
 
 
-def _record_usage(conn: sqlite3.Connection, op: RecordUsage) -> None:
-    conn.execute(_USAGE_INSERT, op.row())
+def _record_usage(conn: Connection, op: RecordUsage) -> None:
+    # ``silent`` is stored as 0 or 1 on both engines
+    conn.execute(_USAGE_INSERT, [int(v) if isinstance(v, bool) else v for v in op.row()])
 
 
 _AUDIT_INSERT = (
@@ -465,8 +490,9 @@ _AUDIT_INSERT = (
 )
 
 
-def _record_audit(conn: sqlite3.Connection, op: RecordAudit) -> None:
+def _record_audit(conn: Connection, op: RecordAudit) -> None:
     """One row more; the oldest past ``AUDIT_KEEP`` go (nums are never reused, so the newest
     ``AUDIT_KEEP`` are those within that many of the one just written)."""
-    num = conn.execute(_AUDIT_INSERT, op.row()).lastrowid
-    conn.execute("DELETE FROM audit WHERE num <= ?", (int(num or 0) - AUDIT_KEEP,))
+    row = [int(v) if isinstance(v, bool) else v for v in op.row()]
+    num = conn.execute(_AUDIT_INSERT + " RETURNING num", row).fetchone()[0]
+    conn.execute("DELETE FROM audit WHERE num <= ?", (int(num) - AUDIT_KEEP,))

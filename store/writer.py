@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import threading
 import time
 from collections import deque
@@ -32,6 +31,7 @@ from typing import TypedDict, Unpack
 
 import attrs
 
+from store.dbapi import Location, as_location
 from store.errors import StoreClosed, StoreError, StoreFull
 from store.items import WrittenRow
 from store.records import Append, Op, Outcome, PutState, RecordAudit, RecordUsage, TrimJournal
@@ -89,7 +89,7 @@ class WriterRules:
 
     def __init__(
         self,
-        path: str | os.PathLike[str],
+        path: Location,
         *,
         max_queue: int = 4096,
         max_batch: int = 512,
@@ -97,7 +97,9 @@ class WriterRules:
     ) -> None:
         if max_queue < 1 or max_batch < 1:
             raise ValueError("max_queue and max_batch must be at least 1")
-        self.path = Path(path)
+        #: The store: an SQLite file or a PostgreSQL DSN (:mod:`store.dbapi`; it may hold a
+        #: password: name it with :func:`store.dbapi.describe`).
+        self.path: Path | str = as_location(path)
         self.max_queue = max_queue
         self.max_batch = max_batch
         self.bulk_gap = bulk_gap
@@ -186,7 +188,7 @@ class GroupCommitWriter(WriterRules):
 
     def __init__(
         self,
-        path: str | os.PathLike[str],
+        path: Location,
         *,
         process: bool = True,
         **limits: Unpack[WriterLimits],

@@ -1,5 +1,7 @@
 """The child process of :class:`store.writer_process.DatabaseProcess`:
-``python -m store.writer_child PATH PARENT_PID``.
+``python -m store.writer_child PATH PARENT_PID`` (for a PostgreSQL store, PATH is the DSN
+without its password, and the DSN itself is in the variable
+:data:`~store.writer_process.DSN_VARIABLE`).
 
 It opens the database, answers ``"ready"`` (or the :class:`~store.errors.StoreError` that
 stopped it), then applies each batch read from stdin and answers ``(outcomes, rows, gap)``:
@@ -15,9 +17,10 @@ import signal
 import sys
 from collections.abc import Sequence
 
+from store.dbapi import is_dsn
 from store.errors import StoreError
 from store.sqlite import Database
-from store.writer_process import receive, send
+from store.writer_process import DSN_VARIABLE, receive, send
 
 _PR_SET_PDEATHSIG = 1
 
@@ -35,13 +38,17 @@ def main(argv: Sequence[str]) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     path, parent = argv[0], int(argv[1])
+    location = os.environ.pop(DSN_VARIABLE, path) if is_dsn(path) else path
     if not _die_with_parent(parent):
         return 1
     stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
     try:
-        database = Database(path)
+        database = Database(location)
     except Exception as exc:
-        send(stdout, StoreError(f"cannot open the store {path}: {exc}"))
+        if is_dsn(path) and isinstance(exc, StoreError):
+            send(stdout, StoreError(str(exc)))  # it names the store (without its password)
+        else:
+            send(stdout, StoreError(f"cannot open the store {path}: {exc}"))
         return 1
     send(stdout, "ready")
     try:

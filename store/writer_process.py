@@ -37,6 +37,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import IO, Any
 
+from store.dbapi import Location, as_location, describe, is_dsn
 from store.errors import StoreError
 from store.items import WrittenRow
 from store.records import Op, Outcome
@@ -115,8 +116,8 @@ class DatabaseProcess:
     """A :class:`~store.sqlite.Database` in a child process (see the module docstring). Used by
     one thread at a time. Raises :class:`StoreError` when the database cannot be opened."""
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
-        self.path = Path(path)
+    def __init__(self, path: Location) -> None:
+        self.path = as_location(path)
         self.items = _Committed()
         self._child: subprocess.Popen[bytes] | None = None
         self._start()
@@ -161,18 +162,28 @@ class DatabaseProcess:
             end(child)
 
 
-def spawn(path: Path) -> subprocess.Popen[bytes]:
-    """Start a child on the store at ``path``, tied to the calling thread; its first answer
-    says whether it opened the store (:func:`check_ready`)."""
+#: The variable a child is given a PostgreSQL DSN in (its command line, which any user of the
+#: machine may read, names the store without its password).
+DSN_VARIABLE = "MCPLIVE_STORE_DSN"
+
+
+def spawn(path: Location) -> subprocess.Popen[bytes]:
+    """Start a child on the store at ``path`` (a file or a DSN), tied to the calling thread;
+    its first answer says whether it opened the store (:func:`check_ready`)."""
+    env = {**os.environ, "PYTHONPATH": _import_path()}
+    where = str(path)
+    if is_dsn(path):
+        env[DSN_VARIABLE] = where
+        where = describe(path)
     return subprocess.Popen(
-        [sys.executable, "-m", "store.writer_child", str(path), str(os.getpid())],
+        [sys.executable, "-m", "store.writer_child", where, str(os.getpid())],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
-        env={**os.environ, "PYTHONPATH": _import_path()},
+        env=env,
     )
 
 
-def start_child(path: Path) -> subprocess.Popen[bytes]:
+def start_child(path: Location) -> subprocess.Popen[bytes]:
     """A child on the store at ``path`` that has opened it (this waits for it), tied to the
     calling thread; raises the :class:`StoreError` that stopped it."""
     child = spawn(path)

@@ -274,12 +274,14 @@ async def running_lobby(
     *lobby_args: str,
     wait_ready: bool = True,
     websocket: bool = False,
+    host_keys: Mapping[str, Any] | None = None,
     **server_keys: Any,
 ) -> AsyncIterator[RunningLobby]:
     """A host with one lobby server (``lobby(address, *lobby_args, **server_keys)``: a stdio
     subprocess, or with ``websocket`` a subprocess serving a loopback websocket the host dials)
     and ``agents`` (see :func:`agent_configs`); the lobby's control connection is accepted and,
-    unless ``wait_ready=False``, the lobby is :func:`ready`."""
+    unless ``wait_ready=False``, the lobby is :func:`ready`. ``host_keys`` are added to the
+    config's ``[host]`` table."""
     async with open_control_listener() as listener, contextlib.AsyncExitStack() as stack:
         server = lobby(listener.address, *lobby_args, **server_keys)
         if websocket:
@@ -287,6 +289,7 @@ async def running_lobby(
             url = await stack.enter_async_context(ws_lobby(*args))
             server = {"id": server["id"], "url": url, **server_keys}
         cfg = config(tmp_path, [server], agent_configs(tmp_path, agents))
+        cfg["host"].update(host_keys or {})
         async with Host.open(cfg) as host:
             stream = host.trace()
             ctl = await listener.accept()

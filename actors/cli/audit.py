@@ -18,7 +18,7 @@ from typing import Any
 from actors.config import ConfigErrors, read_config_source
 from actors.transcript.printer import local_stamp, utc_stamp
 from protocol.display import printable
-from store import AuditEntry
+from store import AuditEntry, db_path
 
 from .usage import parse_day, read_store, said_in_one_line
 
@@ -60,7 +60,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
 
 def _audit(args: argparse.Namespace) -> int:
     since = None if args.since is None else parse_day(args.since)
-    entries = read_store(_data_dir(args), lambda r: r.audit(since=since, limit=args.limit))
+    entries = read_store(db_path(_data_dir(args)), lambda r: r.audit(since=since, limit=args.limit))
     for entry in entries:
         print(json.dumps(json_of(entry)) if args.json else line_of(entry))
     if not entries and not args.json:

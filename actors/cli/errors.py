@@ -14,6 +14,7 @@ import sys
 from actors.config import ConfigErrors
 from actors.errors import ConfigError, DataDirBusy
 from store import StoreDamaged, StoreError
+from store.dbapi import is_dsn
 
 #: Exit status for configuration and usage problems (as argparse uses).
 EXIT_CONFIG = 2
@@ -38,6 +39,11 @@ def failure_lines(exc: BaseException) -> tuple[list[str], int] | None:
         return [str(exc)], EXIT_CONFIG
     if isinstance(exc, DataDirBusy):
         return [str(exc)], EXIT_FAILED
+    if isinstance(exc, StoreDamaged) and is_dsn(exc.path):
+        return [
+            f"{exc.path}: the database is not an mcplive store ({exc.detail}); give the store "
+            "a database of its own (CREATE DATABASE … TEMPLATE template0)"
+        ], EXIT_FAILED
     if isinstance(exc, StoreDamaged):
         return [
             f"{exc.path}: the store is damaged or is not an mcplive store ({exc.detail}); stop "

@@ -173,13 +173,12 @@ def resolve_channel(text: str, known: Iterable[KnownChannel]) -> frozenset[tuple
 
 def cmd_history(args: argparse.Namespace) -> int:
     try:
-        data_dir, redactor = _where_and_secrets(args)
+        path, redactor = _where_and_secrets(args)
     except ConfigError as exc:
         for problem in exc.problems if isinstance(exc, ConfigErrors) else [str(exc)]:
             print(f"mcplive: {problem}", file=sys.stderr)
         return 2
-    path = db_path(data_dir)
-    if not path.is_file():
+    if isinstance(path, Path) and not path.is_file():
         print(f"mcplive: no store at {path}; give --data-dir", file=sys.stderr)
         return 1
     try:
@@ -233,15 +232,16 @@ def cmd_history(args: argparse.Namespace) -> int:
     return 0
 
 
-def _where_and_secrets(args: argparse.Namespace) -> tuple[Path, Redactor]:
-    """The data dir to read and the redactor of what is printed: the configured credentials
-    with ``--config``, else the model API keys in the environment."""
+def _where_and_secrets(args: argparse.Namespace) -> tuple[Path | str, Redactor]:
+    """The store to read (the SQLite file in the data dir, or the config's PostgreSQL DSN) and
+    the redactor of what is printed: the configured credentials with ``--config``, else the
+    model API keys in the environment."""
     if args.config is None:
         keys = [os.environ.get(name) for name in MODEL_KEY_VARIABLES]
-        return Path(args.data_dir or "mcplive-data"), Redactor(keys)
+        return db_path(Path(args.data_dir or "mcplive-data")), Redactor(keys)
     data_dir = Path(args.data_dir) if args.data_dir else None
     cfg = load_config(args.config, data_dir=data_dir)
-    return cfg.data_dir, host_redactor(cfg)
+    return cfg.store_location, host_redactor(cfg)
 
 
 class Printer:

@@ -19,7 +19,7 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any, TextIO, TypeVar
 
-from actors.config import ConfigError, ConfigErrors, prices_of, read_config_source
+from actors.config import ConfigError, ConfigErrors, prices_of, read_config_source, store_of
 from actors.models.usage import GROUPINGS, TOKENS, Row, rows_of
 from protocol.prices import Price, prices
 from store import Reader, StoreError, db_path
@@ -40,12 +40,14 @@ def parse_day(text: str) -> float:
     return dt.datetime(day.year, day.month, day.day, tzinfo=dt.UTC).timestamp()
 
 
-def _where_and_prices(args: argparse.Namespace) -> tuple[Path, dict[str, Price]]:
-    """The data dir (``--data-dir``, else the config's, else ``./mcplive-data``) and the price
-    table (the config's ``[prices]`` over the built-in one). Only ``[host] data_dir`` and
-    ``[prices]`` are read from the config: reading the ledger needs no token or API key."""
+def _where_and_prices(args: argparse.Namespace) -> tuple[Path | str, dict[str, Price]]:
+    """The store (the config's PostgreSQL DSN, else the SQLite file in the data dir:
+    ``--data-dir``, else the config's, else ``./mcplive-data``) and the price table (the
+    config's ``[prices]`` over the built-in one). Only ``[host] data_dir``, ``store``,
+    ``store_env`` and ``[prices]`` are read from the config: reading the ledger needs no token or
+    API key."""
     if args.config is None:
-        return Path(args.data_dir or "mcplive-data").resolve(), prices()
+        return db_path(Path(args.data_dir or "mcplive-data").resolve()), prices()
     raw, base = read_config_source(args.config)
     problems: list[str] = []
     overrides = prices_of(raw.get("prices", {}), problems)
@@ -53,21 +55,24 @@ def _where_and_prices(args: argparse.Namespace) -> tuple[Path, dict[str, Price]]
     value = host.get("data_dir", "./mcplive-data") if isinstance(host, Mapping) else None
     if not isinstance(value, str) or not value:
         problems.append("host.data_dir: must be a path string")
+    dsn = store_of(host.get("store"), host.get("store_env"), problems) if value else None
     if problems:
         raise ConfigErrors(problems)
+    if dsn is not None:
+        return dsn, prices(overrides)
     if args.data_dir:
-        return Path(args.data_dir).resolve(), prices(overrides)
-    return (base / str(value)).resolve(), prices(overrides)
+        return db_path(Path(args.data_dir).resolve()), prices(overrides)
+    return db_path((base / str(value)).resolve()), prices(overrides)
 
 
-def read_store(data_dir: Path, read: Callable[[Reader], T]) -> T:
-    """``read`` over a read-only connection to the store in ``data_dir`` (it works beside a
-    running host and changes nothing); a missing or unreadable store is a ``UsageError``."""
-    path = db_path(data_dir)
-    if not path.is_file():
-        raise UsageError(f"no store at {path}; give a CONFIG or --data-dir")
+def read_store(where: Path | str, read: Callable[[Reader], T]) -> T:
+    """``read`` over a read-only connection to the store at ``where`` (the SQLite file, or a
+    PostgreSQL DSN); it works beside a running host and changes nothing. A missing or
+    unreadable store is a ``UsageError``."""
+    if isinstance(where, Path) and not where.is_file():
+        raise UsageError(f"no store at {where}; give a CONFIG or --data-dir")
     try:
-        with Reader(path, read_only=True) as reader:
+        with Reader(where, read_only=True) as reader:
             return read(reader)
     except StoreError as exc:
         raise UsageError(str(exc)) from None
@@ -92,8 +97,8 @@ def cmd_usage(args: argparse.Namespace) -> int:
 
 def _usage(args: argparse.Namespace) -> int:
     since = None if args.since is None else parse_day(args.since)
-    data_dir, table = _where_and_prices(args)
-    totals = read_store(data_dir, lambda reader: reader.usage(since=since, agent=args.agent))
+    where, table = _where_and_prices(args)
+    totals = read_store(where, lambda reader: reader.usage(since=since, agent=args.agent))
     rows = rows_of(totals, args.by, table)
     if args.json:
         for row in rows:

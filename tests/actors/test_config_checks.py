@@ -42,8 +42,8 @@ def problems(raw: dict[str, Any]) -> list[str]:
     [
         ({"host": {"datadir": "x"}}, "host.datadir: unknown key; did you mean data_dir?"),
         ({"host": {"colour": "x"}}, "host.colour: unknown key; [host] takes "
-         "budget_daily_tokens, budget_daily_usd, data_dir, host_id, inference_model, timezone, "
-         "web and web_token_env"),
+         "budget_daily_tokens, budget_daily_usd, data_dir, host_id, inference_model, store, "
+         "store_env, timezone, web and web_token_env"),
         ({"server": []}, "server: unknown key; did you mean servers?"),
         ({"servers": [{"id": "a", "command": ["x"], "request_timeout": 5}]},
          "servers[a].request_timeout: unknown key; did you mean request_timeout_s?"),

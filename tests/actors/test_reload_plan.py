@@ -121,6 +121,7 @@ def test_a_restart_list_names_keys_never_values() -> None:
     new = attrs.evolve(
         old,
         data_dir=Path("/e"),
+        store="postgresql://ada:pw-secret-1@db/mcplive",
         servers=(
             attrs.evolve(lobby, token="tok-new-654321", disabled_capabilities=("tools",)),
             ServerConfig(id="clock", command=("c",)),
@@ -134,12 +135,15 @@ def test_a_restart_list_names_keys_never_values() -> None:
     assert plan.changed == ("lobby.disabled_capabilities", "Ada.system_prompt")
     assert plan.restart == (
         "data_dir",
+        "store",
         "server clock added",
         "lobby.token",
         "agent Bob added",
         "Ada.model",
     )
     assert "tok-" not in repr(plan.changed + plan.restart)
+    assert "pw-secret" not in repr(plan.changed + plan.restart)
+    assert plan.config.store is None  # the running store stays
     assert plan.config.servers[0].token == "tok-old-123456"  # the running token stays
     assert plan.config.servers[0].disabled_capabilities == ("tools",)
 

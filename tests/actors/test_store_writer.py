@@ -9,6 +9,7 @@ import os
 import signal
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
@@ -61,6 +62,24 @@ class Log:
         return [e[0] for e in self.events if e[0] != "rows"]
 
 
+class _Database:
+    """A PostgreSQL store where a test names a file in its folder: every name is the DSN."""
+
+    def __init__(self, dsn: str) -> None:
+        self.dsn = dsn
+
+    def __truediv__(self, _name: str) -> str:
+        return self.dsn
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def where(request: pytest.FixtureRequest, tmp_path: Path) -> Any:
+    """The test's folder, whose ``s.db`` is its SQLite store; or a PostgreSQL database."""
+    if request.param == "postgresql":
+        return _Database(request.getfixturevalue("pg_dsn"))
+    return tmp_path
+
+
 def _writer(path: Path, log: Log, **kwargs: float) -> StoreWriter:
     writer = StoreWriter(path / "s.db", **kwargs)  # type: ignore[arg-type]
     writer.on_commit = log.commit
@@ -76,9 +95,9 @@ def _stored(path: Path, name: str = "s.db") -> list[str]:
         return [m["id"] for m in reader.history("alice")]
 
 
-async def test_ops_waiting_behind_a_batch_commit_together_in_order(tmp_path: Path) -> None:
+async def test_ops_waiting_behind_a_batch_commit_together_in_order(where: Path) -> None:
     log = Log()
-    writer = _writer(tmp_path, log)
+    writer = _writer(where, log)
     writer.start()
     with trio.fail_after(GUARD):
         _submit(writer, log, "a")
@@ -90,12 +109,12 @@ async def test_ops_waiting_behind_a_batch_commit_together_in_order(tmp_path: Pat
     assert all(isinstance(o, AppendResult) and o.stored for o in log.outcomes().values())
     stats = writer.stats()
     assert (stats.ops, stats.batches, stats.largest_batch) == (4, 2, 3)
-    assert _stored(tmp_path) == ["a", "b", "c", "d"]
+    assert _stored(where) == ["a", "b", "c", "d"]
 
 
-async def test_each_batchs_rows_are_told_before_its_ops_are_done(tmp_path: Path) -> None:
+async def test_each_batchs_rows_are_told_before_its_ops_are_done(where: Path) -> None:
     log = Log()
-    writer = _writer(tmp_path, log, max_batch=2)
+    writer = _writer(where, log, max_batch=2)
     _submit(writer, log, "a", "b", "c")  # before the start: batches of at most 2
     writer.start()
     with trio.fail_after(GUARD):
@@ -109,9 +128,9 @@ async def test_each_batchs_rows_are_told_before_its_ops_are_done(tmp_path: Path)
     ]
 
 
-async def test_the_queue_refuses_past_max_queue_and_keeps_what_it_took(tmp_path: Path) -> None:
+async def test_the_queue_refuses_past_max_queue_and_keeps_what_it_took(where: Path) -> None:
     log = Log()
-    writer = _writer(tmp_path, log, max_queue=3)
+    writer = _writer(where, log, max_queue=3)
     _submit(writer, log, "a", "b")
     with pytest.raises(StoreFull):
         _submit(writer, log, "c", "d")  # all or none: 4 do not fit
@@ -122,14 +141,14 @@ async def test_the_queue_refuses_past_max_queue_and_keeps_what_it_took(tmp_path:
     with trio.fail_after(GUARD):
         await writer.aclose()
     assert log.tags() == ["a", "b", "c"]
-    assert _stored(tmp_path) == ["a", "b", "c"]
+    assert _stored(where) == ["a", "b", "c"]
     with pytest.raises(StoreClosed):
         _submit(writer, log, "e")
 
 
-async def test_bulk_ops_gather_until_a_prompt_op_takes_them_with_it(tmp_path: Path) -> None:
+async def test_bulk_ops_gather_until_a_prompt_op_takes_them_with_it(where: Path) -> None:
     log = Log()
-    writer = _writer(tmp_path, log, bulk_gap=FOREVER)
+    writer = _writer(where, log, bulk_gap=FOREVER)
     writer.start()
     with trio.fail_after(GUARD):
         _submit(writer, log, "x", "y", bulk=True)
@@ -144,12 +163,12 @@ async def test_bulk_ops_gather_until_a_prompt_op_takes_them_with_it(tmp_path: Pa
         await writer.aclose()  # closing commits it at once
     assert log.tags() == ["x", "y", "p", "z"]
     assert writer.stats().batches == 2
-    assert _stored(tmp_path) == ["x", "y", "p", "z"]
+    assert _stored(where) == ["x", "y", "p", "z"]
 
 
-async def test_a_full_batch_of_bulk_ops_does_not_wait(tmp_path: Path) -> None:
+async def test_a_full_batch_of_bulk_ops_does_not_wait(where: Path) -> None:
     log = Log()
-    writer = _writer(tmp_path, log, bulk_gap=FOREVER, max_batch=2)
+    writer = _writer(where, log, bulk_gap=FOREVER, max_batch=2)
     writer.start()
     with trio.fail_after(GUARD):
         await trio.testing.wait_all_tasks_blocked()  # the task waits for ops
@@ -161,9 +180,9 @@ async def test_a_full_batch_of_bulk_ops_does_not_wait(tmp_path: Path) -> None:
     assert log.tags() == ["x", "y", "z"]
 
 
-async def test_bulk_ops_alone_are_committed_after_the_gap(tmp_path: Path) -> None:
+async def test_bulk_ops_alone_are_committed_after_the_gap(where: Path) -> None:
     log = Log()
-    writer = _writer(tmp_path, log, bulk_gap=0.01)
+    writer = _writer(where, log, bulk_gap=0.01)
     writer.start()
     with trio.fail_after(GUARD):
         await trio.testing.wait_all_tasks_blocked()  # the task waits for ops
@@ -173,9 +192,9 @@ async def test_bulk_ops_alone_are_committed_after_the_gap(tmp_path: Path) -> Non
     assert log.outcomes() == {"x": AppendResult(stored=True)}
 
 
-async def test_a_failing_op_fails_alone(tmp_path: Path) -> None:
+async def test_a_failing_op_fails_alone(where: Path) -> None:
     log = Log()
-    writer = _writer(tmp_path, log)
+    writer = _writer(where, log)
     _submit(writer, log, "a")
     writer.submit_many([(_append("a"), log.done("again")), (_append("b"), log.done("b"))])
     writer.start()
@@ -186,9 +205,9 @@ async def test_a_failing_op_fails_alone(tmp_path: Path) -> None:
     assert outcomes["a"] == outcomes["b"] == AppendResult(stored=True)
 
 
-async def test_a_raising_callback_does_not_stop_the_writer(tmp_path: Path) -> None:
+async def test_a_raising_callback_does_not_stop_the_writer(where: Path) -> None:
     log = Log()
-    writer = _writer(tmp_path, log)
+    writer = _writer(where, log)
     writer.start()
 
     def boom(_outcome: object) -> None:
@@ -199,12 +218,12 @@ async def test_a_raising_callback_does_not_stop_the_writer(tmp_path: Path) -> No
         _submit(writer, log, "b")
         await writer.aclose()
     assert log.outcomes() == {"b": AppendResult(stored=True)}
-    assert _stored(tmp_path) == ["a", "b"]
+    assert _stored(where) == ["a", "b"]
 
 
-async def test_a_process_killed_between_batches_is_replaced_with_no_gap(tmp_path: Path) -> None:
+async def test_a_process_killed_between_batches_is_replaced_with_no_gap(where: Path) -> None:
     log = Log()
-    writer = _writer(tmp_path, log)
+    writer = _writer(where, log)
     writer.start()
     with trio.fail_after(GUARD):
         first = writer.store_pid
@@ -224,14 +243,14 @@ async def test_a_process_killed_between_batches_is_replaced_with_no_gap(tmp_path
         ("rows", ["b"], False),  # every batch of the killed one was answered
         ("b", AppendResult(stored=True)),
     ]
-    assert _stored(tmp_path) == ["a", "b"]
+    assert _stored(where) == ["a", "b"]
 
 
 async def test_a_batch_whose_process_dies_fails_and_the_next_one_goes_through(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    where: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     log = Log()
-    writer = _writer(tmp_path, log)
+    writer = _writer(where, log)
     writer.start()
     pid = writer.store_pid
     assert pid is not None
@@ -254,12 +273,12 @@ async def test_a_batch_whose_process_dies_fails_and_the_next_one_goes_through(
     assert log.events[:2] == [("rows", [], True), ("a", log.outcomes()["a"])]
     assert isinstance(log.outcomes()["a"], StoreError)  # never acknowledged
     assert log.events[2:] == [("rows", ["b"], False), ("b", AppendResult(stored=True))]
-    assert _stored(tmp_path) == ["b"]
+    assert _stored(where) == ["b"]
 
 
-async def test_close_drains_the_queue_and_ends_the_process(tmp_path: Path) -> None:
+async def test_close_drains_the_queue_and_ends_the_process(where: Path) -> None:
     log = Log()
-    writer = _writer(tmp_path, log, max_batch=16)
+    writer = _writer(where, log, max_batch=16)
     writer.start()
     pid = writer.store_pid
     assert pid is not None
@@ -271,17 +290,17 @@ async def test_close_drains_the_queue_and_ends_the_process(tmp_path: Path) -> No
     assert log.tags() == texts
     assert writer.store_pid is None
     wait_gone(pid)
-    assert _stored(tmp_path) == texts
+    assert _stored(where) == texts
 
 
-async def test_closing_a_writer_never_started_commits_what_waits(tmp_path: Path) -> None:
+async def test_closing_a_writer_never_started_commits_what_waits(where: Path) -> None:
     log = Log()
-    writer = _writer(tmp_path, log)
+    writer = _writer(where, log)
     _submit(writer, log, "a")
     with trio.fail_after(GUARD):
         await writer.aclose()
     assert log.outcomes() == {"a": AppendResult(stored=True)}
-    idle = _writer(tmp_path, Log())
+    idle = _writer(where, Log())
     await idle.aclose()  # nothing waits: no process is started
     assert idle.store_pid is None
 
@@ -301,13 +320,13 @@ async def test_a_store_that_cannot_be_opened_fails_the_start_and_the_close(
 
 
 def test_a_run_that_ends_without_close_fails_what_waits_and_ends_the_process(
-    tmp_path: Path,
+    where: Path,
 ) -> None:
     log = Log()
     pids: list[int] = []
 
     async def main() -> None:
-        writer = _writer(tmp_path, log, bulk_gap=FOREVER)
+        writer = _writer(where, log, bulk_gap=FOREVER)
         writer.start()
         assert writer.store_pid is not None
         pids.append(writer.store_pid)
@@ -319,7 +338,7 @@ def test_a_run_that_ends_without_close_fails_what_waits_and_ends_the_process(
     assert log.tags() == ["a", "x"]
     assert isinstance(log.outcomes()["x"], StoreClosed)
     wait_gone(pids[0])
-    assert _stored(tmp_path) == ["a"]
+    assert _stored(where) == ["a"]
 
 
 _HOST = textwrap.dedent(

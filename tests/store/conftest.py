@@ -5,6 +5,7 @@ import itertools
 import os
 import select
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -14,6 +15,7 @@ from typing import Any
 import pytest
 
 from store import Append, MessageRecord, db_path
+from store.dbapi import is_dsn
 
 _ids = itertools.count()
 
@@ -76,8 +78,24 @@ def item_copies(item: int, agents: list[str], *, invited: frozenset[str] = froze
     return Append(records=tuple(records))
 
 
+#: The store backends every test of the shared suite runs on.
+BACKENDS = ("sqlite", "postgresql")
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """A test taking ``path`` runs once per backend, unless marked ``sqlite_only`` (it reads
+    the SQLite file itself, or an SQLite-only feature: old schemas, read-only files)."""
+    if "path" in metafunc.fixturenames:
+        only = metafunc.definition.get_closest_marker("sqlite_only") is not None
+        metafunc.parametrize("backend", ["sqlite"] if only else list(BACKENDS))
+
+
 @pytest.fixture
-def path(tmp_path: Path) -> Path:
+def path(backend: str, tmp_path: Path, request: pytest.FixtureRequest) -> Any:
+    """Where the test's store is: an SQLite file in the test's folder, or (backend
+    ``postgresql``) the DSN of a new database on the session's throwaway cluster."""
+    if backend == "postgresql":
+        return request.getfixturevalue("pg_dsn")
     return db_path(tmp_path / "data")
 
 
@@ -180,3 +198,23 @@ def kill_host_with_stopped_store(script: str, path: Path) -> None:
         if child > 0:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(child, signal.SIGKILL)
+
+
+def run_sql(where: Any, statement: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    """Run one statement (``?`` placeholders) on the store at ``where``, outside the store's
+    own code, on either backend, committed at once; the rows it returns."""
+    if is_dsn(where):
+        from store.postgres import PgConnection
+
+        pg = PgConnection(where)
+        try:
+            cursor = pg.execute(statement, params)
+            return [tuple(r) for r in cursor.fetchall()] if cursor.description else []
+        finally:
+            pg.close()
+    conn = sqlite3.connect(where)
+    try:
+        with conn:
+            return conn.execute(statement, params).fetchall()
+    finally:
+        conn.close()

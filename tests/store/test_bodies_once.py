@@ -20,19 +20,16 @@ from store import (
 )
 from store.items import ItemWriter
 from tests.store.conftest import item_copies as copies
+from tests.store.conftest import run_sql
 
 AGENTS = [f"agent{i}" for i in range(12)]
 
 
 def tables(path: Path) -> dict[str, int]:
-    conn = sqlite3.connect(path)
-    try:
-        return {
-            name: int(conn.execute(f"SELECT COUNT(*) FROM {name}").fetchone()[0])
-            for name in ("items", "names", "message_refs", "messages")
-        }
-    finally:
-        conn.close()
+    return {
+        name: int(run_sql(path, f"SELECT COUNT(*) FROM {name}")[0][0])
+        for name in ("items", "names", "message_refs", "messages")
+    }
 
 
 def test_the_copies_of_an_item_share_one_body_and_read_back_as_written(path: Path) -> None:
@@ -147,6 +144,7 @@ def test_the_writer_remembers_at_most_its_cap_of_names(path: Path) -> None:
         ItemWriter(cap=0)
 
 
+@pytest.mark.sqlite_only
 def test_the_messages_view_keeps_the_old_shape_for_inserts_and_updates(path: Path) -> None:
     with Database(path) as db:
         db.apply([copies(0, ["a", "b"])])

@@ -19,9 +19,13 @@ from store import (
     StoreError,
 )
 
-from .conftest import record
+from .conftest import record, run_sql
+
+#: A body or value that does not decode.
+BAD = b"\xff\x00"
 
 
+@pytest.mark.sqlite_only
 def test_creates_folder_schema_and_wal(path: Path) -> None:
     assert not path.parent.exists()
     with Database(path):
@@ -39,10 +43,7 @@ def test_creates_folder_schema_and_wal(path: Path) -> None:
 
 def test_other_schema_version_is_refused(path: Path) -> None:
     Database(path).close()
-    conn = sqlite3.connect(path)
-    conn.execute("UPDATE meta SET value = '99' WHERE key = 'schema_version'")
-    conn.commit()
-    conn.close()
+    run_sql(path, "UPDATE meta SET value = '99' WHERE key = 'schema_version'")
     with pytest.raises(StoreError, match="99"):
         Database(path)
 
@@ -166,6 +167,7 @@ def test_duplicate_id_within_one_op(path: Path) -> None:
         assert reader.count() == 0
 
 
+@pytest.mark.sqlite_only
 def test_transaction_failure_falls_back_to_one_op_per_transaction(path: Path) -> None:
     # A second connection holding the write lock with a zero busy timeout makes BEGIN fail in
     # the batch; the fallback then retries op by op, each failing on its own.
@@ -206,10 +208,11 @@ def test_reader_sees_later_commits(path: Path) -> None:
 def test_corrupt_body_is_skipped_by_every_read(path: Path) -> None:
     with Database(path) as db:
         db.apply([Append(records=(record(id="a"), record(id="bad"), record(id="c")))])
-    conn = sqlite3.connect(path)
-    conn.execute("UPDATE messages SET body = x'ff00' WHERE id = 'bad'")
-    conn.commit()
-    conn.close()
+    run_sql(
+        path,
+        "UPDATE items SET body = ? WHERE num IN (SELECT item FROM message_refs WHERE id = 'bad')",
+        (BAD,),
+    )
     with Reader(path) as reader:
         assert [m["id"] for m in reader.history()] == ["a", "c"]
         (skipped,) = reader.take_skipped()
@@ -227,10 +230,12 @@ def test_rows_reads_on_past_skipped_records(path: Path) -> None:
     """A page stays full while more decodable rows exist, so paging never stops early."""
     with Database(path) as db:
         db.apply([Append(records=tuple(record(id=f"m{n}") for n in range(1, 8)))])
-    conn = sqlite3.connect(path)
-    conn.execute("UPDATE messages SET body = x'ff00' WHERE id IN ('m2', 'm3', 'm6')")
-    conn.commit()
-    conn.close()
+    run_sql(
+        path,
+        "UPDATE items SET body = ? WHERE num IN"
+        " (SELECT item FROM message_refs WHERE id IN ('m2', 'm3', 'm6'))",
+        (BAD,),
+    )
     with Reader(path) as reader:
         assert [r.seq for r in reader.rows(limit=3)] == [1, 4, 5]
         assert [r.seq for r in reader.rows(limit=3, after_seq=4)] == [5, 7]
@@ -247,10 +252,11 @@ def test_skipped_reports_are_bounded(path: Path, monkeypatch: pytest.MonkeyPatch
     monkeypatch.setattr(store.reader, "MAX_SKIPPED", 2)
     with Database(path) as db:
         db.apply([Append(records=tuple(record(id=f"m{n}") for n in range(5)))])
-    conn = sqlite3.connect(path)
-    conn.execute("UPDATE messages SET body = x'ff00' WHERE id != 'm0'")
-    conn.commit()
-    conn.close()
+    run_sql(
+        path,
+        "UPDATE items SET body = ? WHERE num IN (SELECT item FROM message_refs WHERE id <> 'm0')",
+        (BAD,),
+    )
     with Reader(path) as reader:
         assert [m["id"] for m in reader.history()] == ["m0"]
         skipped = reader.take_skipped()
@@ -266,10 +272,7 @@ def test_corrupt_state_value_is_skipped(path: Path) -> None:
         db.apply(
             [PutState(namespace="ns", key="a", value=1), PutState(namespace="ns", key="b", value=2)]
         )
-    conn = sqlite3.connect(path)
-    conn.execute("UPDATE state SET value = x'ff00' WHERE key = 'a'")
-    conn.commit()
-    conn.close()
+    run_sql(path, "UPDATE state SET value = ? WHERE key = 'a'", (BAD,))
     with Reader(path) as reader:
         assert reader.state("ns") == {"b": 2}
         assert [s.key for s in reader.take_skipped()] == ["ns/a"]
@@ -313,10 +316,11 @@ def test_search(path: Path) -> None:
 def test_reader_recovers_after_corrupt_row_in_search(path: Path) -> None:
     with Database(path) as db:
         db.apply([Append(records=(record(id="bad"), record(id="good")))])
-    conn = sqlite3.connect(path)
-    conn.execute("UPDATE messages SET body = x'ff00' WHERE id = 'bad'")
-    conn.commit()
-    conn.close()
+    run_sql(
+        path,
+        "UPDATE items SET body = ? WHERE num IN (SELECT item FROM message_refs WHERE id = 'bad')",
+        (BAD,),
+    )
     with Reader(path) as reader, Database(path) as db:
         assert [m["id"] for m in reader.search("hello")] == ["good"]
         db.apply([Append(records=(record(id="later"),))])

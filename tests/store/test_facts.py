@@ -203,6 +203,7 @@ def _v2_history() -> list[Any]:
 _DAMAGED = ("damaged", "dee", b"\xff" + MARKERS[HEADER_FACT] + MARKERS[NOTICE_FACT])
 
 
+@pytest.mark.sqlite_only
 @pytest.mark.parametrize("opener", [Database, Reader])
 def test_a_version_2_store_is_upgraded_with_the_facts_of_what_it_held(
     path: Path, opener: Any
@@ -221,6 +222,7 @@ def test_a_version_2_store_is_upgraded_with_the_facts_of_what_it_held(
         assert reader.agent_facts("cy") == {HEADER_FACT}
 
 
+@pytest.mark.sqlite_only
 def test_a_version_2_store_read_only_answers_by_scanning_and_stays_version_2(path: Path) -> None:
     write_v2_store(path, _v2_history(), raw=[_DAMAGED])
     with Reader(path, read_only=True) as reader:
@@ -231,6 +233,7 @@ def test_a_version_2_store_read_only_answers_by_scanning_and_stays_version_2(pat
     assert schema_version(path) == "2"
 
 
+@pytest.mark.sqlite_only
 def test_a_failed_upgrade_from_version_2_leaves_version_2(
     path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

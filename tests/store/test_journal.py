@@ -26,8 +26,9 @@ from store import (
     TrimJournal,
     decode_value,
 )
+from store.dbapi import is_dsn
 
-from .conftest import kill_child_after, record
+from .conftest import kill_child_after, record, run_sql
 from .durability_child import OTHER_STREAM, STREAM, journal_op
 from .old_schema import SCHEMA_V1
 
@@ -41,11 +42,7 @@ def records_of(reader: Reader, stream: str, **kwargs: Any) -> list[dict[str, Any
 
 
 def all_rows(path: Path) -> list[tuple[int, str, bytes]]:
-    conn = sqlite3.connect(path)
-    try:
-        return conn.execute("SELECT seq, stream, record FROM journal ORDER BY seq").fetchall()
-    finally:
-        conn.close()
+    return run_sql(path, "SELECT seq, stream, record FROM journal ORDER BY seq")
 
 
 # ------------------------------------------------------------------------------ ops
@@ -191,13 +188,23 @@ def test_an_entry_that_cannot_be_written_takes_its_messages_with_it(
     carries one stores none of its messages (the other ops are not affected)."""
     with Database(path) as db:
         db.apply([Append(records=(record(id="taken"),))])
-    conn = sqlite3.connect(path)
-    conn.execute(
-        "CREATE TRIGGER refuse BEFORE INSERT ON journal WHEN NEW.stream = 'refused'"
-        " BEGIN SELECT RAISE(ABORT, 'refused'); END"
-    )
-    conn.commit()
-    conn.close()
+    if is_dsn(path):
+        run_sql(
+            path,
+            "CREATE FUNCTION refuse() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN"
+            " IF NEW.stream = 'refused' THEN RAISE EXCEPTION 'refused'; END IF; RETURN NEW;"
+            " END $$",
+        )
+        run_sql(
+            path,
+            "CREATE TRIGGER refuse BEFORE INSERT ON journal FOR EACH ROW EXECUTE FUNCTION refuse()",
+        )
+    else:
+        run_sql(
+            path,
+            "CREATE TRIGGER refuse BEFORE INSERT ON journal WHEN NEW.stream = 'refused'"
+            " BEGIN SELECT RAISE(ABORT, 'refused'); END",
+        )
     ops = [
         Append(records=(record(id="ok1"),), journal=(entry("s", 1),)),
         Append(records=(record(id="bad1"), record(id="bad2")), journal=(entry("refused", 2),)),
@@ -243,11 +250,8 @@ def test_writer_acknowledges_entries_once_durable(path: Path) -> None:
 def test_corrupt_entry_is_skipped_and_reported_once(path: Path) -> None:
     with Database(path) as db:
         db.apply([Append(records=(), journal=(entry("s", 1), entry("s", 2)))])
-    conn = sqlite3.connect(path)
-    conn.execute("UPDATE journal SET record = x'ff00' WHERE seq = 1")
-    conn.execute("INSERT INTO journal (stream, record) VALUES ('t', x'01')")  # CBOR 1: no map
-    conn.commit()
-    conn.close()
+    run_sql(path, "UPDATE journal SET record = ? WHERE seq = 1", (b"\xff\x00",))
+    run_sql(path, "INSERT INTO journal (stream, record) VALUES ('t', ?)", (b"\x01",))  # no map
     with Reader(path) as reader:
         assert records_of(reader, "s") == [{"v": 1, "op": "admit", "n": 2}]
         assert reader.journal("t") == []
@@ -400,6 +404,7 @@ def _schema_of(path: Path) -> tuple[str, set[str]]:
     return version[0], names
 
 
+@pytest.mark.sqlite_only
 @pytest.mark.parametrize("opener", [Database, Reader])
 def test_a_version_1_store_opens_and_gains_the_journal(path: Path, opener: Any) -> None:
     _make_v1_store(path)
@@ -425,6 +430,7 @@ def test_a_version_1_store_opens_and_gains_the_journal(path: Path, opener: Any) 
         assert records_of(reader, "s") == [{"v": 1, "op": "admit", "n": 1}]
 
 
+@pytest.mark.sqlite_only
 def test_a_failed_upgrade_leaves_version_1(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import store.schema
 
@@ -440,6 +446,7 @@ def test_a_failed_upgrade_leaves_version_1(path: Path, monkeypatch: pytest.Monke
     assert _schema_of(path)[0] == str(SCHEMA_VERSION)
 
 
+@pytest.mark.sqlite_only
 def test_concurrent_openers_upgrade_once(path: Path) -> None:
     _make_v1_store(path)
     errors: list[BaseException] = []

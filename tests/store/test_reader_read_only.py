@@ -22,6 +22,9 @@ from store import (
 )
 from tests.store.conftest import record
 
+# SQLite's own: its file opened read-only (PostgreSQL's read-only reader: test_postgres.py).
+pytestmark = pytest.mark.sqlite_only
+
 
 def digest(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()

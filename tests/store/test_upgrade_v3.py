@@ -29,6 +29,9 @@ from tests.store.old_schema import read_v3_history, schema_version, write_v3_sto
 
 AGENTS = ["ada", "bo", "cy", "dee"]
 
+# SQLite's own: its stores of older schema versions.
+pytestmark = pytest.mark.sqlite_only
+
 
 def _notice(agent: str) -> MessageRecord:
     return MessageRecord(
