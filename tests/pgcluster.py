@@ -65,6 +65,9 @@ SETTINGS = {
     "max_connections": "100",
     "log_min_messages": "warning",
 }
+#: Over :data:`SETTINGS` for a durable cluster (the benchmark's): commits wait for the disk, as
+#: the embedded store's do.
+DURABLE = {"fsync": "on", "synchronous_commit": "on", "full_page_writes": "on"}
 _PR_SET_PDEATHSIG = 1
 
 
@@ -152,7 +155,14 @@ class Cluster:
     superuser; :meth:`create_database` makes a fresh one; :meth:`stop` ends it and removes its
     folder (also at exit)."""
 
-    def __init__(self, bin_dir: Path, folder: Path, user: pwd.struct_passwd | None) -> None:
+    def __init__(
+        self,
+        bin_dir: Path,
+        folder: Path,
+        user: pwd.struct_passwd | None,
+        settings: dict[str, str] | None = None,
+    ) -> None:
+        self.settings = {**SETTINGS, **(settings or {})}
         self.bin_dir = bin_dir
         self.folder = folder
         self.data = folder / "data"
@@ -242,7 +252,7 @@ class Cluster:
     def _spawn(self) -> None:
         command = [str(self.bin_dir / "postgres"), "-D", str(self.data), "-p", str(self.port)]
         command += ["-c", f"unix_socket_directories={self.socket_dir}"]
-        for key, value in SETTINGS.items():
+        for key, value in self.settings.items():
             command += ["-c", f"{key}={value}"]
         with open(self.log, "ab") as log:
             if self.user is not None:
@@ -357,9 +367,10 @@ class Cluster:
         self.stop()
 
 
-def start(bin_dir: Path | None = None) -> Cluster:
-    """Make and start a throwaway cluster (see the module's notes). Raises
-    :class:`ClusterError` when there are no server programs or it cannot start."""
+def start(bin_dir: Path | None = None, *, durable: bool = False) -> Cluster:
+    """Make and start a throwaway cluster (see the module's notes); ``durable``: its commits
+    wait for the disk (:data:`DURABLE`). Raises :class:`ClusterError` when there are no server
+    programs or it cannot start."""
     bin_dir = bin_dir or find_bin_dir()
     if bin_dir is None:
         raise ClusterError(f"no PostgreSQL server programs found ({where_looked()})")
@@ -368,7 +379,7 @@ def start(bin_dir: Path | None = None) -> Cluster:
     user = server_user()
     folder = Path(tempfile.mkdtemp(prefix=PREFIX, dir=tmp))
     (folder / "owner").write_text(str(os.getpid()), encoding="ascii")
-    cluster = Cluster(bin_dir, folder, user)
+    cluster = Cluster(bin_dir, folder, user, DURABLE if durable else None)
     atexit.register(cluster.stop)
     try:
         cluster.init()

@@ -17,7 +17,7 @@ from examples.bench import marking as bench_marking
 from examples.bench import scale as bench_scale
 from examples.bench import silence as bench_silence
 from examples.bench import wakes as bench_wakes
-from store import Append, Database, db_path
+from store import Append, Database, Reader, db_path
 
 pytestmark = pytest.mark.slow
 
@@ -157,3 +157,12 @@ async def test_the_silence_row_measures_both_providers_from_the_ledger(tmp_path:
         assert run["turns"] == run["silent"] == 3
         assert 0 < run["read"] <= run["prompt"]
         assert run["share"] == run["read"] / run["prompt"]
+
+
+async def test_the_ingest_row_runs_on_postgresql(tmp_path: Path, pg_dsn: str) -> None:
+    """Row (a) on a PostgreSQL store: every message answered, and stored there."""
+    with trio.fail_after(DEADLINE_S):
+        seconds = await bench_ingest.run_mcplive(tmp_path, 50, ["--closed"], pg_dsn)
+    assert seconds > 0
+    with Reader(pg_dsn, read_only=True) as reader:
+        assert reader.count() >= 50

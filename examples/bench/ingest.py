@@ -107,13 +107,18 @@ def accepted_now() -> str:
     return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
-async def run_mcplive(workdir: Path, messages: int, extra: list[str]) -> float:
-    """Seconds the bench server took to have ``messages`` answered by mcplive, one agent."""
+async def run_mcplive(
+    workdir: Path, messages: int, extra: list[str], store: str | None = None
+) -> float:
+    """Seconds the bench server took to have ``messages`` answered by mcplive, one agent; on
+    the PostgreSQL database ``store`` (a DSN) when given."""
     cfg = bh.config(
         workdir / "data",
         [bh.server(SERVER_ID, "--messages", str(messages), *extra)],
         [bh.agent(AGENT, bh.model(workdir, "silent", bh.SILENT))],
     )
+    if store is not None:
+        cfg["host"]["store"] = store
     async with Host.open(cfg) as host:
         async for event in host.trace(kinds={"server-log", "disconnected"}):
             seconds = bh.done_seconds(event)

@@ -142,6 +142,8 @@ async def measure(kind: str, messages: int) -> dict[str, Any]:
             return attrs.asdict(run)
         if kind == "a":
             return {"seconds": await bench_ingest.run_mcplive(work, messages, ["--closed"])}
+        if kind == "postgresql":
+            return await _on_postgresql(work, messages)
         if kind == "a'":
             return {"seconds": await bench_ingest.run_mcplive(work, messages, [])}
         if kind == "b":
@@ -175,6 +177,22 @@ async def measure(kind: str, messages: int) -> dict[str, Any]:
 
 class MeasurementFailed(Exception):
     """A measurement's process failed; the message holds its traceback."""
+
+
+async def _on_postgresql(work: Path, messages: int) -> dict[str, Any]:
+    """(a) on a durable throwaway PostgreSQL cluster of the system's programs (commits wait for
+    the disk, as the embedded store's do), or why it could not run."""
+    from tests import pgcluster  # the tests' cluster: the benchmark runs from a clone
+
+    try:
+        cluster = await trio.to_thread.run_sync(lambda: pgcluster.start(durable=True))
+    except pgcluster.ClusterError as exc:
+        return {"skipped": str(exc)}
+    try:
+        dsn = await trio.to_thread.run_sync(cluster.create_database)
+        return {"seconds": await bench_ingest.run_mcplive(work, messages, ["--closed"], dsn)}
+    finally:
+        await trio.to_thread.run_sync(cluster.stop)
 
 
 def _child(kind: str, messages: int, conn: Connection) -> None:
@@ -425,6 +443,28 @@ async def store_rows(plan: Plan) -> None:
             )
 
 
+async def postgresql_rows(plan: Plan) -> None:
+    """(a) on PostgreSQL against (a) on the embedded store, paired rounds in fresh processes."""
+    n = plan.messages
+    on_pg: list[float] = []
+    on_sqlite: list[float] = []
+    for _ in range(max(1, plan.rounds // 2)):
+        run = await in_fresh_process("postgresql", n)
+        if "skipped" in run:
+            print(f"ingest on PostgreSQL: not measured ({run['skipped']})")
+            return
+        on_pg.append(n / run["seconds"])
+        on_sqlite.append(n / (await in_fresh_process("a", n))["seconds"])
+    pg, lite = statistics.median(on_pg), statistics.median(on_sqlite)
+    print(f"ingest (a), one host, {n} messages, durable commits on both:")
+    print(f"  on PostgreSQL (local, loopback): {pg:8.0f} msg/s")
+    print(f"  on the embedded SQLite store:    {lite:8.0f} msg/s")
+    print(
+        f"  PostgreSQL / SQLite: {pg / lite:.2f}x (on 2 cores the server's backend, the store "
+        "process and the host share them; a database on its own machine frees one)"
+    )
+
+
 async def hostile_rows(plan: Plan) -> None:
     print(
         f"the loop under hostile peers (the longest task step while a healthy agent answered "
@@ -511,6 +551,7 @@ async def main() -> None:
         await agent_rows(plan)
         await channel_rows(plan)
         await store_rows(plan)
+        await postgresql_rows(plan)
         await hostile_rows(plan)
         await community_rows(plan)
         await silence_rows(plan)
