@@ -228,7 +228,7 @@ def convert(conn: sqlite3.Connection) -> None:
             if item is None:
                 num += 1
                 item = open_items[key] = [num, role, created_at, seq, seq, body]
-                text = _text_of(body)
+                text = text_of_body(body)
                 if text is not None:
                     texts.append((num, text))
                 if len(open_items) > CONVERT_OPEN:
@@ -250,8 +250,9 @@ def convert(conn: sqlite3.Connection) -> None:
         )
 
 
-def _text_of(body: bytes) -> str | None:
-    """The index text of a stored body; None when it does not decode."""
+def text_of_body(body: bytes) -> str | None:
+    """The index text of a stored body (what :meth:`ItemWriter.write` indexes for its blocks and
+    metadata, :func:`~store.textindex.index_text`); None when it does not decode."""
     try:
         blocks, metadata = decode_body(body)
     except CorruptRecord:

@@ -1,34 +1,47 @@
 """``mcplive migrate --from DATA_DIR --to postgresql://…``: copy an embedded (SQLite) store into
-a PostgreSQL database, and show that the copy is whole.
+a PostgreSQL store, and show that the copy is whole.
 
-The seam with the PostgreSQL store
-----------------------------------
+The target is a store of the PostgreSQL backend (:mod:`store.postgres`), made by its own code:
+the command opens it as a host does (:func:`store.postgres.connect`: the schema created, or
+brought to the version this program writes, by its migrations), and talks to it over that
+connection, whose adapters escape every string written and unescape every string read
+(:func:`store.postgres.escape`; PostgreSQL's text holds no NUL). A host started on the DSN
+afterwards goes on with the agents' history.
 
-This command knows the store's *logical* tables (:data:`TABLES`): their names, columns, and the
-key that orders their rows. It needs of the PostgreSQL side only that:
+The copy
+--------
 
-- the database has a table of each name with (at least) those columns, of types that hold the
-  same values (text, whole numbers, floating point numbers, bytes; NULL where the store has it),
-  but for ``dedupe.key``: text joined with NULs, which PostgreSQL's text cannot hold, so it is
-  ``BYTEA``, the key's UTF-8 bytes (:attr:`Column.utf8`);
-  ``store.postgres.ensure_schema(conn)``, when that function exists, makes them (given an open
-  ``psycopg`` connection, inside this command's transaction); else this module's
-  :data:`FALLBACK_DDL` does;
-- a sequence behind ``messages.seq``, ``journal.seq`` or ``usage.num``, if there is one
-  (``pg_get_serial_sequence``), may be moved past the largest value copied, so that the store
-  never gives a copied seq again.
+The store's physical tables (:data:`COPIED`: ``dedupe``, ``state``, ``journal``,
+``agent_facts``, ``items``, ``names``, ``message_refs``, ``usage``, ``audit``) are read as they
+are stored, in one read-only snapshot (:func:`store.connect_read_only`), and copied row by row
+with ``COPY`` (which keeps the numbers of identity columns, as ``OVERRIDING SYSTEM VALUE``
+does). ``meta`` keeps the backend's own keys (its schema's version); any other key is copied.
+The text index is not copied but made: ``item_text`` gets, for every item, the text the
+backend's writer indexes (:func:`store.items.text_of_body`).
 
-On the SQLite side, the tables are read as they are stored, in one read-only snapshot
-(:func:`store.connect_read_only`): ``messages`` is the view joining the items, names and refs
-(a body shared by several agents' copies is copied with each), ``meta`` (the SQLite schema's
-version) and the text index stay behind, as each backend keeps its own.
+The numbers go on where the store left them: ``message_seq`` is set to the largest seq the store
+ever gave a message, and the identities of ``journal``, ``usage``, ``audit`` and ``names``
+restart past their largest number, counting the rows a trim removed (SQLite's
+``sqlite_sequence`` keeps them for the AUTOINCREMENT tables). A host on the copy never gives a
+number twice.
 
-Verifiably: while a table is copied, its rows are counted and digested (SHA-256 over each row in
-key order, each value written with its type: see :func:`row_bytes`); after the commit, the
-target's rows are read back in the same order and digested the same way. The command prints a
-line per table and exits 0 only when every count and digest matches (1 otherwise, 2 for a bad
-command line). A target whose tables already hold rows is refused unless ``--force``, which
-empties them first, in the same transaction as the copy.
+The copy is one transaction (the schema is made before it, in the backend's own transaction,
+as a host's first start makes it). A target whose store tables already hold rows is refused
+unless ``--force``, which empties them first, in the copy's transaction. A store older than
+:data:`OLDEST_SOURCE` (bodies not yet kept once) is refused: a host's start upgrades it.
+
+The check
+---------
+
+While the store is read, each *logical* table (:data:`TABLES`: ``messages``, the view joining
+items, names and refs, then ``dedupe``, ``state``, ``journal``, ``agent_facts``, ``usage``,
+``audit``) is counted and digested: SHA-256 over each row in key order, each value written with
+its type (:func:`row_bytes`). After the commit the target's tables are read back the same way,
+in one snapshot, their text unescaped, and ordered alike: a text key is sorted by the code
+points of its escaped form on both sides (PostgreSQL's ``C`` collation on the stored text; on
+SQLite, a collation of this command's, :func:`escaped_order`). The command prints a line per
+table and exits 0 only when every count and digest matches (1 otherwise, or for a failure said
+in one line; 2 for a bad command line).
 
 The DSN's password is never printed: the target is shown as ``postgresql://user@host:port/db``.
 """
@@ -37,7 +50,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import importlib
 import os
 import sqlite3
 import struct
@@ -50,145 +62,95 @@ import attrs
 
 from actors.datadir import holder
 from store import StoreError, connect_read_only, db_path
+from store.dbapi import safe_dsn
+from store.items import text_of_body
+from store.records import AUDIT_COLUMNS, USAGE_COLUMNS
+from store.schema import schema_version
 
 from .errors import EXIT_CONFIG, EXIT_FAILED
 
-#: Rows sent to PostgreSQL per batch, and read back per fetch.
+#: Rows read back per fetch.
 BATCH = 1000
-
-
-@attrs.frozen
-class Column:
-    name: str
-    #: Its PostgreSQL type in :data:`FALLBACK_DDL` (``TEXT``, ``BIGINT``, ``INTEGER``,
-    #: ``DOUBLE PRECISION`` or ``BYTEA``), which also says how the key orders it.
-    pg_type: str
-    nullable: bool = False
-    #: Text the store keeps as text, PostgreSQL as its UTF-8 bytes (``BYTEA``): text that may
-    #: hold a NUL, which PostgreSQL's text cannot (the dedupe keys join their parts with one).
-    utf8: bool = False
-
-    @property
-    def text(self) -> bool:
-        return self.pg_type == "TEXT"
+#: The oldest embedded store schema copied: the one that keeps messages as items, names and refs.
+OLDEST_SOURCE = 4
+#: The characters :func:`store.postgres.escape` changes (NUL, and its escape character).
+_ESCAPED = ("\x00", "\ufffe")
+#: The SQLite collation ordering text as PostgreSQL's ``C`` collation orders its escaped form.
+COLLATION = "migrate_escaped"
 
 
 @attrs.frozen
 class Table:
-    """A logical table of the store: its columns (in the order copied and digested), its key
-    (the columns that order its rows), and the SQLite sequence behind its first key column
-    (``sqlite_sequence``'s name for it, when the column is AUTOINCREMENT)."""
+    """A table of the store: its columns (in the order copied and digested), its key (the
+    columns that order its rows), which of those are text, and, for a table whose first key
+    column the store numbers itself, ``sqlite_sequence``'s name for it (when the column is
+    AUTOINCREMENT, which remembers the numbers of rows since removed)."""
 
     name: str
-    columns: tuple[Column, ...]
+    columns: tuple[str, ...]
     key: tuple[str, ...]
+    text_keys: tuple[str, ...] = ()
     sqlite_sequence: str | None = None
-    #: The PostgreSQL constraints after the columns in :data:`FALLBACK_DDL`.
-    constraints: tuple[str, ...] = ()
-
-    def as_stored(self, row: tuple[Any, ...]) -> tuple[Any, ...]:
-        """A store's row as PostgreSQL is given it (the ``utf8`` columns' text as bytes)."""
-        if not any(c.utf8 for c in self.columns):
-            return row
-        return tuple(
-            v.encode("utf-8") if c.utf8 and isinstance(v, str) else v
-            for c, v in zip(self.columns, row, strict=True)
-        )
 
     @property
     def column_list(self) -> str:
-        return ", ".join(c.name for c in self.columns)
+        return ", ".join(self.columns)
 
     def sqlite_order(self) -> str:
-        # SQLite compares text with BINARY: the bytes of its UTF-8, as PostgreSQL's "C" does
-        return ", ".join(self.key)
+        return ", ".join(f"{k} COLLATE {COLLATION}" if k in self.text_keys else k for k in self.key)
 
     def pg_order(self) -> str:
-        text = {c.name for c in self.columns if c.text}
-        return ", ".join(f'{k} COLLATE "C"' if k in text else k for k in self.key)
+        return ", ".join(f'{k} COLLATE "C"' if k in self.text_keys else k for k in self.key)
 
 
-def _c(name: str, pg_type: str, nullable: bool = False) -> Column:
-    return Column(name, pg_type, nullable)
-
-
-#: The store's logical tables (see :mod:`store.schema`), each ordered by its key.
-TABLES: tuple[Table, ...] = (
-    Table(
-        "messages",
-        (
-            _c("seq", "BIGINT"),
-            _c("id", "TEXT"),
-            _c("agent", "TEXT"),
-            _c("role", "TEXT"),
-            _c("created_at", "DOUBLE PRECISION"),
-            _c("body", "BYTEA"),
-        ),
-        key=("seq",),
-        sqlite_sequence="message_refs",
-        constraints=("UNIQUE (id)",),
-    ),
-    Table(
-        "dedupe",
-        (_c("kind", "TEXT"), _c("server", "TEXT"), Column("key", "BYTEA", utf8=True)),
-        key=("kind", "server", "key"),
-    ),
-    Table(
-        "state",
-        (_c("namespace", "TEXT"), _c("key", "TEXT"), _c("value", "BYTEA")),
-        key=("namespace", "key"),
-    ),
-    Table(
-        "journal",
-        (_c("seq", "BIGINT"), _c("stream", "TEXT"), _c("record", "BYTEA")),
-        key=("seq",),
-        sqlite_sequence="journal",
-    ),
-    Table("agent_facts", (_c("agent", "TEXT"), _c("fact", "TEXT")), key=("agent", "fact")),
-    Table(
-        "usage",
-        (
-            _c("num", "BIGINT"),
-            _c("at", "DOUBLE PRECISION"),
-            _c("agent", "TEXT"),
-            _c("model", "TEXT"),
-            _c("turn", "BIGINT"),
-            _c("turn_id", "TEXT"),
-            _c("server", "TEXT", nullable=True),
-            _c("channel", "TEXT", nullable=True),
-            _c("phase", "TEXT"),
-            _c("silent", "INTEGER"),
-            _c("calls", "INTEGER"),
-            _c("input_tokens", "BIGINT"),
-            _c("output_tokens", "BIGINT"),
-            _c("cache_read_tokens", "BIGINT"),
-            _c("cache_write_tokens", "BIGINT"),
-        ),
-        key=("num",),
-    ),
+_DEDUPE = Table(
+    "dedupe",
+    ("kind", "server", "key"),
+    ("kind", "server", "key"),
+    text_keys=("kind", "server", "key"),
 )
-#: The tables whose first key column a store numbers itself (a sequence may stand behind it).
-NUMBERED = {"messages": "seq", "journal": "seq", "usage": "num"}
+_STATE = Table("state", ("namespace", "key", "value"), ("namespace", "key"), ("namespace", "key"))
+_JOURNAL = Table("journal", ("seq", "stream", "record"), ("seq",), sqlite_sequence="journal")
+_FACTS = Table("agent_facts", ("agent", "fact"), ("agent", "fact"), ("agent", "fact"))
+_USAGE = Table("usage", ("num", *USAGE_COLUMNS), ("num",))
+_AUDIT = Table("audit", ("num", *AUDIT_COLUMNS), ("num",), sqlite_sequence="audit")
+_ITEMS = Table("items", ("num", "role", "created_at", "first_seq", "last_seq", "body"), ("num",))
+_NAMES = Table("names", ("num", "name"), ("num",))
+_REFS = Table(
+    "message_refs", ("seq", "id", "agent", "item"), ("seq",), sqlite_sequence="message_refs"
+)
 
-
-def _ddl(table: Table) -> str:
-    columns = []
-    for column in table.columns:
-        if table.name in NUMBERED and column.name == NUMBERED[table.name]:
-            columns.append(f"{column.name} BIGINT GENERATED BY DEFAULT AS IDENTITY PRIMARY KEY")
-        else:
-            null = "" if column.nullable else " NOT NULL"
-            columns.append(f"{column.name} {column.pg_type}{null}")
-    if table.name not in NUMBERED:
-        columns.append(f"PRIMARY KEY ({', '.join(table.key)})")
-    columns.extend(table.constraints)
-    return f"CREATE TABLE IF NOT EXISTS {table.name} ({', '.join(columns)})"
-
-
-#: The tables this command makes when ``store.postgres.ensure_schema`` does not exist. When the
-#: PostgreSQL store is there, its schema (made by its migrations) is the one place the tables
-#: are defined, and this is not used.
-FALLBACK_DDL: tuple[str, ...] = tuple(_ddl(t) for t in TABLES)
+#: The store's logical tables (see :mod:`store.schema`), compared after the copy, each ordered
+#: by its key.
+TABLES: tuple[Table, ...] = (
+    Table("messages", ("seq", "id", "agent", "role", "created_at", "body"), ("seq",)),
+    _DEDUPE,
+    _STATE,
+    _JOURNAL,
+    _FACTS,
+    _USAGE,
+    _AUDIT,
+)
+#: The physical tables copied row by row (``item_text`` is made, ``meta`` merged).
+COPIED: tuple[Table, ...] = (
+    _DEDUPE,
+    _STATE,
+    _JOURNAL,
+    _FACTS,
+    _ITEMS,
+    _NAMES,
+    _REFS,
+    _USAGE,
+    _AUDIT,
+)
+#: The tables whose identity column the backend numbers new rows with, and that column.
+IDENTITIES: dict[str, str] = {"journal": "seq", "usage": "num", "audit": "num", "names": "num"}
+#: The tables a target must not hold rows in (unless ``--force``): the logical ones first.
+HELD = (*(t.name for t in TABLES), "items", "names", "item_text")
+#: What ``--force`` empties.
+EMPTIED = (*(t.name for t in COPIED), "item_text")
+#: The ``meta`` keys the backend owns.
+OWN_META = frozenset({"schema_version"})
 
 
 class MigrateError(Exception):
@@ -256,6 +218,16 @@ class Compared:
         )
 
 
+def escaped_order(a: str, b: str) -> int:
+    """SQLite's collation :data:`COLLATION`: ``a`` and ``b`` compared as PostgreSQL's ``C``
+    collation compares them as the backend stores them (escaped, by code point)."""
+    if any(c in a or c in b for c in _ESCAPED):
+        from store.postgres import escape
+
+        a, b = escape(a), escape(b)
+    return (a > b) - (a < b)
+
+
 # -- the source
 
 
@@ -275,22 +247,25 @@ def source_rows(
 
 
 def last_numbers(conn: sqlite3.Connection, present: set[str]) -> dict[str, int]:
-    """The largest number each numbered table has given (AUTOINCREMENT remembers the numbers of
-    rows since removed, as a trimmed journal's)."""
+    """The largest number each numbered table (``message_refs`` and :data:`IDENTITIES`'s) has
+    given: its largest row's, or AUTOINCREMENT's record of one since removed (a trimmed
+    journal's), whichever is larger; 0 when it has given none."""
     found: dict[str, int] = {}
-    for table in TABLES:
-        if table.name not in NUMBERED or table.name not in present:
+    sequences: dict[str, int] = {}
+    if "sqlite_sequence" in present:
+        sequences = {
+            str(n): int(s) for n, s in conn.execute("SELECT name, seq FROM sqlite_sequence")
+        }
+    for table in COPIED:
+        if table.name != "message_refs" and table.name not in IDENTITIES:
             continue
-        column = NUMBERED[table.name]
-        (top,) = conn.execute(f"SELECT MAX({column}) FROM {table.name}").fetchone()
-        if table.sqlite_sequence is not None and "sqlite_sequence" in present:
-            row = conn.execute(
-                "SELECT seq FROM sqlite_sequence WHERE name = ?", (table.sqlite_sequence,)
-            ).fetchone()
-            if row is not None:
-                top = max(top or 0, row[0])
-        if top is not None:
-            found[table.name] = int(top)
+        top = 0
+        if table.name in present:
+            (largest,) = conn.execute(f"SELECT MAX({table.key[0]}) FROM {table.name}").fetchone()
+            top = int(largest or 0)
+        if table.sqlite_sequence is not None:
+            top = max(top, sequences.get(table.sqlite_sequence, 0))
+        found[table.name] = top
     return found
 
 
@@ -310,72 +285,68 @@ def redacted(dsn: str) -> str:
 
 
 def _scrubbed(text: str, dsn: str) -> str:
-    """``text`` (an error's) with the DSN's password, if any, replaced."""
+    """``text`` (an error's) on one line, with the DSN's password, if any, replaced."""
     from psycopg.conninfo import conninfo_to_dict
 
+    text = text.replace(safe_dsn(dsn), redacted(dsn))
     try:
         password = conninfo_to_dict(dsn).get("password")
     except Exception:
-        return text.replace(dsn, "«the DSN»")
+        return " ".join(text.replace(dsn, "«the DSN»").split())
     if password:
         text = text.replace(str(password), "«redacted»")
     return " ".join(text.split())
 
 
-def ensure_target_schema(conn: Any) -> str:
-    """Make the store's tables in the target: with ``store.postgres.ensure_schema`` when the
-    PostgreSQL store is there, else with :data:`FALLBACK_DDL`. Says which."""
-    try:
-        module = importlib.import_module("store.postgres")
-    except ModuleNotFoundError as exc:
-        if exc.name != "store.postgres":
-            raise
-        module = None
-    ensure = getattr(module, "ensure_schema", None)
-    if ensure is not None:
-        ensure(conn)
-        return "store.postgres.ensure_schema"
-    for statement in FALLBACK_DDL:
-        conn.execute(statement)
-    return "migrate's own tables"
+def _count(conn: Any, table: str) -> int:
+    return int(conn.execute(f"SELECT count(*) FROM {table}").fetchone()[0])
 
 
-def _target_counts(conn: Any) -> dict[str, int]:
-    return {
-        t.name: int(conn.execute(f"SELECT count(*) FROM {t.name}").fetchone()[0]) for t in TABLES
-    }
-
-
-def copy_table(conn: Any, source: Iterator[tuple[Any, ...]], table: Table) -> Tally:
-    """Copy ``source``'s rows into ``table`` (COPY, in the caller's transaction); their tally."""
-    tally = Tally()
-    with (
-        conn.cursor() as cur,
-        cur.copy(f"COPY {table.name} ({table.column_list}) FROM STDIN") as copy,
-    ):
-        for row in source:
-            row = table.as_stored(row)
-            tally.add(row)
+def copy_rows(conn: Any, table: str, columns: str, rows: Iterable[Iterable[Any]]) -> None:
+    """Copy ``rows`` into ``table`` (``COPY``, in the caller's transaction; identity columns
+    keep the numbers given)."""
+    with conn.cursor() as cur, cur.copy(f"COPY {table} ({columns}) FROM STDIN") as copy:
+        for row in rows:
             copy.write_row(row)
-    return tally
 
 
-def advance_sequences(conn: Any, tops: dict[str, int]) -> None:
-    """Move any sequence behind a numbered column past the largest number copied."""
-    for name, top in tops.items():
-        column = NUMBERED[name]
-        (sequence,) = conn.execute(
-            "SELECT pg_get_serial_sequence(%s, %s)", (name, column)
-        ).fetchone()
-        if sequence is not None:
-            conn.execute("SELECT setval(%s, %s)", (sequence, top))
+def _tallied(rows: Iterable[tuple[Any, ...]], tally: Tally | None) -> Iterator[tuple[Any, ...]]:
+    for row in rows:
+        if tally is not None:
+            tally.add(row)
+        yield row
+
+
+def index_rows(conn: sqlite3.Connection, present: set[str]) -> Iterator[tuple[int, str]]:
+    """The ``item_text`` rows of the store's items, as the backend's writer makes them: each
+    item's index text (a body that does not decode has none, as in an upgraded store)."""
+    if "items" not in present:
+        return
+    for num, body in conn.execute("SELECT num, body FROM items ORDER BY num"):
+        text = text_of_body(body)
+        if text is not None:
+            yield int(num), text
+
+
+def advance_numbers(conn: Any, tops: dict[str, int]) -> None:
+    """Have the backend's numbers go on after the largest the store gave: ``message_seq`` set
+    to the largest message seq (as the writer sets it), each identity restarted past its
+    table's."""
+    top = tops.get("message_refs", 0)
+    conn.execute("SELECT setval('message_seq', %s, %s)", (top, top > 0))
+    for name, column in IDENTITIES.items():
+        conn.execute(
+            f"ALTER TABLE {name} ALTER COLUMN {column} RESTART WITH {tops.get(name, 0) + 1}"
+        )
 
 
 def target_tally(conn: Any, table: Table) -> Tally:
-    """``table``'s rows in the target, read back in key order, tallied."""
+    """``table``'s rows in the target, read back in key order, tallied. ``conn`` is a psycopg
+    connection of :class:`store.postgres.PgConnection` (``.raw()``): its text is read back
+    unescaped."""
     tally = Tally()
     sql = f"SELECT {table.column_list} FROM {table.name} ORDER BY {table.pg_order()}"
-    with conn.cursor(name=f"migrate_{table.name}") as cur:
+    with conn.transaction(), conn.cursor(name=f"migrate_{table.name}") as cur:
         cur.itersize = BATCH
         cur.execute(sql)
         for row in cur:
@@ -440,24 +411,34 @@ def migrate(plan: Plan, out: TextIO) -> list[Compared]:
     """Copy, then compare; the comparison of each table."""
     import psycopg
 
+    from store import postgres
+
     try:
         source = connect_read_only(plan.store)
     except StoreError as exc:
         raise MigrateError(f"{plan.store}: {exc}") from None
     try:
-        try:
-            target = psycopg.connect(plan.dsn, autocommit=True, connect_timeout=20)
-        except psycopg.Error as exc:
+        source.create_collation(COLLATION, escaped_order)
+        version = schema_version(source) or 0
+        if version < OLDEST_SOURCE:
             raise MigrateError(
-                f"cannot connect to {plan.shown}: {_scrubbed(str(exc), plan.dsn)}"
-            ) from None
-        with target:
-            try:
-                return _copy_and_compare(source, target, plan, out)
-            except psycopg.Error as exc:
-                raise MigrateError(f"{plan.shown}: {_scrubbed(str(exc), plan.dsn)}") from None
-            except sqlite3.Error as exc:
-                raise MigrateError(f"{plan.store}: cannot read the store: {exc}") from None
+                f"{plan.store} has store schema version {version}; start a host on it once "
+                "(it upgrades the store), stop it, and migrate then"
+            )
+        try:
+            target = postgres.connect(plan.dsn)  # the backend's schema, made or upgraded
+        except StoreError as exc:
+            raise MigrateError(_scrubbed(str(exc), plan.dsn)) from None
+        try:
+            return _copy_and_compare(source, target.raw(), plan, out)
+        except psycopg.Error as exc:
+            raise MigrateError(f"{plan.shown}: {_scrubbed(str(exc), plan.dsn)}") from None
+        except StoreError as exc:
+            raise MigrateError(_scrubbed(str(exc), plan.dsn)) from None
+        except sqlite3.Error as exc:
+            raise MigrateError(f"{plan.store}: cannot read the store: {exc}") from None
+        finally:
+            target.close()
     finally:
         source.close()
 
@@ -465,15 +446,16 @@ def migrate(plan: Plan, out: TextIO) -> list[Compared]:
 def _copy_and_compare(
     source: sqlite3.Connection, target: Any, plan: Plan, out: TextIO
 ) -> list[Compared]:
-    import psycopg
 
+    from store.postgres import PG_SCHEMA_VERSION
+
+    tallies = {t.name: Tally() for t in TABLES}
     source.execute("BEGIN")  # one snapshot of the store for every table
     try:
         present = _sqlite_tables(source)
         tops = last_numbers(source, present)
         with target.transaction():
-            how = ensure_target_schema(target)
-            counts = _target_counts(target)
+            counts = {name: _count(target, name) for name in HELD}
             full = {name: n for name, n in counts.items() if n}
             if full and not plan.force:
                 held = ", ".join(f"{name} ({n:,} rows)" for name, n in full.items())
@@ -482,25 +464,41 @@ def _copy_and_compare(
                     "and copy"
                 )
             if full:
-                names = ", ".join(full)
-                target.execute(f"TRUNCATE {names}")
-            tallies = {}
-            for table in TABLES:
-                try:
-                    tallies[table.name] = copy_table(
-                        target, source_rows(source, table, present), table
+                target.execute(f"TRUNCATE {', '.join(EMPTIED)}")
+            for table in COPIED:
+                rows = _tallied(source_rows(source, table, present), tallies.get(table.name))
+                _copy(target, plan, table.name, table.column_list, rows)
+            _copy(target, plan, "item_text", "num, text", index_rows(source, present))
+            for row in source_rows(source, TABLES[0], present):
+                tallies["messages"].add(row)
+            for key, value in source.execute("SELECT key, value FROM meta"):
+                if key not in OWN_META:
+                    target.execute(
+                        "INSERT INTO meta (key, value) VALUES (%s, %s) "
+                        "ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value",
+                        (key, value),
                     )
-                except psycopg.Error as exc:
-                    raise MigrateError(
-                        f"{plan.shown}: copying {table.name}: {_scrubbed(str(exc), plan.dsn)}"
-                    ) from None
-            advance_sequences(target, tops)
+            advance_numbers(target, tops)
     finally:
         source.execute("ROLLBACK")
-    print(f"copied {plan.store} into {plan.shown} (tables: {how})", file=out)
+    print(
+        f"copied {plan.store} into {plan.shown} (store schema version {PG_SCHEMA_VERSION})",
+        file=out,
+    )
     with target.transaction():
         target.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
         return [Compared(t.name, tallies[t.name], target_tally(target, t)) for t in TABLES]
+
+
+def _copy(target: Any, plan: Plan, table: str, columns: str, rows: Iterable[Any]) -> None:
+    import psycopg
+
+    try:
+        copy_rows(target, table, columns, rows)
+    except psycopg.Error as exc:
+        raise MigrateError(
+            f"{plan.shown}: copying {table}: {_scrubbed(str(exc), plan.dsn)}"
+        ) from None
 
 
 def print_comparison(compared: list[Compared], out: TextIO) -> None:
