@@ -89,9 +89,11 @@ class Held:
 
 @attrs.frozen
 class StepResult:
-    """What one step left: the time it ran at (the table's clock), what the host holds now,
-    and what changed. A resource in both ``lost`` and ``taken`` was held under an older epoch
-    that expired: stop acting for it, then start again under the new epoch."""
+    """What one step left: the time it ran at (the table's clock: when the leases it renewed
+    were renewed, for :func:`protocol.leases.must_stop`), what the host holds now, and what
+    changed. A resource in both ``lost`` and ``taken`` was held under an older epoch that
+    expired: stop acting for it, then start again under the new epoch. ``skipped``: the rows
+    another transaction had locked, left alone by this step."""
 
     now: float
     held: Mapping[str, Held]
@@ -238,6 +240,8 @@ class LeaseTable:
         """One step of ``host_id``, which runs ``resources``, in one transaction (see the module's
         docstring): renew, take and release as :func:`protocol.leases.plan` says on the rows it
         could lock."""
+        if not host_id:
+            raise ValueError("a host id is a non-empty string")
         names = _bounded(resources)
         view = self._view(host_id)
         wanted = set(names)
