@@ -94,12 +94,33 @@ _V2 = (
     "CREATE INDEX audit_at ON audit (at)",
 )
 
+#: Version 2 to 3: a fleet's hosts and leases (:mod:`store.leases`; PostgreSQL only: one host on
+#: the embedded store leases nothing). Times are seconds since the epoch on the database's clock.
+_V3 = (
+    f"CREATE TABLE hosts (host_id text {_C} PRIMARY KEY, started_at double precision NOT NULL,"
+    " heartbeat_at double precision NOT NULL, leaving boolean NOT NULL DEFAULT false)",
+    f"CREATE TABLE leases (resource text {_C} PRIMARY KEY, holder text {_C},"
+    " epoch bigint NOT NULL, expires_at double precision NOT NULL)",
+    "CREATE INDEX leases_holder ON leases (holder)",
+)
+
 #: The migrations: ``MIGRATIONS[n]`` brings a store of version ``n`` to ``n + 1``.
-MIGRATIONS: tuple[tuple[str, ...], ...] = (_V1, _V2)
+MIGRATIONS: tuple[tuple[str, ...], ...] = (_V1, _V2, _V3)
 #: The version the migrations bring a store to.
 PG_SCHEMA_VERSION = len(MIGRATIONS)
 #: The tables of the schema: a database holding one of them but no ``meta`` is not a store.
-TABLES = ("dedupe", "state", "journal", "items", "names", "message_refs", "usage", "audit")
+TABLES = (
+    "dedupe",
+    "state",
+    "journal",
+    "items",
+    "names",
+    "message_refs",
+    "usage",
+    "audit",
+    "hosts",
+    "leases",
+)
 
 
 #: PostgreSQL keeps no NUL in text, and the host's keys hold some (a dedupe key joins its parts
