@@ -30,6 +30,7 @@ from protocol import status as fmt
 from protocol.display import one_line
 from protocol.redact import Redactor
 from protocol.vitals import per_minute
+from store.dbapi import describe
 
 from .config import HostConfig, ServerConfig, host_redactor
 from .messages import ChannelInfo
@@ -180,6 +181,7 @@ def snapshot(
         "mcplive": installed_version() or "0",
         "pid": pid,
         "host_id": config.host_id,
+        "store": describe(config.store_location),
         "started_at": fmt.iso(started_at),
         "interval_s": WRITE_EVERY_S,
         "running": running,

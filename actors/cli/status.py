@@ -110,6 +110,7 @@ def summary(
         + (f" as host {doc['host_id']}" if doc.get("host_id") else "")
         + f": pid {doc.get('pid')}, up {up} "
         f"(status written {age} ago)",
+        *([f"store: {doc['store']}"] if doc.get("store") else []),
         "servers:",
     ]
     for s in doc.get("servers") or ():

@@ -244,3 +244,21 @@ def test_the_summary_shows_times_as_the_transcript_does(tmp_path: Path) -> None:
     )
     stopped = summary(tmp_path, None, doc, verdict, 1e9 + 6)
     assert f"  last status: pid 1, written {local_stamp(1e9 + 5)} (it was stopping)" in stopped
+
+
+def test_the_status_names_a_postgresql_store_without_its_password(tmp_path: Path) -> None:
+    from actors.config import load_config
+    from actors.status import snapshot
+    from protocol.redact import Redactor
+
+    raw = {
+        "host": {"data_dir": str(tmp_path), "store": "postgresql://ops:s3cret@db.example/live"},
+        "agents": [{"name": "Ada", "model": f"scripted:{tmp_path / 'x.toml'}"}],
+    }
+    (tmp_path / "x.toml").write_text("", encoding="utf-8")
+    cfg = load_config(raw)
+    doc = snapshot(cfg, {}, {}, pid=1, started_at=0.0, running=True, redactor=Redactor([]))
+    assert "s3cret" not in doc["store"] and doc["store"].startswith("postgresql://ops")
+    embedded = load_config({**raw, "host": {"data_dir": str(tmp_path)}})
+    doc = snapshot(embedded, {}, {}, pid=1, started_at=0.0, running=True, redactor=Redactor([]))
+    assert doc["store"] == str(tmp_path / "store.sqlite3")

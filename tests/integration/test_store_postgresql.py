@@ -9,6 +9,9 @@ from pathlib import Path
 import pytest
 import trio
 
+from actors.cli.status import summary
+from actors.status import StatusWriter
+from protocol import status as fmt
 from store import Reader
 from tests.cli_helpers import child_env, mcplive
 from tests.helpers import (
@@ -21,6 +24,8 @@ from tests.helpers import (
 )
 
 pytestmark = pytest.mark.slow
+
+HEALTHY = fmt.Verdict(code=fmt.HEALTHY)
 
 HELLO = """
 [[rules]]
@@ -43,6 +48,11 @@ async def test_a_host_on_postgresql_answers_and_a_later_host_goes_on_with_its_hi
             ada = without_notices(lb.host.history("Ada"))
             assert texts(ada, "user") == ["hello all"]
             assert texts(ada, "assistant") == ["Hi there, hello to you!"]
+            # the status file (and ``mcplive status``) names the store, never a password
+            doc = StatusWriter(lb.host.ctx).body()
+            assert doc["store"] == pg_dsn  # the test cluster's DSN holds no password
+            shown = summary(tmp_path, 1, {**doc, "written_at": doc["started_at"]}, HEALTHY, 0)
+            assert f"store: {pg_dsn}" in shown
     assert not (tmp_path / "data" / "store.sqlite3").exists()
     with Reader(pg_dsn, read_only=True) as reader:
         assert texts(without_notices(reader.history("Ada")), "assistant") == [
