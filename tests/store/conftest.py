@@ -8,6 +8,7 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -103,6 +104,29 @@ CHILD = Path(__file__).with_name("durability_child.py")
 #: Hang guard for a process to end; never reached in a passing run.
 GUARD = 60.0
 REPO = Path(__file__).resolve().parents[2]
+
+
+def open_at_once(location: Any, openers: int = 4) -> list[BaseException]:
+    """Open (and close) a ``Database`` at ``location`` from ``openers`` threads released at
+    the same moment; what any of them raised."""
+    from store import Database
+
+    errors: list[BaseException] = []
+    start = threading.Barrier(openers)
+
+    def open_one() -> None:
+        try:
+            start.wait()
+            Database(location).close()
+        except BaseException as exc:  # pragma: no cover - reported to the caller
+            errors.append(exc)
+
+    threads = [threading.Thread(target=open_one) for _ in range(openers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return errors
 
 
 def child_env() -> dict[str, str]:

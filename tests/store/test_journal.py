@@ -27,6 +27,7 @@ from store import (
     decode_value,
 )
 from store.dbapi import is_dsn
+from tests.store.conftest import open_at_once
 
 from .conftest import kill_child_after, record, run_sql
 from .durability_child import OTHER_STREAM, STREAM, journal_op
@@ -449,22 +450,7 @@ def test_a_failed_upgrade_leaves_version_1(path: Path, monkeypatch: pytest.Monke
 @pytest.mark.sqlite_only
 def test_concurrent_openers_upgrade_once(path: Path) -> None:
     _make_v1_store(path)
-    errors: list[BaseException] = []
-    start = threading.Barrier(4)
-
-    def open_one() -> None:
-        try:
-            start.wait()
-            Database(path).close()
-        except BaseException as exc:  # pragma: no cover - reported below
-            errors.append(exc)
-
-    threads = [threading.Thread(target=open_one) for _ in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert errors == []
+    assert open_at_once(path) == []
     assert _schema_of(path)[0] == str(SCHEMA_VERSION)
 
 

@@ -5,7 +5,6 @@ readable line, never the password, for a DSN that cannot be used."""
 
 from __future__ import annotations
 
-import threading
 from typing import Any
 
 import pytest
@@ -13,6 +12,7 @@ import pytest
 from store import Append, AppendResult, Database, PutState, Reader, StoreDamaged, StoreError
 from store.dbapi import safe_dsn
 from store.postgres import MIGRATIONS, PG_SCHEMA_VERSION, PgConnection, escape, unescape
+from tests.store.conftest import open_at_once
 
 from .conftest import record, run_sql
 
@@ -37,22 +37,7 @@ def test_a_new_database_gets_every_migration_in_one_go(pg_dsn: str) -> None:
 
 
 def test_hosts_starting_together_migrate_once(pg_dsn: str) -> None:
-    errors: list[BaseException] = []
-    start = threading.Barrier(4)
-
-    def open_one() -> None:
-        try:
-            start.wait()
-            Database(pg_dsn).close()
-        except BaseException as exc:  # pragma: no cover - reported below
-            errors.append(exc)
-
-    threads = [threading.Thread(target=open_one) for _ in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert errors == []
+    assert open_at_once(pg_dsn) == []
     assert _version(pg_dsn) == PG_SCHEMA_VERSION
 
 
