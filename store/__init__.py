@@ -8,13 +8,21 @@ the writer's rules in a trio task of its own (``actors.store_writer``), on the s
 
 from store.bodytext import body_text, text_matcher
 from store.codec import decode_body, decode_value, encode_body, encode_value
-from store.errors import CorruptRecord, StoreClosed, StoreDamaged, StoreError, StoreFull
+from store.errors import (
+    CorruptRecord,
+    StaleFence,
+    StoreClosed,
+    StoreDamaged,
+    StoreError,
+    StoreFull,
+)
 from store.facts import HEADER_FACT, NOTICE_FACT, NOTICE_KIND, facts_of
 from store.reader import AuditEntry, Reader, SkippedRecord, StoredRow, UsageTotal
 from store.records import (
     ROLES,
     Append,
     AppendResult,
+    Fence,
     JournalEntry,
     MessageRecord,
     Op,
@@ -48,6 +56,7 @@ __all__ = [
     "CorruptRecord",
     "Database",
     "Done",
+    "Fence",
     "GroupCommitWriter",
     "JournalEntry",
     "MessageRecord",
@@ -59,6 +68,7 @@ __all__ = [
     "RecordAudit",
     "RecordUsage",
     "SkippedRecord",
+    "StaleFence",
     "StoreClosed",
     "StoreDamaged",
     "StoreError",

@@ -28,3 +28,22 @@ class StoreDamaged(StoreError):
         super().__init__(f"{path}: {detail}")
         self.path = path
         self.detail = detail
+
+
+class StaleFence(StoreError):
+    """An op's fence was stale: ``holder`` no longer holds ``resource`` under ``epoch`` (another
+    host took it under a later epoch, it was released, or it expired). Nothing of the op was
+    stored; the other ops of its batch were applied as usual. The holder should stop acting for
+    ``resource`` (its next lease step says what it holds)."""
+
+    def __init__(self, resource: str, holder: str, epoch: int) -> None:
+        super().__init__(
+            f"write for {resource} refused: epoch {epoch} of {holder} is stale (not the"
+            " current lease); nothing of it was stored"
+        )
+        self.resource = resource
+        self.holder = holder
+        self.epoch = epoch
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return StaleFence, (self.resource, self.holder, self.epoch)

@@ -26,6 +26,15 @@ The journal
     stream in one transaction. A crash between the two leaves the older rows in place, and
     replaying them before the snapshot gives the same state. The host's coalescer does this on
     a count of records (see :mod:`actors.coalescer`).
+
+Fencing
+    A write made for a lease (an agent's messages, its state, its usage) may carry that lease as
+    a :class:`Fence`: the resource, the host that holds it, and the epoch it holds it under. On a
+    PostgreSQL store the writer checks each distinct fence of a batch once, inside the batch's
+    own transaction (:func:`store.leases.fenced_write`), before anything of the batch is written;
+    an op whose fence is stale lands nothing and its outcome is :class:`~store.errors.StaleFence`,
+    while the other ops of the batch land as they would have. On an SQLite store a fence is
+    checked against nothing and passes: one host owns an SQLite store, and it leases nothing.
 """
 
 from __future__ import annotations
@@ -193,6 +202,33 @@ class JournalEntry:
         return _trusted, (JournalEntry, ("stream", "record"), (self.stream, self.record))
 
 
+def _epoch(_inst: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{attribute.name} must be an int >= 1, got {value!r}")
+
+
+@attrs.frozen
+class Fence:
+    """The lease a write is made for: ``holder`` (a host id) holds ``resource`` (``agent:Ada``)
+    under ``epoch`` (:class:`store.leases.Held`). The write lands only while that is still so
+    (see the module's docstring)."""
+
+    resource: str = attrs.field(validator=_non_empty_str)
+    holder: str = attrs.field(validator=_non_empty_str)
+    epoch: int = attrs.field(validator=_epoch)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return _trusted, (Fence, _FENCE_FIELDS, (self.resource, self.holder, self.epoch))
+
+
+_FENCE_FIELDS = ("resource", "holder", "epoch")
+
+
+def _fence(_inst: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    if value is not None and not isinstance(value, Fence):
+        raise TypeError(f"{attribute.name} must be a Fence or None, got {type(value).__name__}")
+
+
 @attrs.frozen(kw_only=True)
 class Append:
     """Store ``records`` and then ``journal`` (in order) in one transaction.
@@ -201,6 +237,9 @@ class Append:
     op whose key is already present writes nothing, journal entries included (result
     ``AppendResult(stored=False)``). A record whose ``id`` is already stored, or an entry that
     cannot be encoded, fails the op, and only that op. ``records`` may be empty.
+
+    With a ``fence`` (:class:`Fence`) the op lands only while that lease is current; a stale
+    one stores nothing, takes no dedupe key and journals nothing.
     """
 
     records: tuple[MessageRecord, ...] = attrs.field(
@@ -211,9 +250,14 @@ class Append:
     )
     dedupe: tuple[str, str, str] | None = attrs.field(default=None, validator=_dedupe_key)
     journal: tuple[JournalEntry, ...] = attrs.field(default=(), validator=_journal_entries)
+    fence: Fence | None = attrs.field(default=None, validator=_fence)
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return _trusted, (Append, _APPEND_FIELDS, (self.records, self.dedupe, self.journal))
+        return _trusted, (
+            Append,
+            _APPEND_FIELDS,
+            (self.records, self.dedupe, self.journal, self.fence),
+        )
 
 
 @attrs.frozen(kw_only=True)
@@ -225,11 +269,13 @@ class AppendResult:
 
 @attrs.frozen(kw_only=True)
 class PutState:
-    """Set ``namespace/key`` to ``value`` (any CBOR-encodable value); ``None`` deletes the key."""
+    """Set ``namespace/key`` to ``value`` (any CBOR-encodable value); ``None`` deletes the key.
+    With a ``fence``, only while that lease is current (see :class:`Append`)."""
 
     namespace: str = attrs.field(validator=attrs.validators.instance_of(str))
     key: str = attrs.field(validator=attrs.validators.instance_of(str))
     value: Any
+    fence: Fence | None = attrs.field(default=None, validator=_fence)
 
 
 def _seq_bound(_inst: object, attribute: attrs.Attribute[Any], value: object) -> None:
@@ -240,10 +286,12 @@ def _seq_bound(_inst: object, attribute: attrs.Attribute[Any], value: object) ->
 @attrs.frozen(kw_only=True)
 class TrimJournal:
     """Delete, in one transaction, every journal row of ``stream`` whose seq is below
-    ``before_seq`` (the row at ``before_seq`` itself is kept). Other streams are untouched."""
+    ``before_seq`` (the row at ``before_seq`` itself is kept). Other streams are untouched.
+    With a ``fence``, only while that lease is current (see :class:`Append`)."""
 
     stream: str = attrs.field(validator=_non_empty_str)
     before_seq: int = attrs.field(validator=_seq_bound)
+    fence: Fence | None = attrs.field(default=None, validator=_fence)
 
 
 def _optional_str(_inst: object, attribute: attrs.Attribute[Any], value: object) -> None:
@@ -271,7 +319,8 @@ class RecordUsage:
     model calls, their tokens summed), at ``at`` (seconds since the epoch). ``turn`` is the
     turn's index, ``turn_id`` its inference id; ``server``/``channel`` the wake that caused it
     (None when none did). ``phase`` is how the turn ended; ``silent`` that it produced no
-    output (no text, no tool call but the quiet ones)."""
+    output (no text, no tool call but the quiet ones). With a ``fence``, the row lands only
+    while that lease is current (see :class:`Append`)."""
 
     at: float = attrs.field(validator=_finite_number)
     agent: str = attrs.field(validator=_non_empty_str)
@@ -287,6 +336,7 @@ class RecordUsage:
     output_tokens: int = attrs.field(default=0, validator=_count)
     cache_read_tokens: int = attrs.field(default=0, validator=_count)
     cache_write_tokens: int = attrs.field(default=0, validator=_count)
+    fence: Fence | None = attrs.field(default=None, validator=_fence)
 
     def row(self) -> tuple[Any, ...]:
         """The values of a ``usage`` row, in :data:`USAGE_COLUMNS` order."""
@@ -339,10 +389,19 @@ class RecordAudit:
 #: The columns of the ``audit`` table a :class:`RecordAudit` fills (see :mod:`store.schema`).
 AUDIT_COLUMNS = ("at", "action", "target", "source", "changed", "detail")
 
-_APPEND_FIELDS = ("records", "dedupe", "journal")
+_APPEND_FIELDS = ("records", "dedupe", "journal", "fence")
 
 #: A write operation.
 Op: TypeAlias = Append | PutState | TrimJournal | RecordUsage | RecordAudit
+#: The ops that may carry a :class:`Fence`.
+FENCED_OPS = (Append, PutState, TrimJournal, RecordUsage)
+
+
+def fence_of(op: Op) -> Fence | None:
+    """The lease ``op`` is made for, if any (a :class:`RecordAudit` is made for none)."""
+    return op.fence if isinstance(op, FENCED_OPS) else None
+
+
 #: What a successful op yields.
 OpResult: TypeAlias = AppendResult | None
 #: What an op yields in a batch: its result, or the error that failed it alone.

@@ -13,6 +13,14 @@ A file SQLite reports as damaged (``SQLITE_CORRUPT``, ``SQLITE_NOTADB``), or a d
 tables but no store schema, raises :class:`~store.errors.StoreDamaged` naming the file, whether
 found on opening or on reading. :func:`connect_read_only` (``Reader(path, read_only=True)``) never
 writes to the file: not its schema, not its journal mode.
+
+**Fences.** An op may carry the lease it is made for (:class:`~store.records.Fence`). Every
+transaction :meth:`Database.apply` opens first checks each distinct fence of the ops it holds,
+once, with :func:`store.leases.fenced_write` (which share-locks the lease row until the commit, so
+no other host can take it meanwhile); the ops whose fence is stale are left out of that
+transaction, with :class:`~store.errors.StaleFence` as their outcome, and the others are applied
+as if those ops had never been submitted. That is per op, so a stale op never sinks another. On
+SQLite a fence is checked against nothing and passes: one host owns an SQLite store.
 """
 
 from __future__ import annotations
@@ -23,8 +31,8 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from store.codec import encode_value
-from store.dbapi import INTEGRITY_ERRORS, Connection, Location, describe, is_dsn
-from store.errors import StoreClosed, StoreDamaged, StoreError
+from store.dbapi import INTEGRITY_ERRORS, Connection, Location, describe, dialect_of, is_dsn
+from store.errors import StaleFence, StoreClosed, StoreDamaged, StoreError
 from store.facts import FactWriter
 from store.items import ROWS_PER_STATEMENT, ItemWriter, insert_rows
 from store.records import (
@@ -33,6 +41,7 @@ from store.records import (
     USAGE_COLUMNS,
     Append,
     AppendResult,
+    Fence,
     JournalEntry,
     MessageRecord,
     Op,
@@ -42,6 +51,7 @@ from store.records import (
     RecordAudit,
     RecordUsage,
     TrimJournal,
+    fence_of,
 )
 from store.schema import (
     SCHEMA_VERSION,
@@ -241,6 +251,10 @@ class Database:
         :class:`StoreError`. If the transaction itself fails, it is rolled back and the ops are
         applied one transaction each, so a bad op never fails the others. Never raises for an
         op's failure.
+
+        Each transaction first checks the distinct fences of its ops, once each (PostgreSQL
+        only; see the module's docstring): an op whose fence is stale is not applied and its
+        outcome is :class:`~store.errors.StaleFence`.
         """
         if not ops:
             return []
@@ -248,10 +262,12 @@ class Database:
         try:
             try:
                 conn.execute("BEGIN IMMEDIATE")
-                outcomes = _apply_bulk(conn, ops, self.items)
-                self.facts.write(conn, _stored_appends(ops, outcomes))
+                stale = _stale_fences(conn, ops)
+                landing = [op for op in ops if fence_of(op) not in stale] if stale else ops
+                outcomes = _apply_bulk(conn, landing, self.items)
+                self.facts.write(conn, _stored_appends(landing, outcomes))
                 self._commit(conn)
-                return outcomes
+                return _with_refused(ops, stale, outcomes)
             except StoreError:
                 self._rollback(conn)
             return self._apply_one_by_one(conn, ops)
@@ -272,7 +288,12 @@ class Database:
     def _apply_one_by_one(self, conn: Connection, ops: Sequence[Op]) -> list[Outcome]:
         outcomes: list[Outcome] = []
         conn.execute("BEGIN IMMEDIATE")
+        stale = _stale_fences(conn, ops)
         for op in ops:
+            fence = fence_of(op)
+            if fence is not None and fence in stale:
+                outcomes.append(_refusal(fence))
+                continue
             conn.execute("SAVEPOINT op")
             try:
                 outcome: Outcome = _apply_op(conn, op, self.items)
@@ -290,6 +311,10 @@ class Database:
     def _apply_alone(self, conn: Connection, op: Op) -> Outcome:
         try:
             conn.execute("BEGIN IMMEDIATE")
+            fence = fence_of(op)
+            if fence is not None and _stale_fences(conn, [op]):
+                self._rollback(conn)
+                return _refusal(fence)
             result = _apply_op(conn, op, self.items)
             self.facts.write(conn, _stored_appends([op], [result]))
             self._commit(conn)
@@ -304,6 +329,36 @@ class Database:
             if isinstance(exc, INTEGRITY_ERRORS):
                 return StoreError(f"write failed: {exc}")
             return StoreError(f"write failed: {exc}")
+
+
+def _stale_fences(conn: Connection, ops: Sequence[Op]) -> set[Fence]:
+    """The distinct fences of ``ops`` that are stale, each checked once in the open transaction
+    (in order, so that writers lock lease rows alike). On SQLite: none (one host owns the file,
+    and there is no lease table to check against)."""
+    fences = {fence for op in ops if (fence := fence_of(op)) is not None}
+    if not fences or dialect_of(conn) == "sqlite":
+        return set()
+    from store.leases import fenced_write  # psycopg only for a store that needs it
+
+    ordered = sorted(fences, key=lambda f: (f.resource, f.holder, f.epoch))
+    return {f for f in ordered if not fenced_write(conn, f.resource, f.holder, f.epoch)}
+
+
+def _refusal(fence: Fence) -> StaleFence:
+    return StaleFence(fence.resource, fence.holder, fence.epoch)
+
+
+def _with_refused(ops: Sequence[Op], stale: set[Fence], outcomes: list[Outcome]) -> list[Outcome]:
+    """The outcome of each of ``ops``: the refusal of those whose fence is in ``stale``, and
+    ``outcomes`` (those of the others, in order) for the rest."""
+    if not stale:
+        return outcomes
+    landed = iter(outcomes)
+    merged: list[Outcome] = []
+    for op in ops:
+        fence = fence_of(op)
+        merged.append(_refusal(fence) if fence is not None and fence in stale else next(landed))
+    return merged
 
 
 def _stored_appends(ops: Sequence[Op], outcomes: Sequence[Outcome]) -> list[Append]:

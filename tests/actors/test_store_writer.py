@@ -19,9 +19,20 @@ from actors import storage, store_writer
 from actors.kernel import Work
 from actors.storage import StoreClient
 from actors.store_writer import StoreWriter
-from store import Append, AppendResult, Done, Op, Reader, StoreClosed, StoreError, StoreFull
+from store import (
+    Append,
+    AppendResult,
+    Done,
+    Op,
+    Reader,
+    StaleFence,
+    StoreClosed,
+    StoreError,
+    StoreFull,
+)
 from store.items import WrittenRow
 from tests.store.conftest import GUARD, kill_host_with_stopped_store, record, wait_gone
+from tests.store.fences import ADA, STALE_DEDUPE, STALE_TAGS, Fleet, message, mixed_batch
 
 #: Far longer than any test: bulk ops gather until something else ends their wait.
 FOREVER = 3600.0
@@ -409,3 +420,38 @@ async def test_a_close_on_a_clock_that_jumps_ahead_still_commits_everything(
     await client.aclose()  # while the process commits, trio's clock jumps past 10 s
     assert [type(f.result()) for f in futures] == [AppendResult] * 50
     assert len(_stored(tmp_path / "data", "store.sqlite3")) == 50
+
+
+async def test_a_write_under_a_stale_lease_is_refused_alone(pg_dsn: str) -> None:
+    """On a fleet's store: h1 writes for Ada under epoch 2; h2 takes Ada (epoch 3); a batch
+    mixing writes under epoch 2, under epoch 3 and under none lands all but the stale ones."""
+    fleet = Fleet(pg_dsn)
+    try:
+        old = fleet.h1_holds_epoch_2()
+        log = Log()
+        writer = StoreWriter(pg_dsn)
+        writer.start()
+        with trio.fail_after(GUARD):
+            writer.submit(Append(records=(message("before"),), fence=old), log.done("before"))
+            await log.until(1)
+            new = fleet.h2_takes_over()
+            writer.submit_many([(op, log.done(tag)) for tag, op in mixed_batch(old, new)])
+            await writer.aclose()
+    finally:
+        fleet.close()
+    outcomes = log.outcomes()
+    for tag in STALE_TAGS:
+        refused = outcomes.pop(tag)
+        assert isinstance(refused, StaleFence) and (refused.resource, refused.epoch) == (ADA, 2)
+    assert outcomes == {
+        "before": AppendResult(stored=True),
+        "plain": AppendResult(stored=True),
+        "current-append": AppendResult(stored=True),
+        "current-state": None,
+        "current-usage": None,
+    }
+    with Reader(pg_dsn) as reader:
+        assert [m["id"] for m in reader.history("Ada")] == ["before", "plain", "current"]
+        assert not reader.has_dedupe(*STALE_DEDUPE)
+        assert reader.journal("Ada") == [] and reader.state(ADA) == {"new": "current"}
+        assert [u.turns for u in reader.usage()] == [1]
