@@ -19,6 +19,8 @@ import trio
 from actors.fleet import heartbeat as heartbeat_module
 from actors.fleet import view
 from actors.fleet.heartbeat import Heartbeat
+from actors.trace import TraceEvent
+from actors.transcript.lines import WARNING, format_event, level_of
 from actors.web.console import open_console
 from protocol.leases import Lease
 from store.leases import Fleet, HostRow, LeaseTable, read_fleet
@@ -176,6 +178,13 @@ async def test_a_failing_heartbeat_is_one_line_not_a_crash() -> None:
     [(kind, data)] = ctx.trace.events
     assert kind == "heartbeat-failed" and "cannot connect" in data["error"]
     assert "sekrit" not in json.dumps(data)
+    event = TraceEvent(kind=kind, data=data, ts=1e9)
+    assert level_of(event) == WARNING
+    line = format_event(event)
+    assert line is not None
+    assert line.startswith(
+        "! heartbeat into the store postgresql://nobody:…@127.0.0.1:1/none failed: cannot connect"
+    )
 
 
 def test_the_readable_fleet() -> None:
