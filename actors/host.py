@@ -38,6 +38,7 @@ from actors.agent.inference import InferenceRouter
 from actors.channel.actor import ChannelActor
 from actors.channel.coalescer import CoalescerActor
 from actors.channel.envelope import new_id
+from actors.fleet.heartbeat import Heartbeat
 from actors.link.connection import ConnectionActor
 from actors.models.base import Model
 from actors.models.providers import make_model, model_from_spec
@@ -75,6 +76,7 @@ class Host:
         self._reloading = trio.Lock()
         self._reader = OffLoop("the config file")
         self.status_writer: StatusWriter | None = None  # keeps <data_dir>/status.json
+        self.heartbeat: Heartbeat | None = None  # beats into a PostgreSQL store's hosts table
 
     @property
     def config(self) -> HostConfig:
@@ -156,6 +158,9 @@ class Host:
                 if status_file:
                     host.status_writer = StatusWriter(ctx)
                     nursery.start_soon(host.status_writer.run)
+                if cfg.store is not None:  # a fleet's shared PostgreSQL store
+                    host.heartbeat = Heartbeat(ctx, cfg.store)
+                    await nursery.start(host.heartbeat.run)
                 try:
                     yield host
                 except Exception as exc:  # re-raised below, outside the nursery

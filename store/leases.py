@@ -33,6 +33,10 @@ Resources this host held at its last step but no longer names are released at th
 under the current epoch, before expiry; the share lock keeps the row from being taken until that
 transaction ends.
 
+**Reading the fleet** (:func:`read_fleet`, for ``mcplive status`` and the console): the
+``hosts`` and ``leases`` rows as committed, and the database's time, over a read-only connection
+of its own with short timeouts; nothing is created, upgraded or locked.
+
 Bounds: at most :data:`MAX_RESOURCES` resources per step, :data:`MAX_HOSTS` live hosts read and
 host ids stepped through one table. Not thread-safe: one :class:`LeaseTable` per thread.
 """
@@ -48,22 +52,29 @@ import attrs
 
 from protocol.leases import LEASE_S, Lease, plan
 from store.dbapi import Connection
-from store.postgres import PgConnection, connect
+from store.postgres import PgConnection, connect, connect_read_only
 
 __all__ = [
     "FENCE_SQL",
     "MAX_HOSTS",
     "MAX_RESOURCES",
+    "READ_TIMEOUT_S",
+    "Fleet",
     "Held",
+    "HostRow",
     "LeaseTable",
     "StepResult",
     "fenced_write",
+    "read_fleet",
 ]
 
 #: The most resources one step names (a clear error beyond).
 MAX_RESOURCES = 10_000
 #: The most live hosts a step reads (and host ids one table steps for).
 MAX_HOSTS = 1_000
+
+#: Seconds :func:`read_fleet` may wait to connect, and for each statement.
+READ_TIMEOUT_S = 3.0
 
 #: The database's clock, in seconds since the epoch.
 DB_NOW = "extract(epoch from clock_timestamp())::float8"
@@ -102,6 +113,62 @@ class StepResult:
     lost: tuple[str, ...] = ()
     skipped: tuple[str, ...] = ()
     live_hosts: tuple[str, ...] = ()
+
+
+@attrs.frozen
+class HostRow:
+    """A host's row: when it started, its last heartbeat (the database's clock), whether it
+    left cleanly."""
+
+    host_id: str
+    started_at: float
+    heartbeat_at: float
+    leaving: bool
+
+
+@attrs.frozen
+class Fleet:
+    """What :func:`read_fleet` read: the database's time then, the hosts and the lease rows
+    (each in name order)."""
+
+    now: float
+    hosts: tuple[HostRow, ...]
+    leases: tuple[Lease, ...]
+
+
+def read_fleet(dsn: str, *, timeout_s: float = READ_TIMEOUT_S) -> Fleet:
+    """The fleet on the store at ``dsn`` (at most :data:`MAX_HOSTS` hosts and
+    :data:`MAX_RESOURCES` leases), read in one read-only transaction. ``timeout_s`` bounds the
+    connection attempt (whole seconds, at least one) and each statement. Raises
+    :class:`~store.errors.StoreError` (one line, no password) when the store cannot be read: not
+    reachable, not a store, or a schema older than the fleet's tables."""
+    conn = connect_read_only(dsn, connect_timeout=timeout_s)
+    try:
+        conn.execute(f"SET statement_timeout = {max(1, int(timeout_s * 1000))}")
+        conn.execute("BEGIN")
+        try:
+            (now,) = conn.execute(f"SELECT {DB_NOW}").fetchall()[0]
+            hosts = conn.execute(
+                "SELECT host_id, started_at, heartbeat_at, leaving FROM hosts"
+                " ORDER BY host_id LIMIT ?",
+                (MAX_HOSTS,),
+            ).fetchall()
+            leases = conn.execute(
+                "SELECT resource, holder, epoch, expires_at FROM leases ORDER BY resource LIMIT ?",
+                (MAX_RESOURCES,),
+            ).fetchall()
+        finally:
+            conn.end_transaction()
+    finally:
+        conn.close()
+    return Fleet(
+        now=float(now),
+        hosts=tuple(
+            HostRow(str(h), float(started), float(beat), bool(leaving))
+            for h, started, beat, leaving in hosts
+        ),
+        leases=tuple(map(_lease, leases)),
+    )
 
 
 Clock = Callable[[], float]

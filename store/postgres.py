@@ -25,6 +25,7 @@ the DSN's password is never in it.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
@@ -213,10 +214,13 @@ class PgConnection:
     A connection found broken outside a transaction is opened again at the next statement (a
     server restarted between two batches costs nothing but the batch it cut off)."""
 
-    def __init__(self, dsn: str, *, read_only: bool = False) -> None:
+    def __init__(
+        self, dsn: str, *, read_only: bool = False, connect_timeout: float = CONNECT_TIMEOUT_S
+    ) -> None:
         self.dsn = dsn
         self.label = safe_dsn(dsn)
         self.read_only = read_only
+        self.connect_timeout = connect_timeout
         self._password = dsn_password(dsn)
         self._conn: psycopg.Connection[Any] | None = self._open()
 
@@ -225,7 +229,8 @@ class PgConnection:
             conn = psycopg.connect(
                 self.dsn,
                 autocommit=True,
-                connect_timeout=CONNECT_TIMEOUT_S,
+                # libpq reads whole seconds, and 0 as "wait forever"
+                connect_timeout=max(1, math.ceil(self.connect_timeout)),
                 application_name="mcplive",
                 # No server-side prepared statements: a generic plan made while a table was
                 # small (a new store) stays a sequential scan as the table grows, and a lookup
@@ -436,10 +441,11 @@ def connect(dsn: str) -> PgConnection:
     return conn
 
 
-def connect_read_only(dsn: str) -> PgConnection:
+def connect_read_only(dsn: str, *, connect_timeout: float = CONNECT_TIMEOUT_S) -> PgConnection:
     """A read-only connection to the existing store at ``dsn``: nothing is created or
-    upgraded."""
-    conn = PgConnection(dsn, read_only=True)
+    upgraded. ``connect_timeout``: seconds a connection attempt may take (whole seconds, at
+    least one)."""
+    conn = PgConnection(dsn, read_only=True, connect_timeout=connect_timeout)
     try:
         _check_version(conn, schema_version(conn))
     except BaseException:

@@ -30,7 +30,7 @@ PACKAGES = ("protocol", "store", "actors")
 #: ``root`` is every module at the top of ``actors`` but ``host`` and the package itself.
 FLOORS: tuple[tuple[str, ...], ...] = (
     ("root",),
-    ("models",),
+    ("models", "fleet"),
     ("transcript", "references"),
     ("link",),
     ("channel",),

@@ -1,9 +1,15 @@
 """``mcplive status``: what the host running on a data dir is doing, and a health check.
 
-It never takes the data dir's lock and never opens the store: it asks the lock who holds it
-(``actors.datadir.holder``) and reads the status file the host keeps (``actors.status``). The
-exit status is the verdict of ``protocol.status.assess`` (0 ok, 1 degraded, 3 not running,
-4 unknown), or 2 for a bad argument or config.
+It never takes the data dir's lock: it asks the lock who holds it (``actors.datadir.holder``)
+and reads the status file the host keeps (``actors.status``). The exit status is the verdict of
+``protocol.status.assess`` (0 ok, 1 degraded, 3 not running, 4 unknown), or 2 for a bad argument
+or config.
+
+With a CONFIG whose ``[host]`` names a PostgreSQL store, it also reads the fleet from that
+database (read-only, with short timeouts: :mod:`actors.fleet.view`): each host's last heartbeat
+and each lease's holder. The verdict stays about this data dir's host: a fleet that cannot be
+read is one line (``fleet: not read: …``, or ``fleet.error`` in the JSON) and never changes the
+exit status. An embedded (SQLite) store has no fleet: nothing is read.
 """
 
 from __future__ import annotations
@@ -16,8 +22,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from actors.config import ConfigErrors, read_config_source
+from actors.config import ConfigErrors, read_config_source, store_of
 from actors.datadir import holder
+from actors.fleet import view as fleet_view
 from actors.transcript.printer import local_stamp
 from protocol import status as fmt
 
@@ -41,6 +48,26 @@ def data_dir_of(args: argparse.Namespace) -> Path:
     if not isinstance(value, str) or not value:
         raise ConfigErrors([f"{args.config}: host.data_dir must be a path string"])
     return (base / value).resolve()
+
+
+def fleet_of(args: argparse.Namespace) -> dict[str, Any] | None:
+    """The fleet on the config's PostgreSQL store (:func:`actors.fleet.view.read`), or None when
+    there is no config or its store is the embedded one. A store the config names wrongly (say
+    an unset ``store_env``) is the fleet's error line, not a failure of the command."""
+    if not args.config:
+        return None
+    try:
+        raw, _base = read_config_source(args.config)
+    except ConfigErrors:
+        return None  # data_dir_of said so already
+    host = raw.get("host", {})
+    if not isinstance(host, Mapping) or (host.get("store") is None and not host.get("store_env")):
+        return None
+    problems: list[str] = []
+    dsn = store_of(host.get("store"), host.get("store_env"), problems)
+    if dsn is None:
+        return {"store": None, "error": "; ".join(problems) or "no store"}
+    return fleet_view.read(dsn)
 
 
 def read_status(data_dir: Path) -> tuple[dict[str, Any] | None, str | None, str | None]:
@@ -75,13 +102,24 @@ def cmd_status(args: argparse.Namespace) -> int:
     verdict = fmt.assess(doc, pid, now, touched_at)
     if unreadable and verdict.code == fmt.UNKNOWN:
         verdict = fmt.Verdict(code=fmt.UNKNOWN, problems=(unreadable,))
+    fleet = fleet_of(args)
     if args.json:
-        if text is not None and doc is not None:
+        if fleet is not None:
+            body = (
+                dict(doc)
+                if doc is not None
+                else {"running": pid is not None, "health": verdict.summary}
+            )
+            print(json.dumps({**body, "fleet": fleet}, ensure_ascii=False, indent=1))
+        elif text is not None and doc is not None:
             sys.stdout.write(text if text.endswith("\n") else text + "\n")
         else:
             print(json.dumps({"running": pid is not None, "health": verdict.summary}))
         return verdict.code
-    for line in summary(data_dir, pid, doc, verdict, now):
+    lines = summary(data_dir, pid, doc, verdict, now)
+    if fleet is not None:  # before the verdict, the report's last line
+        lines[-1:-1] = fleet_view.lines(fleet)
+    for line in lines:
         print(line)
     return verdict.code
 
@@ -216,10 +254,14 @@ def add_parser(sub: Any) -> None:
     status.add_argument(
         "config",
         nargs="?",
-        help="the running host's config (only its data_dir is read); default ./mcplive-data",
+        help="the running host's config (only its [host] table is read: data_dir, and a "
+        "PostgreSQL store for the fleet); default ./mcplive-data",
     )
     status.add_argument("--data-dir", help="the running host's data dir, instead of a CONFIG")
     status.add_argument(
-        "--json", action="store_true", help="print the host's status file as it is (JSON)"
+        "--json",
+        action="store_true",
+        help="print the host's status file as it is (JSON), with a 'fleet' object on a "
+        "PostgreSQL store",
     )
     status.set_defaults(fn=cmd_status)

@@ -48,6 +48,7 @@ LEVELS: dict[str, int] = {
     "publish-undeclared": WARNING,
     "reload-refused": WARNING,
     "status-unwritten": WARNING,
+    "heartbeat-failed": WARNING,
     "record-skipped": WARNING,
     "error": ERROR,
     "agent-paused": ERROR,
@@ -292,6 +293,8 @@ def format_event(e: TraceEvent) -> str | None:
         return f"! skipped {record}: {_excerpt(d.get('reason'))}"
     if k == "status-unwritten":
         return f"! status file {d.get('path')} not written: {d.get('error')}"
+    if k == "heartbeat-failed":
+        return f"! heartbeat into the store {d.get('store')} failed: {_excerpt(d.get('error'))}"
     if k == "refused":
         code = f" ({d['code']})" if d.get("code") is not None else ""
         what = d.get("method") if code else f"an item of {d.get('method')}"

@@ -1,7 +1,8 @@
 """The console's JSON endpoints: what the pages read, and the operator's actions.
 
 Reads (``GET``): ``/healthz``, ``/api/console``, ``/api/agents``, ``/api/servers``,
-``/api/channels``, ``/api/recent``, ``/api/history/{agent}`` (``limit``, ``before``, ``q``).
+``/api/channels``, ``/api/recent``, ``/api/history/{agent}`` (``limit``, ``before``, ``q``),
+``/api/fleet`` (the hosts and lease holders of a PostgreSQL store).
 Actions (``POST``, JSON bodies): ``/api/agents/{agent}/post`` (``text``), ``.../pause``,
 ``.../resume``, ``/api/servers/{server}/reconnect``,
 ``/api/agents/{agent}/drafts/{draft}/resend`` (``destination``, ``server_id``: default the
@@ -28,6 +29,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from actors.agent.speech import DRAFTS_NS
+from actors.fleet import view as fleet_view
 from actors.link.vitals import TRAFFIC_MINUTES
 from actors.models.usage import rows_of
 from actors.status import StatusWriter, vitals_entry
@@ -68,6 +70,7 @@ class ConsoleApi:
         self.status = StatusWriter(host.ctx)  # its snapshot only: it writes nothing
         self.redactor = host.ctx.redactor
         self.registry = registry_for(host, self._snapshot)  # this console's own, never global
+        self._fleet_reads = trio.CapacityLimiter(1)  # one fleet read at a time, however polled
 
     def routes(self) -> list[Route]:
         get, post = ["GET"], ["POST"]
@@ -80,6 +83,7 @@ class ConsoleApi:
             Route("/api/channels", self._handler(self.channels), methods=get),
             Route("/api/recent", self._handler(self.recent), methods=get),
             Route("/api/usage", self._handler(self.usage), methods=get),
+            Route("/api/fleet", self._handler(self.fleet), methods=get),
             Route("/api/history", self._handler(self.history), methods=get),
             Route("/api/history/{agent}", self._handler(self.history), methods=get),
             Route("/api/agents/{agent}/request", self._handler(self.last_request), methods=get),
@@ -135,6 +139,7 @@ class ConsoleApi:
         return {
             **self.info,
             "host_id": self.host.ctx.host_id,
+            "fleet": cfg.store is not None,
             "agents": [a.name for a in cfg.agents],
             "servers": [s.id for s in cfg.servers],
         }
@@ -241,6 +246,19 @@ class ConsoleApi:
             "today": {a["name"]: a.get("today") or {} for a in snap["agents"]},
             "host": snap.get("today") or {},
         }
+
+    async def fleet(self, request: Request) -> dict[str, Any]:
+        """The fleet as ``mcplive status --json`` has it (:func:`actors.fleet.view.read`: each
+        host's last heartbeat, each lease's holder; ``error``, one line, when the database could
+        not be read), read in a worker thread with short timeouts. ``enabled`` is false, and
+        nothing is read, on the embedded store: one host has no fleet."""
+        dsn = self.host.config.store
+        if dsn is None:
+            return {"enabled": False}
+        found = await trio.to_thread.run_sync(
+            fleet_view.read, dsn, limiter=self._fleet_reads, abandon_on_cancel=True
+        )
+        return {"enabled": True, "host_id": self.host.ctx.host_id, **found}
 
     async def history(self, request: Request) -> dict[str, Any]:
         """Stored messages of one agent (``/api/history/NAME``) or of every agent

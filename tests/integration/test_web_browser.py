@@ -413,7 +413,29 @@ def test_the_servers_page_shows_uptime_traffic_latency_and_disconnects(tmp_path:
         lobby.get_by_text(re.compile(r"\(up \d+")).wait_for()
         lobby.get_by_text(re.compile(r"p50 \d+ ms · p95 \d+ ms")).wait_for()
         assert lobby.locator("svg.traffic polyline").count() == 2
+        assert page.locator("#fleet").is_hidden()  # the embedded store has no fleet
         lobby.get_by_role("button", name="Reconnect").click()
         lobby.locator("ol.disconnects li").first.wait_for()
         lobby.locator(".chip", has_text="ready").wait_for()  # and back
         assert lobby.locator("ol.disconnects li").first.text_content()
+
+
+def test_the_servers_page_shows_the_fleet_of_a_postgresql_store(
+    tmp_path: Path, pg_dsn: str
+) -> None:
+    from store.leases import LeaseTable
+
+    with LeaseTable(pg_dsn, lease_s=600) as table:  # another host holds Ada
+        assert table.step("beta", ["agent:Ada"]).taken == ("agent:Ada",)
+    config = _bundled_config(tmp_path / "data")
+    config["host"].update(store=pg_dsn, host_id="alpha")
+    with console_page(tmp_path, config=config) as (_, page):
+        page.click("nav button[data-page=servers]")
+        fleet = page.locator("#fleet")
+        fleet.get_by_role("heading", name="Fleet").wait_for()
+        hosts = fleet.locator("ul.fleet-hosts")
+        hosts.get_by_text(re.compile(r"^alpha: last heartbeat \d+ s ago \(this host\)$")).wait_for()
+        hosts.get_by_text(re.compile(r"^beta: last heartbeat \d+ s ago$")).wait_for()
+        holder = fleet.locator("ul.fleet-leases li[data-resource='agent:Ada']")
+        sync_api.expect(holder).to_have_text(re.compile(r"^agent:Ada → beta, epoch 1, expires in "))
+        assert page.evaluate("window.__pwned") is None

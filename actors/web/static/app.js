@@ -17,6 +17,7 @@ const state = {
   unseen: 0, // lines that arrived below while the operator looked further up
   channels: [], // the host's registered channels, for the drafts' destination pickers
   picks: {}, // the destination chosen per draft ("agent/draft": value), kept across redraws
+  fleet: false, // the store is a fleet's PostgreSQL database: the Servers page shows its hosts
 };
 
 function el(tag, props, ...children) {
@@ -100,6 +101,7 @@ async function refresh() {
     renderSummary(agents);
     if (state.page === "agents") renderAgents(agents);
     if (state.page === "servers") renderServers(await getJSON("/api/servers"));
+    if (state.page === "servers" && state.fleet) renderFleet(await getJSON("/api/fleet"));
     if (state.page === "channels") renderChannels(channels);
     if (state.page === "usage") await renderUsage(false);
   } catch (error) {
@@ -429,6 +431,7 @@ async function start() {
   }
   const info = await getJSON("/api/console");
   if (info.host_id) document.querySelector("nav .brand span").textContent = `console · ${info.host_id}`;
+  state.fleet = Boolean(info.fleet);
   document.getElementById("history-agent").append(el("option", { value: "", text: "all agents" }));
   for (const id of ["compose-agent", "history-agent", "filter-agent"]) {
     const select = document.getElementById(id);

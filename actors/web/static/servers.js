@@ -1,6 +1,7 @@
 // The console's Servers page: a card per server with its state, its grant, and the vitals a
 // console running around the clock shows (uptime, traffic a minute as a small SVG chart,
-// request latency, the last disconnects with their reasons, stderr with times). Text only.
+// request latency, the last disconnects with their reasons, stderr with times), and on a fleet's
+// PostgreSQL store the fleet: each host's last heartbeat and who holds each lease. Text only.
 "use strict";
 
 function duration(seconds) {
@@ -83,4 +84,40 @@ function renderServers(servers) {
     )
   );
   document.getElementById("servers").replaceChildren(el("div", { class: "cards" }, ...cards));
+}
+
+// The fleet (GET /api/fleet): the hosts sharing the store and the holder of each agent and
+// server, as `mcplive status` prints them. Ages and expiries are on the database's clock.
+function hostLine(h) {
+  return `${h.host_id}: last heartbeat ${duration(h.heartbeat_age_s)} ago${h.leaving ? ", leaving" : ""}`;
+}
+
+function leaseLine(l) {
+  if (l.state === "free" || l.holder === null) return `${l.resource}: free (epoch ${l.epoch})`;
+  const left = Number(l.expires_in_s) || 0;
+  const when = left > 0 ? `expires in ${duration(left)}` : `expired ${duration(-left)} ago`;
+  return `${l.resource} → ${l.holder}, epoch ${l.epoch}, ${when}`;
+}
+
+function renderFleet(fleet) {
+  const box = document.getElementById("fleet");
+  box.hidden = !fleet.enabled;
+  if (!fleet.enabled) return box.replaceChildren();
+  const title = el("h2", { text: "Fleet" });
+  if (fleet.error) {
+    return box.replaceChildren(title, el("p", { class: "muted", text: `not read: ${text(fleet.error)}` }));
+  }
+  const hosts = fleet.hosts || [], leases = fleet.leases || [];
+  box.replaceChildren(
+    title,
+    el("p", { class: "muted", text: `store ${text(fleet.store)} · read ${dateTimeOf(fleet.read_at)}` }),
+    el("h3", { text: "Hosts" }),
+    hosts.length
+      ? el("ul", { class: "fleet-hosts" }, ...hosts.map((h) => el("li", { "data-host": h.host_id, class: h.host_id === fleet.host_id ? "this-host" : "", text: hostLine(h) + (h.host_id === fleet.host_id ? " (this host)" : "") })))
+      : el("p", { class: "muted", text: "no host has beaten yet" }),
+    el("h3", { text: "Holders" }),
+    leases.length
+      ? el("ul", { class: "fleet-leases" }, ...leases.map((l) => el("li", { "data-resource": l.resource, text: leaseLine(l) })))
+      : el("p", { class: "muted", text: "no lease taken yet" })
+  );
 }

@@ -1,0 +1,106 @@
+"""The fleet as ``mcplive status`` and the console show it: each host with its last heartbeat,
+and each lease with its holder, read from a PostgreSQL store (:func:`store.leases.read_fleet`).
+
+:func:`read` is blocking (a worker thread's call on a loop) and never raises for the store: a
+fleet that cannot be read is one line, ``error``. Ages and expiries are on the database's clock,
+so a host whose clock is off still reads them right.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from protocol.status import describe_age, iso
+from store.dbapi import describe
+from store.errors import StoreError
+from store.leases import READ_TIMEOUT_S, Fleet, read_fleet
+
+#: Hosts and leases a readable report lists (the JSON carries every row read).
+SHOWN_ROWS = 100
+
+
+def read(dsn: str, *, timeout_s: float = READ_TIMEOUT_S) -> dict[str, Any]:
+    """The fleet on the store at ``dsn`` as JSON (:func:`as_json`), or ``{"store", "error"}``
+    with one line saying why it could not be read."""
+    try:
+        fleet = read_fleet(dsn, timeout_s=timeout_s)
+    except StoreError as exc:
+        return {"store": describe(dsn), "error": " ".join(str(exc).split())}
+    return as_json(fleet, describe(dsn))
+
+
+def as_json(fleet: Fleet, store: str) -> dict[str, Any]:
+    """``{"store", "read_at", "hosts": [...], "leases": [...]}``. A host: ``host_id``,
+    ``started_at``, ``heartbeat_at`` (ISO 8601, UTC), ``heartbeat_age_s``, ``leaving``. A lease:
+    ``resource``, ``holder`` (None: free), ``epoch``, ``state`` (``held``, ``expired`` or
+    ``free``), ``expires_in_s`` (negative once expired; None when free)."""
+    now = fleet.now
+    hosts = [
+        {
+            "host_id": h.host_id,
+            "started_at": iso(h.started_at),
+            "heartbeat_at": iso(h.heartbeat_at),
+            "heartbeat_age_s": round(now - h.heartbeat_at, 3),
+            "leaving": h.leaving,
+        }
+        for h in fleet.hosts
+    ]
+    leases = []
+    for lease in fleet.leases:
+        if lease.holder is None:
+            state, expires_in = "free", None
+        else:
+            expires_in = round(lease.expires_at - now, 3)
+            state = "held" if expires_in > 0 else "expired"
+        leases.append(
+            {
+                "resource": lease.resource,
+                "holder": lease.holder,
+                "epoch": lease.epoch,
+                "state": state,
+                "expires_in_s": expires_in,
+            }
+        )
+    return {"store": store, "read_at": iso(now), "hosts": hosts, "leases": leases}
+
+
+def lines(fleet: dict[str, Any]) -> list[str]:
+    """The readable report of :func:`read`'s answer: a ``fleet:`` line, then each host and each
+    lease (at most :data:`SHOWN_ROWS` of each), or the one line saying why it was not read."""
+    if fleet.get("error"):
+        return [f"fleet: not read: {fleet['error']}"]
+    out = ["fleet:", "  hosts:"]
+    hosts = fleet.get("hosts") or []
+    if not hosts:
+        out.append("    (none has beaten yet)")
+    for h in hosts[:SHOWN_ROWS]:
+        out.append(f"    {host_line(h)}")
+    if len(hosts) > SHOWN_ROWS:
+        out.append(f"    … and {len(hosts) - SHOWN_ROWS} more")
+    out.append("  leases:")
+    leases = fleet.get("leases") or []
+    if not leases:
+        out.append("    (none taken yet)")
+    for lease in leases[:SHOWN_ROWS]:
+        out.append(f"    {lease_line(lease)}")
+    if len(leases) > SHOWN_ROWS:
+        out.append(f"    … and {len(leases) - SHOWN_ROWS} more")
+    return out
+
+
+def host_line(host: dict[str, Any]) -> str:
+    """``alpha: last heartbeat 3 s ago`` (``, leaving`` once it left cleanly)."""
+    age = describe_age(float(host.get("heartbeat_age_s") or 0.0))
+    return f"{host.get('host_id')}: last heartbeat {age} ago" + (
+        ", leaving" if host.get("leaving") else ""
+    )
+
+
+def lease_line(lease: dict[str, Any]) -> str:
+    """``agent:Ada → alpha, epoch 3, expires in 12 s`` (``… expired 4 s ago``), or
+    ``server:lobby: free (epoch 2)``."""
+    if lease.get("state") == "free" or lease.get("holder") is None:
+        return f"{lease.get('resource')}: free (epoch {lease.get('epoch')})"
+    left = float(lease.get("expires_in_s") or 0.0)
+    when = f"expires in {describe_age(left)}" if left > 0 else f"expired {describe_age(-left)} ago"
+    return f"{lease.get('resource')} → {lease.get('holder')}, epoch {lease.get('epoch')}, {when}"
