@@ -100,7 +100,9 @@ class FactWriter:
                         self._pending.add(pair)
                         rows.append(pair)
         if rows:
-            conn.executemany(_INSERT, rows)
+            # sorted: writers of one database adding some of the same rows wait on each other
+            # in one order, never in a cycle
+            conn.executemany(_INSERT, sorted(rows))
 
     def committed(self) -> None:
         """The current transaction committed: its pairs are known to be stored."""

@@ -92,19 +92,31 @@ class ItemWriter:
         the current transaction. Within an append, records that share their blocks and metadata
         objects (and role and time) are copies of one item: its body is encoded, stored and
         indexed once. A message id already stored raises one of
-        :data:`store.dbapi.INTEGRITY_ERRORS` (the transaction is then to be rolled back)."""
+        :data:`store.dbapi.INTEGRITY_ERRORS` (the transaction is then to be rolled back).
+
+        Seqs and item numbers: on SQLite, the one writer of the file counts on from the highest
+        given. On PostgreSQL, where several writers (a fleet's hosts) may write one database at
+        once, they are taken from the database in this transaction (``nextval`` of
+        ``message_seq`` and of ``items.num``'s identity, one statement each for the whole call),
+        so no two writers ever give the same one. The seqs of one writer's commits increase;
+        across writers they are unique but not in commit order (a seq taken by one writer may
+        commit after a higher one another writer took), so a reader paging by seq may see a
+        lower seq appear behind one it already read."""
         if not any(appends):
             return
-        if self._last is None:
-            self._last = (
-                _last_seq(conn),
-                int(conn.execute("SELECT COALESCE(MAX(num), 0) FROM items").fetchone()[0]),
-            )
-        seq, num = self._last
+        postgres = dialect_of(conn) == "postgresql"
+        known = self._known
+        if postgres:
+            # new names numbered in one order by every writer: two writers adding the same
+            # names wait on each other's rows in one order, never in a cycle
+            for name in sorted({r.agent for records in appends for r in records} - set(known)):
+                self._number(conn, name)
+        # seqs and item numbers as indices into those the call takes, first
+        seq = num = -1
         item_rows: list[list[Any]] = []
         text_rows: list[tuple[int, str]] = []
         ref_rows: list[tuple[int, str, int, int]] = []
-        known = self._known
+        written: list[WrittenRow] = []
         for records in appends:
             # an item's row, by the identity of what its copies share (the records hold them)
             items: dict[tuple[int, int, str, float], list[Any]] = {}
@@ -133,15 +145,30 @@ class ItemWriter:
                 if agent is None:
                     agent = self._number(conn, r.agent)
                 ref_rows.append((seq, r.id, agent, row[0]))
-                self._written.append((seq, r.id, r.agent, r.role, row[5]))
-        self._last = None  # known again once these rows are in
-        postgres = dialect_of(conn) == "postgresql"
-        insert_rows(conn, _ITEMS, 6, [tuple(row) for row in item_rows])
-        insert_rows(conn, _PG_TEXT if postgres else _TEXT, 2, text_rows)
-        insert_rows(conn, _REFS, 4, ref_rows)
-        if postgres:  # the highest seq given, kept as AUTOINCREMENT keeps it in SQLite
-            conn.execute("SELECT setval('message_seq', ?)", (seq,))
-        self._last = (seq, num)
+                written.append((seq, r.id, r.agent, r.role, row[5]))
+        seqs: Sequence[int]
+        nums: Sequence[int]
+        if postgres:
+            seqs = _taken(conn, "'message_seq'", seq + 1)
+            nums = _taken(conn, "pg_get_serial_sequence('items', 'num')", num + 1)
+        else:
+            if self._last is None:
+                self._last = (
+                    _last_seq(conn),
+                    int(conn.execute("SELECT COALESCE(MAX(num), 0) FROM items").fetchone()[0]),
+                )
+            top_seq, top_num = self._last
+            seqs = range(top_seq + 1, top_seq + seq + 2)
+            nums = range(top_num + 1, top_num + num + 2)
+            self._last = None  # known again once these rows are in
+        for item in item_rows:
+            item[0], item[3], item[4] = nums[item[0]], seqs[item[3]], seqs[item[4]]
+        insert_rows(conn, _ITEMS, 6, [tuple(item) for item in item_rows])
+        insert_rows(conn, _PG_TEXT if postgres else _TEXT, 2, [(nums[n], t) for n, t in text_rows])
+        insert_rows(conn, _REFS, 4, [(seqs[s], i, a, nums[n]) for s, i, a, n in ref_rows])
+        self._written.extend((seqs[s], i, a, role, body) for s, i, a, role, body in written)
+        if not postgres:
+            self._last = (seqs[-1], nums[-1])
 
     def _number(self, conn: Connection, name: str) -> int:
         number = self._known.get(name)
@@ -153,11 +180,18 @@ class ItemWriter:
         if row is not None:
             self._remember(name, int(row[0]))
             return int(row[0])
-        (number,) = conn.execute(
-            "INSERT INTO names (name) VALUES (?) RETURNING num", (name,)
+        # another writer of the database may be adding the name too: its row, once committed,
+        # is the name's (read again below), and this insert does nothing
+        row = conn.execute(
+            "INSERT INTO names (name) VALUES (?) ON CONFLICT (name) DO NOTHING RETURNING num",
+            (name,),
         ).fetchone()
-        self._pending[name] = int(number)
-        return int(number)
+        if row is None:
+            (number,) = conn.execute("SELECT num FROM names WHERE name = ?", (name,)).fetchone()
+            self._remember(name, int(number))
+            return int(number)
+        self._pending[name] = int(row[0])
+        return int(row[0])
 
     def _remember(self, name: str, number: int) -> None:
         self._known[name] = number
@@ -189,6 +223,17 @@ class ItemWriter:
         rows, gap = self._committed, self._gap
         self._committed, self._gap = [], False
         return rows, gap
+
+
+def _taken(conn: Connection, sequence: str, count: int) -> list[int]:
+    """``count`` numbers taken from the PostgreSQL ``sequence`` (an expression naming it) in one
+    statement, in increasing order; another session's may be between them."""
+    if count <= 0:
+        return []
+    rows = conn.execute(
+        f"SELECT nextval({sequence}) FROM generate_series(1, ?::integer)", (count,)
+    ).fetchall()
+    return sorted(int(value) for (value,) in rows)
 
 
 def _last_seq(conn: Connection) -> int:

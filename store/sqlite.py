@@ -215,7 +215,15 @@ def connect_location(location: Location, *, busy_timeout: float = BUSY_TIMEOUT) 
 
 class Database:
     """The write side, on either engine (``location``: a path or a PostgreSQL DSN, see
-    :mod:`store.dbapi`). Not thread-safe: one thread (the writer's) uses it."""
+    :mod:`store.dbapi`). Not thread-safe: one thread (the writer's) uses it.
+
+    On SQLite one writer holds a store. On PostgreSQL several (a fleet's hosts, each with its
+    own :class:`Database`) may write one database at once: every number a write gives (message
+    seqs, item, name, journal, usage and audit numbers) is taken from the database inside the
+    writing transaction, and a dedupe key two of them record at once is stored by one only (the
+    other's op is ``stored=False``). One writer's seqs increase from commit to commit; across
+    writers they are unique but need not follow commit order (see
+    :meth:`store.items.ItemWriter.write`)."""
 
     def __init__(self, path: Location, *, busy_timeout: float = BUSY_TIMEOUT) -> None:
         #: How the store is named in messages (a DSN without its password).
@@ -385,9 +393,8 @@ def _apply_bulk(conn: Connection, ops: Sequence[Op], item_writer: ItemWriter) ->
     :class:`StoreError` and leaves the transaction to be rolled back. Few statements mean few
     trips into SQLite, each of which lets other threads take the interpreter lock.
     """
-    present = _present_keys(conn, [op.dedupe for op in ops if isinstance(op, Append)])
+    claimed = _claim_keys(conn, [op.dedupe for op in ops if isinstance(op, Append)])
     outcomes: list[Outcome] = []
-    new_keys: list[tuple[str, str, str]] = []
     appends: list[tuple[MessageRecord, ...]] = []
     entries: list[tuple[str, bytes]] = []
     for op in ops:
@@ -413,17 +420,15 @@ def _apply_bulk(conn: Connection, ops: Sequence[Op], item_writer: ItemWriter) ->
         if not isinstance(op, Append):
             raise StoreError(f"not a store op: {op!r}")
         if op.dedupe is not None:
-            if op.dedupe in present:
+            if op.dedupe not in claimed:  # already stored, or by an earlier op of the batch
                 outcomes.append(_NOT_STORED)
                 continue
-            present.add(op.dedupe)
-            new_keys.append(op.dedupe)
+            claimed.discard(op.dedupe)
         appends.append(op.records)
         entries.extend(_journal_row(entry) for entry in op.journal)
         outcomes.append(_STORED)
     insert_rows(conn, _JOURNAL_TARGET, 2, entries)
     try:
-        insert_rows(conn, "dedupe (kind, server, key)", 3, new_keys)
         item_writer.write(conn, appends)
     except INTEGRITY_ERRORS as exc:
         raise StoreError(f"a message id in this batch is already stored: {exc}") from exc
@@ -436,25 +441,28 @@ _STORED = AppendResult(stored=True)
 _NOT_STORED = AppendResult(stored=False)
 
 
-def _present_keys(
+def _claim_keys(
     conn: Connection, keys: Iterable[tuple[str, str, str] | None]
 ) -> set[tuple[str, str, str]]:
-    """Those of ``keys`` already recorded in the dedupe table."""
-    wanted: dict[tuple[str, str], list[str]] = {}
-    for key in keys:
-        if key is not None:
-            wanted.setdefault((key[0], key[1]), []).append(key[2])
-    present: set[tuple[str, str, str]] = set()
-    for (kind, server), names in wanted.items():
-        for start in range(0, len(names), ROWS_PER_STATEMENT):
-            chunk = names[start : start + ROWS_PER_STATEMENT]
-            marks = ", ".join("?" * len(chunk))
-            cur = conn.execute(
-                f"SELECT key FROM dedupe WHERE kind = ? AND server = ? AND key IN ({marks})",
-                (kind, server, *chunk),
-            )
-            present.update((kind, server, name) for (name,) in cur)
-    return present
+    """Record those of ``keys`` not yet in the dedupe table; the ones this did record.
+
+    ``INSERT … ON CONFLICT DO NOTHING``: a key another writer of the database (a fleet's host on
+    PostgreSQL) records at the same time is waited for, and is this batch's only if that
+    writer's transaction is rolled back; otherwise the insert does nothing for it (never an
+    error that fails the batch). The keys go in sorted, so two writers recording some of the
+    same keys wait on each other in one order, never in a cycle."""
+    wanted = sorted({key for key in keys if key is not None})
+    claimed: set[tuple[str, str, str]] = set()
+    for start in range(0, len(wanted), ROWS_PER_STATEMENT):
+        chunk = wanted[start : start + ROWS_PER_STATEMENT]
+        values = ", ".join(["(?, ?, ?)"] * len(chunk))
+        cur = conn.execute(
+            f"INSERT INTO dedupe (kind, server, key) VALUES {values} "
+            "ON CONFLICT DO NOTHING RETURNING kind, server, key",
+            [part for key in chunk for part in key],
+        )
+        claimed.update((str(kind), str(server), str(key)) for kind, server, key in cur)
+    return claimed
 
 
 def _apply_op(conn: Connection, op: Op, item_writer: ItemWriter) -> OpResult:

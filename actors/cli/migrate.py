@@ -20,8 +20,8 @@ The text index is not copied but made: ``item_text`` gets, for every item, the t
 backend's writer indexes (:func:`store.items.text_of_body`).
 
 The numbers go on where the store left them: ``message_seq`` is set to the largest seq the store
-ever gave a message, and the identities of ``journal``, ``usage``, ``audit`` and ``names``
-restart past their largest number, counting the rows a trim removed (SQLite's
+ever gave a message, and the identities of ``journal``, ``usage``, ``audit``, ``names`` and
+``items`` restart past their largest number, counting the rows a trim removed (SQLite's
 ``sqlite_sequence`` keeps them for the AUTOINCREMENT tables). A host on the copy never gives a
 number twice.
 
@@ -144,7 +144,13 @@ COPIED: tuple[Table, ...] = (
     _AUDIT,
 )
 #: The tables whose identity column the backend numbers new rows with, and that column.
-IDENTITIES: dict[str, str] = {"journal": "seq", "usage": "num", "audit": "num", "names": "num"}
+IDENTITIES: dict[str, str] = {
+    "journal": "seq",
+    "usage": "num",
+    "audit": "num",
+    "names": "num",
+    "items": "num",
+}
 #: The tables a target must not hold rows in (unless ``--force``): the logical ones first.
 HELD = (*(t.name for t in TABLES), "items", "names", "item_text")
 #: What ``--force`` empties.
@@ -330,10 +336,11 @@ def index_rows(conn: sqlite3.Connection, present: set[str]) -> Iterator[tuple[in
 
 def advance_numbers(conn: Any, tops: dict[str, int]) -> None:
     """Have the backend's numbers go on after the largest the store gave: ``message_seq`` set
-    to the largest message seq (as the writer sets it), each identity restarted past its
+    to the largest message seq (the writers take the next ones), each identity restarted past its
     table's."""
     top = tops.get("message_refs", 0)
-    conn.execute("SELECT setval('message_seq', %s, %s)", (top, top > 0))
+    # never 0: the writers take seqs with nextval, and a seq is 1 or more
+    conn.execute("SELECT setval('message_seq', %s, %s)", (max(top, 1), top > 0))
     for name, column in IDENTITIES.items():
         conn.execute(
             f"ALTER TABLE {name} ALTER COLUMN {column} RESTART WITH {tops.get(name, 0) + 1}"
