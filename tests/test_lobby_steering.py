@@ -226,9 +226,11 @@ async def test_open_and_fsu_modes_switch_how_later_requests_are_answered() -> No
         async with controlled_kit("--open-mode", "never") as (lobby, ctl):
             await lobby.handshake()
             unanswered = await lobby.send_request("channels/open", {"channelId": "lobby:#general"})
+            # withheld by its handler (which runs after the request was received, and reads
+            # the mode then), before the mode is switched
             await ctl.wait_for(
-                lambda e: e["event"] == "received" and e["message"]["id"] == unanswered,
-                "the first channels/open seen",
+                lambda e: e["event"] == "open_withheld" and e["id"] == unanswered,
+                "the first channels/open withheld",
             )
             ctl.send({"cmd": "open_mode", "mode": "answer"})
             await ctl.wait_for(lambda e: e["event"] == "open_mode", "open mode acknowledged")

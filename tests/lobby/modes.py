@@ -106,6 +106,8 @@ class KitModes:
     def _open(self, request: HostRequest) -> Any:
         if self.open_mode == "never":
             _log(f"not answering channels/open (open mode never): {dict(request.params)}")
+            # the decision is the handler's, made after the request was received
+            self.emit({"event": "open_withheld", "id": request.id})
             return NO_ANSWER
         return None
 
