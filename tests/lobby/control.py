@@ -16,7 +16,8 @@ A test listens, starts the lobby (directly or through the host) with ``--control
 Events from the lobby: ``hello`` {pid, transport}, ``ready``, ``received`` {message},
 ``response`` {request, response, attempts, timedOut?}, ``error`` {text}, ``flood_done``
 {accepted, count}, ``channels`` {accepted, refused: [{id, reason}]} (with ``--channels N``),
-``hung``, ``pong`` {id}, ``streamed`` {inferenceId, channelId, text} (on each
+``hung``, ``pong`` {id}, ``open_withheld`` {id} (a ``channels/open`` left unanswered in open mode
+``never``, once its handler has decided), ``streamed`` {inferenceId, channelId, text} (on each
 ``channels/outgoing/complete``), the acknowledgements ``threads`` {channelId, threads},
 ``publish_echo_thread`` {mode}, ``open_mode`` {mode} and ``render_mode`` {mode, content,
 delaySeconds}; with ``--files``, ``http`` {method, path, status, authorization} for every plain
