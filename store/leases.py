@@ -236,10 +236,19 @@ class LeaseTable:
             view = self._views[host_id] = {}
         return view
 
-    def step(self, host_id: str, resources: Iterable[str]) -> StepResult:
+    def step(
+        self,
+        host_id: str,
+        resources: Iterable[str],
+        *,
+        before_release: Callable[[tuple[str, ...]], None] | None = None,
+    ) -> StepResult:
         """One step of ``host_id``, which runs ``resources``, in one transaction (see the module's
         docstring): renew, take and release as :func:`protocol.leases.plan` says on the rows it
-        could lock."""
+        could lock. ``before_release`` is called, inside the transaction and with those rows
+        still locked, with what this host is about to let go (only when something is): the
+        holder stops acting for them there, before another host can take them. If it raises,
+        the step is rolled back."""
         if not host_id:
             raise ValueError("a host id is a non-empty string")
         names = _bounded(resources)
@@ -289,6 +298,8 @@ class LeaseTable:
                 ).fetchall():
                     held[resource] = Held(int(epoch), float(expires_at))
             released: list[str] = []
+            if release and before_release is not None:
+                before_release(tuple(sorted(release)))
             if release:
                 released = [
                     str(row[0])
