@@ -14,8 +14,9 @@ import trio
 
 from actors.host import Host
 from actors.trace import TraceEvent
-from actors.transcript.lines import format_event as line_of
-from protocol.leases import fair_share
+from actors.transcript.lines import format_event
+from protocol.leases import SAFETY_S, fair_share
+from store.leases import LeaseTable, StepResult
 from tests.helpers import agent_configs, config, texts
 
 pytestmark = pytest.mark.slow
@@ -160,13 +161,84 @@ async def test_two_hosts_share_the_agents_and_one_leaving_hands_them_over(
                 assert host == other or end <= start2 or end2 <= start, (name, spans)
     # the lease moves are traced, and read as lines
     leases = [(host, e) for host, e in log if e.kind == "agent-lease"]
-    runs = [line_of(e) for host, e in leases if host == "host-b" and e.data["state"] == "runs"]
+    runs = [format_event(e) for host, e in leases if host == "host-b" and e.data["state"] == "runs"]
     assert f"· {moved[0]} runs here (lease epoch 2)" in runs
     assert f"· {kept[0]} runs here (lease epoch 2)" in runs  # taken when the first host left
-    handed = [line_of(e) for host, e in leases if host == "host-a" and e.data["state"] == "moved"]
+    handed = [
+        format_event(e) for host, e in leases if host == "host-a" and e.data["state"] == "moved"
+    ]
     assert handed == [
         f"· {name} moved: its lease was handed on (the agents are spread over the hosts)"
         for name in moved
+    ]
+
+
+class Unreachable:
+    """A lease table whose first step works (with a short lease) and whose later steps fail,
+    as when the database can no longer be reached."""
+
+    def __init__(self, dsn: str) -> None:
+        self.table = LeaseTable(dsn, lease_s=SHORT_LEASE_S)
+        self.steps = 0
+
+    def step(self, *args: Any, **kwargs: Any) -> StepResult:
+        self.steps += 1
+        if self.steps > 1:
+            raise OSError("the database cannot be reached")
+        return self.table.step(*args, **kwargs)
+
+    def release_all(self, host_id: str) -> tuple[str, ...]:
+        return self.table.release_all(host_id)
+
+    def close(self) -> None:
+        self.table.close()
+
+    def __enter__(self) -> Unreachable:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
+
+SHORT_LEASE_S = SAFETY_S + 1.0
+
+
+async def test_a_host_that_cannot_renew_stops_its_agents_before_their_leases_expire(
+    tmp_path: Path, pg_dsn: str
+) -> None:
+    log: list[tuple[str, TraceEvent]] = []
+    alone = RunningHost(host_config(tmp_path, "host-a", pg_dsn), log)
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            a = await nursery.start(alone.run)
+            keeper = a.lease_keeper
+            assert keeper is not None and sorted(a.ctx.agents) == sorted(AGENTS)
+            async with keeper._lock:  # between two steps: the table is not in use
+                keeper._make_table = lambda: Unreachable(pg_dsn)  # type: ignore[assignment,return-value]
+                old, keeper._table = keeper._table, None
+            if old is not None:
+                await trio.to_thread.run_sync(old.close)
+            stream = a.trace(kinds={"agent-lease"})
+            renewed = await keeper.step_now()  # renewed for SHORT_LEASE_S, and then no more
+            assert renewed is not None and sorted(renewed.held) == [f"agent:{n}" for n in AGENTS]
+            assert await keeper.step_now() is None  # fails: traced, nothing stopped yet
+            moved = 0
+            async for event in stream:  # the watcher stops them SAFETY_S before the expiry
+                moved += event.data["state"] == "moved"
+                if moved == len(AGENTS):
+                    break
+            assert a.ctx.agents == {}
+            with LeaseTable(pg_dsn) as table:  # still theirs, and not yet expired
+                now = table.now()
+                leases = table.leases()
+            assert {lease.holder for lease in leases.values()} == {"host-a"}
+            assert all(now < lease.expires_at for lease in leases.values())
+            assert a.ctx.lease_epochs == {} and keeper.running == {}
+            await stream.aclose()
+            await alone.close()
+    moves = [format_event(e) for _, e in log if e.kind == "agent-lease"]
+    assert moves[-3:] == [
+        f"· {name} moved: its lease expired (not renewed in time)" for name in sorted(AGENTS)
     ]
 
 
