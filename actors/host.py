@@ -69,7 +69,9 @@ AUDIT_SOURCE_CHARS = 200
 class Host:
     """The running host: its config, its actors and the Python API. Open one with :meth:`open`;
     everything the host runs stops when that block ends. The agent and server arguments of its
-    methods are names from the config; an unknown one raises ``KeyError``."""
+    methods are names from the config; an unknown one raises ``KeyError``, and so does an agent
+    that runs on another host of a fleet (on a PostgreSQL store only the holder of an agent's
+    lease runs it: :attr:`lease_keeper`)."""
 
     def __init__(self, ctx: HostContext) -> None:
         self.ctx = ctx
