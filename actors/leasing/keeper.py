@@ -149,7 +149,8 @@ class LeaseKeeper:
                     self._step_in_thread, names, before_release, abandon_on_cancel=True
                 )
             except Exception as exc:
-                error = f"lease step failed: {type(exc).__name__}: {exc}"
+                # (a connection error may quote the DSN: its password is hidden)
+                error = self.ctx.redactor.text(f"lease step failed: {type(exc).__name__}: {exc}")
                 self.ctx.trace.emit("error", data={"error": error, "where": "leases"})
                 await self._stop_due()
                 return None

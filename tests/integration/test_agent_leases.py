@@ -218,16 +218,23 @@ async def test_a_host_that_cannot_renew_stops_its_agents_before_their_leases_exp
                 old, keeper._table = keeper._table, None
             if old is not None:
                 await trio.to_thread.run_sync(old.close)
-            stream = a.trace(kinds={"agent-lease"})
+            stream = a.trace(kinds={"agent-lease", "error"})
             renewed = await keeper.step_now()  # renewed for SHORT_LEASE_S, and then no more
             assert renewed is not None and sorted(renewed.held) == [f"agent:{n}" for n in AGENTS]
             assert await keeper.step_now() is None  # fails: traced, nothing stopped yet
-            moved = 0
+            moved, errors = 0, []
             async for event in stream:  # the watcher stops them SAFETY_S before the expiry
+                if event.kind == "error":
+                    errors.append(event.data["error"])
+                    continue
                 moved += event.data["state"] == "moved"
                 if moved == len(AGENTS):
                     break
             assert a.ctx.agents == {}
+            # (the keeper's own steps may have failed too meanwhile)
+            assert errors and set(errors) == {
+                "lease step failed: OSError: the database cannot be reached"
+            }
             with LeaseTable(pg_dsn) as table:  # still theirs, and not yet expired
                 now = table.now()
                 leases = table.leases()
