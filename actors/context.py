@@ -44,6 +44,10 @@ class HostContext:
         # configured credentials, replaced in whatever the host prints or writes for operators
         self.redactor = host_redactor(config)
         self.agents: dict[str, ActorRef[Any]] = {}
+        # On a PostgreSQL store, the epoch of each agent's lease held here (written only by the
+        # lease keeper, actors.leasing); its agents are the only ones in ``agents``. Empty on
+        # the embedded store, where every configured agent runs.
+        self.lease_epochs: dict[str, int] = {}
         self.connections: dict[str, ActorRef[Any]] = {}
         # Each connection's latest status, an immutable snapshot that only that connection
         # replaces; one entry per configured server.

@@ -39,6 +39,7 @@ from actors.channel.actor import ChannelActor
 from actors.channel.coalescer import CoalescerActor
 from actors.channel.envelope import new_id
 from actors.fleet.heartbeat import Heartbeat
+from actors.leasing.keeper import LeaseKeeper
 from actors.link.connection import ConnectionActor
 from actors.models.base import Model
 from actors.models.providers import make_model, model_from_spec
@@ -46,6 +47,7 @@ from actors.references.registry import ReferenceRegistry
 from protocol.display import one_line as inline
 from protocol.state import Lineages
 from store import RecordAudit
+from store.leases import LeaseTable
 
 from .config import HostConfig, load_config, with_gate_policies
 from .context import HostContext
@@ -68,7 +70,9 @@ AUDIT_SOURCE_CHARS = 200
 class Host:
     """The running host: its config, its actors and the Python API. Open one with :meth:`open`;
     everything the host runs stops when that block ends. The agent and server arguments of its
-    methods are names from the config; an unknown one raises ``KeyError``."""
+    methods are names from the config; an unknown one raises ``KeyError``, and so does an agent
+    that runs on another host of a fleet (on a PostgreSQL store only the holder of an agent's
+    lease runs it: :attr:`lease_keeper`)."""
 
     def __init__(self, ctx: HostContext) -> None:
         self.ctx = ctx
@@ -77,6 +81,9 @@ class Host:
         self._reader = OffLoop("the config file")
         self.status_writer: StatusWriter | None = None  # keeps <data_dir>/status.json
         self.heartbeat: Heartbeat | None = None  # beats into a PostgreSQL store's hosts table
+        # On a PostgreSQL store: runs the agents whose leases this host holds (None: every
+        # configured agent runs here, as on the embedded store)
+        self.lease_keeper: LeaseKeeper | None = None
 
     @property
     def config(self) -> HostConfig:
@@ -138,8 +145,14 @@ class Host:
                 ctx.references = await nursery.start(ReferenceRegistry(cfg, work).run)
                 ctx.channel_factory = lambda sid, cid, reg: ChannelActor(sid, cid, ctx, reg)
                 ctx.coalescer = await nursery.start(CoalescerActor(ctx, new_id).run)
-                for a in cfg.agents:
-                    ctx.agents[a.name] = await nursery.start(AgentActor(a, models[a.name], ctx).run)
+                dsn = cfg.store
+                if dsn is None:  # the embedded store: one host runs every agent
+                    for a in cfg.agents:
+                        ref = await nursery.start(AgentActor(a, models[a.name], ctx).run)
+                        ctx.agents[a.name] = ref
+                else:  # a fleet's store: only the agents whose leases this host holds
+                    keeper = LeaseKeeper(ctx, models, lambda: LeaseTable(dsn))
+                    host.lease_keeper = await nursery.start(keeper.run)
                 for s in cfg.servers:
                     ctx.connections[s.id] = await nursery.start(ConnectionActor(s, ctx).run)
                 trace.emit(
@@ -170,6 +183,9 @@ class Host:
                     trace.emit("host-stopping")
                     nursery.cancel_scope.cancel()
         finally:
+            if host.lease_keeper is not None:  # its agents have stopped: others take over now
+                with trio.CancelScope(shield=True):
+                    await host.lease_keeper.leave()
             gc.unfreeze()
             with contextlib.suppress(KeyError):  # trio drops an instrument whose hook raised
                 trio.lowlevel.remove_instrument(ctx.loop_watch)
@@ -427,6 +443,10 @@ class Host:
     def _agent(self, name: str) -> Any:
         ref = self.ctx.agents.get(name)
         if ref is None:
+            if any(a.name == name for a in self.ctx.config.agents):
+                raise KeyError(
+                    f"agent {name!r} does not run on this host (another holds its lease)"
+                )
             raise KeyError(f"no agent named {name!r}")
         return ref
 

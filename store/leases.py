@@ -303,10 +303,19 @@ class LeaseTable:
             view = self._views[host_id] = {}
         return view
 
-    def step(self, host_id: str, resources: Iterable[str]) -> StepResult:
+    def step(
+        self,
+        host_id: str,
+        resources: Iterable[str],
+        *,
+        before_release: Callable[[tuple[str, ...]], None] | None = None,
+    ) -> StepResult:
         """One step of ``host_id``, which runs ``resources``, in one transaction (see the module's
         docstring): renew, take and release as :func:`protocol.leases.plan` says on the rows it
-        could lock."""
+        could lock. ``before_release`` is called, inside the transaction and with those rows
+        still locked, with what this host is about to let go (only when something is): the
+        holder stops acting for them there, before another host can take them. If it raises,
+        the step is rolled back."""
         if not host_id:
             raise ValueError("a host id is a non-empty string")
         names = _bounded(resources)
@@ -356,6 +365,8 @@ class LeaseTable:
                 ).fetchall():
                     held[resource] = Held(int(epoch), float(expires_at))
             released: list[str] = []
+            if release and before_release is not None:
+                before_release(tuple(sorted(release)))
             if release:
                 released = [
                     str(row[0])
@@ -394,6 +405,18 @@ class LeaseTable:
             skipped=tuple(skipped),
             live_hosts=live,
         )
+
+    def leaving(self, host_id: str) -> None:
+        """Mark ``host_id`` leaving, keeping its leases: the lease keeper lets them go once
+        its agents have stopped (:meth:`release_all`)."""
+        with self._transaction() as conn:
+            now = self._now(conn)
+            conn.execute(
+                "INSERT INTO hosts (host_id, started_at, heartbeat_at, leaving)"
+                " VALUES (?, ?, ?, true) ON CONFLICT (host_id) DO UPDATE SET leaving = true,"
+                " heartbeat_at = EXCLUDED.heartbeat_at",
+                (host_id, now, now),
+            )
 
     def release_all(self, host_id: str) -> tuple[str, ...]:
         """A clean leave: every lease ``host_id`` holds is let go at once (free to another host's

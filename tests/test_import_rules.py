@@ -6,8 +6,9 @@ Every ``import`` counts, wherever it stands: at the top, inside a function, or u
 - No import cycle among the modules of ``protocol``, ``store`` and ``actors``.
 - ``protocol`` imports neither ``store`` nor ``actors``; ``store`` imports no ``actors``.
 - The wings of ``actors`` stand on floors, lowest first (``FLOORS``); a module imports only
-  from its own wing or from a lower floor. ``actors.host`` is the floor of its own between the
-  agent wing and the faces: only ``cli`` and ``web`` stand above it.
+  from its own wing or from a lower floor. ``actors.leasing`` (the lease keeper, which starts and
+  stops agents) stands between the agent wing and ``actors.host``; ``actors.host`` is the floor
+  of its own between them and the faces: only ``cli`` and ``web`` stand above it.
 - ``actors.serverkit`` imports nothing of ``actors`` outside itself (a server author's process
   never loads the host), and no module outside it imports it.
 - The root of ``actors`` holds at most 20 modules, none named after a wing (``cli_check``).
@@ -35,6 +36,9 @@ FLOORS: tuple[tuple[str, ...], ...] = (
     ("link",),
     ("channel",),
     ("agent",),
+    # the lease keeper starts and stops agent actors (so it stands above ``agent``) and the host
+    # opens it (so below ``host``); nothing else builds agents
+    ("leasing",),
     ("host",),
     ("web",),
     ("cli",),

@@ -6,8 +6,8 @@ its speech goes, its drafts, rollback, and server-initiated inference routing.
 
 May import: :mod:`actors.channel`, :mod:`actors.link`, :mod:`actors.references`,
 :mod:`actors.models`, the root of :mod:`actors` below Host, :mod:`protocol`, :mod:`store`.
-Never imported by: any other wing but :mod:`actors.cli` and :mod:`actors.web`; only
-:mod:`actors.host` above it builds agents.
+Never imported by: any other wing but :mod:`actors.leasing`, :mod:`actors.cli` and
+:mod:`actors.web`; only :mod:`actors.host` and the lease keeper above it build agents.
 """
 
 from __future__ import annotations

@@ -283,7 +283,20 @@ class Turn:
         owner = self.owner
         target = self.target
         runtime = ToolRuntime(self.ctx, self.agent, owner.servers, speech=speech, agent_actor=owner)
-        self._trace("turn-start", target, wakes=wakes, model=owner.model.name)
+        # the host it runs on, and on a fleet its lease epoch: a turn log shows who ran it
+        lease = (
+            {"epoch": self.ctx.lease_epochs[self.agent]}
+            if self.agent in self.ctx.lease_epochs
+            else {}
+        )
+        self._trace(
+            "turn-start",
+            target,
+            wakes=wakes,
+            model=owner.model.name,
+            host_id=self.ctx.host_id,
+            **lease,
+        )
         await owner.header_notice.explain()
         outcomes = await self._render_deferred()
         if not inference_needed(other_causes=not deferred_only, render_outcomes=outcomes):

@@ -3,9 +3,10 @@
 One thread of its own, with a connection of its own, beats every :data:`HEARTBEAT_S` seconds:
 the database is never waited for on the host's loop. A failed beat is one transcript line
 (``heartbeat-failed``) per streak of failures, and the next beat tries again on a new connection.
-On a clean stop the thread marks the host leaving (:meth:`~store.leases.LeaseTable.release_all`,
-which also lets go of any lease it holds); the stop waits for that at most :data:`LEAVE_S`
-seconds.
+On a clean stop the thread marks the host leaving (:meth:`~store.leases.LeaseTable.leaving`);
+the stop waits for that at most :data:`LEAVE_S` seconds. It lets go of no lease: the lease
+keeper does, once the agents it ran have stopped (a lease let go before then could be taken
+while one of its turns still runs here).
 """
 
 from __future__ import annotations
@@ -76,7 +77,7 @@ class Heartbeat:
             if table is None and self.beats:
                 table = LeaseTable(self.dsn)  # the last beat failed: one try to say goodbye
             if table is not None:
-                table.release_all(host_id)
+                table.leaving(host_id)
         except Exception as exc:
             self._tell(token, f"could not mark the host leaving: {exc}")
         finally:

@@ -321,6 +321,10 @@ def format_event(e: TraceEvent) -> str | None:
         return f"· {d.get('text')}"
     if k == "host-stopping":
         return "· host stopping"
+    if k == "agent-lease":
+        if d.get("state") == "runs":
+            return f"· {e.agent} runs here (lease epoch {d.get('epoch')})"
+        return f"· {e.agent} moved: {_lease_gone(d)}"
     if k == "connecting":
         return f"· {e.server_id} connecting ({d.get('transport')}, attempt {d.get('attempt')})"
     if k == "server-log":
@@ -332,3 +336,13 @@ def format_event(e: TraceEvent) -> str | None:
     if k == "request-timeout":
         return f"! {e.server_id}: no answer to {d.get('method')} within {d.get('timeout_s')} s"
     return None
+
+
+def _lease_gone(d: Mapping[str, Any]) -> str:
+    """Why an agent's lease left this host (an ``agent-lease`` event of state ``moved``)."""
+    reason = d.get("reason")
+    if reason == "released":
+        return "its lease was handed on (the agents are spread over the hosts)"
+    if reason == "expired":
+        return "its lease expired (not renewed in time)"
+    return "its lease was lost"

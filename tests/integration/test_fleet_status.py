@@ -75,11 +75,12 @@ async def test_a_host_heartbeats_and_status_and_the_console_show_the_fleet(
                 "a later beat",
             )
 
-            # another host of the fleet takes Ada's lease
+            # this host's lease keeper holds Ada; another host of the fleet takes a lease of
+            # its own (servers are not leased by the host yet)
             def other_host_step() -> None:
                 with LeaseTable(pg_dsn) as table:
-                    step = table.step("beta", ["agent:Ada"])
-                    assert "agent:Ada" in step.taken
+                    step = table.step("beta", ["server:lobby"])
+                    assert "server:lobby" in step.taken
 
             await trio.to_thread.run_sync(other_host_step)
             config = status_config(tmp_path / "status.toml", lb.host.config.data_dir, pg_dsn)
@@ -92,7 +93,8 @@ async def test_a_host_heartbeats_and_status_and_the_console_show_the_fleet(
             assert readable.returncode in (0, 1), (out, readable.stderr)
             assert "fleet:" in out
             assert "    alpha: last heartbeat" in out and "    beta: last heartbeat" in out
-            assert "    agent:Ada → beta, epoch 1, expires in" in out
+            assert "    agent:Ada → alpha, epoch 1, expires in" in out
+            assert "    server:lobby → beta, epoch 1, expires in" in out
             assert out.index("fleet:") < out.index("health:")
 
             as_json = await trio.to_thread.run_sync(
@@ -103,9 +105,10 @@ async def test_a_host_heartbeats_and_status_and_the_console_show_the_fleet(
             assert doc["host_id"] == "alpha" and doc["servers"]  # the status file, as it was
             fleet = doc["fleet"]
             assert {h["host_id"] for h in fleet["hosts"]} == {"alpha", "beta"}
-            [ada] = fleet["leases"]
-            assert ada["resource"] == "agent:Ada" and ada["holder"] == "beta"
+            ada, lobby = fleet["leases"]
+            assert ada["resource"] == "agent:Ada" and ada["holder"] == "alpha"
             assert ada["epoch"] == 1 and ada["state"] == "held" and ada["expires_in_s"] > 0
+            assert (lobby["resource"], lobby["holder"]) == ("server:lobby", "beta")
 
             async with (
                 open_console(lb.host, "127.0.0.1:0", None) as console,
@@ -120,7 +123,8 @@ async def test_a_host_heartbeats_and_status_and_the_console_show_the_fleet(
                 assert api["store"] == pg_dsn  # the test cluster's DSN holds no password
                 assert {h["host_id"] for h in api["hosts"]} == {"alpha", "beta"}
                 assert [(x["resource"], x["holder"], x["epoch"]) for x in api["leases"]] == [
-                    ("agent:Ada", "beta", 1)
+                    ("agent:Ada", "alpha", 1),
+                    ("server:lobby", "beta", 1),
                 ]
     # a clean stop marks the host leaving
     gone = await trio.to_thread.run_sync(lambda: read_fleet(pg_dsn))

@@ -299,6 +299,40 @@ def test_a_resource_no_longer_named_is_released(
     assert tables["h2"].step("h2", ["agent:a1"]).taken == ("agent:a1",)
 
 
+def test_the_holder_lets_go_inside_the_step_before_another_can_take(
+    tables: dict[str, LeaseTable], clock: Clock
+) -> None:
+    """``before_release`` runs with the rows still locked: another host's step meanwhile skips
+    them, so the holder has stopped acting before anyone else can start; if it raises, nothing
+    is released."""
+    tables["h1"].step("h1", RESOURCES)
+    tables["h2"].heartbeat("h2")
+    seen: list[tuple[str, ...]] = []
+
+    def refuse(names: tuple[str, ...]) -> None:
+        raise RuntimeError("not stopped")
+
+    with pytest.raises(RuntimeError):
+        tables["h1"].step("h1", RESOURCES, before_release=refuse)
+    assert set(holders(tables["h1"], clock.t).values()) == {"h1"}  # rolled back: all still held
+
+    others: list[StepResult] = []
+    other = threading.Thread(target=lambda: others.append(tables["h2"].step("h2", RESOURCES)))
+
+    def meanwhile(names: tuple[str, ...]) -> None:
+        seen.append(names)
+        # another host sees them held, and its step cannot take them until this one commits
+        assert {tables["h2"].leases(names)[r].holder for r in names} == {"h1"}
+        other.start()
+        other.join(0.3)
+        assert other.is_alive() or others[0].taken == ()
+
+    result = tables["h1"].step("h1", RESOURCES, before_release=meanwhile)
+    other.join(30)
+    assert seen == [result.released] and result.released
+    assert set(others[0].taken) == set(result.released)
+
+
 def test_a_step_names_at_most_max_resources(tables: dict[str, LeaseTable]) -> None:
     many = [f"agent:{i:05}" for i in range(MAX_RESOURCES)]
     assert len(tables["h1"].step("h1", many + many[:10]).held) == MAX_RESOURCES

@@ -1,0 +1,315 @@
+"""The lease keeper: on a PostgreSQL store, only the holder of an agent's lease runs its turns.
+
+Every ``renew_s`` (:data:`protocol.leases.RENEW_S`) the keeper steps the lease table
+(:meth:`store.leases.LeaseTable.step`) for ``agent:<name>`` of every configured agent, in a
+worker thread on a connection of its own (never on the trio loop). Then, for each agent:
+
+* **newly held** (taken, or held again under a new epoch): its :class:`AgentActor` starts here,
+  in the keeper's nursery, and enters ``ctx.agents`` (so the channels' wakes reach it); traced as
+  ``agent-lease`` (``state="runs"``, its epoch);
+* **let go** to spread the agents over the live hosts: it is stopped *inside* the step's
+  transaction, before the release commits (``before_release``), so no other host can take it
+  while a turn of it still runs here;
+* **lost**, or **due to stop**: its lease has less than :data:`protocol.leases.SAFETY_S` left
+  since the last step that renewed it (:func:`protocol.leases.must_stop`, on the host's clock,
+  counted from before that step began). A watcher task checks this apart from the steps, so a
+  step that hangs on an unreachable database does not keep a turn running past the lease.
+
+Stopping an agent cancels its actor's scope (a running turn is cut), waits a moment
+(:data:`STOP_WAIT_S`) for it to end, and removes it from ``ctx.agents`` and ``ctx.lease_epochs``:
+what arrives for it is stored all the same, its wakes are not delivered here, and its holder
+reads its history at its next turn. Traced as ``agent-lease`` (``state="moved"``, ``reason``
+``released``, ``lost`` or ``expired``).
+
+A clean stop of the host (:meth:`LeaseKeeper.leave`, after its actors have stopped) releases
+every lease at once, so other hosts take them over at their next step.
+
+Servers are not leased here: every host connects to its servers as before; the store's dedupe
+keys keep an item stored once whichever host ingested it.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import attrs
+import trio
+
+from actors.agent.actor import AgentActor
+from actors.context import HostContext
+from actors.kernel import ActorRef
+from actors.models.base import Model
+from protocol.leases import LEASE_S, RENEW_S, SAFETY_S, Lease, must_stop
+from store.leases import LeaseTable, StepResult
+
+log = logging.getLogger(__name__)
+
+__all__ = ["AGENT", "LEAVE_WAIT_S", "STOP_WAIT_S", "LeaseKeeper", "agent_of", "resource_of"]
+
+#: The prefix of an agent's resource name in the lease table.
+AGENT = "agent:"
+#: How long stopping an agent waits for its task to end (a turn's shielded writes finishing).
+STOP_WAIT_S = 2.0
+#: How long a clean stop waits for its leases to be released.
+LEAVE_WAIT_S = 5.0
+
+
+def resource_of(agent: str) -> str:
+    return AGENT + agent
+
+
+def agent_of(resource: str) -> str:
+    return resource.removeprefix(AGENT)
+
+
+@attrs.define
+class _Running:
+    """An agent running here: its lease's epoch, its task's scope and end, and its local
+    times: when the step that last renewed it began, and when its lease expires."""
+
+    epoch: int
+    scope: trio.CancelScope
+    done: trio.Event
+    ref: ActorRef[Any]
+    renewed_at: float
+    expires_at: float
+
+
+class LeaseKeeper:
+    """Runs this host's share of the agents (see the module). ``table`` builds the lease table
+    (in the worker thread that first uses it); ``renew_s``: the time between two steps."""
+
+    def __init__(
+        self,
+        ctx: HostContext,
+        models: Mapping[str, Model],
+        table: Callable[[], LeaseTable],
+        *,
+        renew_s: float = RENEW_S,
+    ) -> None:
+        if not (math.isfinite(renew_s) and renew_s > 0):
+            raise ValueError(f"renew_s must be a positive number of seconds, not {renew_s!r}")
+        self.ctx = ctx
+        self._models = models
+        self._make_table = table
+        self.renew_s = renew_s
+        self.last: StepResult | None = None  # the last step that succeeded
+        self._running: dict[str, _Running] = {}
+        self._nursery: trio.Nursery | None = None
+        self._lock = trio.Lock()  # one step at a time
+        self._wake = trio.Event()  # a step is asked for now
+        self._changed = trio.Event()  # the running agents' deadlines changed
+        # the worker thread's side: the table, and whether it is in use or to be closed
+        self._table: LeaseTable | None = None
+        self._thread_lock = threading.Lock()
+        self._in_use = False
+        self._closed = False
+
+    @property
+    def running(self) -> dict[str, int]:
+        """The agents running here, each with its lease's epoch."""
+        return {name: r.epoch for name, r in sorted(self._running.items())}
+
+    async def run(
+        self, *, task_status: trio.TaskStatus[LeaseKeeper] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        """Step at once (the agents this host holds run when this has started), then every
+        ``renew_s`` or when :meth:`ask_step` asks; the agents run inside this task."""
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            await self.step_now()
+            nursery.start_soon(self._watch)
+            task_status.started(self)
+            while True:
+                with trio.move_on_after(self.renew_s):
+                    await self._wake.wait()
+                self._wake = trio.Event()
+                await self.step_now()
+
+    def ask_step(self) -> None:
+        """Have the keeper's loop step now rather than at its next interval."""
+        self._wake.set()
+
+    async def step_now(self) -> StepResult | None:
+        """One step, and the agents started and stopped as it says; None when it failed (traced
+        as an ``error``; the agents whose leases are due to stop are stopped)."""
+        async with self._lock:
+            names = [resource_of(a.name) for a in self.ctx.config.agents]
+            began = trio.current_time()
+
+            def before_release(resources: tuple[str, ...]) -> None:
+                trio.from_thread.run(self._let_go, [agent_of(r) for r in resources], "released")
+
+            try:
+                result = await trio.to_thread.run_sync(
+                    self._step_in_thread, names, before_release, abandon_on_cancel=True
+                )
+            except Exception as exc:
+                # (a connection error may quote the DSN: its password is hidden)
+                error = self.ctx.redactor.text(f"lease step failed: {type(exc).__name__}: {exc}")
+                self.ctx.trace.emit("error", data={"error": error, "where": "leases"})
+                await self._stop_due()
+                return None
+            self.last = result
+            await self._apply(result, began)
+            return result
+
+    def _step_in_thread(
+        self, names: Sequence[str], before_release: Callable[[tuple[str, ...]], None]
+    ) -> StepResult:
+        with self._thread_lock:
+            if self._closed:
+                raise RuntimeError("the lease keeper is closed")
+            self._in_use = True
+        try:
+            if self._table is None:
+                self._table = self._make_table()
+            try:
+                return self._table.step(self.ctx.host_id, names, before_release=before_release)
+            except Exception:
+                # the connection may be broken: the next step opens a new one
+                table, self._table = self._table, None
+                _close_quietly(table)
+                raise
+        finally:
+            with self._thread_lock:
+                self._in_use = False
+                closing = self._closed
+            if closing:
+                table, self._table = self._table, None
+                _close_quietly(table)
+
+    async def _apply(self, result: StepResult, began: float) -> None:
+        for resource in result.lost:
+            await self._let_go([agent_of(resource)], "lost")
+        now = trio.current_time()
+        for resource, held in result.held.items():
+            name = agent_of(resource)
+            # the lease's expiry on this host's clock: counted from before the step began, so
+            # never later than the database's
+            expires_at = began + (held.expires_at - result.now)
+            running = self._running.get(name)
+            if running is not None and running.epoch != held.epoch:
+                await self._let_go([name], "lost")
+                running = None
+            if running is not None:
+                running.renewed_at, running.expires_at = began, expires_at
+                continue
+            lease = Lease(resource, self.ctx.host_id, held.epoch, expires_at)
+            if not must_stop(lease, self.ctx.host_id, began, now):
+                await self._start(name, held.epoch, began, expires_at)
+        self._changed.set()
+
+    async def _start(self, name: str, epoch: int, renewed_at: float, expires_at: float) -> None:
+        cfg = next((a for a in self.ctx.config.agents if a.name == name), None)
+        if cfg is None or self._nursery is None or self.ctx.closing:
+            return
+        actor = AgentActor(cfg, self._models[name], self.ctx)
+        scope = trio.CancelScope()
+        done = trio.Event()
+        ref: ActorRef[Any] = await self._nursery.start(self._run_agent, actor, scope, done)
+        self._running[name] = _Running(epoch, scope, done, ref, renewed_at, expires_at)
+        self.ctx.lease_epochs[name] = epoch
+        self.ctx.agents[name] = ref
+        self.ctx.trace.emit("agent-lease", agent=name, data={"state": "runs", "epoch": epoch})
+
+    @staticmethod
+    async def _run_agent(
+        actor: AgentActor,
+        scope: trio.CancelScope,
+        done: trio.Event,
+        *,
+        task_status: trio.TaskStatus[ActorRef[Any]] = trio.TASK_STATUS_IGNORED,
+    ) -> None:
+        try:
+            with scope:
+                await actor.run(task_status=task_status)
+        finally:
+            done.set()
+
+    async def _let_go(self, names: Sequence[str], reason: str) -> None:
+        """Stop each of ``names`` running here: out of the directory first (no wake reaches it
+        from now on), then its scope cancelled, and their ends awaited together (for
+        :data:`STOP_WAIT_S` at most)."""
+        stopped = [(n, r) for n in names if (r := self._running.pop(n, None)) is not None]
+        for name, running in stopped:
+            if self.ctx.agents.get(name) is running.ref:
+                del self.ctx.agents[name]
+            self.ctx.lease_epochs.pop(name, None)
+            running.scope.cancel()
+        with trio.move_on_after(STOP_WAIT_S):
+            for _, running in stopped:
+                await running.done.wait()
+        for name, running in stopped:
+            self.ctx.turning.pop(name, None)
+            self.ctx.agent_statuses.pop(name, None)
+            data: dict[str, Any] = {"state": "moved", "reason": reason, "epoch": running.epoch}
+            self.ctx.trace.emit("agent-lease", agent=name, data=data)
+
+    def _due(self, now: float) -> list[str]:
+        host = self.ctx.host_id
+        return [
+            name
+            for name, r in sorted(self._running.items())
+            if must_stop(Lease(name, host, r.epoch, r.expires_at), host, r.renewed_at, now)
+        ]
+
+    async def _stop_due(self) -> None:
+        await self._let_go(self._due(trio.current_time()), "expired")
+
+    async def _watch(self) -> None:
+        """Stops each agent whose lease was not renewed in time, whatever the steps do."""
+        while True:
+            host = self.ctx.host_id
+            first = math.inf
+            for name, r in self._running.items():
+                lease = Lease(name, host, r.epoch, r.expires_at)
+                # the first time must_stop holds: SAFETY_S before the earlier of the two bounds
+                first = min(first, _stop_time(lease, r.renewed_at))
+            with trio.move_on_at(first):
+                await self._changed.wait()
+            self._changed = trio.Event()
+            await self._stop_due()
+
+    async def leave(self) -> tuple[str, ...]:
+        """A clean stop, once the agents have stopped: every lease of this host is released (on
+        a new connection, within :data:`LEAVE_WAIT_S`) so other hosts take them at once. What
+        was released (empty when it could not be done: the leases then expire)."""
+        with self._thread_lock:
+            self._closed = True
+            idle = not self._in_use
+        if idle:
+            table, self._table = self._table, None
+            if table is not None:
+                await trio.to_thread.run_sync(_close_quietly, table)
+        host = self.ctx.host_id
+
+        def release() -> tuple[str, ...]:
+            with self._make_table() as table:
+                return table.release_all(host)
+
+        released: tuple[str, ...] = ()
+        with trio.move_on_after(LEAVE_WAIT_S):
+            try:
+                released = await trio.to_thread.run_sync(release, abandon_on_cancel=True)
+            except Exception as exc:
+                log.warning("releasing the leases of host %s failed: %s", host, exc)
+        return released
+
+
+def _stop_time(lease: Lease, renewed_at: float) -> float:
+    """When :func:`protocol.leases.must_stop` starts to hold for a lease its holder keeps."""
+    return min(lease.expires_at, renewed_at + LEASE_S) - SAFETY_S
+
+
+def _close_quietly(table: LeaseTable | None) -> None:
+    if table is None:
+        return
+    try:
+        table.close()
+    except Exception as exc:  # a broken connection: nothing more to do with it
+        log.debug("closing a lease table failed: %s", exc)
