@@ -425,8 +425,8 @@ def test_the_servers_page_shows_the_fleet_of_a_postgresql_store(
 ) -> None:
     from store.leases import LeaseTable
 
-    with LeaseTable(pg_dsn, lease_s=600) as table:  # another host holds Ada
-        assert table.step("beta", ["agent:Ada"]).taken == ("agent:Ada",)
+    with LeaseTable(pg_dsn, lease_s=600) as table:  # another host holds Grace
+        assert table.step("beta", ["agent:Grace"]).taken == ("agent:Grace",)
     config = _bundled_config(tmp_path / "data")
     config["host"].update(store=pg_dsn, host_id="alpha")
     with console_page(tmp_path, config=config) as (_, page):
@@ -436,6 +436,11 @@ def test_the_servers_page_shows_the_fleet_of_a_postgresql_store(
         hosts = fleet.locator("ul.fleet-hosts")
         hosts.get_by_text(re.compile(r"^alpha: last heartbeat \d+ s ago \(this host\)$")).wait_for()
         hosts.get_by_text(re.compile(r"^beta: last heartbeat \d+ s ago$")).wait_for()
-        holder = fleet.locator("ul.fleet-leases li[data-resource='agent:Ada']")
-        sync_api.expect(holder).to_have_text(re.compile(r"^agent:Ada → beta, epoch 1, expires in "))
+        # Ada's lease is this host's own (its keeper took it); Grace's is beta's
+        holder = fleet.locator("ul.fleet-leases li[data-resource='agent:Grace']")
+        sync_api.expect(holder).to_have_text(
+            re.compile(r"^agent:Grace → beta, epoch 1, expires in ")
+        )
+        mine = fleet.locator("ul.fleet-leases li[data-resource='agent:Ada']")
+        sync_api.expect(mine).to_have_text(re.compile(r"^agent:Ada → alpha, epoch 1, expires in "))
         assert page.evaluate("window.__pwned") is None
