@@ -46,13 +46,24 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 
 from protocol.leases import LEASE_S, Lease, plan
 from store.dbapi import Connection
-from store.postgres import PgConnection, connect, connect_read_only
+
+if TYPE_CHECKING:  # psycopg only for a store that needs it: see ``_postgres``
+    from store.postgres import PgConnection
+
+
+def _postgres() -> Any:
+    """``store.postgres``, imported when a lease table is first opened: a host on the embedded
+    store (or without the ``postgresql`` extra) never loads psycopg."""
+    from store import postgres
+
+    return postgres
+
 
 __all__ = [
     "FENCE_SQL",
@@ -142,7 +153,7 @@ def read_fleet(dsn: str, *, timeout_s: float = READ_TIMEOUT_S) -> Fleet:
     connection attempt (whole seconds, at least one) and each statement. Raises
     :class:`~store.errors.StoreError` (one line, no password) when the store cannot be read: not
     reachable, not a store, or a schema older than the fleet's tables."""
-    conn = connect_read_only(dsn, connect_timeout=timeout_s)
+    conn = _postgres().connect_read_only(dsn, connect_timeout=timeout_s)
     try:
         conn.execute(f"SET statement_timeout = {max(1, int(timeout_s * 1000))}")
         conn.execute("BEGIN")
@@ -211,7 +222,7 @@ class LeaseTable:
         self._clock = clock
         # what each host stepping through this table held after its last step
         self._views: dict[str, dict[str, Held]] = {}
-        self._conn: PgConnection = connect(dsn)
+        self._conn: PgConnection = _postgres().connect(dsn)
 
     def close(self) -> None:
         self._conn.close()

@@ -69,3 +69,32 @@ def test_a_fetch_still_finds_httpx() -> None:
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "http://127.0.0.1:8/a"
+
+
+def test_a_host_on_the_embedded_store_runs_without_psycopg(tmp_path: Path) -> None:
+    """psycopg is the ``postgresql`` extra's: a host on the embedded store, ``status`` and the
+    rest of the CLI start without it (an import of it fails here, as where it is not installed)."""
+    rules = tmp_path / "ada.toml"
+    rules.write_text('[[rules]]\nwhen = "hello"\nsay = "hi"\n', encoding="utf-8")
+    config = {
+        "host": {"data_dir": str(tmp_path / "data")},
+        "servers": [{"id": "lobby", "command": LOBBY}],
+        "agents": [{"name": "Ada", "model": f"scripted:{rules}"}],
+    }
+    blocked = 'import sys\nsys.modules["psycopg"] = None  # "not installed"\n'
+    done = subprocess.run(
+        [sys.executable, "-c", f"{blocked}CONFIG = {config!r}\n{SCRIPT}"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["['user', 'assistant']", "[]"]
+    status = subprocess.run(
+        [sys.executable, "-c", f"{blocked}from actors.cli.command import main\n"
+         f"raise SystemExit(main(['status', '--data-dir', {str(tmp_path / 'data')!r}]))"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )  # fmt: skip
+    assert status.returncode == 3 and "no host running" in status.stdout, status.stderr
