@@ -36,7 +36,9 @@ print(sorted({"httpx", "anthropic"} & set(sys.modules)))
 """
 
 
-def test_a_host_that_fetches_nothing_never_imports_httpx(tmp_path: Path) -> None:
+def run_host(tmp_path: Path, before: str = "") -> subprocess.CompletedProcess[str]:
+    """:data:`SCRIPT` in a fresh interpreter (after ``before``): a host with the lobby and a
+    scripted Ada, asked once."""
     rules = tmp_path / "ada.toml"
     rules.write_text('[[rules]]\nwhen = "hello"\nsay = "hi"\n', encoding="utf-8")
     config = {
@@ -44,12 +46,16 @@ def test_a_host_that_fetches_nothing_never_imports_httpx(tmp_path: Path) -> None
         "servers": [{"id": "lobby", "command": LOBBY}],
         "agents": [{"name": "Ada", "model": f"scripted:{rules}"}],
     }
-    done = subprocess.run(
-        [sys.executable, "-c", f"CONFIG = {config!r}\n{SCRIPT}"],
+    return subprocess.run(
+        [sys.executable, "-c", f"{before}CONFIG = {config!r}\n{SCRIPT}"],
         capture_output=True,
         text=True,
         timeout=120,
     )
+
+
+def test_a_host_that_fetches_nothing_never_imports_httpx(tmp_path: Path) -> None:
+    done = run_host(tmp_path)
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == ["['user', 'assistant']", "[]"]
 
@@ -74,20 +80,8 @@ def test_a_fetch_still_finds_httpx() -> None:
 def test_a_host_on_the_embedded_store_runs_without_psycopg(tmp_path: Path) -> None:
     """psycopg is the ``postgresql`` extra's: a host on the embedded store, ``status`` and the
     rest of the CLI start without it (an import of it fails here, as where it is not installed)."""
-    rules = tmp_path / "ada.toml"
-    rules.write_text('[[rules]]\nwhen = "hello"\nsay = "hi"\n', encoding="utf-8")
-    config = {
-        "host": {"data_dir": str(tmp_path / "data")},
-        "servers": [{"id": "lobby", "command": LOBBY}],
-        "agents": [{"name": "Ada", "model": f"scripted:{rules}"}],
-    }
     blocked = 'import sys\nsys.modules["psycopg"] = None  # "not installed"\n'
-    done = subprocess.run(
-        [sys.executable, "-c", f"{blocked}CONFIG = {config!r}\n{SCRIPT}"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    done = run_host(tmp_path, blocked)
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == ["['user', 'assistant']", "[]"]
     status = subprocess.run(
