@@ -19,7 +19,6 @@ plus output), the turns that said nothing (output 0), and the replies published
 
 from __future__ import annotations
 
-import functools
 import itertools
 from pathlib import Path
 from typing import Any
@@ -29,6 +28,7 @@ import trio
 
 from actors import Host
 from actors.serverkit import MCPLServer, Publish
+from examples.bench.room import OneRoom
 from protocol.echoes import FROM_SELF
 
 CHANNEL = "community:#general"
@@ -107,18 +107,14 @@ def conversation(lines: int) -> list[Line]:
     return out
 
 
-class ChatServer:
+class ChatServer(OneRoom):
     """One channel; what an agent publishes is echoed into it."""
 
     def __init__(self) -> None:
-        self.kit = MCPLServer("community", version="0")
-        self.room = self.kit.channel(CHANNEL, label="#general", publish_target="root")
+        super().__init__(MCPLServer("community", version="0"), CHANNEL)
         self.room.on_publish(self._heard)
-        self.url = ""
         self.heard = 0
         self.echoed = 0  # echoes the host has answered (stored)
-        self.accepted = trio.Event()  # set once the host accepted the channel
-        self.kit.on_granted("channels.register")(self._registered)
 
     async def _heard(self, publish: Publish) -> None:
         # echoed here rather than with Publish.echo, so that the run knows when it is stored
@@ -131,19 +127,6 @@ class ChatServer:
             tags=(FROM_SELF,),
         )
         self.echoed += 1
-
-    async def _registered(self) -> None:
-        await self.kit.registered.wait()
-        link = self.kit.link
-        if link is not None and CHANNEL in self.kit.accepted_channels(link):
-            self.accepted.set()
-
-    async def serve(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
-        async with trio.open_nursery() as nursery:
-            self.url = await nursery.start(
-                functools.partial(self.kit.serve_websocket, "127.0.0.1", 0)
-            )
-            task_status.started(self.url)
 
 
 @attrs.define

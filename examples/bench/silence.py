@@ -25,7 +25,6 @@ over the turns after it.
 from __future__ import annotations
 
 import contextlib
-import functools
 import itertools
 import sqlite3
 from collections.abc import AsyncIterator
@@ -37,6 +36,7 @@ import trio
 
 from actors import Host
 from actors.serverkit import BeforeInference, Injection, MCPLServer
+from examples.bench.room import OneRoom
 from store import db_path
 
 CHANNEL = "chatter:#general"
@@ -106,43 +106,30 @@ class Run:
         return sum(t.cache_read_tokens for t in later) / prompt if prompt else 0.0
 
 
-class ChatServer:
+class ChatServer(OneRoom):
     """One channel of chatter; with ``volatile``, a clock injected after the newest message."""
 
     def __init__(self, *, volatile: bool) -> None:
-        self.kit = MCPLServer("chatter", version="0", default_feature_sets=False)
-        self.kit.feature_set(
+        kit = MCPLServer("chatter", version="0", default_feature_sets=False)
+        kit.feature_set(
             "chatter.chat",
             description="One chat channel.",
             uses=["channels.register", "channels.incoming", "channels.publish"],
         )
         if volatile:
-            self.kit.feature_set(
+            kit.feature_set(
                 "chatter.clock",
                 description="The time, after the newest message, before each inference.",
                 uses=["contextHooks.beforeInference.inject.afterUser"],
             )
             self.ticks = itertools.count(1)
-            self.kit.before_inference(self._clock)
-        self.room = self.kit.channel(CHANNEL, label="#general", publish_target="root")
-        self.accepted = trio.Event()
-        self.kit.on_granted("channels.register")(self._registered)
+            kit.before_inference(self._clock)
+        super().__init__(kit, CHANNEL)
 
     def _clock(self, ctx: BeforeInference) -> list[Injection]:
         tick = next(self.ticks)
         when = f"12:{tick // 60:02d}:{tick % 60:02d}"
         return [Injection(content=f"It is {when}, tick {tick}.", position="afterUser")]
-
-    async def _registered(self) -> None:
-        await self.kit.registered.wait()
-        link = self.kit.link
-        if link is not None and CHANNEL in self.kit.accepted_channels(link):
-            self.accepted.set()
-
-    async def serve(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
-        async with trio.open_nursery() as nursery:
-            url = await nursery.start(functools.partial(self.kit.serve_websocket, "127.0.0.1", 0))
-            task_status.started(url)
 
 
 @contextlib.asynccontextmanager
