@@ -29,6 +29,7 @@ from datetime import datetime, tzinfo
 from typing import Any
 
 from actors.models.base import Usage
+from actors.models.usage import cost_of, tokens_of
 from protocol.budget import DailyBudget, Step, day_start, next_day
 from protocol.prices import Price, cost, price_of, prices
 from store import Reader
@@ -61,16 +62,8 @@ def used_since(
     for ``agent`` or for every agent (blocking: run in the store's reader)."""
     out = dict.fromkeys(UNITS, 0.0)
     for t in reader.usage(since=since, agent=agent):
-        out["tokens"] += t.input_tokens + t.output_tokens + t.cache_read_tokens
-        out["tokens"] += t.cache_write_tokens
-        spent = cost(
-            price_of(t.model, table),
-            input_tokens=t.input_tokens,
-            output_tokens=t.output_tokens,
-            cache_read_tokens=t.cache_read_tokens,
-            cache_write_tokens=t.cache_write_tokens,
-        )
-        out["usd"] += float(spent or 0)
+        out["tokens"] += tokens_of(t)
+        out["usd"] += float(cost_of(t, price_of(t.model, table)) or 0)
     return out
 
 

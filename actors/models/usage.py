@@ -23,6 +23,16 @@ GROUPINGS = ("day", "agent", "model", "channel")
 TOKENS = ("input_tokens", "output_tokens", "cache_read_tokens", "cache_write_tokens")
 
 
+def cost_of(total: UsageTotal, price: Price | None) -> Decimal | None:
+    """What a ledger sum's tokens cost at ``price``; None when the price is unknown."""
+    return cost(price, **{key: getattr(total, key) for key in TOKENS})
+
+
+def tokens_of(total: UsageTotal) -> int:
+    """Every token of a ledger sum, of every kind a call is billed for."""
+    return sum(getattr(total, key) for key in TOKENS)
+
+
 @attrs.define
 class Row:
     """One printed row: its group and its sums (``cost`` None when a price is unknown)."""
@@ -44,13 +54,7 @@ class Row:
         self.silent_turns += total.silent_turns
         for key in TOKENS:
             setattr(self, key, getattr(self, key) + getattr(total, key))
-        spent = cost(
-            price,
-            input_tokens=total.input_tokens,
-            output_tokens=total.output_tokens,
-            cache_read_tokens=total.cache_read_tokens,
-            cache_write_tokens=total.cache_write_tokens,
-        )
+        spent = cost_of(total, price)
         self.cost = None if spent is None or self.cost is None else self.cost + spent
 
     def as_json(self, by: str | None) -> dict[str, Any]:
