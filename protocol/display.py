@@ -136,7 +136,7 @@ def json_safe(
         shown = str(value)
     except Exception:
         shown = f"<{type(value).__name__}>"
-    return clip(text(well_formed(shown)))
+    return json_safe(shown, text, clip_at=clip_at)
 
 
 _LINE_BREAKING = {"\x85": "\\u0085", "\u2028": "\\u2028", "\u2029": "\\u2029"}
