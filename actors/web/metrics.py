@@ -7,8 +7,10 @@ the collector, which reads what the host already publishes without an ask: the s
 snapshot (``actors.status``: servers, agents, the loop), each connection's vitals
 (``actors.link.vitals``), the store's commit times and the actors' mailboxes.
 
-Label sets are bounded:
+Every sample carries the host's id as ``host_id`` (one place adds it, :func:`_with_host`), so
+the figures of a fleet's hosts, scraped apart, stay apart. Label sets are bounded:
 
+- ``host_id``: one per host;
 - ``server`` and ``agent``: the configured servers and agents;
 - ``channel``: per server, the first ``actors.link.vitals.CHANNEL_LABELS`` channels that got a
   stored message, for the life of the connection; every later channel is summed in
@@ -48,6 +50,11 @@ class HostCollector(Collector):
         self.snapshot = snapshot  # () -> the status snapshot (actors.status.StatusWriter.body)
 
     def collect(self) -> Iterator[Metric]:
+        ctx = self.host.ctx
+        for family in self._families():
+            yield _with_host(family, ctx.host_id)
+
+    def _families(self) -> Iterator[Metric]:
         snap = self.snapshot()
         ctx = self.host.ctx
         text = ctx.redactor.text
@@ -56,6 +63,14 @@ class HostCollector(Collector):
         yield from _agents(snap["agents"], {a.name: a.model for a in self.host.config.agents})
         yield _commits(ctx.store.commit_times)
         yield from _mailboxes(ctx)
+
+
+def _with_host(family: Metric, host_id: str) -> Metric:
+    """``family`` with ``host_id`` as the first label of each of its samples."""
+    family.samples = [
+        sample._replace(labels={"host_id": host_id, **sample.labels}) for sample in family.samples
+    ]
+    return family
 
 
 def registry_for(host: Any, snapshot: Any) -> CollectorRegistry:
@@ -71,9 +86,7 @@ def exposition(registry: CollectorRegistry) -> bytes:
 
 def _host(snap: Mapping[str, Any]) -> Iterator[Metric]:
     loop = snap.get("loop") or {}
-    up = GaugeMetricFamily("mcplive_up", "Whether the host runs, by its id.", labels=["host_id"])
-    up.add_metric([str(snap.get("host_id") or "")], 1)
-    yield up
+    yield GaugeMetricFamily("mcplive_up", "Whether the host runs, by its id.", value=1)
     yield GaugeMetricFamily(
         "mcplive_loop_longest_step_seconds",
         "The longest time one task step held the host's loop.",

@@ -16,7 +16,8 @@ that does a little of everything an MCPL server may do. Read it top to bottom:
 agents on the scripted models of ``ada.toml`` and ``grace.toml``. In a clone, edit it and run
 your copy with ``mcplive run examples/lobby/lobby.toml``. On its own, ``python server.py``
 serves one host over stdio and ``python server.py --port 8765`` serves websockets on
-``ws://127.0.0.1:8765/``.
+``ws://127.0.0.1:8765/`` (``--host lobby`` listens on the address the name ``lobby`` has, as in
+``examples/fleet/compose.yaml``).
 """
 
 from __future__ import annotations
@@ -327,15 +328,19 @@ async def share_photo() -> None:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="The bundled lobby, an MCPL server.")
+    parser.add_argument("--port", type=int, help="serve websockets on HOST:PORT (default: stdio)")
     parser.add_argument(
-        "--port", type=int, help="serve websockets on 127.0.0.1:PORT (default: stdio)"
+        "--host",
+        default="127.0.0.1",
+        help="with --port, the address to listen on, by the name the hosts dial (the photo's "
+        "address is on it too); default 127.0.0.1",
     )
     args = parser.parse_args(argv)
     log(f"ids made up by this run start with {RUN}-")
     if args.port is None:
         server.run()
     else:
-        server.run("websocket", port=args.port)
+        server.run("websocket", host=args.host, port=args.port)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """``actors.web.metrics``: the collector over a host's published state, written by
 ``prometheus-client`` and read back by its parser. Hostile names (quotes, backslashes, line
-feeds) stay inside their labels; the channel labels of a server are capped, the rest summed."""
+feeds) stay inside their labels; the channel labels of a server are capped, the rest summed; every
+sample carries the host's id."""
 
 from __future__ import annotations
 
@@ -16,6 +17,8 @@ from actors.link.vitals import CHANNEL_LABELS, LinkVitals
 from actors.storage import CommitTimes
 from actors.web.metrics import exposition, registry_for
 from protocol.redact import Redactor
+
+HOST_ID = "blue-1"
 
 
 class Ref:
@@ -35,6 +38,7 @@ def fake_host(server_id: str, agent: str, channels: list[str]) -> tuple[Any, Any
     for seconds in (0.0005, 0.003, 0.2, 9.0):
         times.add(seconds)
     ctx = SimpleNamespace(
+        host_id=HOST_ID,
         redactor=Redactor(()),
         vitals={server_id: vitals},
         store=SimpleNamespace(commit_times=times),
@@ -61,13 +65,20 @@ def fake_host(server_id: str, agent: str, channels: list[str]) -> tuple[Any, Any
     return SimpleNamespace(ctx=ctx, config=config), snap
 
 
-def scrape(host: Any, snap: Any) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+def samples(host: Any, snap: Any) -> list[Any]:
     text = exposition(registry_for(host, lambda: snap)).decode("utf-8")
-    return {
-        (s.name, frozenset(s.labels.items())): s.value
-        for family in text_string_to_metric_families(text)
-        for s in family.samples
-    }
+    return [s for family in text_string_to_metric_families(text) for s in family.samples]
+
+
+def scrape(host: Any, snap: Any) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    """Each sample's value by its name and its labels other than ``host_id`` (which every
+    sample carries: checked here, for every test)."""
+    got = {}
+    for s in samples(host, snap):
+        labels = dict(s.labels)
+        assert labels.pop("host_id") == HOST_ID, s
+        got[(s.name, frozenset(labels.items()))] = s.value
+    return got
 
 
 hostile = st.text(min_size=1).filter(lambda t: "\x00" not in t)
@@ -91,7 +102,7 @@ def test_every_family_and_the_commit_histogram() -> None:
     host, snap = fake_host('a"b\\c\nd', "Ada", ["#general"])
     got = scrape(host, snap)
     sid = 'a"b\\c\nd'
-    assert got[("mcplive_up", frozenset({("host_id", "")}))] == 1
+    assert got[("mcplive_up", frozenset())] == 1
     assert got[("mcplive_loop_stalls_total", frozenset())] == 1
     assert got[("mcplive_loop_longest_step_seconds", frozenset())] == 0.012
     assert got[("mcplive_server_ready", frozenset({("server", sid)}))] == 1
@@ -129,3 +140,14 @@ def test_each_console_has_a_registry_of_its_own() -> None:
     from prometheus_client import REGISTRY
 
     assert b"mcplive_up" not in exposition(REGISTRY)
+
+
+def test_every_sample_carries_the_host_id() -> None:
+    host, snap = fake_host("lobby", "Ada", ["#general", "#random"])
+    found = samples(host, snap)
+    names = {s.name for s in found}
+    assert {"mcplive_up", "mcplive_store_commit_seconds_bucket", "mcplive_mailbox_depth"} <= names
+    assert all(s.labels.get("host_id") == HOST_ID for s in found)
+    text = exposition(registry_for(host, lambda: snap)).decode("utf-8")
+    lines = [line for line in text.splitlines() if line and not line.startswith("#")]
+    assert lines and all(f'host_id="{HOST_ID}"' in line for line in lines)

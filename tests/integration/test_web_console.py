@@ -125,9 +125,10 @@ async def test_every_read_endpoint_and_the_live_feed(
                     for family in text_string_to_metric_families(metrics.text)
                     for s in family.samples
                 }
-                assert samples[("mcplive_server_ready", (("server", "lobby"),))] == 1
-                assert samples[("mcplive_agent_turns_total", (("agent", "Ada"),))] >= 1
-                assert ("mcplive_loop_stalls_total", ()) in samples
+                here = ("host_id", lb.host.ctx.host_id)
+                assert samples[("mcplive_server_ready", (here, ("server", "lobby")))] == 1
+                assert samples[("mcplive_agent_turns_total", (("agent", "Ada"), here))] >= 1
+                assert ("mcplive_loop_stalls_total", (here,)) in samples
                 health = (await http.get("/healthz")).json()
                 assert health["ok"] and health["running"]
                 assert health["servers"] == {"lobby": "ready"}

@@ -28,12 +28,16 @@ DEADLINE = 120
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
 
-def parse(text: str) -> Samples:
-    return {
-        (s.name, frozenset(s.labels.items())): s.value
-        for family in text_string_to_metric_families(text)
-        for s in family.samples
-    }
+def parse(text: str, host_id: str) -> Samples:
+    """Each sample's value by its name and its labels but ``host_id``, which every sample
+    carries, with the host's id."""
+    samples: Samples = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            labels = dict(s.labels)
+            assert labels.pop("host_id") == host_id, s
+            samples[(s.name, frozenset(labels.items()))] = s.value
+    return samples
 
 
 def value(samples: Samples, name: str, **labels: str) -> float:
@@ -46,11 +50,11 @@ def total(samples: Samples, name: str, **labels: str) -> float:
     return sum(v for (n, got), v in samples.items() if n == name and want <= got)
 
 
-async def scrape(http: httpx.AsyncClient) -> Samples:
+async def scrape(http: httpx.AsyncClient, host_id: str) -> Samples:
     response = await http.get("/metrics")
     assert response.status_code == 200, response.text
     assert response.headers["content-type"].startswith("text/plain; version=0.0.4")
-    return parse(response.text)
+    return parse(response.text, host_id)
 
 
 def is_iso(texts: Iterable[Any]) -> bool:
@@ -67,9 +71,10 @@ async def test_metrics_move_when_messages_arrive_and_vitals_tell_a_disconnect(
             httpx.AsyncClient(base_url=console.url) as http,
         ):
             await lb.host.run_until_idle()
-            before = await scrape(http)
-            assert value(before, "mcplive_up", host_id=lb.host.ctx.host_id) == 1
-            assert lb.host.ctx.host_id  # kept in the data dir, shown everywhere
+            host_id = lb.host.ctx.host_id
+            assert host_id  # kept in the data dir, shown everywhere
+            before = await scrape(http, host_id)
+            assert value(before, "mcplive_up") == 1
             assert value(before, "mcplive_server_ready", server="lobby") == 1
             assert value(before, "mcplive_server_connects_total", server="lobby") == 1
             assert value(before, "mcplive_server_reconnects_total", server="lobby") == 0
@@ -82,7 +87,7 @@ async def test_metrics_move_when_messages_arrive_and_vitals_tell_a_disconnect(
             lb.ctl.send({"cmd": "push", "eventId": "p1", "text": "ding"})
             await lb.ctl.wait_for(answered("push/event", "eventId", "p1"), "p1", since=mark)
             await lb.host.run_until_idle()
-            after = await scrape(http)
+            after = await scrape(http, host_id)
 
             # m1 (and the lobby's echo of Ada's reply, when it came back already), and p1
             assert value(after, "mcplive_messages_stored_total", **general) >= 1
@@ -124,7 +129,7 @@ async def test_metrics_move_when_messages_arrive_and_vitals_tell_a_disconnect(
             [gone] = vitals["disconnects"]
             assert "exited with code 1" in gone["reason"] and is_iso([gone["at"]])
             assert gone["ready_for_s"] > 0
-            assert value(await scrape(http), "mcplive_server_ready", server="lobby") == 0
+            assert value(await scrape(http, host_id), "mcplive_server_ready", server="lobby") == 0
             # the status file's entry carries the same vitals, without the hour of traffic
             status = lb.host.ctx.vitals["lobby"].snapshot()
             assert status.disconnects[-1].reason == gone["reason"]
