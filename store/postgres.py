@@ -6,6 +6,9 @@ the ``messages`` view over them, ``usage``, and the text index ``item_text``. Th
 the :class:`~store.reader.Reader` run the same statements on both engines through
 :class:`PgConnection`, which reads SQLite's ``?`` placeholders.
 
+A fleet's tables are PostgreSQL's own: ``hosts`` and ``leases`` (:mod:`store.leases`) and the
+``outbox`` (:mod:`store.outbox`).
+
 The text index: ``item_text (num, text)`` holds each item's search text folded as
 :mod:`store.textindex` folds it, with a ``pg_trgm`` GIN index on it; a search is ``text LIKE
 '%needle%'`` on the folded needle (its ``%``, ``_`` and ``\\`` escaped), so it finds exactly the
@@ -118,8 +121,27 @@ _V4 = (
     " (SELECT COALESCE(MAX(seq), 0) FROM message_refs)) AS top) AS given",
 )
 
+#: Version 4 to 5: the durable outbox of a fleet (:mod:`store.outbox`; PostgreSQL only, and
+#: transient: ``mcplive migrate`` copies nothing into it). A row per utterance an agent sends to
+#: a server whose connection another host may hold: ``key`` is its idempotency key, ``blocks``
+#: and ``outcome`` are JSON text (text, not ``jsonb``: a string may hold a NUL), ``state`` is
+#: ``queued``, ``claimed`` (by ``claimed_by`` under ``claim_epoch``) or ``done``. Times are the
+#: database's clock. The index serves the claims: a server's rows in a state, in order.
+_V5 = (
+    "CREATE TABLE outbox (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,"
+    f" server_id text {_C} NOT NULL, channel_id text {_C} NOT NULL, thread_id text {_C},"
+    f" agent text {_C} NOT NULL, key text {_C} NOT NULL UNIQUE, blocks text NOT NULL,"
+    " prose boolean NOT NULL, created_at double precision NOT NULL,"
+    f" state text {_C} NOT NULL DEFAULT 'queued'"
+    " CHECK (state IN ('queued', 'claimed', 'done')),"
+    f" claimed_by text {_C}, claim_epoch bigint, outcome text,"
+    " finished_at double precision)",
+    "CREATE INDEX outbox_claim ON outbox (server_id, state, id)",
+    "CREATE INDEX outbox_finished ON outbox (finished_at) WHERE state = 'done'",
+)
+
 #: The migrations: ``MIGRATIONS[n]`` brings a store of version ``n`` to ``n + 1``.
-MIGRATIONS: tuple[tuple[str, ...], ...] = (_V1, _V2, _V3, _V4)
+MIGRATIONS: tuple[tuple[str, ...], ...] = (_V1, _V2, _V3, _V4, _V5)
 #: The version the migrations bring a store to.
 PG_SCHEMA_VERSION = len(MIGRATIONS)
 #: The tables of the schema: a database holding one of them but no ``meta`` is not a store.
@@ -134,6 +156,7 @@ TABLES = (
     "audit",
     "hosts",
     "leases",
+    "outbox",
 )
 
 
