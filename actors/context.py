@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
+import attrs
 import trio
 
 from protocol.fairness import contended, ingest_slice
 from protocol.state import Lineages
+from store import Append, Fence, PutState, RecordUsage, TrimJournal
 
 from .config import HostConfig, host_redactor
 from .directory import ChannelDirectory, SavedOpen, is_open
@@ -27,6 +29,11 @@ from .trace import TraceBus
 from .turn_token import TurnToken
 
 MAX_CHANNELS_PER_SERVER = 1000
+#: The prefixes of an agent's and a server's resource names in a fleet's lease table.
+AGENT_RESOURCE = "agent:"
+SERVER_RESOURCE = "server:"
+
+_Op = TypeVar("_Op", Append, PutState, RecordUsage, TrimJournal)
 
 
 class ChannelLimit(Exception):
@@ -48,6 +55,17 @@ class HostContext:
         # lease keeper, actors.leasing); its agents are the only ones in ``agents``. Empty on
         # the embedded store, where every configured agent runs.
         self.lease_epochs: dict[str, int] = {}
+        # On a PostgreSQL store, the fence of each lease this host took (``agent:Ada``,
+        # ``server:lobby``; written only by the lease keeper): the writes made for it carry it
+        # (:meth:`fenced`). Kept after the lease is let go, so a write still under way for it is
+        # refused by the store rather than made unfenced. One per configured agent and server.
+        self.fences: dict[str, Fence] = {}
+        # On a PostgreSQL store, the epoch of each server's lease held here: only those servers
+        # have a connection on this host (empty on the embedded store).
+        self.server_epochs: dict[str, int] = {}
+        # On a PostgreSQL store, what carries the fleet's wakes and outbox between hosts
+        # (actors.fleet.bus.FleetBus); None on the embedded store.
+        self.fleet: Any = None
         self.connections: dict[str, ActorRef[Any]] = {}
         # Each connection's latest status, an immutable snapshot that only that connection
         # replaces; one entry per configured server.
@@ -106,6 +124,16 @@ class HostContext:
         self.turns = TurnToken()  # agents' turns take the interpreter one after another
         # how long task steps hold the loop (the host installs it as a trio instrument)
         self.loop_watch = LoopWatch(self._stalled)
+
+    def fenced(self, resource: str, op: _Op) -> _Op:
+        """``op`` carrying the fence of ``resource``'s lease (``agent:Ada``), when this host
+        took one (a fleet's store): it lands only while that lease is still this host's."""
+        fence = self.fences.get(resource)
+        return op if fence is None else attrs.evolve(op, fence=fence)
+
+    def agent_fenced(self, agent: str, op: _Op) -> _Op:
+        """``op`` fenced by ``agent``'s lease (see :meth:`fenced`)."""
+        return self.fenced(AGENT_RESOURCE + agent, op)
 
     def _stalled(self, task: str, held_s: float) -> None:
         self.trace.emit("loop-stall", data={"task": task, "held_ms": round(held_s * 1000)})

@@ -38,7 +38,9 @@ from actors.agent.inference import InferenceRouter
 from actors.channel.actor import ChannelActor
 from actors.channel.coalescer import CoalescerActor
 from actors.channel.envelope import new_id
+from actors.fleet.bus import FleetBus
 from actors.fleet.heartbeat import Heartbeat
+from actors.fleet.outbox import FleetOutbox
 from actors.leasing.keeper import LeaseKeeper
 from actors.link.connection import ConnectionActor
 from actors.models.base import Model
@@ -146,15 +148,20 @@ class Host:
                 ctx.channel_factory = lambda sid, cid, reg: ChannelActor(sid, cid, ctx, reg)
                 ctx.coalescer = await nursery.start(CoalescerActor(ctx, new_id).run)
                 dsn = cfg.store
-                if dsn is None:  # the embedded store: one host runs every agent
+                if dsn is None:  # the embedded store: one host runs every agent and server
                     for a in cfg.agents:
                         ref = await nursery.start(AgentActor(a, models[a.name], ctx).run)
                         ctx.agents[a.name] = ref
-                else:  # a fleet's store: only the agents whose leases this host holds
+                    for s in cfg.servers:
+                        ctx.connections[s.id] = await nursery.start(ConnectionActor(s, ctx).run)
+                else:  # a fleet's store: the agents and servers whose leases it holds
+                    ctx.fleet = bus = FleetBus(ctx, dsn)
+                    await nursery.start(bus.run)
+                    bus.outbox = FleetOutbox(ctx, bus, dsn)
+                    await nursery.start(bus.outbox.run)
                     keeper = LeaseKeeper(ctx, models, lambda: LeaseTable(dsn))
+                    bus.lease_ok = keeper.lease_ok
                     host.lease_keeper = await nursery.start(keeper.run)
-                for s in cfg.servers:
-                    ctx.connections[s.id] = await nursery.start(ConnectionActor(s, ctx).run)
                 trace.emit(
                     "host-started",
                     data={

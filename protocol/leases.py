@@ -46,9 +46,9 @@ __all__ = [
 ]
 
 #: How long a lease lasts from its last renewal (seconds).
-LEASE_S = 15.0
+LEASE_S = 10.0
 #: How often a holder renews its leases.
-RENEW_S = 5.0
+RENEW_S = 3.0
 #: A holder that could not renew stops acting this long before its lease expires.
 SAFETY_S = 3.0
 

@@ -498,8 +498,9 @@ class AgentActor(Actor):
                 )
                 for kind, text in said
             )
-            ops: list[Append | PutState] = [Append(records=records)] if records else []
-            drafts = self.drafts.save_op()
+            said_op = self.ctx.agent_fenced(self.cfg.name, Append(records=records))
+            ops: list[Append | PutState] = [said_op] if records else []
+            drafts = self.drafts.save_op()  # fenced too
             if drafts is not None:
                 ops.append(drafts)
             for future in await self.ctx.store.submit_many(ops) if ops else ():
@@ -537,7 +538,7 @@ class AgentActor(Actor):
 
     # -- the rest of the mailbox's work ------------------------------------------------------
     async def _store_local(self, record: MessageRecord, reply: Reply) -> None:
-        await self.ctx.store.write(Append(records=(record,)))
+        await self.ctx.store.write(self.ctx.agent_fenced(self.cfg.name, Append(records=(record,))))
         self.trace("local", text=record.blocks[0]["text"])
         reply.value(record.id)
         self._note_wake(Wake(lane="local"))

@@ -238,7 +238,7 @@ class Folder:
         """Store a summary (one append: whole or nothing) and return it as stored."""
         text = mark_text(text)  # model output shown again: only the host opens a header
         record = _new_record(self.agent, text, covers, self.model.name, usage)
-        await self.ctx.store.write(Append(records=(record,)))
+        await self.ctx.store.write(self.ctx.agent_fenced(self.agent, Append(records=(record,))))
         return {
             "id": record.id,
             "agent": self.agent,

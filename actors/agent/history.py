@@ -79,7 +79,7 @@ async def store_message(
 ) -> dict[str, Any]:
     """Append one message to the agent's history; the stored message once it is durable."""
     record = new_record(agent, role, blocks, **meta)
-    await ctx.store.write(Append(records=(record,)))
+    await ctx.store.write(ctx.agent_fenced(agent, Append(records=(record,))))
     return {
         "id": record.id,
         "agent": record.agent,

@@ -20,7 +20,7 @@ from typing import Any
 import attrs
 import trio
 
-from actors.context import HostContext
+from actors.context import AGENT_RESOURCE, HostContext
 from actors.link.calls import notify
 from actors.messages import Publish
 from protocol.conversation import conversation_id
@@ -59,6 +59,8 @@ from store import PutState
 CUT_SHORT = "the publish was cut short: the host is stopping"
 #: What a segment still queued when the host stopped says.
 NOT_SENT_STOPPING = "not sent: the host is stopping"
+#: Why a post was not sent by a host whose lease of the agent is due to stop (a fleet).
+LEASE_LAPSED = "not sent: this host's lease of the agent lapsed"
 #: Unsettled segments one agent may have queued; past it a segment is kept as a draft.
 MAX_SPEECH_QUEUE = 256
 #: Drafts kept per agent; the oldest are forgotten first.
@@ -94,7 +96,18 @@ async def publish(
     key: str | None = None,
     prose: bool = False,
 ) -> tuple[PublishOutcome, Any]:
-    """Publish ``text`` to ``place`` through its channel actor; never raises for a refusal."""
+    """Publish ``text`` to ``place`` through its channel actor (on a fleet, through the
+    outbox when another host holds the server's connection); never raises for a refusal."""
+    fleet = ctx.fleet
+    if fleet is not None:
+        if not fleet.may_act(AGENT_RESOURCE + agent):  # the agent's lease is going: say nothing
+            return PublishOutcome(status="failed", reason=LEASE_LAPSED), None
+        if place.server_id not in ctx.connections and fleet.outbox is not None:
+            blocks = ({"type": "text", "text": text},)
+            outcome: tuple[PublishOutcome, Any] = await fleet.outbox.publish(
+                agent, place, blocks, key or new_key(), prose
+            )
+            return outcome
     try:
         ref = await ctx.channel(place.server_id, place.channel_id)
         answer: tuple[PublishOutcome, Any] = await ref.ask(
@@ -299,7 +312,9 @@ class Drafts:
         value = self.state()
         if value == self._saved:
             return None
-        return PutState(namespace=DRAFTS_NS, key=self.agent, value=value)
+        return self.ctx.agent_fenced(
+            self.agent, PutState(namespace=DRAFTS_NS, key=self.agent, value=value)
+        )
 
     def saved(self, op: PutState) -> None:
         self._saved = op.value

@@ -33,7 +33,7 @@ from collections import OrderedDict
 from collections.abc import Awaitable
 from typing import Any
 
-from actors.context import HostContext
+from actors.context import SERVER_RESOURCE, HostContext
 from actors.directory import (
     OPEN_STATE_NS,
     Registration,
@@ -372,7 +372,9 @@ class ChannelActor(Actor):
             replies_to=self._replied_agents(env.reply_to, env.thread_id),
             direct=is_direct(self.descriptor.type if self.descriptor is not None else None),
         )
-        return Append(records=records, dedupe=env.dedupe), tuple(body), wakes, env.author
+        # on a fleet, stored only while this host still holds the server's connection lease
+        op = self.ctx.fenced(SERVER_RESOURCE + self.sid, Append(records=records, dedupe=env.dedupe))
+        return op, tuple(body), wakes, env.author
 
     def _replied_agents(self, reply_to: str | None, thread_id: str | None) -> frozenset[str]:
         """The agents who wrote the message an item replies to or the thread it is in."""

@@ -24,8 +24,12 @@ reads its history at its next turn. Traced as ``agent-lease`` (``state="moved"``
 A clean stop of the host (:meth:`LeaseKeeper.leave`, after its actors have stopped) releases
 every lease at once, so other hosts take them over at their next step.
 
-Servers are not leased here: every host connects to its servers as before; the store's dedupe
-keys keep an item stored once whichever host ingested it.
+Servers are leased the same way (``server:<id>``): only the holder runs the server's
+:class:`ConnectionActor` (in ``ctx.connections`` and ``ctx.server_epochs``; traced as
+``server-lease``), started before the agents of the same step. Every actor started here gets
+its lease's fence in ``ctx.fences`` first, so its writes carry it from the first one
+(:meth:`HostContext.fenced`); :meth:`LeaseKeeper.lease_ok` is what a publish checks just before
+it goes out.
 """
 
 from __future__ import annotations
@@ -40,18 +44,30 @@ import attrs
 import trio
 
 from actors.agent.actor import AgentActor
-from actors.context import HostContext
+from actors.context import AGENT_RESOURCE, SERVER_RESOURCE, HostContext
 from actors.kernel import ActorRef
+from actors.link.connection import ConnectionActor
 from actors.models.base import Model
 from protocol.leases import LEASE_S, RENEW_S, SAFETY_S, Lease, must_stop
+from store import Fence
 from store.leases import LeaseTable, StepResult
 
 log = logging.getLogger(__name__)
 
-__all__ = ["AGENT", "LEAVE_WAIT_S", "STOP_WAIT_S", "LeaseKeeper", "agent_of", "resource_of"]
+__all__ = [
+    "AGENT",
+    "LEAVE_WAIT_S",
+    "SERVER",
+    "STOP_WAIT_S",
+    "LeaseKeeper",
+    "agent_of",
+    "resource_of",
+    "server_resource",
+]
 
-#: The prefix of an agent's resource name in the lease table.
-AGENT = "agent:"
+#: The prefixes of an agent's and a server's resource names in the lease table.
+AGENT = AGENT_RESOURCE
+SERVER = SERVER_RESOURCE
 #: How long stopping an agent waits for its task to end (a turn's shielded writes finishing).
 STOP_WAIT_S = 2.0
 #: How long a clean stop waits for its leases to be released.
@@ -62,8 +78,20 @@ def resource_of(agent: str) -> str:
     return AGENT + agent
 
 
+def server_resource(server_id: str) -> str:
+    return SERVER + server_id
+
+
 def agent_of(resource: str) -> str:
     return resource.removeprefix(AGENT)
+
+
+def _kind(resource: str) -> str:
+    return "server" if resource.startswith(SERVER) else "agent"
+
+
+def _name(resource: str) -> str:
+    return resource.removeprefix(SERVER) if resource.startswith(SERVER) else agent_of(resource)
 
 
 @attrs.define
@@ -112,13 +140,25 @@ class LeaseKeeper:
     @property
     def running(self) -> dict[str, int]:
         """The agents running here, each with its lease's epoch."""
-        return {name: r.epoch for name, r in sorted(self._running.items())}
+        return {
+            agent_of(r): run.epoch
+            for r, run in sorted(self._running.items())
+            if _kind(r) == "agent"
+        }
+
+    @property
+    def connected(self) -> dict[str, int]:
+        """The servers whose connection this host holds, each with its lease's epoch."""
+        return {
+            _name(r): run.epoch for r, run in sorted(self._running.items()) if _kind(r) == "server"
+        }
 
     async def run(
         self, *, task_status: trio.TaskStatus[LeaseKeeper] = trio.TASK_STATUS_IGNORED
     ) -> None:
-        """Step at once (the agents this host holds run when this has started), then every
-        ``renew_s`` or when :meth:`ask_step` asks; the agents run inside this task."""
+        """Step at once (the agents and connections this host holds run when this has
+        started), then every ``renew_s`` or when :meth:`ask_step` asks; they run inside this
+        task."""
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             await self.step_now()
@@ -134,15 +174,21 @@ class LeaseKeeper:
         """Have the keeper's loop step now rather than at its next interval."""
         self._wake.set()
 
+    def _names(self) -> list[str]:
+        cfg = self.ctx.config
+        return [resource_of(a.name) for a in cfg.agents] + [
+            server_resource(s.id) for s in cfg.servers
+        ]
+
     async def step_now(self) -> StepResult | None:
-        """One step, and the agents started and stopped as it says; None when it failed (traced
-        as an ``error``; the agents whose leases are due to stop are stopped)."""
+        """One step, and the agents and connections started and stopped as it says; None when
+        it failed (traced as an ``error``; what is due to stop is stopped)."""
         async with self._lock:
-            names = [resource_of(a.name) for a in self.ctx.config.agents]
+            names = self._names()
             began = trio.current_time()
 
             def before_release(resources: tuple[str, ...]) -> None:
-                trio.from_thread.run(self._let_go, [agent_of(r) for r in resources], "released")
+                trio.from_thread.run(self._let_go, list(resources), "released")
 
             try:
                 result = await trio.to_thread.run_sync(
@@ -184,42 +230,64 @@ class LeaseKeeper:
                 _close_quietly(table)
 
     async def _apply(self, result: StepResult, began: float) -> None:
-        for resource in result.lost:
-            await self._let_go([agent_of(resource)], "lost")
+        await self._let_go(list(result.lost), "lost")
         now = trio.current_time()
-        for resource, held in result.held.items():
-            name = agent_of(resource)
+        # connections first: an agent started after them finds its servers' links dialling
+        order = sorted(result.held.items(), key=lambda kv: (_kind(kv[0]) != "server", kv[0]))
+        for resource, held in order:
             # the lease's expiry on this host's clock: counted from before the step began, so
             # never later than the database's
             expires_at = began + (held.expires_at - result.now)
-            running = self._running.get(name)
+            running = self._running.get(resource)
             if running is not None and running.epoch != held.epoch:
-                await self._let_go([name], "lost")
+                await self._let_go([resource], "lost")
                 running = None
             if running is not None:
                 running.renewed_at, running.expires_at = began, expires_at
                 continue
             lease = Lease(resource, self.ctx.host_id, held.epoch, expires_at)
             if not must_stop(lease, self.ctx.host_id, began, now):
-                await self._start(name, held.epoch, began, expires_at)
+                await self._start(resource, held.epoch, began, expires_at)
         self._changed.set()
 
-    async def _start(self, name: str, epoch: int, renewed_at: float, expires_at: float) -> None:
-        cfg = next((a for a in self.ctx.config.agents if a.name == name), None)
-        if cfg is None or self._nursery is None or self.ctx.closing:
+    def _actor(self, resource: str) -> Any:
+        """The actor that runs ``resource`` here (None: no longer configured)."""
+        name, cfg = _name(resource), self.ctx.config
+        if _kind(resource) == "server":
+            server = cfg.server(name)
+            return None if server is None else ConnectionActor(server, self.ctx)
+        agent = next((a for a in cfg.agents if a.name == name), None)
+        return None if agent is None else AgentActor(agent, self._models[name], self.ctx)
+
+    async def _start(self, resource: str, epoch: int, renewed_at: float, expires_at: float) -> None:
+        if self._nursery is None or self.ctx.closing:
             return
-        actor = AgentActor(cfg, self._models[name], self.ctx)
+        actor = self._actor(resource)
+        if actor is None:
+            return
+        name, kind = _name(resource), _kind(resource)
+        # its writes carry the lease's fence from its first one on
+        self.ctx.fences[resource] = Fence(resource, self.ctx.host_id, epoch)
         scope = trio.CancelScope()
         done = trio.Event()
-        ref: ActorRef[Any] = await self._nursery.start(self._run_agent, actor, scope, done)
-        self._running[name] = _Running(epoch, scope, done, ref, renewed_at, expires_at)
-        self.ctx.lease_epochs[name] = epoch
-        self.ctx.agents[name] = ref
-        self.ctx.trace.emit("agent-lease", agent=name, data={"state": "runs", "epoch": epoch})
+        ref: ActorRef[Any] = await self._nursery.start(self._run_actor, actor, scope, done)
+        self._running[resource] = _Running(epoch, scope, done, ref, renewed_at, expires_at)
+        if kind == "server":
+            self.ctx.server_epochs[name] = epoch
+            self.ctx.connections[name] = ref
+            self.ctx.trace.emit(
+                "server-lease", server_id=name, data={"state": "runs", "epoch": epoch}
+            )
+        else:
+            self.ctx.lease_epochs[name] = epoch
+            self.ctx.agents[name] = ref
+            self.ctx.trace.emit("agent-lease", agent=name, data={"state": "runs", "epoch": epoch})
+        if self.ctx.fleet is not None:
+            self.ctx.fleet.started(kind, name)
 
     @staticmethod
-    async def _run_agent(
-        actor: AgentActor,
+    async def _run_actor(
+        actor: AgentActor | ConnectionActor,
         scope: trio.CancelScope,
         done: trio.Event,
         *,
@@ -231,32 +299,53 @@ class LeaseKeeper:
         finally:
             done.set()
 
-    async def _let_go(self, names: Sequence[str], reason: str) -> None:
-        """Stop each of ``names`` running here: out of the directory first (no wake reaches it
-        from now on), then its scope cancelled, and their ends awaited together (for
-        :data:`STOP_WAIT_S` at most)."""
-        stopped = [(n, r) for n in names if (r := self._running.pop(n, None)) is not None]
-        for name, running in stopped:
-            if self.ctx.agents.get(name) is running.ref:
-                del self.ctx.agents[name]
-            self.ctx.lease_epochs.pop(name, None)
+    async def _let_go(self, resources: Sequence[str], reason: str) -> None:
+        """Stop each of ``resources`` running here: out of the directory first (no wake or
+        call reaches it from now on), then its scope cancelled, and their ends awaited together
+        (for :data:`STOP_WAIT_S` at most)."""
+        stopped = [(r, run) for r in resources if (run := self._running.pop(r, None)) is not None]
+        for resource, running in stopped:
+            name = _name(resource)
+            if _kind(resource) == "server":
+                if self.ctx.connections.get(name) is running.ref:
+                    del self.ctx.connections[name]
+                self.ctx.server_epochs.pop(name, None)
+            else:
+                if self.ctx.agents.get(name) is running.ref:
+                    del self.ctx.agents[name]
+                self.ctx.lease_epochs.pop(name, None)
             running.scope.cancel()
         with trio.move_on_after(STOP_WAIT_S):
             for _, running in stopped:
                 await running.done.wait()
-        for name, running in stopped:
-            self.ctx.turning.pop(name, None)
-            self.ctx.agent_statuses.pop(name, None)
+        for resource, running in stopped:
+            name = _name(resource)
             data: dict[str, Any] = {"state": "moved", "reason": reason, "epoch": running.epoch}
-            self.ctx.trace.emit("agent-lease", agent=name, data=data)
+            if _kind(resource) == "server":
+                self.ctx.statuses.pop(name, None)
+                self.ctx.trace.emit("server-lease", server_id=name, data=data)
+            else:
+                self.ctx.turning.pop(name, None)
+                self.ctx.agent_statuses.pop(name, None)
+                self.ctx.trace.emit("agent-lease", agent=name, data=data)
 
     def _due(self, now: float) -> list[str]:
         host = self.ctx.host_id
         return [
-            name
-            for name, r in sorted(self._running.items())
-            if must_stop(Lease(name, host, r.epoch, r.expires_at), host, r.renewed_at, now)
+            resource
+            for resource, r in sorted(self._running.items())
+            if must_stop(Lease(resource, host, r.epoch, r.expires_at), host, r.renewed_at, now)
         ]
+
+    def lease_ok(self, resource: str) -> bool:
+        """Whether ``resource`` runs here under a lease that is not due to stop now (on this
+        host's clock): what a publish checks just before it goes out."""
+        r = self._running.get(resource)
+        if r is None:
+            return False
+        host = self.ctx.host_id
+        lease = Lease(resource, host, r.epoch, r.expires_at)
+        return not must_stop(lease, host, r.renewed_at, trio.current_time())
 
     async def _stop_due(self) -> None:
         await self._let_go(self._due(trio.current_time()), "expired")

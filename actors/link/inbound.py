@@ -302,10 +302,13 @@ class HotLanes:
                     publish(kind, sid, channel_id, fields)
                     for agent, wake in prepared.wakes:
                         wakes.setdefault(agent, []).append(wake)
+                fleet = owner.ctx.fleet
                 for agent, items in wakes.items():
                     ref = owner.ctx.agents.get(agent)
                     if ref is not None:  # every agent in this step (the take checkpoints)
                         await ref.tell_promptly(Wakes(items=tuple(items)))
+                    elif fleet is not None:  # it runs on another host: woken from there
+                        fleet.wake_elsewhere(agent, items)
             finally:
                 owner.work.dec(len(answers))
                 in_flight = owner.ctx.hot_in_flight

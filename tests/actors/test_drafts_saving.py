@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import trio
 
@@ -13,13 +14,18 @@ from actors.kernel import Work
 from actors.storage import StoreClient
 
 
+def unfenced(_agent: str, op: Any) -> Any:
+    """A context's fencing on the embedded store: the op as it is."""
+    return op
+
+
 async def test_drafts_are_written_only_when_they_changed(tmp_path: Path) -> None:
     data = tmp_path / "data"
     store = StoreClient(data, Work())
     store.start()
     try:
         with trio.fail_after(60):
-            drafts = Drafts(SimpleNamespace(store=store), "Ada")  # type: ignore[arg-type]
+            drafts = Drafts(SimpleNamespace(store=store, agent_fenced=unfenced), "Ada")  # type: ignore[arg-type]
             await drafts.load()
             await drafts.save()
             assert store.writer.stats().ops == 0  # nothing kept, nothing written
@@ -39,7 +45,7 @@ async def test_drafts_are_written_only_when_they_changed(tmp_path: Path) -> None
     store.start()
     try:
         with trio.fail_after(60):
-            again = Drafts(SimpleNamespace(store=store), "Ada")  # type: ignore[arg-type]
+            again = Drafts(SimpleNamespace(store=store, agent_fenced=unfenced), "Ada")  # type: ignore[arg-type]
             await again.load()
             assert [d.text for d in again.items.values()] == ["second"]
             assert again.next == 3

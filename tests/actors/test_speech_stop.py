@@ -16,7 +16,7 @@ async def test_a_publish_the_stop_broke_says_it_was_cut_short() -> None:
     async def channel(server_id: str, channel_id: str) -> Any:
         raise RuntimeError("Nursery is closed to new arrivals")
 
-    ctx = SimpleNamespace(closing=True, channel=channel)
+    ctx = SimpleNamespace(closing=True, channel=channel, fleet=None)
     place = Place(server_id="kit", channel_id="kit:room")
     with trio.fail_after(10):
         outcome, raw = await publish(ctx, "Ada", place, "Hi room.")  # type: ignore[arg-type]

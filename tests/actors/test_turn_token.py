@@ -15,6 +15,11 @@ import trio.testing
 from actors.turn_token import TurnToken
 
 
+def unfenced(_agent: str, op: Any) -> Any:
+    """A context's fencing on the embedded store: the op as it is."""
+    return op
+
+
 async def one_after_another(*turns: Callable[[], Awaitable[None]]) -> None:
     """Run ``turns`` side by side, each started once those before it wait."""
     async with trio.open_nursery() as nursery:
@@ -266,7 +271,7 @@ async def test_a_turns_reply_waits_for_its_commit_without_the_token(
     committed = trio.Event()  # the writer thread's commit
     written: list[Any] = []
     token = TurnToken(max_wait=60)
-    ctx = SimpleNamespace(store=slow_store(committed, written), turns=token)
+    ctx = SimpleNamespace(store=slow_store(committed, written), turns=token, agent_fenced=unfenced)
     order: list[str] = []
 
     async def replying() -> None:
@@ -297,7 +302,7 @@ async def test_a_turns_last_reply_does_not_take_the_token_back(
 
     committed, other_done = trio.Event(), trio.Event()
     token = TurnToken(max_wait=60)
-    ctx = SimpleNamespace(store=slow_store(committed, []), turns=token)
+    ctx = SimpleNamespace(store=slow_store(committed, []), turns=token, agent_fenced=unfenced)
     order: list[str] = []
 
     async def replying() -> None:

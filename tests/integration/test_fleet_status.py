@@ -75,12 +75,12 @@ async def test_a_host_heartbeats_and_status_and_the_console_show_the_fleet(
                 "a later beat",
             )
 
-            # this host's lease keeper holds Ada; another host of the fleet takes a lease of
-            # its own (servers are not leased by the host yet)
+            # this host's lease keeper holds Ada and the lobby's connection; another host of
+            # the fleet steps, holding nothing
             def other_host_step() -> None:
                 with LeaseTable(pg_dsn) as table:
-                    step = table.step("beta", ["server:lobby"])
-                    assert "server:lobby" in step.taken
+                    step = table.step("beta", [])
+                    assert step.held == {}
 
             await trio.to_thread.run_sync(other_host_step)
             config = status_config(tmp_path / "status.toml", lb.host.config.data_dir, pg_dsn)
@@ -94,7 +94,7 @@ async def test_a_host_heartbeats_and_status_and_the_console_show_the_fleet(
             assert "fleet:" in out
             assert "    alpha: last heartbeat" in out and "    beta: last heartbeat" in out
             assert "    agent:Ada → alpha, epoch 1, expires in" in out
-            assert "    server:lobby → beta, epoch 1, expires in" in out
+            assert "    server:lobby → alpha, epoch 1, expires in" in out
             assert out.index("fleet:") < out.index("health:")
 
             as_json = await trio.to_thread.run_sync(
@@ -108,7 +108,7 @@ async def test_a_host_heartbeats_and_status_and_the_console_show_the_fleet(
             ada, lobby = fleet["leases"]
             assert ada["resource"] == "agent:Ada" and ada["holder"] == "alpha"
             assert ada["epoch"] == 1 and ada["state"] == "held" and ada["expires_in_s"] > 0
-            assert (lobby["resource"], lobby["holder"]) == ("server:lobby", "beta")
+            assert (lobby["resource"], lobby["holder"]) == ("server:lobby", "alpha")
 
             async with (
                 open_console(lb.host, "127.0.0.1:0", None) as console,
@@ -124,7 +124,7 @@ async def test_a_host_heartbeats_and_status_and_the_console_show_the_fleet(
                 assert {h["host_id"] for h in api["hosts"]} == {"alpha", "beta"}
                 assert [(x["resource"], x["holder"], x["epoch"]) for x in api["leases"]] == [
                     ("agent:Ada", "alpha", 1),
-                    ("server:lobby", "beta", 1),
+                    ("server:lobby", "alpha", 1),
                 ]
     # a clean stop marks the host leaving
     gone = await trio.to_thread.run_sync(lambda: read_fleet(pg_dsn))

@@ -276,6 +276,42 @@ def test_a_skipped_row_of_its_own_stays_held_unrenewed(
     assert tables["h1"].step("h1", RESOURCES).held["agent:a1"].expires_at == clock() + LEASE_S
 
 
+def test_a_renewal_waits_for_its_own_fenced_write_instead_of_skipping(
+    pg_dsn: str, tables: dict[str, LeaseTable], clock: Clock
+) -> None:
+    """A host that writes without pause holds its own lease rows share-locked most of the time;
+    its step waits for the write's commit and renews, rather than skipping (and so, in the end,
+    stopping for nothing)."""
+    first = tables["h1"].step("h1", RESOURCES).held["agent:a1"]
+    pg = PgConnection(pg_dsn)
+    watcher = PgConnection(pg_dsn)
+    outcome: list[StepResult] = []
+    try:
+        pg.execute("BEGIN")
+        assert fenced_write(pg, "agent:a1", "h1", first.epoch, now=clock())
+        clock.advance(1.0)
+        stepping = threading.Thread(
+            target=lambda: outcome.append(tables["h1"].step("h1", RESOURCES))
+        )
+        stepping.start()
+        for _ in range(2_000):  # until the step waits on the row (bounded)
+            waiting = watcher.execute(
+                "SELECT count(*) FROM pg_locks WHERE NOT granted AND locktype IN"
+                " ('tuple', 'transactionid')"
+            ).fetchone()
+            if waiting is not None and waiting[0] > 0:
+                break
+            threading.Event().wait(0.01)
+        pg.execute("COMMIT")
+        stepping.join(timeout=60)
+    finally:
+        pg.close()
+        watcher.close()
+    (result,) = outcome
+    assert result.skipped == ()
+    assert result.held["agent:a1"] == Held(first.epoch, clock() + LEASE_S)  # renewed
+
+
 def test_a_clean_leave_hands_over_at_once(tables: dict[str, LeaseTable], clock: Clock) -> None:
     held = tables["h1"].step("h1", RESOURCES).held
     tables["h2"].heartbeat("h2")
