@@ -35,9 +35,11 @@ from protocol.depth import deeper_than
 from protocol.errors import RpcError
 from protocol.jsonrpc import decode
 from protocol.lanes import ChannelDescriptor, structure
+from protocol.routes import declared_target
+from store import PutState
 from store.leases import LeaseTable
 
-from ..context import HostContext
+from ..context import SERVER_RESOURCE, HostContext
 from ..messages import Wake, Wakes
 
 log = logging.getLogger(__name__)
@@ -71,6 +73,10 @@ RELISTEN_MAX_S = 5.0
 OUTBOX_POLL_S = 1.0
 #: The longest body text a remote wake carries (the gate reads its start).
 WAKE_TEXT_CHARS = 400
+#: The state namespace where each server's holder keeps its channels for the other hosts.
+CHANNELS_NS = "fleet-channels"
+#: Channels learned per server and read (the host's own cap per server is higher).
+MAX_LEARNED = 1000
 #: How deep a notice's JSON may nest (a descriptor's capabilities are the deepest part).
 MAX_DEPTH = 10
 #: The most the channels' descriptors of one notice take (bytes of JSON).
@@ -205,6 +211,7 @@ class FleetBus:
         self.dropped = 0  # notices dropped unsent (the queue was full)
         self.unreadable = 0  # notices received that could not be read
         self._pending: deque[tuple[str, str]] = deque()
+        self._shared: dict[str, dict[str, Any]] = {}  # per held server: what it last shared
         self._more = trio.Event()
         self._listening = threading.Event()
 
@@ -221,27 +228,94 @@ class FleetBus:
         for w in wakes:
             if w.server_id is None or w.channel_id is None:
                 continue
-            info = self.ctx.channel_directory.get(w.server_id, w.channel_id, False)
-            if info is not None and (w.server_id, w.channel_id) not in out:
-                wire = dict(info.descriptor)
-                if info.declared is not None:
-                    wire["capabilities"] = {"publish": {"target": info.declared}}
+            wire = self._wire(w.server_id, w.channel_id)
+            if wire is not None:
                 out[(w.server_id, w.channel_id)] = wire
         return [(sid, wire) for (sid, _), wire in out.items()]
 
+    def _wire(self, server_id: str, channel_id: str) -> dict[str, Any] | None:
+        """A registered channel's descriptor as another host registers it (None: unknown)."""
+        info = self.ctx.channel_directory.get(server_id, channel_id, False)
+        if info is None or not info.registered:
+            return None
+        wire = dict(info.descriptor)
+        if info.declared is not None:
+            wire["capabilities"] = {"publish": {"target": info.declared}}
+        return wire
+
+    # -- the channels of the servers held elsewhere -------------------------------------------
+    async def sync_channels(self) -> None:
+        """Share the channels of the servers held here, and learn the others' (after each
+        lease step)."""
+        for sid in sorted(self.ctx.server_epochs):
+            await self.share_channels(sid)
+        if any(s.id not in self.ctx.connections for s in self.ctx.config.servers):
+            await self.learn_channels()
+
+    async def share_channels(self, server_id: str) -> None:
+        """On the holder of ``server_id``'s connection: keep its registered channels in the
+        store (state ``fleet-channels``, under the connection's fence) for the other hosts."""
+        if server_id not in self.ctx.connections:
+            return
+        wires = {}
+        for info in self.ctx.channel_directory.infos([server_id], self.ctx.config):
+            if info.channel_id is not None and (wire := self._wire(server_id, info.channel_id)):
+                wires[info.channel_id] = wire
+        if wires == self._shared.get(server_id):
+            return
+        op = PutState(namespace=CHANNELS_NS, key=server_id, value=wires)
+        try:
+            await self.ctx.store.write(self.ctx.fenced(SERVER_RESOURCE + server_id, op))
+            self._shared[server_id] = wires
+        except Exception as exc:
+            self._told(f"the channels of {server_id} could not be shared", exc)
+
+    async def learn_channels(self) -> None:
+        """On every host: register the channels the holders of the other servers shared that
+        this host does not know yet (its agents' speech then finds where a post lands)."""
+        try:
+            shared = await self.ctx.store.read(self.ctx.store.reader.state, CHANNELS_NS)
+        except Exception as exc:
+            self._told("the fleet's channels could not be read", exc)
+            return
+        for sid, wires in sorted(shared.items()):
+            if not isinstance(wires, Mapping):
+                continue
+            for wire in list(wires.values())[:MAX_LEARNED]:
+                await self._learn_one(sid, wire)
+
     async def _learn(self, payload: str) -> None:
-        """Register the channels a wake notice describes that this host does not know (its
-        agents' speech then finds where a post lands, as on the holder)."""
+        """Register the channels a wake notice describes that this host does not know."""
         for sid, desc in channels_from(payload):
-            if self.ctx.config.server(sid) is None or sid in self.ctx.connections:
-                continue
-            info = self.ctx.channel_directory.get(sid, desc.id, False)
-            if info is not None and info.registered:
-                continue
-            try:
-                await self.ctx.register_channel(sid, desc, 10.0)
-            except Exception as exc:
-                self._told(f"channel {desc.id} of {sid} could not be noted", exc)
+            await self._learn_one(sid, desc)
+
+    async def _learn_one(self, sid: str, wire: Any) -> None:
+        if self.ctx.config.server(sid) is None or sid in self.ctx.connections:
+            return
+        try:
+            desc = wire if isinstance(wire, ChannelDescriptor) else _descriptor(wire)
+        except RpcError:
+            return
+        info = self.ctx.channel_directory.get(sid, desc.id, False)
+        known = None if info is None or not info.registered else (info.descriptor, info.declared)
+        if known == (self._plain(desc), declared_target(desc.capabilities)):
+            return
+        try:
+            await self.ctx.register_channel(sid, desc, 10.0)
+        except Exception as exc:
+            self._told(f"channel {desc.id} of {sid} could not be noted", exc)
+
+    @staticmethod
+    def _plain(desc: ChannelDescriptor) -> dict[str, Any]:
+        wire: dict[str, Any] = {
+            "id": desc.id,
+            "type": desc.type,
+            "label": desc.label,
+            "direction": desc.direction,
+        }
+        if desc.address is not None:
+            wire["address"] = desc.address
+        return wire
 
     def notify(self, channel: str, payload: str) -> None:
         """Queue one notice (sent after what was committed before this call)."""
@@ -362,6 +436,10 @@ class FleetBus:
     def _told(self, what: str, exc: Exception) -> None:
         error = self.ctx.redactor.text(f"{what}: {type(exc).__name__}: {exc}")
         self.ctx.trace.emit("error", data={"error": error, "where": "fleet"})
+
+
+def _descriptor(wire: Any) -> ChannelDescriptor:
+    return structure(wire, ChannelDescriptor)
 
 
 def _send_batch(table: LeaseTable, batch: Sequence[tuple[str, str]]) -> None:

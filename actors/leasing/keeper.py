@@ -37,6 +37,7 @@ from __future__ import annotations
 import logging
 import math
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -47,10 +48,13 @@ from actors.agent.actor import AgentActor
 from actors.context import AGENT_RESOURCE, SERVER_RESOURCE, HostContext
 from actors.kernel import ActorRef
 from actors.link.connection import ConnectionActor
+from actors.messages import Wake, Wakes
 from actors.models.base import Model
 from protocol.leases import LEASE_S, RENEW_S, SAFETY_S, Lease, must_stop
 from store import Fence
 from store.leases import LeaseTable, StepResult
+
+from .catchup import LOOK_BACK, missed_wakes
 
 log = logging.getLogger(__name__)
 
@@ -202,7 +206,9 @@ class LeaseKeeper:
                 return None
             self.last = result
             await self._apply(result, began)
-            return result
+        if self.ctx.fleet is not None:  # the channels of the servers held here and elsewhere
+            await self.ctx.fleet.sync_channels()
+        return result
 
     def _step_in_thread(
         self, names: Sequence[str], before_release: Callable[[tuple[str, ...]], None]
@@ -282,8 +288,42 @@ class LeaseKeeper:
             self.ctx.lease_epochs[name] = epoch
             self.ctx.agents[name] = ref
             self.ctx.trace.emit("agent-lease", agent=name, data={"state": "runs", "epoch": epoch})
+            self._nursery.start_soon(self._catch_up, name, ref)
         if self.ctx.fleet is not None:
             self.ctx.fleet.started(kind, name)
+
+    async def _catch_up(self, name: str, ref: ActorRef[Any]) -> None:
+        """Wake an agent just started here with what it missed while it moved
+        (:mod:`actors.leasing.catchup`)."""
+        reader = self.ctx.store.reader
+        if self.ctx.fleet is not None:  # where its servers' channels take posts
+            await self.ctx.fleet.learn_channels()
+
+        def newest() -> list[Any]:
+            rows = reader.walk(agent=name, newest_first=True, limit=LOOK_BACK, page=LOOK_BACK)
+            return list(rows)[::-1]
+
+        try:
+            rows = await self.ctx.store.read(newest)
+        except Exception as exc:
+            error = f"what {name} missed while it moved could not be read: {exc}"
+            self.ctx.trace.emit("error", agent=name, data={"error": error, "where": "leases"})
+            return
+        wakes = tuple(self._placed(w) for w in missed_wakes(rows, time.time()))
+        if wakes and self.ctx.agents.get(name) is ref:
+            reason = f"{len(wakes)} items it missed while it moved between hosts"
+            self.ctx.trace.emit("awake", agent=name, data={"reason": reason})
+            await ref.tell_promptly(Wakes(items=wakes))
+
+    def _placed(self, wake: Wake) -> Wake:
+        """``wake`` with where prose may go in its channel, as this host knows it."""
+        sid, cid = wake.server_id, wake.channel_id
+        if sid is None or cid is None:
+            return wake
+        info = self.ctx.channel_directory.get(sid, cid, self.ctx.config.publish_undeclared(sid))
+        if info is None:
+            return wake
+        return attrs.evolve(wake, place=info.place, registered=info.registered)
 
     @staticmethod
     async def _run_actor(
