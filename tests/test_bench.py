@@ -12,6 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from examples.bench import community as bench_community
+from examples.bench import fleet as bench_fleet
 from examples.bench import ingest as bench_ingest
 from examples.bench import marking as bench_marking
 from examples.bench import scale as bench_scale
@@ -166,3 +167,29 @@ async def test_the_ingest_row_runs_on_postgresql(tmp_path: Path, pg_dsn: str) ->
     assert seconds > 0
     with Reader(pg_dsn, read_only=True) as reader:
         assert reader.count() >= 50
+
+
+@pytest.mark.parametrize("hosts", [1, 2])
+async def test_the_fleet_row_runs_on_one_and_two_host_processes(
+    tmp_path: Path, pg_dsn: str, hosts: int
+) -> None:
+    """The fleet's throughput row: every agent answered every line, on one host process or
+    with the leases spread over two."""
+    with trio.fail_after(DEADLINE_S):
+        run = await bench_fleet.run_throughput(tmp_path, pg_dsn, hosts, 2, 3)
+    assert run["replies"] == 6 and run["seconds"] > 0
+    assert set(run["cpu"]) == {f"host-{k + 1}" for k in range(hosts)} | {"database", "servers"}
+    assert 0 <= run["remote"] <= (2 if hosts == 2 else 0)
+
+
+async def test_the_failover_row_answers_from_the_other_host_after_a_kill(
+    tmp_path: Path, pg_dsn: str
+) -> None:
+    """The failover row: the agent answers again after its host was killed, no sooner than
+    its lease let the other host take it (the lease less one renewal period, the most the last
+    renewal can precede the kill, and a second's slack for a step's own time)."""
+    with trio.fail_after(DEADLINE_S):
+        run = await bench_fleet.run_failover(tmp_path, pg_dsn)
+    assert run["lease_s"] - run["renew_s"] - 1 <= run["seconds"] < DEADLINE_S
+    assert run["server_moved"]  # one agent and one server: the first host took both
+    assert run["reconnected"] is not None and run["reconnected"] <= run["seconds"]

@@ -39,6 +39,11 @@ Community (``examples.bench.community``): tokens per useful reply of five agents
 scripted conversation, with no gate against ``gate = "community"``, as a ratio, and whether the
 preset answered every line addressed to an agent.
 
+Fleet (``examples.bench.fleet``), on a throwaway PostgreSQL cluster: replies per second of
+agents each answering its own server's lines one after another, all at once, with two host
+processes against one, as a ratio; and failover, from ``SIGKILL`` of the host running an agent
+to that agent's next answer from the other host, against the lease.
+
 Silence (``examples.bench.silence``): the cache-read share of silent turns: one agent on the
 Anthropic provider and one on the OpenAI-compatible provider, each against its fake API on
 loopback HTTP with the fake's prompt cache on, hear a channel of chatter and say nothing every
@@ -67,6 +72,7 @@ import attrs
 import trio
 
 from examples.bench import community as bench_community
+from examples.bench import fleet as bench_fleet
 from examples.bench import hostile as bench_hostile
 from examples.bench import ingest as bench_ingest
 from examples.bench import marking as bench_marking
@@ -102,6 +108,9 @@ class Plan:
     hostile_answers: int = 20  # the healthy agent's posts under each hostile peer
     community_lines: int = 200  # lines of the scripted conversation five agents hear
     silent_turns: int = 20  # silent turns of the agent on each provider
+    fleet_agents: int = 16  # agents (each on its own server) of the fleet row
+    fleet_lines: int = 40  # lines each of them answers, one after another
+    failovers: int = 3  # runs of the failover row
 
 
 QUICK = Plan(
@@ -125,6 +134,9 @@ QUICK = Plan(
     hostile_answers=5,
     community_lines=40,
     silent_turns=6,
+    fleet_agents=4,
+    fleet_lines=10,
+    failovers=1,
 )
 
 
@@ -144,6 +156,11 @@ async def measure(kind: str, messages: int) -> dict[str, Any]:
             return {"seconds": await bench_ingest.run_mcplive(work, messages, ["--closed"])}
         if kind == "postgresql":
             return await _on_postgresql(work, messages)
+        if name == "fleet":
+            hosts, agents = params
+            return await _on_postgresql(work, messages, hosts=int(hosts), agents=int(agents))
+        if kind == "failover":
+            return await _on_postgresql(work, messages, failover=True)
         if kind == "a'":
             return {"seconds": await bench_ingest.run_mcplive(work, messages, [])}
         if kind == "b":
@@ -179,20 +196,36 @@ class MeasurementFailed(Exception):
     """A measurement's process failed; the message holds its traceback."""
 
 
-async def _on_postgresql(work: Path, messages: int) -> dict[str, Any]:
-    """(a) on a durable throwaway PostgreSQL cluster of the system's programs (commits wait for
-    the disk, as the embedded store's do), or why it could not run."""
+async def _on_postgresql(
+    work: Path, messages: int, *, hosts: int = 0, agents: int = 0, failover: bool = False
+) -> dict[str, Any]:
+    """On a durable throwaway PostgreSQL cluster of the system's programs (commits wait for
+    the disk, as the embedded store's do): (a) of ``messages``; with ``hosts``, the fleet's
+    throughput (``agents`` answering ``messages`` lines each); with ``failover``, the failover
+    row. Or why it could not run.
+
+    The cluster is started and stopped on this (the main) thread, never in a worker thread:
+    its server is told to quit when the thread that started it ends (the parent-death signal
+    follows the thread), and an idle worker thread ends after a while."""
     from tests import pgcluster  # the tests' cluster: the benchmark runs from a clone
 
     try:
-        cluster = await trio.to_thread.run_sync(lambda: pgcluster.start(durable=True))
+        cluster = pgcluster.start(
+            durable=True
+        )  # blocks this fresh process's loop: nothing else runs
     except pgcluster.ClusterError as exc:
         return {"skipped": str(exc)}
     try:
-        dsn = await trio.to_thread.run_sync(cluster.create_database)
+        dsn = cluster.create_database()
+        if failover:
+            return await bench_fleet.run_failover(work, dsn)
+        if hosts:
+            return await bench_fleet.run_throughput(
+                work, dsn, hosts, agents, messages, db_pids=cluster.pids
+            )
         return {"seconds": await bench_ingest.run_mcplive(work, messages, ["--closed"], dsn)}
     finally:
-        await trio.to_thread.run_sync(cluster.stop)
+        cluster.stop()
 
 
 def _child(kind: str, messages: int, conn: Connection) -> None:
@@ -465,6 +498,63 @@ async def postgresql_rows(plan: Plan) -> None:
     )
 
 
+def _rate(run: dict[str, Any]) -> float:
+    return float(run["replies"] / run["seconds"])
+
+
+def _shares(cpu: dict[str, float]) -> str:
+    return ", ".join(f"{k} {v:.0%}" for k, v in cpu.items())
+
+
+async def fleet_rows(plan: Plan) -> None:
+    """Two hosts against one on PostgreSQL (paired rounds in fresh processes), and the time an
+    agent takes to answer again on another host after its host was killed."""
+    agents, lines = plan.fleet_agents, plan.fleet_lines
+    one: list[dict[str, Any]] = []
+    two: list[dict[str, Any]] = []
+    for _ in range(max(1, plan.rounds // 2)):
+        run = await in_fresh_process(f"fleet-1-{agents}", lines)
+        if "skipped" in run:
+            print(f"a fleet on PostgreSQL: not measured ({run['skipped']})")
+            return
+        one.append(run)
+        two.append(await in_fresh_process(f"fleet-2-{agents}", lines))
+    print(
+        f"a fleet on PostgreSQL: {agents} agents, each hearing its own server (websocket), each "
+        f"answering {lines} lines one after another (the next sent once the answer arrived), all "
+        "at once; durable commits; hosts in processes of their own:"
+    )
+    for label, runs in (("one host:  ", one), ("two hosts: ", two)):
+        for r in runs:
+            line = f"  {label} {_rate(r):7.0f} replies/s  (CPU, of a core: {_shares(r['cpu'])})"
+            if label.startswith("two"):
+                line += f"; {r['remote']} agents' connections on the other host"
+            print(line)
+    ratios = [_rate(b) / _rate(a) for a, b in zip(one, two, strict=True)]
+    print(
+        f"  two hosts / one host: {_spread(ratios)} (on 2 cores the two hosts, the database and "
+        "the servers share them: a second host adds a trio loop, not a core; when no process "
+        "fills a core, the round trip of each line through the store limits it)"
+    )
+    times = []
+    for _ in range(plan.failovers):
+        run = await in_fresh_process("failover")
+        times.append(run)
+    seconds = [r["seconds"] for r in times]
+    lease = times[0]["lease_s"]
+    moved = all(r["server_moved"] for r in times)
+    print(
+        "failover: SIGKILL of the host running an agent"
+        + (" and holding its server's connection" if moved else "")
+        + f", to that agent's next answer from the other host (a line posted every "
+        f"{bench_fleet.POST_EVERY_S} s; {len(seconds)} runs, each killed at a random moment "
+        f"between two renewals): {_spread(seconds)} s, "
+        f"{statistics.median(seconds) / lease:.2f}x the lease of {lease:.0f} s "
+        f"(bound: the lease, one renewal step of {times[0]['renew_s']:.0f} s, then the dial and "
+        "the agent's start; the lease length limits it, by design)"
+    )
+
+
 async def hostile_rows(plan: Plan) -> None:
     print(
         f"the loop under hostile peers (the longest task step while a healthy agent answered "
@@ -552,6 +642,7 @@ async def main() -> None:
         await channel_rows(plan)
         await store_rows(plan)
         await postgresql_rows(plan)
+        await fleet_rows(plan)
         await hostile_rows(plan)
         await community_rows(plan)
         await silence_rows(plan)
