@@ -165,9 +165,10 @@ class StoreClient:
         self._room = trio.Event()  # set (and replaced) whenever commits free room
         self._read_limiter = trio.CapacityLimiter(1)
         #: The rows of recent commits, per agent, filed before any write of theirs is reported
-        #: done (see FreshFeeds).
+        #: done (see FreshFeeds); none on a PostgreSQL store, where other hosts write too.
         self.feeds = FreshFeeds()
-        self.writer.on_commit = self.feeds.file
+        if location is None:  # on a fleet's store other hosts commit too: no feed is complete
+            self.writer.on_commit = self.feeds.file
         #: How long each commit took (for ``/metrics``).
         self.commit_times = CommitTimes()
         self.writer.on_commit_time = self.commit_times.add

@@ -46,6 +46,11 @@ MIN_SERVER_VERSION = 150000
 CONNECT_TIMEOUT_S = 10
 #: The advisory lock key every host takes while it creates or upgrades the schema.
 SCHEMA_LOCK = 0x6D63706C  # "mcpl"
+#: The advisory lock every write transaction (``BEGIN IMMEDIATE``) takes first, held to its end:
+#: the writers of all the hosts on one database commit one after another, as SQLite's writers
+#: do, so seqs rise in commit order and a reader that read up to a seq never sees a lower one
+#: land later (what :mod:`actors.agent.history`'s reads after a seq rely on).
+WRITE_LOCK = 0x6D63706D
 #: Rows a scan reads per round trip (:meth:`PgConnection.cursor`).
 SCAN_ROWS = 256
 
@@ -196,7 +201,8 @@ class _TextLoader(psycopg.types.string.TextLoader):
 
 def _translate(sql: str, parameters: Sequence[Any]) -> tuple[str, tuple[Any, ...] | None]:
     """SQLite's statement for psycopg: ``?`` placeholders become ``%s`` (a literal ``%``
-    doubled); ``BEGIN IMMEDIATE`` is a plain ``BEGIN``."""
+    doubled); ``BEGIN IMMEDIATE`` is a plain ``BEGIN`` (:meth:`PgConnection.execute` takes
+    :data:`WRITE_LOCK` after it)."""
     if sql == "BEGIN IMMEDIATE":
         return "BEGIN", None
     if not parameters:
@@ -335,6 +341,9 @@ class PgConnection:
     def execute(self, sql: str, parameters: Sequence[Any] = (), /) -> psycopg.Cursor[Any]:
         conn = self.raw()
         try:
+            if sql == "BEGIN IMMEDIATE":  # a write: one writer at a time (WRITE_LOCK)
+                conn.execute("BEGIN")
+                return conn.execute("SELECT pg_advisory_xact_lock(%s)", (WRITE_LOCK,))
             return conn.execute(*_translate(sql, parameters))
         except psycopg.Error as exc:
             raise self.error(exc) from exc

@@ -325,6 +325,10 @@ def format_event(e: TraceEvent) -> str | None:
         if d.get("state") == "runs":
             return f"· {e.agent} runs here (lease epoch {d.get('epoch')})"
         return f"· {e.agent} moved: {_lease_gone(d)}"
+    if k == "server-lease":
+        if d.get("state") == "runs":
+            return f"· {e.server_id}: this host holds its connection (lease epoch {d.get('epoch')})"
+        return f"· {e.server_id}: its connection moved: {_lease_gone(d)}"
     if k == "connecting":
         return f"· {e.server_id} connecting ({d.get('transport')}, attempt {d.get('attempt')})"
     if k == "server-log":
@@ -339,10 +343,11 @@ def format_event(e: TraceEvent) -> str | None:
 
 
 def _lease_gone(d: Mapping[str, Any]) -> str:
-    """Why an agent's lease left this host (an ``agent-lease`` event of state ``moved``)."""
+    """Why a lease left this host (an ``agent-lease`` or ``server-lease`` event of state
+    ``moved``)."""
     reason = d.get("reason")
     if reason == "released":
-        return "its lease was handed on (the agents are spread over the hosts)"
+        return "its lease was handed on (the work is spread over the hosts)"
     if reason == "expired":
         return "its lease expired (not renewed in time)"
     return "its lease was lost"

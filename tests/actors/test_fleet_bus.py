@@ -13,6 +13,8 @@ from hypothesis import strategies as st
 
 from actors.fleet.bus import MAX_PAYLOAD, WAKE_TEXT_CHARS, wakes_from, wakes_payload
 from actors.messages import Wake
+from actors.trace import TraceEvent
+from actors.transcript.lines import format_event
 
 names = st.text(min_size=1, max_size=40)
 wakes = st.builds(
@@ -108,3 +110,22 @@ def test_a_small_batch_is_carried_whole() -> None:
 def test_what_is_not_a_wake_notice_is_a_value_error(payload: str) -> None:
     with pytest.raises(ValueError, match=r"not a wake notice|nested|Expecting|Extra|JSON|value"):
         wakes_from(payload)
+
+
+@pytest.mark.parametrize(
+    ("data", "line"),
+    [
+        ({"state": "runs", "epoch": 3}, "· lobby: this host holds its connection (lease epoch 3)"),
+        (
+            {"state": "moved", "reason": "released", "epoch": 3},
+            "· lobby: its connection moved: its lease was handed on (the work is spread over the"
+            " hosts)",
+        ),
+        (
+            {"state": "moved", "reason": "expired", "epoch": 3},
+            "· lobby: its connection moved: its lease expired (not renewed in time)",
+        ),
+    ],
+)
+def test_a_server_lease_is_one_transcript_line(data: dict[str, object], line: str) -> None:
+    assert format_event(TraceEvent(kind="server-lease", server_id="lobby", data=data)) == line

@@ -168,7 +168,7 @@ async def test_two_hosts_share_the_agents_and_one_leaving_hands_them_over(
         format_event(e) for host, e in leases if host == "host-a" and e.data["state"] == "moved"
     ]
     assert handed == [
-        f"· {name} moved: its lease was handed on (the agents are spread over the hosts)"
+        f"· {name} moved: its lease was handed on (the work is spread over the hosts)"
         for name in moved
     ]
 

@@ -7,6 +7,7 @@ import threading
 from typing import Any
 
 from store import Append, AppendResult, Database, MessageRecord, Reader
+from store.postgres import PgConnection
 from store.records import RecordAudit, RecordUsage
 
 from .conftest import run_sql
@@ -171,3 +172,36 @@ def test_a_new_store_gives_seq_1_first(pg_dsn: str) -> None:
         1,
         2,
     ]
+
+
+def test_write_transactions_of_two_hosts_take_turns(pg_dsn: str) -> None:
+    """A write transaction (``BEGIN IMMEDIATE``) holds the store's write lock to its end, as an
+    SQLite writer does: a second host's write waits for the first one's commit, so seqs rise in
+    commit order and a read after a seq never misses a row committed later."""
+    first, second, watcher = PgConnection(pg_dsn), PgConnection(pg_dsn), PgConnection(pg_dsn)
+    order: list[str] = []
+    try:
+        first.execute("BEGIN IMMEDIATE")
+        order.append("first began")
+
+        def later() -> None:
+            second.execute("BEGIN IMMEDIATE")
+            order.append("second began")
+            second.execute("COMMIT")
+
+        thread = threading.Thread(target=later)
+        thread.start()
+        for _ in range(2_000):  # until the second waits on the lock (bounded)
+            waiting = watcher.execute(
+                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
+            ).fetchone()
+            if waiting is not None and waiting[0] > 0:
+                break
+            threading.Event().wait(0.01)
+        order.append("first commits")
+        first.execute("COMMIT")
+        thread.join(timeout=60)
+    finally:
+        for conn in (first, second, watcher):
+            conn.close()
+    assert order == ["first began", "first commits", "second began"]
