@@ -25,7 +25,11 @@ Times in events (``at``, from each line's ``ts``, to the millisecond) are each p
 clock; every process runs on this machine, so they compare. A host's JSON trace is one of its
 trace's subscribers: one that falls behind loses the events of its busiest source first (a
 ``trace-dropped`` event says how many), so a test counting events should keep its hosts' load
-light where it counts them.
+light where it counts them. The printer also collapses repeats of the kinds that are not the
+agents' own work (three of a shape per source in ten seconds, then a ``collapsed`` count):
+``turn-start`` and ``turn-end`` are never collapsed; ``agent-lease``, ``ready`` and
+``turn-aborted`` are, which a test that moves one agent more than three times in ten seconds
+would have to allow for.
 """
 
 from __future__ import annotations

@@ -106,7 +106,7 @@ async def settled(run: FleetRun, hosts: Sequence[str], agents: Sequence[str]) ->
     )
     fleet = await run.until_fleet(
         lambda f: spread_over(f, hosts, agents) and holder_of(f, SERVER) in hosts,
-        f"the lobby's connection leased ({SERVER}) by one of {list(hosts)}",
+        f"lease of {SERVER} (the lobby's connection) held by one of {list(hosts)}",
     )
 
     def traces_agree() -> bool:
