@@ -191,23 +191,43 @@ async def test_three_hosts_spread_six_agents_over_one_connection_and_hear_each_o
             leased = [(h, e["data"]) for h, e in run.events("server-lease")]
             assert [h for h, d in leased if d.get("state") == "runs"] == [holder], leased
 
-            # a person's message wakes each agent, wherever it runs
+            # a person's message wakes each agent, wherever it runs (one at a time: a scripted
+            # agent answers the newest line it reads)
             for name in AGENTS:
                 session.send_incoming(GENERAL, f"p-{name}", f"{name}: ping-{name}")
-            pongs = [f"{name.lower()}-pong ping-{name}" for name in AGENTS]
-            await every_answer(lobby, run, pongs, f"every agent's answer (spread: {by_host})")
+                pong = f"{name.lower()}-pong ping-{name}"
+                await every_answer(lobby, run, [pong], f"{name}'s answer (spread: {by_host})")
 
-            # Ada's reply names an agent on another host, which answers her
+            # Ada's reply, sent by the connection's holder, is heard by an agent on another
+            # host: stored in its history (the host's own posts wake no agent, on one host as
+            # on many), and its next turn reads it
             other = next(
                 a for a in ("Grace", *AGENTS) if a != "Ada" and host_of[a] != host_of["Ada"]
             )
             relay = f"Ada: relay-{AGENTS.index(other)} ping-r1"
             session.send_incoming(GENERAL, "relay-1", relay)
-            await lobby.until(lambda: answered(lobby, f"{other}: relay ping-r1"), "Ada's reply")
-            await lobby.until(
-                lambda: answered(lobby, f"{other.lower()}-pong ping-r1"),
-                f"{other}'s answer to Ada (Ada on {host_of['Ada']}, {other} on {host_of[other]})",
-            )
+            said = f"{other}: relay ping-r1"
+            await lobby.until(lambda: answered(lobby, said), "Ada's reply")
+
+            def heard() -> bool:
+                return any(
+                    m.agent == other and said.casefold() in m.text for m in stored_messages(run.dsn)
+                )
+
+            await run.until(heard, f"{other} hearing Ada ({host_of['Ada']} → {host_of[other]})")
+            session.send_incoming(GENERAL, "p-after", f"{other}: ping-after")
+            try:
+                await every_answer(
+                    lobby, run, [f"{other.lower()}-pong ping-after"], "the next turn"
+                )
+            except AssertionError:
+                for m in stored_messages(run.dsn):
+                    if m.agent == other:
+                        print("STORED", m.role, m.text[:150])
+                for h, e in run.events(None, None):
+                    if e["kind"] not in ("tokens",) and (e.get("agent") in (other, None)):
+                        print("EV", h, e["ts"][14:], e["kind"], str(e["data"])[:200])
+                raise
             for name in ("Ada", other):  # each turned on the host holding it
                 hosts = {h for h, e in run.events("turn-start", name)}
                 assert hosts == {host_of[name]}, (name, hosts, host_of)
@@ -328,35 +348,30 @@ async def test_no_turn_runs_on_two_hosts_at_once(tmp_path: Path, pg_dsn: str) ->
             await settled(run, HOSTS[:2], AGENTS)
             rounds = iter(range(1, 100))
 
-            def ping_all(session: Session, required: list[str]) -> None:
+            async def ping_all(session: Session, what: str | None) -> None:
+                """A ping for every agent; with ``what``, each answered before the next is sent
+                (a scripted agent answers the newest line it reads)."""
                 n = next(rounds)
                 for name in AGENTS:
                     session.send_incoming(GENERAL, f"r{n}-{name}", f"{name}: ping-{n}-{name}")
-                    required.append(f"{name.lower()}-pong ping-{n}-{name}")
-
-            async def answered_all(texts: list[str], what: str) -> None:
-                await every_answer(lobby, run, texts, what)
+                    if what is not None:
+                        pong = f"{name.lower()}-pong ping-{n}-{name}"
+                        await every_answer(lobby, run, [pong], f"{name}'s answer {what}")
 
             # a round on two hosts; another while a third joins and the agents are spread again
-            settled_round: list[str] = []
-            ping_all(await lobby.sole_ready(), settled_round)
-            await answered_all(settled_round, "every answer on two hosts")
+            await ping_all(await lobby.sole_ready(), "on two hosts")
             await run.start(HOSTS[2], agents)
-            ping_all(await lobby.sole_ready(), [])  # during the move: answers not required
+            await ping_all(await lobby.sole_ready(), None)  # during the move: not required
             fleet = await settled(run, HOSTS, AGENTS)
-            after_join: list[str] = []
-            ping_all(await lobby.sole_ready(), after_join)
-            await answered_all(after_join, "every answer on three hosts")
+            await ping_all(await lobby.sole_ready(), "on three hosts")
 
             # kill a host that does not hold the connection, with turns running
             victim = next(h for h in HOSTS if h != holder_of(fleet, SERVER))
-            ping_all(await lobby.sole_ready(), [])
+            await ping_all(await lobby.sole_ready(), None)
             run.kill(victim)
             survivors = [h for h in HOSTS if h != victim]
             await settled(run, survivors, AGENTS)
-            after_kill: list[str] = []
-            ping_all(await lobby.sole_ready(), after_kill)
-            await answered_all(after_kill, "every answer after the kill")
+            await ping_all(await lobby.sole_ready(), "after the kill")
 
     by_agent = check_turns(run)
     assert sorted(by_agent) == sorted(AGENTS), sorted(by_agent)
