@@ -20,6 +20,8 @@ Every ``POST /v1/chat/completions`` takes the next response off the queue:
 * :class:`Raw` — a 200 event stream of the given lines, as they are (for malformed streams).
 * :class:`Cut` — a 200 stream of a reply's first ``events`` events, then the connection drops.
 * :class:`Silent` — the request is read and never answered (until the server is cancelled).
+* :class:`Held` — the request is held (``entered`` is set) until the test sets ``release``; then
+  its ``reply`` is sent and ``sent`` is set.
 
 Prompt caching, as OpenAI does it (automatically, by prefix): with ``FakeScript(prompt_cache=True)``
 the server remembers each request's prompt, read as the bytes of its ``tools`` then its
@@ -62,6 +64,7 @@ from tests.fake_http import MAX_BODY_BYTES, Closed, HeadReader, parse_head, send
 __all__ = [
     "Cut",
     "FakeScript",
+    "Held",
     "HttpError",
     "Raw",
     "RecordedRequest",
@@ -144,7 +147,18 @@ class Silent:
     pass
 
 
-Response = Reply | HttpError | Raw | Cut | Silent
+@attrs.frozen(kw_only=True)
+class Held:
+    """``reply``, once the test sets ``release``; ``entered`` is set when the request arrives and
+    ``sent`` once the reply is written (into the socket's buffer: its reader may be stopped)."""
+
+    reply: Reply
+    release: trio.Event = attrs.field(factory=trio.Event)
+    entered: trio.Event = attrs.field(factory=trio.Event)
+    sent: trio.Event = attrs.field(factory=trio.Event)
+
+
+Response = Reply | HttpError | Raw | Cut | Silent | Held
 
 
 @attrs.frozen(kw_only=True)
@@ -317,6 +331,12 @@ async def _respond(
         await _send_json(stream, 400, _error("model and messages required", "invalid_request"))
         return True
     response = script._next()
+    held: Held | None = None
+    if isinstance(response, Held):
+        held = response
+        held.entered.set()
+        await held.release.wait()
+        response = held.reply
     if isinstance(response, Reply):
         counted = script._cached_usage(body)
         if counted is not None:
@@ -332,6 +352,8 @@ async def _respond(
     streaming = body.get("stream") is True
     if isinstance(response, Reply) and not streaming:
         await _send_json(stream, 200, _completion(response, f"chatcmpl-{n}"))
+        if held is not None:
+            held.sent.set()
         return True
     await _send_head(
         stream,
@@ -354,6 +376,8 @@ async def _respond(
         return False
     await _send_event(stream, "data: [DONE]")
     await stream.send_all(b"0\r\n\r\n")
+    if held is not None:
+        held.sent.set()
     return True
 
 
