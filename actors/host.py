@@ -307,10 +307,16 @@ class Host:
         """End the server's link in force and dial a new one now (its backoff cut short):
         ``"closing"`` when a link was ended, ``"dialling"`` when none was up. An unknown server
         raises KeyError. Recorded as ``reconnect``; the link's end is told as the operator's
-        doing, not as a failure (``disconnected`` with ``requested``, no wait)."""
+        doing, not as a failure (``disconnected`` with ``requested``, no wait). On a fleet a
+        server whose connection another host holds raises KeyError too, saying so."""
         source = _source(source)
         ref = self.ctx.connections.get(server_id)
         if ref is None:
+            if self.ctx.config.server(server_id) is not None:
+                raise KeyError(
+                    f"server {server_id!r} is connected from another host "
+                    "(another holds its connection's lease)"
+                )
             raise KeyError(f"no server with id {server_id!r}")
         answer = str(await ref.ask(Reconnect(), timeout=60))
         detail = "the link closed, dialling again" if answer == "closing" else "dialling now"

@@ -136,6 +136,19 @@ async def every_answer(lobby: LobbySessions, run: FleetRun, texts: list[str], wh
         ) from None
 
 
+async def answer_heard(lobby: LobbySessions, run: FleetRun, pong: str, what: str) -> None:
+    """Until the lobby received ``pong`` and the host holding its connection stored the
+    lobby's echo of it: the next line then comes after it in every agent's history (a scripted
+    agent answers the newest line it reads, so an echo stored after the next line would hide
+    that line from it)."""
+    await every_answer(lobby, run, [pong], what)
+
+    def echoed() -> bool:
+        return any(m.role == "user" and pong.casefold() in m.text for m in stored_messages(run.dsn))
+
+    await run.until(echoed, f"the echo of {pong!r} stored")
+
+
 async def barrier(lobby: LobbySessions, session: Session) -> None:
     """Until ``session`` has reported every event it had before this call (its events keep
     their order: once the answer to a ping sent now is in, so is everything before it)."""
@@ -196,7 +209,7 @@ async def test_three_hosts_spread_six_agents_over_one_connection_and_hear_each_o
             for name in AGENTS:
                 session.send_incoming(GENERAL, f"p-{name}", f"{name}: ping-{name}")
                 pong = f"{name.lower()}-pong ping-{name}"
-                await every_answer(lobby, run, [pong], f"{name}'s answer (spread: {by_host})")
+                await answer_heard(lobby, run, pong, f"{name}'s answer (spread: {by_host})")
 
             # Ada's reply, sent by the connection's holder, is heard by an agent on another
             # host: stored in its history (the host's own posts wake no agent, on one host as
@@ -346,7 +359,7 @@ async def test_no_turn_runs_on_two_hosts_at_once(tmp_path: Path, pg_dsn: str) ->
                     session.send_incoming(GENERAL, f"r{n}-{name}", f"{name}: ping-{n}-{name}")
                     if what is not None:
                         pong = f"{name.lower()}-pong ping-{n}-{name}"
-                        await every_answer(lobby, run, [pong], f"{name}'s answer {what}")
+                        await answer_heard(lobby, run, pong, f"{name}'s answer {what}")
 
             # a round on two hosts; another while a third joins and the agents are spread again
             await ping_all(await lobby.sole_ready(), "on two hosts")

@@ -83,6 +83,8 @@ async def test_an_agent_on_another_host_is_woken_and_speaks_through_the_outbox(
                 (remote,) = b.ctx.agents  # runs where the lobby is not connected
                 (local,) = a.ctx.agents
                 assert b.ctx.statuses.get("lobby") is None  # the second host never dialled
+                with pytest.raises(KeyError, match="connected from another host"):
+                    await b.reconnect("lobby")
 
                 # a line for the remote agent: stored by the holder, woken by a notice,
                 # answered through the outbox
