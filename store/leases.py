@@ -46,7 +46,7 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Self
 
 import attrs
 
@@ -71,6 +71,7 @@ __all__ = [
     "MAX_RESOURCES",
     "READ_TIMEOUT_S",
     "Fleet",
+    "FleetTable",
     "Held",
     "HostRow",
     "LeaseTable",
@@ -208,36 +209,19 @@ def fenced_write(
     return conn.execute(FENCE_SQL, (resource, holder, epoch, now)).fetchone() is not None
 
 
-class LeaseTable:
-    """The lease table over a connection of its own to the store at ``dsn`` (its schema created
-    or upgraded), one transaction per call. ``lease_s``: how long a take or renewal lasts;
-    ``live_s``: how recent a heartbeat makes a host live (``lease_s`` unless given); ``clock``:
-    where the time comes from (None: the database)."""
+class FleetTable:
+    """A table of a fleet's store over a connection of its own to ``dsn`` (its schema created
+    or upgraded), one transaction per call (:meth:`_transaction`); ``clock``: where the time
+    comes from (None: the database's clock, :meth:`_now`). Blocking: run it off the loop."""
 
-    def __init__(
-        self,
-        dsn: str,
-        *,
-        lease_s: float = LEASE_S,
-        live_s: float | None = None,
-        clock: Clock | None = None,
-    ) -> None:
-        if not (math.isfinite(lease_s) and lease_s > 0):
-            raise ValueError(f"lease_s must be a positive number of seconds, not {lease_s!r}")
-        live_s = lease_s if live_s is None else live_s
-        if not (math.isfinite(live_s) and live_s > 0):
-            raise ValueError(f"live_s must be a positive number of seconds, not {live_s!r}")
-        self.lease_s = lease_s
-        self.live_s = live_s
+    def __init__(self, dsn: str, *, clock: Clock | None = None) -> None:
         self._clock = clock
-        # what each host stepping through this table held after its last step
-        self._views: dict[str, dict[str, Held]] = {}
         self._conn: PgConnection = _postgres().connect(dsn)
 
     def close(self) -> None:
         self._conn.close()
 
-    def __enter__(self) -> LeaseTable:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *_exc: object) -> None:
@@ -259,6 +243,32 @@ class LeaseTable:
             return float(self._clock())
         (now,) = conn.execute(f"SELECT {DB_NOW}").fetchall()[0]
         return float(now)
+
+
+class LeaseTable(FleetTable):
+    """The lease table over a connection of its own to the store at ``dsn`` (its schema created
+    or upgraded), one transaction per call. ``lease_s``: how long a take or renewal lasts;
+    ``live_s``: how recent a heartbeat makes a host live (``lease_s`` unless given); ``clock``:
+    where the time comes from (None: the database)."""
+
+    def __init__(
+        self,
+        dsn: str,
+        *,
+        lease_s: float = LEASE_S,
+        live_s: float | None = None,
+        clock: Clock | None = None,
+    ) -> None:
+        if not (math.isfinite(lease_s) and lease_s > 0):
+            raise ValueError(f"lease_s must be a positive number of seconds, not {lease_s!r}")
+        live_s = lease_s if live_s is None else live_s
+        if not (math.isfinite(live_s) and live_s > 0):
+            raise ValueError(f"live_s must be a positive number of seconds, not {live_s!r}")
+        self.lease_s = lease_s
+        self.live_s = live_s
+        super().__init__(dsn, clock=clock)
+        # what each host stepping through this table held after its last step
+        self._views: dict[str, dict[str, Held]] = {}
 
     def now(self) -> float:
         """The table's time now (the database's clock, or the clock given)."""

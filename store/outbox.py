@@ -40,27 +40,19 @@ thread. Not thread-safe: one :class:`Outbox` per thread.
 
 from __future__ import annotations
 
-import contextlib
 import json
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any, cast
 
 import attrs
 
 from protocol.outbox import CLAIMABLE_SQL
 from store.errors import StaleFence, StoreError
-from store.leases import DB_NOW, fenced_write
+from store.leases import FleetTable, fenced_write
 from store.records import Fence
 
-if TYPE_CHECKING:  # psycopg only for a store that needs it: see ``_postgres``
+if TYPE_CHECKING:  # psycopg only for a store that needs it (see store.leases)
     from store.postgres import PgConnection
-
-
-def _postgres() -> Any:
-    """``store.postgres``, imported when an outbox is first opened (see :mod:`store.leases`)."""
-    from store import postgres
-
-    return postgres
 
 
 __all__ = [
@@ -191,43 +183,10 @@ def _json(value: Any, what: str, limit: int) -> str:
     return text
 
 
-Clock = Callable[[], float]
-
-
-class Outbox:
+class Outbox(FleetTable):
     """The outbox over a connection of its own to the store at ``dsn`` (its schema created or
     upgraded), one transaction per call; ``clock``: where the time comes from (None: the
     database, as the lease tables' own)."""
-
-    def __init__(self, dsn: str, *, clock: Clock | None = None) -> None:
-        self._clock = clock
-        self._conn: PgConnection = _postgres().connect(dsn)
-
-    def close(self) -> None:
-        self._conn.close()
-
-    def __enter__(self) -> Outbox:
-        return self
-
-    def __exit__(self, *_exc: object) -> None:
-        self.close()
-
-    @contextlib.contextmanager
-    def _transaction(self) -> Iterator[PgConnection]:
-        conn = self._conn
-        conn.execute("BEGIN")
-        try:
-            yield conn
-        except BaseException:
-            conn.end_transaction()
-            raise
-        conn.execute("COMMIT")
-
-    def _now(self, conn: PgConnection) -> float:
-        if self._clock is not None:
-            return float(self._clock())
-        (now,) = conn.execute(f"SELECT {DB_NOW}").fetchall()[0]
-        return float(now)
 
     def _fenced(self, conn: PgConnection, resource: str, holder: str, epoch: int) -> bool:
         now = None if self._clock is None else float(self._clock())

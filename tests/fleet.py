@@ -119,6 +119,25 @@ def _incoming_id(event: Mapping[str, Any]) -> str | None:
     return messages[0].get("messageId")
 
 
+async def _until(
+    changed: Callable[[], trio.Event],
+    check: Callable[[], T | None],
+    what: str,
+    timeout: float,
+    describe: Callable[[], str],
+) -> T:
+    """``check()`` once it is truthy, checked again each time the event ``changed()`` gives is
+    set; an AssertionError naming ``what`` and ``describe()`` after ``timeout``."""
+    with trio.move_on_after(timeout):
+        while True:
+            event = changed()
+            found = check()
+            if found:
+                return found
+            await event.wait()
+    raise AssertionError(f"no {what}; {describe()}")
+
+
 @attrs.define(eq=False)
 class Session:
     """One host connection to the lobby: its control connection and every event it sent."""
@@ -203,14 +222,13 @@ class LobbySessions:
 
     async def until(self, check: Callable[[], T | None], what: str, timeout: float = WAIT_S) -> T:
         """``check()`` once it is truthy, checked again at each event of any session."""
-        with trio.move_on_after(timeout):
-            while True:
-                changed = self._changed
-                found = check()
-                if found:
-                    return found
-                await changed.wait()
-        raise AssertionError(f"no {what} within {timeout:g}s; lobby: {self.describe()}")
+        return await _until(
+            lambda: self._changed,
+            check,
+            f"{what} within {timeout:g}s",
+            timeout,
+            lambda: f"lobby: {self.describe()}",
+        )
 
     async def sole_ready(self, timeout: float = WAIT_S) -> Session:
         """The one live session, once it is ready (asserting no other is live)."""
@@ -446,14 +464,13 @@ class FleetRun:
 
     async def until(self, check: Callable[[], T | None], what: str, timeout: float = WAIT_S) -> T:
         """``check()`` once it is truthy, checked again at each new event of any host."""
-        with trio.move_on_after(timeout):
-            while True:
-                changed = self._changed
-                found = check()
-                if found:
-                    return found
-                await changed.wait()
-        raise AssertionError(f"no {what} within {timeout:g}s; hosts:\n{self.describe()}")
+        return await _until(
+            lambda: self._changed,
+            check,
+            f"{what} within {timeout:g}s",
+            timeout,
+            lambda: f"hosts:\n{self.describe()}",
+        )
 
     # -- the lease table -----------------------------------------------------------------------
 
