@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from actors.config import HostConfig, load_config
 
@@ -20,7 +21,6 @@ AGENTS = ["Ada", "Grace", "Alan", "Barbara", "Edsger", "Frances"]
 
 
 def compose() -> dict[str, Any]:
-    yaml = pytest.importorskip("yaml")
     loaded = yaml.safe_load((FLEET / "compose.yaml").read_text(encoding="utf-8"))
     assert isinstance(loaded, dict)
     return loaded
