@@ -15,6 +15,7 @@ import attrs
 import trio
 
 from protocol.fairness import contended, ingest_slice
+from protocol.leases import agent_resource
 from protocol.state import Lineages
 from store import Append, Fence, PutState, RecordUsage, TrimJournal
 
@@ -29,10 +30,6 @@ from .trace import TraceBus
 from .turn_token import TurnToken
 
 MAX_CHANNELS_PER_SERVER = 1000
-#: The prefixes of an agent's and a server's resource names in a fleet's lease table.
-AGENT_RESOURCE = "agent:"
-SERVER_RESOURCE = "server:"
-
 _Op = TypeVar("_Op", Append, PutState, RecordUsage, TrimJournal)
 
 
@@ -133,7 +130,7 @@ class HostContext:
 
     def agent_fenced(self, agent: str, op: _Op) -> _Op:
         """``op`` fenced by ``agent``'s lease (see :meth:`fenced`)."""
-        return self.fenced(AGENT_RESOURCE + agent, op)
+        return self.fenced(agent_resource(agent), op)
 
     def _stalled(self, task: str, held_s: float) -> None:
         self.trace.emit("loop-stall", data={"task": task, "held_ms": round(held_s * 1000)})

@@ -32,19 +32,27 @@ from collections.abc import Iterable, Mapping, Sequence
 import attrs
 
 __all__ = [
+    "AGENT",
     "LEASE_S",
     "RENEW_S",
     "SAFETY_S",
+    "SERVER",
     "Lease",
     "Step",
+    "agent_resource",
     "apply",
     "fair_share",
     "fenced",
     "kind_of",
     "must_stop",
+    "name_of",
     "plan",
+    "server_resource",
 ]
 
+#: The kinds of resource, each name's prefix before its colon.
+AGENT = "agent"
+SERVER = "server"
 #: How long a lease lasts from its last renewal (seconds).
 LEASE_S = 10.0
 #: How often a holder renews its leases.
@@ -78,9 +86,24 @@ class Step:
     release: tuple[str, ...] = ()
 
 
+def agent_resource(name: str) -> str:
+    """The resource an agent is leased under (``agent:Ada``)."""
+    return f"{AGENT}:{name}"
+
+
+def server_resource(server_id: str) -> str:
+    """The resource a server's connection is leased under (``server:lobby``)."""
+    return f"{SERVER}:{server_id}"
+
+
 def kind_of(resource: str) -> str:
     """``agent`` or ``server`` (the part before the first colon)."""
     return resource.partition(":")[0]
+
+
+def name_of(resource: str) -> str:
+    """The agent's name or the server's id (all after the first colon)."""
+    return resource.partition(":")[2]
 
 
 def fair_share(resources: int, hosts: int) -> int:

@@ -46,6 +46,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 import attrs
 
+from protocol.leases import server_resource
 from protocol.outbox import CLAIMABLE_SQL
 from store.errors import StaleFence, StoreError
 from store.leases import FleetTable, fenced_write
@@ -69,7 +70,6 @@ __all__ = [
     "OutboxEntry",
     "OutboxFull",
     "OutboxRow",
-    "server_resource",
 ]
 
 #: The channel a put notifies, with the server's id.
@@ -108,11 +108,6 @@ class OutboxFull(StoreError):
 
     def __reduce__(self) -> tuple[object, ...]:
         return OutboxFull, (self.server_id, self.limit)
-
-
-def server_resource(server_id: str) -> str:
-    """The lease a server's connection is held under (``server:<id>``)."""
-    return f"server:{server_id}"
 
 
 def _name(_inst: object, attribute: attrs.Attribute[Any], value: object) -> None:

@@ -20,10 +20,11 @@ from typing import Any
 import attrs
 import trio
 
-from actors.context import AGENT_RESOURCE, HostContext
+from actors.context import HostContext
 from actors.link.calls import notify
 from actors.messages import Publish
 from protocol.conversation import conversation_id
+from protocol.leases import agent_resource
 from protocol.prose import (
     SKIP,
     ChannelView,
@@ -100,7 +101,7 @@ async def publish(
     outbox when another host holds the server's connection); never raises for a refusal."""
     fleet = ctx.fleet
     if fleet is not None:
-        if not fleet.may_act(AGENT_RESOURCE + agent):  # the agent's lease is going: say nothing
+        if not fleet.may_act(agent_resource(agent)):  # the agent's lease is going: say nothing
             return PublishOutcome(status="failed", reason=LEASE_LAPSED), None
         if place.server_id not in ctx.connections and fleet.outbox is not None:
             blocks = ({"type": "text", "text": text},)

@@ -33,7 +33,7 @@ from collections import OrderedDict
 from collections.abc import Awaitable
 from typing import Any
 
-from actors.context import SERVER_RESOURCE, HostContext
+from actors.context import HostContext
 from actors.directory import (
     OPEN_STATE_NS,
     Registration,
@@ -60,6 +60,7 @@ from protocol.content import ContentError, convert_blocks
 from protocol.echoes import EchoWatch
 from protocol.errors import INVALID_PARAMS, RpcError
 from protocol.lanes import ChannelDescriptor, IncomingMessage, PushEvent
+from protocol.leases import server_resource
 from protocol.loops import OwnAuthors
 from protocol.routes import (
     PublishOutcome,
@@ -373,7 +374,7 @@ class ChannelActor(Actor):
             direct=is_direct(self.descriptor.type if self.descriptor is not None else None),
         )
         # on a fleet, stored only while this host still holds the server's connection lease
-        op = self.ctx.fenced(SERVER_RESOURCE + self.sid, Append(records=records, dedupe=env.dedupe))
+        op = self.ctx.fenced(server_resource(self.sid), Append(records=records, dedupe=env.dedupe))
         return op, tuple(body), wakes, env.author
 
     def _replied_agents(self, reply_to: str | None, thread_id: str | None) -> frozenset[str]:

@@ -35,11 +35,12 @@ from protocol.depth import deeper_than
 from protocol.errors import RpcError
 from protocol.jsonrpc import decode
 from protocol.lanes import ChannelDescriptor, structure
+from protocol.leases import server_resource
 from protocol.routes import declared_target
 from store import PutState
 from store.leases import LeaseTable
 
-from ..context import SERVER_RESOURCE, HostContext
+from ..context import HostContext
 from ..messages import Wake, Wakes
 
 log = logging.getLogger(__name__)
@@ -244,13 +245,11 @@ class FleetBus:
         return wire
 
     # -- the channels of the servers held elsewhere -------------------------------------------
-    async def sync_channels(self) -> None:
-        """Share the channels of the servers held here, and learn the others' (after each
-        lease step)."""
+    async def share_held_channels(self) -> None:
+        """Share the channels of every server whose connection is held here (after each lease
+        step)."""
         for sid in sorted(self.ctx.server_epochs):
             await self.share_channels(sid)
-        if any(s.id not in self.ctx.connections for s in self.ctx.config.servers):
-            await self.learn_channels()
 
     async def share_channels(self, server_id: str) -> None:
         """On the holder of ``server_id``'s connection: keep its registered channels in the
@@ -265,14 +264,17 @@ class FleetBus:
             return
         op = PutState(namespace=CHANNELS_NS, key=server_id, value=wires)
         try:
-            await self.ctx.store.write(self.ctx.fenced(SERVER_RESOURCE + server_id, op))
+            await self.ctx.store.write(self.ctx.fenced(server_resource(server_id), op))
             self._shared[server_id] = wires
         except Exception as exc:
             self._told(f"the channels of {server_id} could not be shared", exc)
 
     async def learn_channels(self) -> None:
         """On every host: register the channels the holders of the other servers shared that
-        this host does not know yet (its agents' speech then finds where a post lands)."""
+        this host does not know yet (its agents' speech then finds where a post lands); nothing
+        to read when every server is connected here."""
+        if all(s.id in self.ctx.connections for s in self.ctx.config.servers):
+            return
         try:
             shared = await self.ctx.store.read(self.ctx.store.reader.state, CHANNELS_NS)
         except Exception as exc:

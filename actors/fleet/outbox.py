@@ -26,11 +26,12 @@ from typing import Any
 import attrs
 import trio
 
+from protocol.leases import agent_resource, server_resource
 from protocol.receipts import Place
 from protocol.routes import PublishOutcome
 from store.outbox import Outbox, OutboxEntry, OutboxRow
 
-from ..context import AGENT_RESOURCE, SERVER_RESOURCE, HostContext
+from ..context import HostContext
 from ..messages import Publish
 from .bus import OUTBOX_DONE, OUTBOX_POLL_S, OUTBOX_QUEUED, FleetBus
 
@@ -94,7 +95,7 @@ class FleetOutbox:
     ) -> tuple[PublishOutcome, Any]:
         """Post through the outbox; the outcome the holder recorded (never raises for a
         refusal or a failure)."""
-        fence = self.ctx.fences.get(AGENT_RESOURCE + agent)
+        fence = self.ctx.fences.get(agent_resource(agent))
         if fence is None:
             return PublishOutcome(status="failed", reason="the agent runs on no host"), None
         if len(self._waiting) >= MAX_WAITING:
@@ -173,7 +174,7 @@ class FleetOutbox:
     def _may_send(self, server_id: str, epoch: int) -> bool:
         if self.ctx.server_epochs.get(server_id) != epoch:
             return False
-        return self.bus.may_act(SERVER_RESOURCE + server_id)
+        return self.bus.may_act(server_resource(server_id))
 
     async def _send(self, row: OutboxRow) -> tuple[PublishOutcome, Any]:
         e = row.entry

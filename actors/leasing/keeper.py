@@ -45,12 +45,24 @@ import attrs
 import trio
 
 from actors.agent.actor import AgentActor
-from actors.context import AGENT_RESOURCE, SERVER_RESOURCE, HostContext
+from actors.context import HostContext
 from actors.kernel import ActorRef
 from actors.link.connection import ConnectionActor
 from actors.messages import Wake, Wakes
 from actors.models.base import Model
-from protocol.leases import LEASE_S, RENEW_S, SAFETY_S, Lease, must_stop
+from protocol.leases import (
+    AGENT,
+    LEASE_S,
+    RENEW_S,
+    SAFETY_S,
+    SERVER,
+    Lease,
+    agent_resource,
+    kind_of,
+    must_stop,
+    name_of,
+    server_resource,
+)
 from store import Fence
 from store.leases import LeaseTable, StepResult
 
@@ -58,44 +70,12 @@ from .catchup import LOOK_BACK, missed_wakes
 
 log = logging.getLogger(__name__)
 
-__all__ = [
-    "AGENT",
-    "LEAVE_WAIT_S",
-    "SERVER",
-    "STOP_WAIT_S",
-    "LeaseKeeper",
-    "agent_of",
-    "resource_of",
-    "server_resource",
-]
+__all__ = ["LEAVE_WAIT_S", "STOP_WAIT_S", "LeaseKeeper"]
 
-#: The prefixes of an agent's and a server's resource names in the lease table.
-AGENT = AGENT_RESOURCE
-SERVER = SERVER_RESOURCE
 #: How long stopping an agent waits for its task to end (a turn's shielded writes finishing).
 STOP_WAIT_S = 2.0
 #: How long a clean stop waits for its leases to be released.
 LEAVE_WAIT_S = 5.0
-
-
-def resource_of(agent: str) -> str:
-    return AGENT + agent
-
-
-def server_resource(server_id: str) -> str:
-    return SERVER + server_id
-
-
-def agent_of(resource: str) -> str:
-    return resource.removeprefix(AGENT)
-
-
-def _kind(resource: str) -> str:
-    return "server" if resource.startswith(SERVER) else "agent"
-
-
-def _name(resource: str) -> str:
-    return resource.removeprefix(SERVER) if resource.startswith(SERVER) else agent_of(resource)
 
 
 @attrs.define
@@ -144,18 +124,24 @@ class LeaseKeeper:
     @property
     def running(self) -> dict[str, int]:
         """The agents running here, each with its lease's epoch."""
-        return {
-            agent_of(r): run.epoch
-            for r, run in sorted(self._running.items())
-            if _kind(r) == "agent"
-        }
+        return self._held(AGENT)
 
     @property
     def connected(self) -> dict[str, int]:
         """The servers whose connection this host holds, each with its lease's epoch."""
+        return self._held(SERVER)
+
+    def _held(self, kind: str) -> dict[str, int]:
         return {
-            _name(r): run.epoch for r, run in sorted(self._running.items()) if _kind(r) == "server"
+            name_of(r): run.epoch for r, run in sorted(self._running.items()) if kind_of(r) == kind
         }
+
+    def _slots(self, resource: str) -> tuple[dict[str, ActorRef[Any]], dict[str, int], str, str]:
+        """Where a resource running here is entered: the directory its actor is reached
+        through, the epochs of its kind, its trace kind and the trace field naming it."""
+        if kind_of(resource) == SERVER:
+            return self.ctx.connections, self.ctx.server_epochs, "server-lease", "server_id"
+        return self.ctx.agents, self.ctx.lease_epochs, "agent-lease", "agent"
 
     async def run(
         self, *, task_status: trio.TaskStatus[LeaseKeeper] = trio.TASK_STATUS_IGNORED
@@ -180,7 +166,7 @@ class LeaseKeeper:
 
     def _names(self) -> list[str]:
         cfg = self.ctx.config
-        return [resource_of(a.name) for a in cfg.agents] + [
+        return [agent_resource(a.name) for a in cfg.agents] + [
             server_resource(s.id) for s in cfg.servers
         ]
 
@@ -205,9 +191,12 @@ class LeaseKeeper:
                 await self._stop_due()
                 return None
             self.last = result
+            fleet = self.ctx.fleet
+            if fleet is not None:  # where posts land in the channels of servers held elsewhere,
+                await fleet.learn_channels()  # known before the agents it starts catch up
             await self._apply(result, began)
-        if self.ctx.fleet is not None:  # the channels of the servers held here and elsewhere
-            await self.ctx.fleet.sync_channels()
+            if fleet is not None:  # and the channels of the servers held here, for the others
+                await fleet.share_held_channels()
         return result
 
     def _step_in_thread(
@@ -239,7 +228,7 @@ class LeaseKeeper:
         await self._let_go(list(result.lost), "lost")
         now = trio.current_time()
         # connections first: an agent started after them finds its servers' links dialling
-        order = sorted(result.held.items(), key=lambda kv: (_kind(kv[0]) != "server", kv[0]))
+        order = sorted(result.held.items(), key=lambda kv: (kind_of(kv[0]) != SERVER, kv[0]))
         for resource, held in order:
             # the lease's expiry on this host's clock: counted from before the step began, so
             # never later than the database's
@@ -258,8 +247,8 @@ class LeaseKeeper:
 
     def _actor(self, resource: str) -> Any:
         """The actor that runs ``resource`` here (None: no longer configured)."""
-        name, cfg = _name(resource), self.ctx.config
-        if _kind(resource) == "server":
+        name, cfg = name_of(resource), self.ctx.config
+        if kind_of(resource) == SERVER:
             server = cfg.server(name)
             return None if server is None else ConnectionActor(server, self.ctx)
         agent = next((a for a in cfg.agents if a.name == name), None)
@@ -271,33 +260,25 @@ class LeaseKeeper:
         actor = self._actor(resource)
         if actor is None:
             return
-        name, kind = _name(resource), _kind(resource)
+        name = name_of(resource)
         # its writes carry the lease's fence from its first one on
         self.ctx.fences[resource] = Fence(resource, self.ctx.host_id, epoch)
         scope = trio.CancelScope()
         done = trio.Event()
         ref: ActorRef[Any] = await self._nursery.start(self._run_actor, actor, scope, done)
         self._running[resource] = _Running(epoch, scope, done, ref, renewed_at, expires_at)
-        if kind == "server":
-            self.ctx.server_epochs[name] = epoch
-            self.ctx.connections[name] = ref
-            self.ctx.trace.emit(
-                "server-lease", server_id=name, data={"state": "runs", "epoch": epoch}
-            )
-        else:
-            self.ctx.lease_epochs[name] = epoch
-            self.ctx.agents[name] = ref
-            self.ctx.trace.emit("agent-lease", agent=name, data={"state": "runs", "epoch": epoch})
+        directory, epochs, trace_kind, field = self._slots(resource)
+        epochs[name] = epoch
+        directory[name] = ref
+        data = {"state": "runs", "epoch": epoch}
+        self.ctx.trace.emit(trace_kind, data=data, **{field: name})
+        if kind_of(resource) == AGENT:
             self._nursery.start_soon(self._catch_up, name, ref)
-        if self.ctx.fleet is not None:
-            self.ctx.fleet.started(kind, name)
 
     async def _catch_up(self, name: str, ref: ActorRef[Any]) -> None:
         """Wake an agent just started here with what it missed while it moved
         (:mod:`actors.leasing.catchup`)."""
         reader = self.ctx.store.reader
-        if self.ctx.fleet is not None:  # where its servers' channels take posts
-            await self.ctx.fleet.learn_channels()
 
         def newest() -> list[Any]:
             rows = reader.walk(agent=name, newest_first=True, limit=LOOK_BACK, page=LOOK_BACK)
@@ -345,29 +326,25 @@ class LeaseKeeper:
         (for :data:`STOP_WAIT_S` at most)."""
         stopped = [(r, run) for r in resources if (run := self._running.pop(r, None)) is not None]
         for resource, running in stopped:
-            name = _name(resource)
-            if _kind(resource) == "server":
-                if self.ctx.connections.get(name) is running.ref:
-                    del self.ctx.connections[name]
-                self.ctx.server_epochs.pop(name, None)
-            else:
-                if self.ctx.agents.get(name) is running.ref:
-                    del self.ctx.agents[name]
-                self.ctx.lease_epochs.pop(name, None)
+            name = name_of(resource)
+            directory, epochs, _, _ = self._slots(resource)
+            if directory.get(name) is running.ref:
+                del directory[name]
+            epochs.pop(name, None)
             running.scope.cancel()
         with trio.move_on_after(STOP_WAIT_S):
             for _, running in stopped:
                 await running.done.wait()
         for resource, running in stopped:
-            name = _name(resource)
-            data: dict[str, Any] = {"state": "moved", "reason": reason, "epoch": running.epoch}
-            if _kind(resource) == "server":
+            name = name_of(resource)
+            if kind_of(resource) == SERVER:
                 self.ctx.statuses.pop(name, None)
-                self.ctx.trace.emit("server-lease", server_id=name, data=data)
             else:
                 self.ctx.turning.pop(name, None)
                 self.ctx.agent_statuses.pop(name, None)
-                self.ctx.trace.emit("agent-lease", agent=name, data=data)
+            _, _, trace_kind, field = self._slots(resource)
+            data: dict[str, Any] = {"state": "moved", "reason": reason, "epoch": running.epoch}
+            self.ctx.trace.emit(trace_kind, data=data, **{field: name})
 
     def _due(self, now: float) -> list[str]:
         host = self.ctx.host_id

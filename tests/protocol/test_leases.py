@@ -10,16 +10,22 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from protocol.leases import (
+    AGENT,
     LEASE_S,
     RENEW_S,
     SAFETY_S,
+    SERVER,
     Lease,
     Step,
+    agent_resource,
     apply,
     fair_share,
     fenced,
+    kind_of,
     must_stop,
+    name_of,
     plan,
+    server_resource,
     spread,
 )
 
@@ -156,3 +162,12 @@ def test_a_host_must_stop_before_its_lease_can_be_taken() -> None:
     leases, taken = apply("h2", LEASE_S, {"agent:a0": lease}, Step(take=("agent:a0",)))
     assert taken == ("agent:a0",) and leases["agent:a0"].epoch == 5
     assert not fenced(5, 4)  # the old holder's late write is refused
+
+
+@given(st.text(min_size=1))
+def test_a_resource_name_gives_back_its_kind_and_name(name: str) -> None:
+    """An agent's or a server's resource says which it is and whose, whatever the name holds
+    (colons too)."""
+    for kind, resource in ((AGENT, agent_resource(name)), (SERVER, server_resource(name))):
+        assert (kind_of(resource), name_of(resource)) == (kind, name)
+    assert agent_resource(name) != server_resource(name)
