@@ -66,6 +66,16 @@ def is_open(saved: Mapping[str, bool], agent: str, desc: ChannelDescriptor | Non
     return not (desc is not None and desc.initially_open is False)
 
 
+def wire_of(channel_id: str, desc: ChannelDescriptor | None) -> dict[str, Any]:
+    """What a snapshot shows of a channel's descriptor (``ChannelInfo.descriptor``)."""
+    wire: dict[str, Any] = {"id": channel_id}
+    if desc is not None:
+        wire.update({"type": desc.type, "label": desc.label, "direction": desc.direction})
+        if desc.address is not None:
+            wire["address"] = desc.address
+    return wire
+
+
 def describe(
     server_id: str,
     channel_id: str,
@@ -76,13 +86,8 @@ def describe(
     publish_undeclared: bool,
 ) -> ChannelInfo:
     """A channel's snapshot; ``open_for`` has every agent hearing its server."""
-    wire: dict[str, Any] = {"id": channel_id}
-    declared = None
-    if desc is not None:
-        wire.update({"type": desc.type, "label": desc.label, "direction": desc.direction})
-        if desc.address is not None:
-            wire["address"] = desc.address
-        declared = declared_target(desc.capabilities)
+    wire = wire_of(channel_id, desc)
+    declared = None if desc is None else declared_target(desc.capabilities)
     return ChannelInfo(
         server_id=server_id,
         channel_id=channel_id,

@@ -244,6 +244,18 @@ class FleetTable:
         (now,) = conn.execute(f"SELECT {DB_NOW}").fetchall()[0]
         return float(now)
 
+    def notify(self, notices: Sequence[tuple[str, str]]) -> None:
+        """Send ``notices`` (channel, payload) with PostgreSQL's ``NOTIFY``, in one transaction
+        (each is delivered to the listeners at its commit, in order)."""
+        if not notices:
+            return
+        with self._transaction() as conn:
+            conn.execute(
+                "SELECT pg_notify(c, p) FROM unnest(?::text[], ?::text[])"
+                " WITH ORDINALITY AS n (c, p, i) ORDER BY i",
+                ([c for c, _ in notices], [p for _, p in notices]),
+            )
+
 
 class LeaseTable(FleetTable):
     """The lease table over a connection of its own to the store at ``dsn`` (its schema created
@@ -464,18 +476,6 @@ class LeaseTable(FleetTable):
         conn.execute("RELEASE SAVEPOINT own_rows")
         conn.execute("SET LOCAL lock_timeout = 0")
         return {lease.resource: lease for lease in map(_lease, rows)}
-
-    def notify(self, notices: Sequence[tuple[str, str]]) -> None:
-        """Send ``notices`` (channel, payload) with PostgreSQL's ``NOTIFY``, in one transaction
-        (each is delivered to the listeners at its commit, in order)."""
-        if not notices:
-            return
-        with self._transaction() as conn:
-            conn.execute(
-                "SELECT pg_notify(c, p) FROM unnest(?::text[], ?::text[])"
-                " WITH ORDINALITY AS n (c, p, i) ORDER BY i",
-                ([c for c, _ in notices], [p for _, p in notices]),
-            )
 
     def leaving(self, host_id: str) -> None:
         """Mark ``host_id`` leaving, keeping its leases: the lease keeper lets them go once

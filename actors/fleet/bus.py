@@ -38,9 +38,10 @@ from protocol.lanes import ChannelDescriptor, structure
 from protocol.leases import server_resource
 from protocol.routes import declared_target
 from store import PutState
-from store.leases import LeaseTable
+from store.leases import FleetTable
 
 from ..context import HostContext
+from ..directory import wire_of
 from ..messages import Wake, Wakes
 
 log = logging.getLogger(__name__)
@@ -52,7 +53,8 @@ __all__ = [
     "OUTBOX_QUEUED",
     "WAKES",
     "FleetBus",
-    "wakes_from",
+    "WakeNotice",
+    "read_notice",
     "wakes_payload",
 ]
 
@@ -136,24 +138,32 @@ def _wake_dict(wake: Wake) -> dict[str, Any]:
     return d
 
 
-def channels_from(payload: str) -> list[tuple[str, ChannelDescriptor]]:
-    """The channels a :func:`wakes_payload` describes (none when it describes none, or
-    they cannot be read)."""
-    try:
-        data = decode(payload)
-        found = data.get("channels") if isinstance(data, Mapping) else None
-        out = []
-        for item in found if isinstance(found, list) else ():
-            if isinstance(item, list) and len(item) == 2 and isinstance(item[0], str):
+@attrs.frozen
+class WakeNotice:
+    """A :func:`wakes_payload` as read: the sending host, the agent, its wakes, and the
+    channels it describes (server id, descriptor)."""
+
+    host: str
+    agent: str
+    wakes: tuple[Wake, ...]
+    channels: tuple[tuple[str, ChannelDescriptor], ...] = ()
+
+
+def _channels_of(found: Any) -> tuple[tuple[str, ChannelDescriptor], ...]:
+    """The channels a notice describes (none when they cannot be read: they only help)."""
+    out = []
+    for item in found if isinstance(found, list) else ():
+        if isinstance(item, list) and len(item) == 2 and isinstance(item[0], str):
+            try:
                 out.append((item[0], structure(item[1], ChannelDescriptor)))
-        return out
-    except (ValueError, RpcError):
-        return []
+            except RpcError:
+                return ()
+    return tuple(out)
 
 
-def wakes_from(payload: str) -> tuple[str, str, tuple[Wake, ...]]:
-    """The sending host, the agent and the wakes of a :func:`wakes_payload`; ValueError for
-    anything else."""
+def read_notice(payload: str) -> WakeNotice:
+    """The :class:`WakeNotice` of a :func:`wakes_payload`, read once; ValueError for anything
+    else."""
     if len(payload) > MAX_PAYLOAD * 2:
         raise ValueError("not a wake notice: too long")
     data = decode(payload)
@@ -177,7 +187,7 @@ def wakes_from(payload: str) -> tuple[str, str, tuple[Wake, ...]]:
             wakes.append(Wake(**fields))
         except (TypeError, ValueError) as exc:
             raise ValueError(f"not a wake notice: {exc}") from None
-    return host, agent, tuple(wakes)
+    return WakeNotice(host, agent, tuple(wakes), _channels_of(data.get("channels")))
 
 
 def _fits(name: str, value: Any) -> bool:
@@ -202,13 +212,10 @@ class FleetBus:
         self.ctx = ctx
         self.dsn = dsn
         self.on_outbox: Callable[[str, str], None] | None = None
-        self.on_started: Callable[[str, str], None] | None = None
         # set by the host: whether a lease held here is not due to stop (the lease keeper's),
         # and the outbox's agent side (actors.fleet.outbox.FleetOutbox)
         self.lease_ok: Callable[[str], bool] | None = None
         self.outbox: Any = None
-        self.sent = 0
-        self.received = 0
         self.dropped = 0  # notices dropped unsent (the queue was full)
         self.unreadable = 0  # notices received that could not be read
         self._pending: deque[tuple[str, str]] = deque()
@@ -219,9 +226,8 @@ class FleetBus:
     # -- sending ------------------------------------------------------------------------------
     def wake_elsewhere(self, agent: str, wakes: Sequence[Wake]) -> None:
         """Wake ``agent``, which runs on another host of the fleet (or on none just now)."""
-        if any(a.name == agent for a in self.ctx.config.agents):
-            payload = wakes_payload(self.ctx.host_id, agent, wakes, self._described(wakes))
-            self.notify(WAKES, payload)
+        payload = wakes_payload(self.ctx.host_id, agent, wakes, self._described(wakes))
+        self.notify(WAKES, payload)
 
     def _described(self, wakes: Sequence[Wake]) -> list[tuple[str, dict[str, Any]]]:
         """The descriptors of the wakes' channels, as this host knows them."""
@@ -267,7 +273,7 @@ class FleetBus:
             await self.ctx.store.write(self.ctx.fenced(server_resource(server_id), op))
             self._shared[server_id] = wires
         except Exception as exc:
-            self._told(f"the channels of {server_id} could not be shared", exc)
+            self.told(f"the channels of {server_id} could not be shared", exc)
 
     async def learn_channels(self) -> None:
         """On every host: register the channels the holders of the other servers shared that
@@ -278,7 +284,7 @@ class FleetBus:
         try:
             shared = await self.ctx.store.read(self.ctx.store.reader.state, CHANNELS_NS)
         except Exception as exc:
-            self._told("the fleet's channels could not be read", exc)
+            self.told("the fleet's channels could not be read", exc)
             return
         for sid, wires in sorted(shared.items()):
             if not isinstance(wires, Mapping):
@@ -286,38 +292,25 @@ class FleetBus:
             for wire in list(wires.values())[:MAX_LEARNED]:
                 await self._learn_one(sid, wire)
 
-    async def _learn(self, payload: str) -> None:
-        """Register the channels a wake notice describes that this host does not know."""
-        for sid, desc in channels_from(payload):
-            await self._learn_one(sid, desc)
-
     async def _learn_one(self, sid: str, wire: Any) -> None:
+        """Register one channel of a server held elsewhere, unless this host knows it as it
+        is (``wire``: a descriptor, or its JSON form)."""
         if self.ctx.config.server(sid) is None or sid in self.ctx.connections:
             return
         try:
-            desc = wire if isinstance(wire, ChannelDescriptor) else _descriptor(wire)
+            desc = (
+                wire if isinstance(wire, ChannelDescriptor) else structure(wire, ChannelDescriptor)
+            )
         except RpcError:
             return
         info = self.ctx.channel_directory.get(sid, desc.id, False)
         known = None if info is None or not info.registered else (info.descriptor, info.declared)
-        if known == (self._plain(desc), declared_target(desc.capabilities)):
+        if known == (wire_of(desc.id, desc), declared_target(desc.capabilities)):
             return
         try:
             await self.ctx.register_channel(sid, desc, 10.0)
         except Exception as exc:
-            self._told(f"channel {desc.id} of {sid} could not be noted", exc)
-
-    @staticmethod
-    def _plain(desc: ChannelDescriptor) -> dict[str, Any]:
-        wire: dict[str, Any] = {
-            "id": desc.id,
-            "type": desc.type,
-            "label": desc.label,
-            "direction": desc.direction,
-        }
-        if desc.address is not None:
-            wire["address"] = desc.address
-        return wire
+            self.told(f"channel {desc.id} of {sid} could not be noted", exc)
 
     def notify(self, channel: str, payload: str) -> None:
         """Queue one notice (sent after what was committed before this call)."""
@@ -327,13 +320,8 @@ class FleetBus:
         self._pending.append((channel, payload))
         self._more.set()
 
-    def started(self, kind: str, name: str) -> None:
-        """The lease keeper started an agent or a connection here."""
-        if self.on_started is not None:
-            self.on_started(kind, name)
-
     async def _send(self) -> None:
-        table: LeaseTable | None = None
+        table: FleetTable | None = None
         try:
             while True:
                 await self._more.wait()
@@ -343,12 +331,11 @@ class FleetBus:
                     batch = [self._pending.popleft() for _ in range(size)]
                     try:
                         if table is None:
-                            table = await trio.to_thread.run_sync(LeaseTable, self.dsn)
-                        await trio.to_thread.run_sync(_send_batch, table, batch)
-                        self.sent += len(batch)
+                            table = await trio.to_thread.run_sync(FleetTable, self.dsn)
+                        await trio.to_thread.run_sync(table.notify, batch)
                     except Exception as exc:
                         self.dropped += len(batch)
-                        self._told("fleet notices not sent", exc)
+                        self.told("fleet notices not sent", exc)
                         if table is not None:
                             await trio.to_thread.run_sync(_close, table)
                         table = None
@@ -373,7 +360,6 @@ class FleetBus:
                 await trio.to_thread.run_sync(self._listening.wait, 10.0)
                 task_status.started()
                 async for channel, payload in recv:
-                    self.received += 1
                     await self._deliver(channel, payload)
         finally:
             stop.set()
@@ -385,15 +371,16 @@ class FleetBus:
     async def _deliver(self, channel: str, payload: str) -> None:
         if channel == WAKES:
             try:
-                host, agent, wakes = wakes_from(payload)
+                notice = read_notice(payload)
             except ValueError as exc:
                 self.unreadable += 1
-                self._told("a fleet notice could not be read", exc)
+                self.told("a fleet notice could not be read", exc)
                 return
-            ref = self.ctx.agents.get(agent)
-            if ref is not None and host != self.ctx.host_id and wakes:
-                await self._learn(payload)
-                await ref.tell_promptly(Wakes(items=wakes))
+            ref = self.ctx.agents.get(notice.agent)
+            if ref is not None and notice.host != self.ctx.host_id and notice.wakes:
+                for sid, desc in notice.channels:
+                    await self._learn_one(sid, desc)
+                await ref.tell_promptly(Wakes(items=notice.wakes))
         elif self.on_outbox is not None:
             self.on_outbox(channel, payload)
 
@@ -433,22 +420,11 @@ class FleetBus:
 
     def told(self, what: str, exc: Exception) -> None:
         """Tell operators that ``what`` failed (one ``error`` line, the DSN's password hidden)."""
-        self._told(what, exc)
-
-    def _told(self, what: str, exc: Exception) -> None:
         error = self.ctx.redactor.text(f"{what}: {type(exc).__name__}: {exc}")
         self.ctx.trace.emit("error", data={"error": error, "where": "fleet"})
 
 
-def _descriptor(wire: Any) -> ChannelDescriptor:
-    return structure(wire, ChannelDescriptor)
-
-
-def _send_batch(table: LeaseTable, batch: Sequence[tuple[str, str]]) -> None:
-    table.notify(batch)
-
-
-def _close(table: LeaseTable) -> None:
+def _close(table: FleetTable) -> None:
     try:
         table.close()
     except Exception as exc:

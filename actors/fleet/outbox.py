@@ -60,7 +60,6 @@ class FleetOutbox:
         self._waiting: dict[int, trio.Event] = {}
         self._poke = trio.Event()
         bus.on_outbox = self._noticed
-        self.sent = 0  # posts this host sent for the fleet
 
     async def _call(self, method: str, *args: Any) -> Any:
         async with self._db:
@@ -169,7 +168,6 @@ class FleetOutbox:
                     await self._call("finish", row.id, recorded, host, epoch)
                 except Exception as exc:
                     self.bus.told(f"an outbox post of {server_id} was sent, not recorded", exc)
-                self.sent += 1
 
     def _may_send(self, server_id: str, epoch: int) -> bool:
         if self.ctx.server_epochs.get(server_id) != epoch:

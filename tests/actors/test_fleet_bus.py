@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from actors.fleet.bus import MAX_PAYLOAD, WAKE_TEXT_CHARS, wakes_from, wakes_payload
+from actors.fleet.bus import MAX_PAYLOAD, WAKE_TEXT_CHARS, read_notice, wakes_payload
 from actors.messages import Wake
 from actors.trace import TraceEvent
 from actors.transcript.lines import format_event
@@ -44,7 +44,8 @@ def test_a_notice_fits_and_reads_back_as_the_wakes_sent(
 ) -> None:
     payload = wakes_payload(host, agent, batch)
     assert len(payload.encode()) <= MAX_PAYLOAD
-    got_host, got_agent, got = wakes_from(payload)
+    notice = read_notice(payload)
+    got_host, got_agent, got = notice.host, notice.agent, notice.wakes
     assert (got_host, got_agent) == (host, agent)
     assert 1 <= len(got) <= len(batch)
     # the newest wakes are kept; the ones folded away are counted in the first kept
@@ -75,7 +76,7 @@ def test_a_wake_of_any_size_still_fits(name: str, text: str) -> None:
     channels = [(name, {"id": name, "label": text[:100]})]
     payload = wakes_payload(name, name, [wake, wake], channels)
     assert len(payload.encode()) <= MAX_PAYLOAD
-    read = wakes_from(payload)[2]
+    read = read_notice(payload).wakes
     assert sum(w.count for w in read) == 2 and {w.lane for w in read} == {"incoming"}
 
 
@@ -86,7 +87,8 @@ def test_a_small_batch_is_carried_whole() -> None:
         )
         for i in range(3)
     ]
-    assert wakes_from(wakes_payload("h1", "Ada", batch)) == ("h1", "Ada", tuple(batch))
+    notice = read_notice(wakes_payload("h1", "Ada", batch))
+    assert (notice.host, notice.agent, notice.wakes) == ("h1", "Ada", tuple(batch))
 
 
 @pytest.mark.parametrize(
@@ -109,7 +111,7 @@ def test_a_small_batch_is_carried_whole() -> None:
 )
 def test_what_is_not_a_wake_notice_is_a_value_error(payload: str) -> None:
     with pytest.raises(ValueError, match=r"not a wake notice|nested|Expecting|Extra|JSON|value"):
-        wakes_from(payload)
+        read_notice(payload)
 
 
 @pytest.mark.parametrize(
@@ -129,3 +131,25 @@ def test_what_is_not_a_wake_notice_is_a_value_error(payload: str) -> None:
 )
 def test_a_server_lease_is_one_transcript_line(data: dict[str, object], line: str) -> None:
     assert format_event(TraceEvent(kind="server-lease", server_id="lobby", data=data)) == line
+
+
+def test_a_notice_carries_the_descriptors_of_its_channels() -> None:
+    wake = Wake(lane="incoming", server_id="lobby", channel_id="lobby:#general", text="hi")
+    wire = {
+        "id": "lobby:#general",
+        "type": "chat",
+        "label": "general",
+        "capabilities": {"publish": {"target": "root"}},
+    }
+    notice = read_notice(wakes_payload("h1", "Ada", [wake], [("lobby", wire)]))
+    ((sid, desc),) = notice.channels
+    assert (sid, desc.id, desc.label, desc.capabilities) == (
+        "lobby",
+        "lobby:#general",
+        "general",
+        {"publish": {"target": "root"}},
+    )
+    # a descriptor that cannot be read costs the channels, never the wakes
+    unreadable = [("lobby", {"id": ["not", "a", "name"]})]
+    broken = read_notice(wakes_payload("h1", "Ada", [wake], unreadable))
+    assert broken.channels == () and broken.wakes == (wake,)
