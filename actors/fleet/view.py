@@ -8,6 +8,7 @@ so a host whose clock is off still reads them right.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from protocol.status import describe_age, iso
@@ -69,22 +70,24 @@ def lines(fleet: dict[str, Any]) -> list[str]:
     lease (at most :data:`SHOWN_ROWS` of each), or the one line saying why it was not read."""
     if fleet.get("error"):
         return [f"fleet: not read: {fleet['error']}"]
-    out = ["fleet:", "  hosts:"]
-    hosts = fleet.get("hosts") or []
-    if not hosts:
-        out.append("    (none has beaten yet)")
-    for h in hosts[:SHOWN_ROWS]:
-        out.append(f"    {host_line(h)}")
-    if len(hosts) > SHOWN_ROWS:
-        out.append(f"    … and {len(hosts) - SHOWN_ROWS} more")
-    out.append("  leases:")
-    leases = fleet.get("leases") or []
-    if not leases:
-        out.append("    (none taken yet)")
-    for lease in leases[:SHOWN_ROWS]:
-        out.append(f"    {lease_line(lease)}")
-    if len(leases) > SHOWN_ROWS:
-        out.append(f"    … and {len(leases) - SHOWN_ROWS} more")
+    return [
+        "fleet:",
+        *_section("hosts", fleet.get("hosts") or [], "none has beaten yet", host_line),
+        *_section("leases", fleet.get("leases") or [], "none taken yet", lease_line),
+    ]
+
+
+def _section(
+    title: str, rows: list[dict[str, Any]], empty: str, line: Callable[[dict[str, Any]], str]
+) -> list[str]:
+    """One part of :func:`lines`: its title, then a line per row (at most
+    :data:`SHOWN_ROWS`, and how many more), or ``(empty)``."""
+    out = [f"  {title}:"]
+    if not rows:
+        out.append(f"    ({empty})")
+    out.extend(f"    {line(row)}" for row in rows[:SHOWN_ROWS])
+    if len(rows) > SHOWN_ROWS:
+        out.append(f"    … and {len(rows) - SHOWN_ROWS} more")
     return out
 
 
